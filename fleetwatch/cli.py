@@ -1,0 +1,109 @@
+"""The `fleetwatch` console script (DESIGN.md, "CLI").
+
+Each subcommand's implementation lives with its component and is imported only when that
+subcommand runs, so `fleetwatch collect` on a node does not import the detectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from fleetwatch.kafka_io import BrokerUnavailable
+from fleetwatch.runtime import setup_logging
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+
+log = logging.getLogger("fleetwatch")
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    v = float(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _add_bootstrap(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bootstrap",
+        default=DEFAULT_BOOTSTRAP,
+        help=f"Kafka bootstrap servers HOST:PORT[,HOST:PORT] (default {DEFAULT_BOOTSTRAP})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetwatch", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("collect", help="node agent: stream this node's GPU/host/network telemetry")
+    _add_bootstrap(p)
+    p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples")
+    p.add_argument("--source", default="nvml,host,net", help="comma list of nvml,host,net")
+    p.add_argument("--node", default=None, help="node name (default: this host's short name)")
+    p.add_argument("--spool-dir", default=None, help="on-disk buffer for broker outages")
+    p.add_argument("--spool-max-mib", type=_positive_float, default=256.0, help="spool bound in MiB")
+    p.add_argument("--count", type=_positive_int, default=None, help="stop after this many samples")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--call-timeout", type=_positive_float, default=5.0, help="seconds per collector call")
+    p.set_defaults(handler="collectors.agent:run")
+
+    p = sub.add_parser("simulate", help="simulated cluster with fault injection and ground truth")
+    _add_bootstrap(p)
+    p.add_argument("--nodes", type=_positive_int, default=None, help="nodes (default: scenario's)")
+    p.add_argument("--gpus", type=_positive_int, default=None, help="GPUs per node (default 8)")
+    p.add_argument("--scenario", default=None, help="scenario file (YAML or JSON); default: built-in")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: scenario's)")
+    p.add_argument(
+        "--speed", type=_nonneg_float, default=1.0, help="simulated seconds per wall second; 0 = flat out"
+    )
+    p.add_argument("--duration", type=_positive_float, default=None, help="simulated seconds to run")
+    p.set_defaults(handler="collectors.sim.cli:run")
+
+    p = sub.add_parser("replay", help="produce recorded telemetry, one JSON message per line")
+    p.add_argument("file", help="JSONL file (use - for stdin)")
+    _add_bootstrap(p)
+    p.add_argument("--topic", default=None, help="override the topic (default: by each message's schema)")
+    p.set_defaults(handler="collectors.replay:run")
+
+    return parser
+
+
+def _resolve(spec: str) -> Callable[[argparse.Namespace], int]:
+    module, func = spec.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        return int(_resolve(args.handler)(args) or 0)
+    except BrokerUnavailable as e:
+        print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
+        return 3
+    except (FileNotFoundError, ValueError) as e:
+        print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

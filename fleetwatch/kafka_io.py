@@ -1,0 +1,124 @@
+"""Kafka client construction shared by every command: one place for bootstrap, security and topics.
+
+Security settings (DESIGN.md issue 6) come from the environment so that no secret sits on a
+command line: FLEETWATCH_KAFKA_SECURITY_PROTOCOL (PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL),
+FLEETWATCH_KAFKA_SASL_MECHANISM, FLEETWATCH_KAFKA_SASL_USERNAME, FLEETWATCH_KAFKA_SASL_PASSWORD,
+FLEETWATCH_KAFKA_SSL_CAFILE, FLEETWATCH_KAFKA_SSL_CERTFILE, FLEETWATCH_KAFKA_SSL_KEYFILE.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, NoBrokersAvailable, TopicAlreadyExistsError
+
+from fleetwatch import topics
+
+log = logging.getLogger(__name__)
+
+_ENV_TO_CLIENT = {
+    "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "security_protocol",
+    "FLEETWATCH_KAFKA_SASL_MECHANISM": "sasl_mechanism",
+    "FLEETWATCH_KAFKA_SASL_USERNAME": "sasl_plain_username",
+    "FLEETWATCH_KAFKA_SASL_PASSWORD": "sasl_plain_password",
+    "FLEETWATCH_KAFKA_SSL_CAFILE": "ssl_cafile",
+    "FLEETWATCH_KAFKA_SSL_CERTFILE": "ssl_certfile",
+    "FLEETWATCH_KAFKA_SSL_KEYFILE": "ssl_keyfile",
+}
+
+
+class BrokerUnavailable(RuntimeError):
+    """The bootstrap servers did not answer; the message is one line for the user."""
+
+
+def client_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if env is None else env
+    cfg: dict[str, Any] = {"bootstrap_servers": bootstrap.split(",")}
+    for var, key in _ENV_TO_CLIENT.items():
+        if env.get(var):
+            cfg[key] = env[var]
+    return cfg
+
+
+def make_producer(bootstrap: str, **overrides: Any) -> KafkaProducer:
+    cfg = client_config(bootstrap)
+    # acks=all + idempotence: a sample acknowledged by the broker is on every in-sync replica once.
+    cfg.update(acks="all", enable_idempotence=True, linger_ms=5, compression_type=None)
+    cfg.update(overrides)
+    try:
+        return KafkaProducer(**cfg)
+    except NoBrokersAvailable as e:
+        raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
+
+
+def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaConsumer:
+    cfg = client_config(bootstrap)
+    cfg.update(enable_auto_commit=False, auto_offset_reset="earliest")
+    cfg.update(overrides)
+    try:
+        consumer = KafkaConsumer(**cfg)
+    except NoBrokersAvailable as e:
+        raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
+    if subscribe:
+        consumer.subscribe(list(subscribe))
+    return consumer
+
+
+def make_admin(bootstrap: str) -> KafkaAdminClient:
+    try:
+        return KafkaAdminClient(**client_config(bootstrap), request_timeout_ms=10000)
+    except NoBrokersAvailable as e:
+        raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
+
+
+def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Block until an admin client can talk to the broker, or raise BrokerUnavailable."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            admin = make_admin(bootstrap)
+            admin.list_topics()
+            admin.close()
+            return
+        except (BrokerUnavailable, KafkaError, OSError) as e:
+            last = e
+            time.sleep(0.5)
+    raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s ({last})")
+
+
+def ensure_topics(
+    bootstrap: str, names: Iterable[str] = topics.ALL, partitions: int = 4, replication: int | None = None
+) -> None:
+    """Create the topics that are missing (compacted ones with cleanup.policy=compact).
+
+    Replication defaults to FLEETWATCH_KAFKA_REPLICATION, else 1 (the local single-node broker).
+    """
+    replication = replication or int(os.environ.get("FLEETWATCH_KAFKA_REPLICATION", "1"))
+    admin = make_admin(bootstrap)
+    try:
+        existing = set(admin.list_topics())
+        new = [
+            NewTopic(
+                name,
+                num_partitions=partitions,
+                replication_factor=replication,
+                topic_configs={"cleanup.policy": "compact"} if name in topics.COMPACTED else {},
+            )
+            for name in names
+            if name not in existing
+        ]
+        if new:
+            try:
+                admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass  # another process created them meanwhile
+            log.info("created topics %s", [t.name for t in new])
+    finally:
+        admin.close()

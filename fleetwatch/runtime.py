@@ -1,0 +1,42 @@
+"""Process plumbing shared by the long-running commands: logging and clean shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # kafka-python logs every reconnect attempt at WARNING/ERROR; our own code reports outages once.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL if not verbose else logging.INFO)
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; loops check it and finish what they hold before exiting."""
+
+    def __init__(self, install: bool = True) -> None:
+        self._event = threading.Event()
+        if install and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handle)
+            signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        logging.getLogger(__name__).info("received %s; finishing up", signal.Signals(signum).name)
+        self._event.set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; True if asked to stop meanwhile."""
+        return self._event.wait(seconds)
