@@ -8,6 +8,7 @@ FLEETWATCH_KAFKA_SSL_CAFILE, FLEETWATCH_KAFKA_SSL_CERTFILE, FLEETWATCH_KAFKA_SSL
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, NoBrokersAvailable, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from fleetwatch import topics
 
@@ -39,7 +40,8 @@ class BrokerUnavailable(RuntimeError):
 
 def client_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if env is None else env
-    cfg: dict[str, Any] = {"bootstrap_servers": bootstrap.split(",")}
+    # kafka-python 3.0 raises KafkaTimeoutError from a constructor that cannot bootstrap in time.
+    cfg: dict[str, Any] = {"bootstrap_servers": bootstrap.split(","), "bootstrap_timeout_ms": 10000}
     for var, key in _ENV_TO_CLIENT.items():
         if env.get(var):
             cfg[key] = env[var]
@@ -53,7 +55,7 @@ def make_producer(bootstrap: str, **overrides: Any) -> KafkaProducer:
     cfg.update(overrides)
     try:
         return KafkaProducer(**cfg)
-    except NoBrokersAvailable as e:
+    except KafkaTimeoutError as e:
         raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
 
 
@@ -63,7 +65,7 @@ def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaCon
     cfg.update(overrides)
     try:
         consumer = KafkaConsumer(**cfg)
-    except NoBrokersAvailable as e:
+    except KafkaTimeoutError as e:
         raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
     if subscribe:
         consumer.subscribe(list(subscribe))
@@ -73,7 +75,7 @@ def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaCon
 def make_admin(bootstrap: str) -> KafkaAdminClient:
     try:
         return KafkaAdminClient(**client_config(bootstrap), request_timeout_ms=10000)
-    except NoBrokersAvailable as e:
+    except KafkaTimeoutError as e:
         raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
 
 
@@ -115,10 +117,8 @@ def ensure_topics(
             if name not in existing
         ]
         if new:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another process created them meanwhile
                 admin.create_topics(new)
-            except TopicAlreadyExistsError:
-                pass  # another process created them meanwhile
             log.info("created topics %s", [t.name for t in new])
     finally:
         admin.close()

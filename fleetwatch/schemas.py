@@ -246,7 +246,7 @@ def validate_job(m: Mapping[str, Any]) -> None:
         _name(f"job.nodes[{i}]", n)
     _string("job.state", m["state"])
     if m["state"] not in JOB_STATES:
-        raise MessageError("out_of_range", f"job.state must be one of {sorted(JOB_STATES)}, got {m['state']!r}")
+        raise MessageError("out_of_range", f"job.state {m['state']!r} is not one of {sorted(JOB_STATES)}")
     _ts("job.ts", m["ts"])
 
 
@@ -315,7 +315,9 @@ def check_clock(m: Mapping[str, Any], now: float, max_skew_s: float) -> None:
     """Reject a message whose timestamp lies more than max_skew_s from `now`, either way."""
     ts = m[TS_FIELD[m["schema"]]]
     if abs(ts - now) > max_skew_s:
-        raise MessageError("clock_skew", f"timestamp {ts:.3f} is {ts - now:+.0f} s from now (limit {max_skew_s:.0f} s)")
+        raise MessageError(
+            "clock_skew", f"timestamp {ts:.3f} is {ts - now:+.0f} s from now (limit {max_skew_s:.0f} s)"
+        )
 
 
 def decode(

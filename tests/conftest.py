@@ -52,9 +52,7 @@ class TopicTail:
         for tp in self.tps:  # force the lazy seek now, before the test produces anything
             self.consumer.position(tp)
 
-    def collect(
-        self, until: Callable[[list[Any]], bool], timeout_s: float = 30.0
-    ) -> list[Any]:
+    def collect(self, until: Callable[[list[Any]], bool], timeout_s: float = 30.0) -> list[Any]:
         """Poll records until `until(records)` holds or the timeout passes; returns raw records."""
         records: list[Any] = []
         deadline = time.monotonic() + timeout_s
