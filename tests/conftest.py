@@ -80,3 +80,36 @@ def topic_tail(kafka_bootstrap: str) -> Iterator[Callable[[str], TopicTail]]:
     yield make
     for t in tails:
         t.close()
+
+
+class PrivateBroker:
+    """A second local broker on its own ports, for tests that stop and restart Kafka without
+    disturbing the shared one."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.bootstrap = f"127.0.0.1:{port}"
+        self.env = {**os.environ, "KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(port + 1)}
+
+    def _sh(self, verb: str) -> None:
+        r = subprocess.run(
+            ["bash", str(KAFKA_SH), verb], env=self.env, capture_output=True, text=True, timeout=300
+        )
+        if r.returncode != 0:
+            pytest.fail(f"kafka.sh {verb} on port {self.port} failed: {r.stderr.strip()[-2000:]}")
+
+    def start(self) -> None:
+        self._sh("start")
+        kafka_io.wait_for_broker(self.bootstrap, timeout_s=60)
+
+    def stop(self) -> None:
+        self._sh("stop")
+
+
+@pytest.fixture(scope="session")
+def private_broker(kafka_bootstrap: str) -> Iterator[PrivateBroker]:
+    broker = PrivateBroker(int(os.environ.get("FLEETWATCH_TEST_PRIVATE_PORT", "19192")))
+    broker.start()
+    kafka_io.ensure_topics(broker.bootstrap)
+    yield broker
+    broker.stop()

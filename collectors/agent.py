@@ -1,0 +1,246 @@
+"""The node agent (`fleetwatch collect`): one telemetry/1 message per node per interval.
+
+Each tick samples every source in its own thread with a deadline (NVML is known to hang on
+a bad GPU; a hang must not stop the agent, and is itself reported in `agent.source_errors`),
+merges the partial bodies, writes the message to the on-disk spool, and lets the forwarder
+move the spool to Kafka. `seq` is persisted in the spool so it keeps increasing across
+restarts, which lets consumers drop the duplicates that at-least-once delivery can make.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+from collectors.forwarder import SpoolForwarder
+from collectors.sources import Source, make_source
+from collectors.spool import Spool
+from fleetwatch import __version__, schemas, topics
+from fleetwatch.runtime import StopFlag
+
+log = logging.getLogger(__name__)
+
+SAMPLES = Counter("fleetwatch_agent_samples_total", "telemetry samples taken by this agent")
+SOURCE_ERRORS = Counter(
+    "fleetwatch_agent_source_errors_total", "collector calls that failed or timed out", ["source", "reason"]
+)
+SPOOL_DEPTH = Gauge("fleetwatch_agent_spool_records", "samples waiting in the on-disk spool")
+SPOOL_DROPPED = Counter(
+    "fleetwatch_agent_spool_dropped_total", "samples dropped because the spool was over its bound"
+)
+BROKER_UP = Gauge("fleetwatch_agent_broker_up", "1 if the last delivery attempt reached Kafka")
+SENT = Counter("fleetwatch_agent_sent_total", "samples acknowledged by Kafka")
+
+
+class SourceRunner:
+    """Calls one source's sample() in a dedicated thread so a hung call cannot block the agent."""
+
+    def __init__(self, name: str, factory: Any, reinit_every_s: float = 60.0) -> None:
+        self.name = name
+        self._factory = factory
+        self._reinit_every_s = reinit_every_s
+        self._source: Source | None = None
+        self._init_error: str | None = None
+        self._next_init = 0.0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"src-{name}")
+        self._pending: Future[dict[str, Any]] | None = None
+
+    def _ensure_source(self) -> bool:
+        if self._source is not None:
+            return True
+        now = time.monotonic()
+        if now < self._next_init:
+            return False
+        try:
+            self._source = self._factory()
+            self._init_error = None
+            return True
+        except Exception as e:  # a missing driver or device is reported, not fatal
+            self._init_error = f"unavailable: {type(e).__name__}: {e}"[:200]
+            self._next_init = now + self._reinit_every_s
+            log.warning(
+                "source %s %s (retrying in %.0f s)", self.name, self._init_error, self._reinit_every_s
+            )
+            return False
+
+    def start(self) -> str | None:
+        """Kick off a sample; returns an error string instead if none can start."""
+        if self._pending is not None and not self._pending.done():
+            return "hung: previous call has not returned"
+        if not self._ensure_source():
+            return self._init_error or "unavailable"
+        assert self._source is not None
+        self._pending = self._pool.submit(self._source.sample)
+        return None
+
+    def result(self, timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
+        if self._pending is None:
+            return None, "not started"
+        try:
+            return self._pending.result(timeout=max(0.0, timeout_s)), None
+        except FutureTimeout:
+            return None, "timeout"
+        except Exception as e:
+            return None, f"error: {type(e).__name__}: {e}"[:200]
+
+    def close(self) -> None:
+        if self._source is not None and (self._pending is None or self._pending.done()):
+            try:
+                self._source.close()
+            except Exception:
+                log.debug("error closing source %s", self.name, exc_info=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class Agent:
+    node: str
+    runners: list[SourceRunner]
+    spool: Spool
+    forwarder: SpoolForwarder
+    interval_s: float = 1.0
+    call_timeout_s: float = 5.0
+    seq: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.seq = self.spool.get_meta("next_seq", 0)
+
+    def sample(self) -> dict[str, Any]:
+        """One telemetry/1 message from all sources (partial when some fail)."""
+        ts = time.time()
+        errors: dict[str, str] = {}
+        started = []
+        for r in self.runners:
+            err = r.start()
+            if err is None:
+                started.append(r)
+            else:
+                errors[r.name] = err
+        deadline = time.monotonic() + self.call_timeout_s
+        msg: dict[str, Any] = {"schema": schemas.TELEMETRY, "node": self.node, "ts": ts, "seq": self.seq}
+        body: dict[str, Any] = {"gpus": []}
+        for r in started:
+            part, err = r.result(deadline - time.monotonic())
+            if err is not None:
+                errors[r.name] = err
+            elif part:
+                body.update(part)
+        msg.update(body)
+        msg["agent"] = {"version": __version__, "source_errors": errors}
+        for name, err in errors.items():
+            SOURCE_ERRORS.labels(name, err.split(":", 1)[0]).inc()
+        self.seq += 1
+        return msg
+
+    def tick(self) -> dict[str, Any]:
+        msg = self.sample()
+        try:
+            value = schemas.encode(schemas.validate(msg, schemas.TELEMETRY))
+        except schemas.MessageError as e:
+            # A source produced something out of contract: keep the sample's skeleton and say so.
+            log.error("dropping invalid fields from sample: %s", e)
+            bad = {k: msg[k] for k in ("schema", "node", "ts", "seq")}
+            bad.update(
+                gpus=[], agent={"version": __version__, "source_errors": {"agent": f"invalid: {e}"[:200]}}
+            )
+            value = schemas.encode(bad)
+        dropped = self.spool.append(self.node.encode(), value)
+        self.spool.set_meta("next_seq", self.seq)
+        if dropped:
+            SPOOL_DROPPED.inc(dropped)
+            log.warning(
+                "spool over its %d-byte bound: dropped the %d oldest samples", self.spool.max_bytes, dropped
+            )
+        SAMPLES.inc()
+        return msg
+
+    def run(self, stop: StopFlag, count: int | None = None) -> int:
+        """Sample at a fixed rate until stopped (or `count` samples); returns samples taken."""
+        taken = 0
+        next_at = time.monotonic()
+        while not stop and (count is None or taken < count):
+            self.tick()
+            taken += 1
+            next_at += self.interval_s
+            now = time.monotonic()
+            if next_at < now:  # fell behind (e.g. a slow source): skip missed ticks, keep the cadence
+                next_at = now
+            sent_before = self.forwarder.sent_total
+            self.forwarder.pump(max(0.0, next_at - time.monotonic() - 0.01))
+            SENT.inc(self.forwarder.sent_total - sent_before)
+            SPOOL_DEPTH.set(len(self.spool))
+            BROKER_UP.set(1 if self.forwarder.broker_up else 0)
+            if count is not None and taken >= count:
+                break
+            stop.wait(max(0.0, next_at - time.monotonic()))
+        return taken
+
+    def close(self, drain_timeout_s: float = 10.0) -> None:
+        if not self.forwarder.drain(drain_timeout_s):
+            log.warning(
+                "%d samples left in the spool %s; they are sent on the next start",
+                len(self.spool),
+                self.spool.path,
+            )
+        self.forwarder.close()
+        for r in self.runners:
+            r.close()
+        self.spool.close()
+
+
+def default_spool_dir() -> Path:
+    return Path.home() / ".cache" / "fleetwatch" / "agent"
+
+
+def run(args: argparse.Namespace) -> int:
+    node = args.node or socket.gethostname().split(".")[0]
+    if not schemas.NAME_RE.match(node):
+        raise ValueError(f"node name {node!r} is not valid ({schemas.NAME_RE.pattern}); pass --node")
+    names = [s.strip() for s in args.source.split(",") if s.strip()]
+    for name in names:
+        if name not in ("nvml", "host", "net"):
+            raise ValueError(f"unknown source {name!r} (choose from nvml,host,net)")
+    spool_dir = Path(args.spool_dir) if args.spool_dir else default_spool_dir()
+    spool = Spool(spool_dir / f"{node}.sqlite", max_bytes=int(args.spool_max_mib * 2**20))
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    runners = [SourceRunner(n, lambda n=n: make_source(n)) for n in names]
+    agent = Agent(
+        node=node,
+        runners=runners,
+        spool=spool,
+        forwarder=SpoolForwarder(spool, topics.TELEMETRY, args.bootstrap),
+        interval_s=args.interval,
+        call_timeout_s=min(args.call_timeout, args.interval),
+    )
+    log.info(
+        "collecting %s on %s every %.2f s into %s (spool %s)",
+        names,
+        node,
+        args.interval,
+        args.bootstrap,
+        spool.path,
+    )
+    stop = StopFlag()
+    taken = 0
+    try:
+        taken = agent.run(stop, args.count)
+    finally:
+        dropped = spool.dropped_total
+        agent.close()
+        log.info(
+            "stopped after %d samples (%d sent, %d dropped over this spool's life)",
+            taken,
+            agent.forwarder.sent_total,
+            dropped,
+        )
+    return 0

@@ -1,0 +1,161 @@
+"""Moves spooled records to Kafka in order, deleting each only after the broker acknowledged it.
+
+Delivery is at-least-once: after a failure the forwarder starts a fresh producer and resends
+from the oldest unacknowledged record, so a record acknowledged late may arrive twice.
+Consumers drop duplicates by (node, seq). A fresh producer per outage also resets the
+idempotent producer's sequence state, which expired batches would otherwise wedge.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from kafka.errors import KafkaError, KafkaTimeoutError
+
+from collectors.spool import Spool
+from fleetwatch import kafka_io
+
+log = logging.getLogger(__name__)
+
+ProducerFactory = Callable[[], Any]
+
+
+class SpoolForwarder:
+    def __init__(
+        self,
+        spool: Spool,
+        topic: str,
+        bootstrap: str,
+        *,
+        max_in_flight: int = 2000,
+        retry_backoff_s: float = 1.0,
+        producer_factory: ProducerFactory | None = None,
+    ) -> None:
+        self.spool = spool
+        self.topic = topic
+        self.max_in_flight = max_in_flight
+        self.retry_backoff_s = retry_backoff_s
+        self._factory = producer_factory or (lambda: self._default_producer(bootstrap))
+        self._producer: Any = None
+        self._in_flight: deque[tuple[int, Any]] = deque()
+        self._last_sent_id = 0
+        self._retry_at = 0.0
+        self.broker_up = False
+        self.sent_total = 0
+        self.outages = 0
+
+    @staticmethod
+    def _default_producer(bootstrap: str) -> Any:
+        return kafka_io.make_producer(
+            bootstrap,
+            bootstrap_timeout_ms=2000,
+            max_block_ms=2000,  # send() must not stall the sampling loop for long on a dead broker
+            delivery_timeout_ms=15000,  # then the record is retried from the spool by a fresh producer
+            request_timeout_ms=5000,
+            linger_ms=5,
+        )
+
+    # ------------------------------------------------------------ one round of work
+
+    def pump(self, budget_s: float) -> None:
+        """Send what is spooled and collect acknowledgements for at most ~budget_s seconds."""
+        deadline = time.monotonic() + max(0.0, budget_s)
+        if self._producer is None and not self._connect():
+            return
+        try:
+            self._send_more()
+            while self._in_flight and time.monotonic() < deadline:
+                self._producer.flush(timeout=max(0.01, min(0.2, deadline - time.monotonic())))
+                if not self._retire():
+                    return
+                self._send_more()
+        except KafkaTimeoutError:
+            pass  # flush() running out of time is normal while the broker is slow
+        except KafkaError as e:
+            if self._producer is not None:
+                self._fail(e)
+            return
+        self._retire()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Try to empty the spool before exiting; True if everything was acknowledged."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.spool) and time.monotonic() < deadline:
+            self.pump(min(1.0, deadline - time.monotonic()))
+            if not self.broker_up:
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        return len(self.spool) == 0
+
+    # ------------------------------------------------------------ internals
+
+    def _connect(self) -> bool:
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
+        try:
+            self._producer = self._factory()
+        except (kafka_io.BrokerUnavailable, KafkaError, OSError) as e:
+            self._mark_down(f"cannot connect: {e}")
+            return False
+        if not self.broker_up:
+            log.info("broker reachable; forwarding %d spooled samples", len(self.spool))
+        self.broker_up = True
+        return True
+
+    def _send_more(self) -> None:
+        room = self.max_in_flight - len(self._in_flight)
+        if room <= 0:
+            return
+        for rec in self.spool.peek(after_id=self._last_sent_id, limit=room):
+            try:
+                fut = self._producer.send(self.topic, key=rec.key, value=rec.value)
+            except KafkaTimeoutError as e:  # no metadata within max_block_ms: the broker is gone
+                self._fail(e)
+                raise KafkaError("send timed out") from e
+            self._in_flight.append((rec.id, fut))
+            self._last_sent_id = rec.id
+
+    def _retire(self) -> bool:
+        """Acknowledge the completed head of the in-flight queue; False after a failure."""
+        acked = None
+        while self._in_flight and self._in_flight[0][1].is_done:
+            rec_id, fut = self._in_flight[0]
+            if fut.failed():
+                self._fail(fut.exception)
+                return False
+            self._in_flight.popleft()
+            acked = rec_id
+            self.sent_total += 1
+        if acked is not None:
+            self.spool.ack(acked)
+        return True
+
+    def _fail(self, err: BaseException | None) -> None:
+        self._mark_down(f"delivery failed: {err}")
+        self._in_flight.clear()
+        self._last_sent_id = 0  # resend from the oldest record still in the spool
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=0)
+            except Exception:  # closing a producer whose broker is gone may raise anything
+                log.debug("error closing producer", exc_info=True)
+            self._producer = None
+
+    def _mark_down(self, why: str) -> None:
+        if self.broker_up or self.outages == 0:
+            log.warning("broker unreachable (%s); spooling to %s", why, self.spool.path)
+            self.outages += 1
+        self.broker_up = False
+        self._retry_at = time.monotonic() + self.retry_backoff_s
+
+    def close(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=5)
+            except Exception:
+                log.debug("error closing producer", exc_info=True)
+            self._producer = None
