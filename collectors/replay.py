@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         if stream is not sys.stdin.buffer:
             stream.close()
     total_rejected = sum(rejected.values())
-    log.info("replayed %d messages; %d rejected to %s %s", sent, total_rejected, topics.DEADLETTER, dict(rejected))
+    log.info(
+        "replayed %d messages; %d rejected to %s %s", sent, total_rejected, topics.DEADLETTER, dict(rejected)
+    )
     print(f"replayed {sent} messages, rejected {total_rejected}", file=sys.stderr)
     return 0
