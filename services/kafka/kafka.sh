@@ -35,7 +35,7 @@ fetch() {
   command -v mvn >/dev/null || { log "mvn not found (apt-get install maven)"; exit 1; }
   log "collecting Kafka $kafka_version jars from Maven Central into $lib"
   rm -rf "$lib.tmp"; mkdir -p "$lib.tmp"
-  mvn -q -B -f "$here/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
+  mvn -q -B -Dstyle.color=never -f "$here/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
       -DoutputDirectory="$lib.tmp"
   touch "$lib.tmp/.complete"
   rm -rf "$lib"; mv "$lib.tmp" "$lib"

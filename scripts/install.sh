@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what fleetwatch needs on a Debian machine: system packages (Java for Kafka, Maven to
+# fetch its jars from Maven Central), the Python package with its dev extras, and Kafka's jars.
+# Idempotent and quick when everything is already there.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+
+debian_packages=(default-jre-headless maven)
+missing=()
+for p in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# A JDK from elsewhere (e.g. an image's own) also runs Kafka; only install Java when none is found.
+if command -v java >/dev/null && command -v mvn >/dev/null; then missing=(); fi
+if ((${#missing[@]})); then
+  echo "install.sh: installing Debian packages: ${missing[*]}" >&2
+  sudo_cmd=""; [[ $(id -u) -eq 0 ]] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
+bash services/kafka/kafka.sh fetch

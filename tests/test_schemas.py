@@ -1,0 +1,232 @@
+"""Message validation: every kind of bad message gets its own clear reason."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetwatch import schemas
+from fleetwatch.schemas import MessageError
+
+
+def telemetry(**over: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "schema": "telemetry/1",
+        "node": "gpu-node-0001",
+        "ts": 1_764_000_000.5,
+        "seq": 7,
+        "gpus": [
+            {
+                "index": i,
+                "uuid": f"GPU-{i}",
+                "util": 97.0,
+                "temp_c": 61.0,
+                "power_w": 650.5,
+                "ecc_sbe_volatile": 0,
+                "throttle_reasons": 0,
+                "xids": [],
+            }
+            for i in range(8)
+        ],
+        "host": {
+            "cpu_util": 35.0,
+            "mem_used_frac": 0.4,
+            "load1": 12.5,
+            "disk_used_frac": 0.3,
+            "procs_d_state": 0,
+        },
+        "net": {
+            "ib": [
+                {
+                    "device": "mlx5_0",
+                    "port": 1,
+                    "state": "ACTIVE",
+                    "rate_gbps": 400.0,
+                    "symbol_errors": 0,
+                    "link_downed": 0,
+                    "rcv_errors": 0,
+                    "xmit_discards": 0,
+                    "tx_bytes": 10,
+                    "rx_bytes": 20,
+                }
+            ],
+            "eth": [{"iface": "eth0", "rx_bytes": 1, "tx_bytes": 2}],
+        },
+    }
+    m.update(over)
+    return m
+
+
+GOOD = {
+    "telemetry/1": telemetry(),
+    "job/1": {
+        "schema": "job/1",
+        "job": "job-17",
+        "nodes": ["gpu-node-0001", "gpu-node-0002"],
+        "state": "running",
+        "ts": 1.0e9,
+    },
+    "step/1": {
+        "schema": "step/1",
+        "job": "job-17",
+        "node": "gpu-node-0001",
+        "rank": 3,
+        "step": 100,
+        "step_time_s": 1.25,
+        "wait_time_s": 0.05,
+        "ts": 1.0e9,
+    },
+    "truth/1": {
+        "schema": "truth/1",
+        "node": "gpu-node-0001",
+        "gpu": 2,
+        "fault": "xid79",
+        "onset_ts": 1.0e9,
+        "end_ts": None,
+    },
+}
+
+
+@pytest.mark.parametrize("schema", sorted(GOOD))
+def test_good_messages_round_trip(schema: str) -> None:
+    raw = schemas.encode(GOOD[schema])
+    assert schemas.decode(raw, schema) == GOOD[schema]
+
+
+def test_missing_optional_fields_are_fine() -> None:
+    m = telemetry(gpus=[{"index": 0}], host={})
+    del m["net"]
+    assert schemas.validate(m) is m
+
+
+def _mutate(path: list[Any], value: Any) -> dict[str, Any]:
+    m = copy.deepcopy(telemetry())
+    target = m
+    for p in path[:-1]:
+        target = target[p]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return m
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "reason", "words"),
+    [
+        (["node"], KeyError, "missing_field", "telemetry.node is required"),
+        (["gpus", 0, "index"], KeyError, "missing_field", "telemetry.gpus[0].index is required"),
+        (["ts"], "yesterday", "wrong_type", "telemetry.ts must be a number"),
+        (["seq"], 1.5, "wrong_type", "telemetry.seq must be an integer"),
+        (["seq"], True, "wrong_type", "telemetry.seq must be an integer"),
+        (["gpus"], {"0": {}}, "wrong_type", "telemetry.gpus must be an array"),
+        (["gpus", 2, "util"], 140.0, "out_of_range", "telemetry.gpus[2].util must be <= 100"),
+        (
+            ["gpus", 2, "ecc_sbe_volatile"],
+            -1,
+            "out_of_range",
+            "telemetry.gpus[2].ecc_sbe_volatile must be >= 0",
+        ),
+        (["gpus", 1, "power_w"], float("nan"), "out_of_range", "must be finite"),
+        (["gpus", 1, "temp_c"], float("inf"), "out_of_range", "must be finite"),
+        (["gpus", 3, "xids"], [79, "x"], "wrong_type", "telemetry.gpus[3].xids[1] must be an integer"),
+        (["gpus", 1, "index"], 0, "out_of_range", "appears twice"),
+        (["node"], "node; rm -rf /", "out_of_range", "is not a valid name"),
+        (["host", "mem_used_frac"], 1.5, "out_of_range", "telemetry.host.mem_used_frac must be <= 1"),
+        (["net", "ib", 0, "link_downed"], -3, "out_of_range", "telemetry.net.ib[0].link_downed must be >= 0"),
+        (["net", "eth"], "eth0", "wrong_type", "telemetry.net.eth must be an array"),
+        (["schema"], "telemetry/2", "unknown_schema", "unknown schema 'telemetry/2'"),
+        (["schema"], KeyError, "missing_field", "schema is required"),
+    ],
+)
+def test_bad_telemetry_has_clear_reason(path: list[Any], value: Any, reason: str, words: str) -> None:
+    with pytest.raises(MessageError) as e:
+        schemas.validate(_mutate(path, value))
+    assert e.value.reason == reason
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"\xff\xfe{}", "not_utf8"),
+        (b'{"schema": "telemetry/1", "node": "n"', "not_json"),  # truncated
+        (b"[1, 2, 3]", "not_object"),
+        (b'{"schema": "telemetry/1", "ts": NaN}', "not_json"),
+        (b"x" * (schemas.MAX_MESSAGE_BYTES + 1), "oversized"),
+    ],
+)
+def test_bad_bytes(raw: bytes, reason: str) -> None:
+    with pytest.raises(MessageError) as e:
+        schemas.decode(raw)
+    assert e.value.reason == reason
+
+
+def test_schema_on_wrong_topic() -> None:
+    with pytest.raises(MessageError, match="does not belong on this topic"):
+        schemas.decode(schemas.encode(GOOD["job/1"]), schemas.TELEMETRY)
+
+
+def test_clock_skew() -> None:
+    raw = schemas.encode(telemetry(ts=1000.0))
+    with pytest.raises(MessageError) as e:
+        schemas.decode(raw, now=1_000_000.0, max_skew_s=600)
+    assert e.value.reason == "clock_skew"
+    assert schemas.decode(raw, now=1300.0, max_skew_s=600)["ts"] == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("schema", "field", "value", "reason"),
+    [
+        ("job/1", "state", "exploded", "out_of_range"),
+        ("job/1", "nodes", "gpu-node-0001", "wrong_type"),
+        ("step/1", "step_time_s", -0.1, "out_of_range"),
+        ("step/1", "rank", KeyError, "missing_field"),
+        ("truth/1", "end_ts", 1.0, "out_of_range"),  # ends before its onset
+        ("truth/1", "fault", 79, "wrong_type"),
+    ],
+)
+def test_bad_other_schemas(schema: str, field: str, value: Any, reason: str) -> None:
+    m = copy.deepcopy(GOOD[schema])
+    if value is KeyError:
+        del m[field]
+    else:
+        m[field] = value
+    with pytest.raises(MessageError) as e:
+        schemas.validate(m)
+    assert e.value.reason == reason
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_decoder_never_fails_other_than_message_error(raw: bytes) -> None:
+    try:
+        schemas.decode(raw)
+    except MessageError as e:
+        assert e.reason in schemas.REASONS
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(GOOD)), st.data())
+def test_mutated_good_messages_fail_cleanly(schema: str, data: st.DataObject) -> None:
+    m = copy.deepcopy(GOOD[schema])
+    key = data.draw(st.sampled_from(sorted(m)))
+    m[key] = data.draw(json_values)
+    try:
+        schemas.validate(m)
+    except MessageError as e:
+        assert e.reason in schemas.REASONS
