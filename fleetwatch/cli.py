@@ -84,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", default=None, help="override the topic (default: by each message's schema)")
     p.set_defaults(handler="collectors.replay:run")
 
+    p = sub.add_parser("score", help="stream a univariate CSV series through the online detector")
+    p.add_argument("--csv", required=True, help="input CSV file (use - for stdin)")
+    p.add_argument("--column", default="value", help="column holding the values (default: value)")
+    p.add_argument(
+        "--timestamp", default="timestamp", help="timestamp column (default: timestamp; row number if absent)"
+    )
+    p.set_defaults(handler="pipeline.score_cli:run")
+
     return parser
 
 
