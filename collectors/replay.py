@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleetwatch import kafka_io, schemas, topics
+from pipeline.deadletter import send_deadletter
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,6 @@ def route(msg: dict[str, Any], topic_override: str | None = None) -> tuple[str, 
     topic, key_field = ROUTES.get(msg["schema"], (topics.DEADLETTER, ""))
     key = msg.get(key_field)
     return topic_override or topic, key.encode() if isinstance(key, str) else None
-
-
-def deadletter_headers(reason: str, detail: str, source: str) -> list[tuple[str, bytes]]:
-    """Headers of a dead-letter record; the value is the original bytes, untouched."""
-    return [("reason", reason.encode()), ("detail", detail[:500].encode()), ("source", source.encode())]
 
 
 def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
@@ -70,11 +66,7 @@ def run(args: argparse.Namespace) -> int:
             except schemas.MessageError as e:
                 rejected[e.reason] += 1
                 log.warning("%s:%d rejected: %s", name, lineno, e)
-                producer.send(
-                    topics.DEADLETTER,
-                    value=raw,
-                    headers=deadletter_headers(e.reason, e.detail, f"replay:{name}:{lineno}"),
-                )
+                send_deadletter(producer, raw, e.reason, e.detail, f"replay:{name}:{lineno}", "replay")
                 continue
             topic, key = route(msg, args.topic)
             producer.send(topic, key=key, value=raw)
