@@ -28,51 +28,56 @@ CHUNK_BYTES = 512 * 1024
 
 @dataclass(frozen=True)
 class Snapshot:
-    offset: int  # next input offset to process after restoring this state
+    offsets: dict[str, int]  # input topic -> next offset to process after restoring this state
     state: bytes
     written_at: float
 
 
-def _key(stage: str, topic: str, partition: int, part: str) -> bytes:
-    return f"{stage}/{topic}/{partition}/{part}".encode()
+def _key(stage: str, partition: int, part: str) -> bytes:
+    return f"{stage}/{partition}/{part}".encode()
 
 
-def write_snapshot(producer: Any, stage: str, tp: TopicPartition, offset: int, state: bytes) -> None:
+def write_snapshot(producer: Any, stage: str, partition: int, offsets: dict[str, int], state: bytes) -> None:
     """Queue the chunks and the manifest on the producer (the caller flushes)."""
-    generation = hashlib.sha1(state + str(offset).encode()).hexdigest()[:16]
+    generation = hashlib.sha1(state + orjson.dumps(offsets, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
     chunks = [state[i : i + CHUNK_BYTES] for i in range(0, len(state), CHUNK_BYTES)] or [b""]
     for i, chunk in enumerate(chunks):
         producer.send(
             topics.STATE,
-            key=_key(stage, tp.topic, tp.partition, f"chunk-{i:05d}"),
+            key=_key(stage, partition, f"chunk-{i:05d}"),
             value=generation.encode() + b":" + chunk,
-            partition=tp.partition,
+            partition=partition,
         )
-    manifest = {"generation": generation, "chunks": len(chunks), "offset": offset, "written_at": time.time()}
+    manifest = {
+        "generation": generation,
+        "chunks": len(chunks),
+        "offsets": offsets,
+        "written_at": time.time(),
+    }
     producer.send(
         topics.STATE,
-        key=_key(stage, tp.topic, tp.partition, "manifest"),
+        key=_key(stage, partition, "manifest"),
         value=orjson.dumps(manifest),
-        partition=tp.partition,
+        partition=partition,
     )
 
 
 def read_snapshot(
-    consumer_factory: Any, stage: str, tp: TopicPartition, timeout_s: float = 30.0
+    consumer_factory: Any, stage: str, partition: int, timeout_s: float = 30.0
 ) -> Snapshot | None:
-    """Read state partition tp.partition to its end and return the newest complete snapshot."""
+    """Read state partition `partition` to its end and return the newest complete snapshot."""
     consumer = consumer_factory()
     try:
-        stp = TopicPartition(topics.STATE, tp.partition)
+        stp = TopicPartition(topics.STATE, partition)
         consumer.assign([stp])
         consumer.seek_to_beginning(stp)
         end = consumer.end_offsets([stp])[stp]
-        prefix = _key(stage, tp.topic, tp.partition, "")
+        prefix = _key(stage, partition, "")
         records: dict[bytes, bytes] = {}
         deadline = time.monotonic() + timeout_s
         while consumer.position(stp) < end:
             if time.monotonic() > deadline:
-                log.warning("timed out reading state for %s %s; starting cold", stage, tp)
+                log.warning("timed out reading state for %s %s; starting cold", stage, partition)
                 return None
             for batch in consumer.poll(timeout_ms=200).values():
                 for r in batch:
@@ -89,7 +94,7 @@ def read_snapshot(
     for i in range(manifest["chunks"]):
         chunk = records.get(prefix + f"chunk-{i:05d}".encode())
         if chunk is None or not chunk.startswith(gen):
-            log.warning("state for %s %s is incomplete (chunk %d); starting cold", stage, tp, i)
+            log.warning("state for %s %s is incomplete (chunk %d); starting cold", stage, partition, i)
             return None
         parts.append(chunk[len(gen) :])
-    return Snapshot(offset=manifest["offset"], state=b"".join(parts), written_at=manifest["written_at"])
+    return Snapshot(offsets=manifest["offsets"], state=b"".join(parts), written_at=manifest["written_at"])

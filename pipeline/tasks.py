@@ -1,0 +1,36 @@
+"""What a worker runs per input partition, independent of Kafka.
+
+A *stage* owns one or more co-partitioned input topics (same key, same partition count) and
+keeps one task per partition number: the per-node stage reads fleet.telemetry.v1 (key node);
+the straggler stage reads fleet.nodefeatures.v1 and fleet.steps.v1 (both key job). A task turns
+decoded messages into outputs (topic, key, message) and can be serialised, so the Kafka worker
+(pipeline/worker.py) and the clock-free evaluator (pipeline/evaluate.py) drive the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Output = tuple[str, str | None, dict[str, Any]]  # topic, key, message
+
+
+class Task(Protocol):
+    def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
+        """Handle decoded, validated messages of one input partition, in offset order."""
+        ...
+
+    def to_bytes(self) -> bytes:
+        """The task's whole state, for a snapshot."""
+        ...
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]  # co-partitioned topics
+    schemas: dict[str, str]  # input topic -> the schema its messages must carry
+    new_task: Callable[[int], Task]  # partition -> fresh task
+    load_task: Callable[[int, bytes], Task]  # partition, snapshot -> restored task
+    max_skew_s: float | None = None  # reject messages whose timestamp is this far from now

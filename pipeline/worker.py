@@ -1,0 +1,207 @@
+"""A Kafka consumer-group worker that runs stages (pipeline/tasks.py) over their partitions.
+
+One loop: poll a batch, decode and validate each record (bad ones go to the dead-letter topic,
+counted by reason), hand each partition's messages to its task, produce the outputs, flush,
+and only then commit the input offsets: at-least-once, and outputs carry stable ids so a
+replayed batch yields duplicates that downstream drops. Task state is snapshotted to the
+compacted state topic every `snapshot_every_s` and when partitions are revoked; a worker
+that takes a partition over restores the snapshot and resumes from the offsets stored in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, TopicPartition
+from kafka.structs import OffsetAndMetadata
+from prometheus_client import Counter, Histogram
+
+from fleetwatch import kafka_io, schemas
+from fleetwatch.runtime import StopFlag
+from pipeline.deadletter import send_deadletter
+from pipeline.state_store import read_snapshot, write_snapshot
+from pipeline.tasks import Stage, Task
+
+log = logging.getLogger(__name__)
+
+CONSUMED = Counter("fleetwatch_worker_messages_total", "input messages processed", ["group", "topic"])
+REJECTED = Counter(
+    "fleetwatch_worker_rejected_total", "input messages rejected", ["group", "topic", "reason"]
+)
+PRODUCED = Counter("fleetwatch_worker_outputs_total", "messages produced", ["group", "topic"])
+BATCH_SECONDS = Histogram(
+    "fleetwatch_worker_batch_seconds",
+    "time to process one polled batch, decode to commit",
+    ["group"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+SNAPSHOTS = Counter("fleetwatch_worker_snapshots_total", "state snapshots written", ["group", "stage"])
+
+
+class Worker(ConsumerRebalanceListener):
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        stages: Sequence[Stage],
+        *,
+        snapshot_every_s: float = 30.0,
+        max_poll_records: int = 2000,
+        client_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.group = group
+        self.stages = {s.name: s for s in stages}
+        self.topic_stage = {t: s for s in stages for t in s.inputs}
+        self.snapshot_every_s = snapshot_every_s
+        self.clock = clock
+        self.tasks: dict[tuple[str, int], Task] = {}
+        # input offsets each task's newest snapshot reflects (where to resume after a restore)
+        self._snap_offsets: dict[tuple[str, int], dict[str, int]] = {}
+        # tasks of revoked partitions, kept in case the rebalance hands them straight back
+        self._parked: dict[tuple[str, int], Task] = {}
+        self.offsets: dict[TopicPartition, int] = {}  # next offset to process, per owned partition
+        self._last_snapshot = time.monotonic()
+        self.producer = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
+        self.consumer = kafka_io.make_consumer(
+            bootstrap,
+            group_id=group,
+            client_id=client_id or f"{group}-worker",
+            max_poll_records=max_poll_records,
+            fetch_max_bytes=64 << 20,
+            max_partition_fetch_bytes=8 << 20,
+        )
+        self.consumer.subscribe(sorted(self.topic_stage), listener=self)
+
+    # ------------------------------------------------------------ rebalance
+
+    def _state_consumer(self) -> Any:
+        return kafka_io.make_consumer(self.bootstrap, enable_auto_commit=False)
+
+    def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        for tp in assigned:
+            stage = self.topic_stage[tp.topic]
+            key = (stage.name, tp.partition)
+            if key not in self.tasks and key in self._parked:
+                # Ours before the rebalance: the committed offset matches its state exactly.
+                self.tasks[key] = self._parked.pop(key)
+                continue
+            if key not in self.tasks:
+                snap = read_snapshot(self._state_consumer, stage.name, tp.partition)
+                if snap is None:
+                    self.tasks[key] = stage.new_task(tp.partition)
+                    self._snap_offsets[key] = {}
+                else:
+                    self.tasks[key] = stage.load_task(tp.partition, snap.state)
+                    self._snap_offsets[key] = snap.offsets
+                    log.info(
+                        "restored %s partition %d from a snapshot of %.0f s ago",
+                        stage.name,
+                        tp.partition,
+                        time.time() - snap.written_at,
+                    )
+            resume = self._snap_offsets.get(key, {}).get(tp.topic)
+            if resume is not None:
+                # The state reflects input up to `resume`; reprocess from there (duplicates carry
+                # the same ids) rather than from a later committed offset, which would skip input.
+                self.consumer.seek(tp, resume)
+        log.info("assigned %s", sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+
+    def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        # Everything processed is already produced and committed (see step()); keep the state.
+        keys = {(self.topic_stage[tp.topic].name, tp.partition) for tp in revoked}
+        self._snapshot(keys)
+        self.producer.flush(timeout=30)
+        self._parked = {}
+        for key in keys:
+            task = self.tasks.pop(key, None)
+            if task is not None:
+                self._parked[key] = task
+            self._snap_offsets.pop(key, None)
+        for tp in revoked:
+            self.offsets.pop(tp, None)
+        if revoked:
+            log.info("revoked %s", sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
+
+    # ------------------------------------------------------------ main loop
+
+    def step(self, timeout_ms: int = 200) -> int:
+        """Poll, process, produce, flush, commit. Returns the number of input records handled."""
+        polled = self.consumer.poll(timeout_ms=timeout_ms)
+        if not polled:
+            self._maybe_snapshot()
+            return 0
+        t0 = time.perf_counter()
+        handled = 0
+        now = self.clock()
+        for tp, records in polled.items():
+            stage = self.topic_stage[tp.topic]
+            task = self.tasks.get((stage.name, tp.partition))
+            if task is None:  # revoked between fetch and now
+                continue
+            msgs = []
+            expected = stage.schemas[tp.topic]
+            for r in records:
+                try:
+                    msgs.append(schemas.decode(r.value, expected, now=now, max_skew_s=stage.max_skew_s))
+                except schemas.MessageError as e:
+                    REJECTED.labels(self.group, tp.topic, e.reason).inc()
+                    send_deadletter(
+                        self.producer,
+                        r.value,
+                        e.reason,
+                        e.detail,
+                        f"{tp.topic}:{tp.partition}:{r.offset}",
+                        tp.topic,
+                    )
+            for topic, key, msg in task.process(tp.topic, msgs):
+                self.producer.send(topic, key=key.encode() if key else None, value=schemas.encode(msg))
+                PRODUCED.labels(self.group, topic).inc()
+            CONSUMED.labels(self.group, tp.topic).inc(len(records))
+            self.offsets[tp] = records[-1].offset + 1
+            handled += len(records)
+        self.producer.flush(timeout=60)
+        self.consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in self.offsets.items()})
+        BATCH_SECONDS.labels(self.group).observe(time.perf_counter() - t0)
+        self._maybe_snapshot()
+        return handled
+
+    def _maybe_snapshot(self) -> None:
+        if time.monotonic() - self._last_snapshot >= self.snapshot_every_s:
+            self._snapshot(set(self.tasks))
+
+    def _snapshot(self, keys: set[tuple[str, int]]) -> None:
+        self._last_snapshot = time.monotonic()
+        for key in sorted(keys):
+            task = self.tasks.get(key)
+            if task is None:
+                continue
+            stage = self.stages[key[0]]
+            offsets = dict(self._snap_offsets.get(key, {}))
+            for topic in stage.inputs:
+                off = self.offsets.get(TopicPartition(topic, key[1]))
+                if off is not None:
+                    offsets[topic] = off
+            write_snapshot(self.producer, key[0], key[1], offsets, task.to_bytes())
+            self._snap_offsets[key] = offsets
+            SNAPSHOTS.labels(self.group, key[0]).inc()
+
+    def run(self, stop: StopFlag, idle_exit_s: float | None = None) -> None:
+        """Loop until stopped (or, for tests and eval, until idle for idle_exit_s)."""
+        idle_since = time.monotonic()
+        while not stop:
+            if self.step():
+                idle_since = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                break
+
+    def close(self) -> None:
+        """Snapshot, flush and leave the group (partitions move to the other members at once)."""
+        self._snapshot(set(self.tasks))
+        self.producer.flush(timeout=30)
+        self.consumer.close()
+        self.producer.close(timeout=10)
