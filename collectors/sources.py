@@ -1,0 +1,86 @@
+"""The node-local metric sources the agent polls, and the factory it builds them with.
+
+Each source returns a *partial* telemetry/1 body (see DESIGN.md, "Messages"):
+
+    nvml -> {"gpus": [...]}        host -> {"host": {...}}        net -> {"net": {"ib": [...], "eth": [...]}}
+
+The agent merges the parts, adds schema/node/ts/seq and validates the result with
+`fleetwatch.schemas.validate`. Sources follow one rule: a value that cannot be read is left
+out (never guessed), and a failing device or file never makes `sample()` raise.
+
+The agent runs each `sample()` in a worker thread with a timeout, so a hung driver call
+leaves a thread stuck inside the source. `SingleFlight` makes the next call fail fast with
+`SourceBusy` instead of queueing up behind it (and piling up threads).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol, runtime_checkable
+
+SOURCE_NAMES = ("nvml", "host", "net")
+
+
+@runtime_checkable
+class Source(Protocol):
+    name: str  # "nvml" | "host" | "net"
+
+    def sample(self) -> dict[str, Any]:
+        """A partial telemetry/1 body; see the module docstring."""
+        ...
+
+    def close(self) -> None:
+        """Release what the source holds (NVML handles, event sets). Safe to call twice."""
+        ...
+
+
+class SourceUnavailable(RuntimeError):
+    """The source cannot work on this node at all (no NVML library, no driver, ...)."""
+
+
+class SourceBusy(RuntimeError):
+    """sample() was called while an earlier call is still running (likely hung in a driver call)."""
+
+
+class SingleFlight:
+    """At most one sample() per source at a time; a second caller gets SourceBusy at once.
+
+    A lock with a blocking acquire would park every later agent thread behind a hung NVML
+    call forever; failing fast lets the agent report the hang as what it is.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        if not self._lock.acquire(blocking=False):
+            raise SourceBusy(f"{self._name}: previous sample() is still running")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
+def make_source(name: str, **kwargs: Any) -> Source:
+    """Build the source called `name` ("nvml", "host" or "net"); kwargs go to its constructor.
+
+    Imports are local so that e.g. a CPU-only node running `--source host,net` never imports pynvml.
+    Raises ValueError for an unknown name; constructors may raise SourceUnavailable.
+    """
+    if name == "nvml":
+        from collectors.nvml import NvmlSource
+
+        return NvmlSource(**kwargs)
+    if name == "host":
+        from collectors.host import HostSource
+
+        return HostSource(**kwargs)
+    if name == "net":
+        from collectors.net import NetSource
+
+        return NetSource(**kwargs)
+    raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")

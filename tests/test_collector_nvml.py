@@ -1,0 +1,385 @@
+"""NvmlSource against the fake NVML (and, where one exists, the real one), plus the Source factory."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+
+import pynvml
+import pytest
+
+from collectors.host import HostSource
+from collectors.net import NetSource
+from collectors.nvml import NvmlSource
+from collectors.sources import Source, SourceBusy, SourceUnavailable, make_source
+from fleetwatch import schemas
+from tests.fakes import FakeGpu, FakeLink, FakeNvml, fake_pynvml, telemetry_message, write_tree
+
+# ---------------------------------------------------------------- the fake follows the real bindings
+
+
+def test_fake_constants_and_error_classes_match_real_pynvml() -> None:
+    fake = FakeNvml([FakeGpu()]).module
+    names = [n for n in dir(fake) if n.startswith(("NVML_", "nvmlEventType"))]
+    assert len(names) > 40
+    for name in names:
+        assert getattr(pynvml, name) == getattr(fake, name), name
+    error_classes = [n for n in dir(fake) if n.startswith("NVMLError_")]
+    assert {"NVMLError_NotSupported", "NVMLError_Timeout", "NVMLError_GpuIsLost"} <= set(error_classes)
+    for name in error_classes:
+        real_cls, fake_cls = getattr(pynvml, name), getattr(fake, name)
+        # Same code, and NVMLError(code) picks the same subclass in both.
+        assert real_cls().value == fake_cls().value, name
+        assert (
+            type(pynvml.NVMLError(real_cls().value)).__name__
+            == type(fake.NVMLError(fake_cls().value)).__name__
+        )
+    assert isinstance(fake.NVMLError(15), fake.NVMLError_GpuIsLost)
+    assert isinstance(fake.NVMLError_Timeout(), fake.NVMLError)
+
+
+def test_fake_api_has_the_real_names_and_parameters() -> None:
+    for name in FakeNvml.API:
+        real = inspect.signature(getattr(pynvml, name))
+        fake = inspect.signature(getattr(FakeNvml([]).module, name))
+        assert list(real.parameters) == list(fake.parameters), name
+
+
+def test_fake_gpus_are_independent_copies() -> None:
+    fake = FakeNvml([FakeGpu(temp_c=50)] * 3)
+    fake.gpus[1].temp_c = 90
+    assert [g.temp_c for g in fake.gpus] == [50, 90, 50]
+    assert len({g.uuid for g in fake.gpus}) == 3
+
+
+# ---------------------------------------------------------------- values
+
+
+def test_every_field_mapped_and_converted() -> None:
+    gpu = FakeGpu(
+        uuid="GPU-1234",
+        util=87,
+        mem_util=45,
+        mem_used_bytes=3 * 2**30 + 2**19,
+        temp_c=71,
+        power_mw=412_345,
+        sm_clock_mhz=1755,
+        clocks_event_reasons=0x4 | 0x20,
+        ecc_sbe_volatile=11,
+        ecc_dbe_volatile=1,
+        ecc_sbe_aggregate=120,
+        ecc_dbe_aggregate=3,
+        retired_pages_sbe=[0x1000, 0x2000],
+        retired_pages_dbe=[0x3000],
+        remapped_rows=(5, 2, 1, 0),
+        nvlinks=[
+            FakeLink(crc_flit=1, crc_data=2, replay=4),
+            FakeLink(active=False, crc_flit=100, crc_data=100, replay=100),  # down: not summed
+            FakeLink(crc_flit=10, crc_data=20, replay=40),
+        ],
+        pcie_replay=7,
+    )
+    src = NvmlSource(nvml=FakeNvml([gpu]).module)
+    assert src.sample() == {
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": "GPU-1234",
+                "util": 87,
+                "mem_util": 45,
+                "mem_used_mib": 3072.5,
+                "temp_c": 71,
+                "power_w": 412.345,
+                "sm_clock_mhz": 1755,
+                "throttle_reasons": 0x24,
+                "ecc_sbe_volatile": 11,
+                "ecc_dbe_volatile": 1,
+                "ecc_sbe_aggregate": 120,
+                "ecc_dbe_aggregate": 3,
+                "retired_pages": 3,
+                "remapped_rows_pending": 1,
+                "remapped_rows_failure": 0,
+                "remapped_rows_correctable": 5,
+                "remapped_rows_uncorrectable": 2,
+                "nvlink_links_active": 2,
+                "nvlink_crc_errors": 33,
+                "nvlink_replay_errors": 44,
+                "pcie_replay": 7,
+                "xids": [],
+            }
+        ]
+    }
+    src.close()
+
+
+def test_remap_failure_and_values_follow_the_device() -> None:
+    fake = FakeNvml([FakeGpu(remapped_rows=(0, 8, 0, 1), temp_c=40)])
+    src = NvmlSource(nvml=fake.module)
+    first = src.sample()["gpus"][0]
+    assert (first["remapped_rows_pending"], first["remapped_rows_failure"], first["temp_c"]) == (0, 1, 40)
+    fake.gpus[0].temp_c = 93
+    fake.gpus[0].nvlinks = []
+    assert src.sample()["gpus"][0]["temp_c"] == 93
+
+
+# ---------------------------------------------------------------- unsupported and failing calls
+
+
+def test_unsupported_fields_are_absent_not_invented() -> None:
+    gpu = FakeGpu(
+        util=None,
+        power_mw=None,
+        ecc_sbe_volatile=None,
+        ecc_dbe_volatile=None,
+        ecc_sbe_aggregate=None,
+        ecc_dbe_aggregate=None,
+        retired_pages_sbe=None,
+        retired_pages_dbe=None,
+        remapped_rows=None,
+        pcie_replay=None,
+        xid_events_supported=False,
+    )  # and nvlinks=[]: a PCIe card without NVLink
+    src = NvmlSource(nvml=FakeNvml([gpu]).module)
+    out = src.sample()["gpus"][0]
+    assert set(out) == {"index", "uuid", "mem_used_mib", "temp_c", "sm_clock_mhz", "throttle_reasons"}
+
+
+def test_half_supported_retired_pages_is_not_reported_as_a_total() -> None:
+    src = NvmlSource(nvml=FakeNvml([FakeGpu(retired_pages_sbe=[1, 2], retired_pages_dbe=None)]).module)
+    assert "retired_pages" not in src.sample()["gpus"][0]
+
+
+def test_unsupported_calls_are_skipped_then_reprobed() -> None:
+    fake = FakeNvml([FakeGpu(power_mw=None)])  # no NVLink either: 36 link probes the first time
+    src = NvmlSource(nvml=fake.module, reprobe_every=3)
+    src.sample()
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == fake_pynvml.NVML_NVLINK_MAX_LINKS
+    src.sample()
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1  # known unsupported: not asked again
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == fake_pynvml.NVML_NVLINK_MAX_LINKS
+    fake.gpus[0].power_mw = 250_000  # e.g. a mode change; the third sample probes again
+    assert src.sample()["gpus"][0]["power_w"] == 250.0
+
+
+def test_transient_errors_omit_the_field_and_are_retried() -> None:
+    errors = {
+        "nvmlDeviceGetTemperature": fake_pynvml.NVML_ERROR_NO_PERMISSION,
+        "nvmlDeviceGetPowerUsage": fake_pynvml.NVML_ERROR_UNKNOWN,
+    }
+    fake = FakeNvml([FakeGpu(temp_c=66, power_mw=300_000, errors=errors)])
+    src = NvmlSource(nvml=fake.module)
+    out = src.sample()["gpus"][0]
+    assert "temp_c" not in out and "power_w" not in out and out["util"] == 0
+    fake.gpus[0].errors.clear()
+    out = src.sample()["gpus"][0]
+    assert (out["temp_c"], out["power_w"]) == (66, 300.0)
+
+
+def test_throttle_reasons_fall_back_to_the_old_call() -> None:
+    not_supported = {"nvmlDeviceGetCurrentClocksEventReasons": fake_pynvml.NVML_ERROR_NOT_SUPPORTED}
+    src = NvmlSource(nvml=FakeNvml([FakeGpu(clocks_event_reasons=0x8, errors=not_supported)]).module)
+    assert src.sample()["gpus"][0]["throttle_reasons"] == 0x8
+    old_bindings = FakeNvml(
+        [FakeGpu(clocks_event_reasons=0x40)], without=["nvmlDeviceGetCurrentClocksEventReasons"]
+    )
+    assert not hasattr(old_bindings.module, "nvmlDeviceGetCurrentClocksEventReasons")
+    assert NvmlSource(nvml=old_bindings.module).sample()["gpus"][0]["throttle_reasons"] == 0x40
+    assert old_bindings.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 1
+
+
+def test_nvlink_sums_only_supported_counters_of_active_links() -> None:
+    links = [FakeLink(crc_flit=3, crc_data=None, replay=1), FakeLink(crc_flit=4, crc_data=None, replay=None)]
+    fake = FakeNvml([FakeGpu(nvlinks=links)])
+    src = NvmlSource(nvml=fake.module)
+    out = src.sample()["gpus"][0]
+    assert (out["nvlink_crc_errors"], out["nvlink_replay_errors"], out["nvlink_links_active"]) == (7, 1, 2)
+    for link in fake.gpus[0].nvlinks:
+        link.active = False
+    out = src.sample()["gpus"][0]
+    # Links exist but none is up: say so, and report no error sums over zero links.
+    assert out["nvlink_links_active"] == 0
+    assert "nvlink_crc_errors" not in out and "nvlink_replay_errors" not in out
+
+
+# ---------------------------------------------------------------- XID events
+
+
+def test_xids_drained_into_the_right_gpu_and_not_repeated() -> None:
+    fake = FakeNvml([FakeGpu()] * 4)
+    src = NvmlSource(nvml=fake.module)
+    fake.inject_xid(2, 48, 63)
+    fake.inject_xid(0, 13)
+    assert [g["xids"] for g in src.sample()["gpus"]] == [[13], [], [48, 63], []]
+    assert [g["xids"] for g in src.sample()["gpus"]] == [[], [], [], []]
+    fake.inject_xid(3, 94)
+    assert [g["xids"] for g in src.sample()["gpus"]] == [[], [], [], [94]]
+
+
+def test_xids_absent_where_event_registration_is_not_supported() -> None:
+    fake = FakeNvml([FakeGpu(), FakeGpu(xid_events_supported=False)])
+    src = NvmlSource(nvml=fake.module)
+    fake.inject_xid(1, 31)  # nobody listens on GPU 1, as with the real library
+    gpus = src.sample()["gpus"]
+    assert gpus[0]["xids"] == [] and "xids" not in gpus[1]
+    assert gpus[1]["temp_c"] == 40  # the GPU itself is still reported
+
+
+# ---------------------------------------------------------------- lost GPUs
+
+
+def test_lost_gpu_is_still_reported_with_its_xid_79() -> None:
+    fake = FakeNvml([FakeGpu(), FakeGpu()])
+    src = NvmlSource(nvml=fake.module)
+    uuid1 = src.sample()["gpus"][1]["uuid"]
+    fake.lose(1)
+    gpus = src.sample()["gpus"]
+    assert gpus[1] == {"index": 1, "uuid": uuid1, "lost": True, "xids": [79]}
+    assert gpus[0]["temp_c"] == 40 and "lost" not in gpus[0]
+    assert src.sample()["gpus"][1] == {"index": 1, "uuid": uuid1, "lost": True, "xids": []}
+
+
+def test_lost_gpu_costs_one_call_per_sample() -> None:
+    fake = FakeNvml([FakeGpu(nvlinks=[FakeLink()] * 18)])
+    src = NvmlSource(nvml=fake.module)
+    fake.lose(0)
+    src.sample()
+    before = fake.calls.copy()
+    src.sample()
+    # The first query answers GPU_IS_LOST and the rest of the GPU is skipped; the drain still runs.
+    assert fake.calls - before == {"nvmlDeviceGetUtilizationRates": 1, "nvmlEventSetWait_v2": 1}
+
+
+def test_gpu_lost_mid_sample_keeps_what_was_read() -> None:
+    lost_late = {"nvmlDeviceGetPcieReplayCounter": fake_pynvml.NVML_ERROR_GPU_IS_LOST}
+    src = NvmlSource(nvml=FakeNvml([FakeGpu(temp_c=88, errors=lost_late)]).module)
+    out = src.sample()["gpus"][0]
+    assert out["lost"] is True and out["temp_c"] == 88 and "pcie_replay" not in out
+
+
+def test_gpu_lost_before_start_is_reported_and_recovers() -> None:
+    fake = FakeNvml([FakeGpu(), FakeGpu(lost=True)])
+    src = NvmlSource(nvml=fake.module)
+    assert src.sample()["gpus"][1] == {"index": 1, "lost": True}
+    fake.gpus[1].lost = False
+    out = src.sample()["gpus"][1]
+    assert "lost" not in out and out["uuid"] == fake.gpus[1].uuid and out["xids"] == []
+
+
+# ---------------------------------------------------------------- lifecycle, hangs
+
+
+def test_init_once_handles_cached_close_releases() -> None:
+    fake = FakeNvml([FakeGpu()] * 8)
+    src = NvmlSource(nvml=fake.module)
+    for _ in range(3):
+        assert len(src.sample()["gpus"]) == 8
+    assert fake.calls["nvmlInit"] == 1
+    assert fake.calls["nvmlDeviceGetHandleByIndex"] == 8
+    assert fake.calls["nvmlDeviceGetUUID"] == 8
+    assert fake.init_count == 1
+    src.close()
+    src.close()  # twice is harmless
+    assert fake.init_count == 0 and all(s.freed for s in fake.event_sets) and len(fake.event_sets) == 8
+    with pytest.raises(RuntimeError):
+        src.sample()
+
+
+def test_nvml_init_failure_is_source_unavailable() -> None:
+    fake = FakeNvml([FakeGpu()], init_error=fake_pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(SourceUnavailable, match="Driver Not Loaded"):
+        NvmlSource(nvml=fake.module)
+
+
+def test_hang_in_the_fake_really_blocks_and_a_second_sample_fails_fast() -> None:
+    fake = FakeNvml([FakeGpu(temp_c=55, hangs={"nvmlDeviceGetTemperature"})], hang_timeout_s=10)
+    src = NvmlSource(nvml=fake.module)
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.update(src.sample()), daemon=True)
+    worker.start()
+    assert fake.hanging.wait(5)
+    worker.join(0.3)
+    assert worker.is_alive() and not result  # still stuck inside nvmlDeviceGetTemperature
+    t0 = time.monotonic()
+    with pytest.raises(SourceBusy):
+        src.sample()
+    assert time.monotonic() - t0 < 0.5
+    fake.release()
+    worker.join(5)
+    assert not worker.is_alive()
+    assert result["gpus"][0]["temp_c"] == 55  # type: ignore[index]
+
+
+# ---------------------------------------------------------------- real NVML, factory, merged message
+
+
+def test_real_pynvml_goes_through_the_same_code() -> None:
+    """With the real bindings: unavailable here (no NVIDIA driver), a valid body on a GPU machine."""
+    try:
+        src = NvmlSource()
+    except SourceUnavailable as e:
+        assert "nvmlInit failed" in str(e)
+        assert isinstance(e.__cause__, pynvml.NVMLError)
+        return
+    try:
+        body = src.sample()
+        schemas.validate(telemetry_message(body))
+        assert [g["index"] for g in body["gpus"]] == list(range(len(body["gpus"])))
+        assert all("uuid" in g for g in body["gpus"])
+    finally:
+        src.close()
+
+
+def test_make_source_builds_each_source_and_rejects_unknown_names(tmp_path) -> None:
+    fake = FakeNvml([FakeGpu()])
+    sources = [
+        make_source("nvml", nvml=fake.module),
+        make_source("host", proc_root=str(tmp_path)),
+        make_source("net", sys_root=str(tmp_path), proc_root=str(tmp_path)),
+    ]
+    assert [s.name for s in sources] == ["nvml", "host", "net"]
+    assert all(isinstance(s, Source) for s in sources)
+    assert list(sources[1].sample()) == ["host"]
+    with pytest.raises(ValueError, match="unknown source 'dcgm'"):
+        make_source("dcgm")
+
+
+def test_merged_output_of_all_three_sources_validates(tmp_path) -> None:
+    fake = FakeNvml(
+        [FakeGpu(util=90, nvlinks=[FakeLink()] * 18)] * 6
+        + [FakeGpu(power_mw=None, ecc_sbe_volatile=None, xid_events_supported=False), FakeGpu()]
+    )
+    sysfs = write_tree(
+        tmp_path / "sys",
+        {
+            "class/infiniband/mlx5_0/ports/1/state": "4: ACTIVE\n",
+            "class/infiniband/mlx5_0/ports/1/rate": "400 Gb/sec (4X NDR)\n",
+            "class/infiniband/mlx5_0/ports/1/counters/port_xmit_data": "123\n",
+            "class/net/eth0/operstate": "up\n",
+        },
+    )
+    proc = write_tree(
+        tmp_path / "proc",
+        {
+            "net/dev": "h1\nh2\n  eth0: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\n",
+            "loadavg": "0.50 0.40 0.30 1/100 42\n",
+        },
+    )
+    sources: list[Source] = [
+        NvmlSource(nvml=fake.module),
+        HostSource(proc_root=str(proc)),
+        NetSource(sys_root=str(sysfs), proc_root=str(proc)),
+    ]
+    fake.inject_xid(3, 43)
+    fake.lose(7)
+    message = telemetry_message(*(s.sample() for s in sources), seq=17)
+    assert schemas.validate(message) is message
+    assert schemas.decode(schemas.encode(message))["gpus"][7]["lost"] is True
+    assert message["gpus"][3]["xids"] == [43] and "xids" not in message["gpus"][6]
+    assert message["net"]["ib"][0]["tx_bytes"] == 492 and message["host"]["load1"] == 0.5
+    # And with this machine's real /proc and /sys for host and net.
+    real = telemetry_message(sources[0].sample(), HostSource().sample(), NetSource().sample())
+    assert schemas.validate(real) is real and "mem_used_frac" in real["host"]
+    for s in sources:
+        s.close()
