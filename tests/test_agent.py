@@ -230,7 +230,7 @@ def test_collect_cli_rejects_bad_arguments() -> None:
 @pytest.mark.parametrize("bad_node", ["bad node", "-x", "a/b"])
 def test_collect_cli_rejects_bad_node_name(bad_node: str) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "fleetwatch.cli", "collect", "--node", bad_node, "--source", "host"],
+        [sys.executable, "-m", "fleetwatch.cli", "collect", f"--node={bad_node}", "--source", "host"],
         capture_output=True,
         text=True,
         timeout=30,
