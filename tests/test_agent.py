@@ -237,3 +237,41 @@ def test_collect_cli_rejects_bad_node_name(bad_node: str) -> None:
         cwd=REPO,
     )
     assert r.returncode == 2 and "not valid" in r.stderr
+
+
+def test_nvml_agent_through_kafka(kafka_bootstrap: str, topic_tail: Any, tmp_path: Path) -> None:
+    """NvmlSource on the fake pynvml (the same code path as real NVML) through the agent and Kafka:
+    an XID event arrives once, on its GPU; a GPU that falls off the bus is still reported."""
+    from collectors.host import HostSource
+    from collectors.nvml import NvmlSource
+    from tests.fakes import FakeGpu, FakeNvml
+
+    fake = FakeNvml([FakeGpu(util=95, temp_c=60)] * 8)
+    nvml = NvmlSource(nvml=fake.module)
+    tail = topic_tail(topics.TELEMETRY)
+    node = "agent-nvml"
+    agent = _agent(
+        tmp_path,
+        kafka_bootstrap,
+        [SourceRunner("nvml", lambda: nvml), SourceRunner("host", HostSource)],
+        node=node,
+        interval_s=0.05,
+    )
+    agent.tick()
+    fake.inject_xid(2, 48)
+    agent.tick()
+    fake.lose(5)
+    agent.tick()
+    agent.tick()
+    assert agent.forwarder.drain(30)
+    agent.close()
+    recs = tail.collect(lambda rs: sum(x.key == node.encode() for x in rs) >= 4, 30)
+    msgs = [m for m in tail.messages(recs) if m["node"] == node]
+    assert [m["seq"] for m in msgs] == [0, 1, 2, 3]
+    xids = [[g.get("xids") for g in m["gpus"]] for m in msgs]
+    assert xids[1][2] == [48] and xids[2][2] == [] and xids[0][2] == []
+    assert 79 in xids[2][5]  # falling off the bus raises XID 79 on that GPU
+    lost = next(g for g in msgs[3]["gpus"] if g["index"] == 5)
+    assert lost.get("lost") is True and "util" not in lost
+    assert all(g["util"] == 95 for g in msgs[3]["gpus"] if g["index"] != 5)
+    assert "host" in msgs[0]
