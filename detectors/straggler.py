@@ -1,0 +1,264 @@
+"""Straggler detection by peer comparison inside each job.
+
+Synchronous training runs at the pace of its slowest rank, so one slow node costs the whole
+job. For every job we keep, per node, a short window of a signal and compare the node's
+window median with the median of its PEERS (the job's other nodes: leave-one-out, so a
+2-node job still compares a node with the other one):
+
+- `step_time_s` of `step/1` (higher is worse). It is each rank's own compute time, without
+  the time it waited for peers (`wait_time_s`): ranks that wait for a straggler look slow in
+  wall time, and blaming them is the classic mistake (DESIGN.md; NVIDIA's straggler tool
+  likewise excludes NCCL kernels).
+- `sm_clock_mhz` of the per-node features (lower is worse): a throttled node is slow even when
+  the job emits no step times. Utilisation is NOT used: a straggler's GPUs are the busy ones
+  while its peers idle in collectives, so low utilisation points at the victims.
+
+slowdown = node_median / peer_median - 1 (or the inverse for lower-is-worse). A node is a
+straggler when slowdown >= min_slowdown continuously for persist_s of event time; the
+finding escalates to critical once it has persisted critical_after_s (a persistent straggler
+is worth a drain), and resolves after clear_after_s without slowdown, or when the job ends.
+All timing is event time (message ts), so a replay gives the same findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from detectors.findings import IncidentBook, severity_score
+
+NAN = np.nan
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    window: int = 12  # samples per node in the rolling median
+    min_samples: int = 6  # a node needs this many before it is judged
+    min_slowdown: float = 0.05  # 5%: below the smallest straggler worth acting on, above step jitter
+    persist_s: float = 15.0
+    critical_after_s: float = 300.0
+    clear_after_s: float = 60.0
+    eval_every_s: float = 5.0  # judge on a fixed event-time grid, so batch boundaries do not matter
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    higher_is_worse: bool
+    unit: str
+
+
+STEP_TIME = Signal("step_time_s", True, "s")
+SM_CLOCK = Signal("sm_clock_mhz", False, "MHz")
+
+
+def loo_median(values: np.ndarray) -> np.ndarray:
+    """For each element, the median of all the OTHER elements (NaN where fewer than 1 remain)."""
+    n = len(values)
+    out = np.full(n, NAN)
+    if n < 2:
+        return out
+    order = np.argsort(values, kind="stable")
+    s = values[order]
+    m = n - 1  # size of each leave-one-out set
+    j = np.empty(n, dtype=np.int64)
+    j[order] = np.arange(n)  # sorted position of each element
+
+    def kth(k: int) -> np.ndarray:  # k-th smallest of the set without element at sorted position j
+        return np.where(k < j, s[k], s[np.minimum(k + 1, n - 1)])
+
+    if m % 2:
+        out[:] = kth((m - 1) // 2)
+    else:
+        out[:] = 0.5 * (kth(m // 2 - 1) + kth(m // 2))
+    return out
+
+
+@dataclass
+class JobWindow:
+    """Rolling windows of one signal for the nodes of one job."""
+
+    nodes: dict[str, int] = field(default_factory=dict)
+    ring: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+    count: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    bad_since: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    next_eval: float = NAN  # the next grid point of event time at which this job is judged
+
+    def rows(self, names: Sequence[str], window: int) -> np.ndarray:
+        for n in names:
+            if n not in self.nodes:
+                self.nodes[n] = len(self.nodes)
+        size = len(self.nodes)
+        if self.ring.shape[0] < size:
+            grow = size - self.ring.shape[0]
+            self.ring = np.vstack([self.ring.reshape(-1, window), np.full((grow, window), NAN)])
+            self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
+            self.bad_since = np.concatenate([self.bad_since, np.full(grow, NAN)])
+        return np.fromiter((self.nodes[n] for n in names), dtype=np.int64, count=len(names))
+
+    def push(self, rows: np.ndarray, values: np.ndarray, window: int) -> None:
+        """Append values in message order; several values of one node in a batch keep their order."""
+        order = np.argsort(rows, kind="stable")
+        r = rows[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(r)) + 1]
+        occurrence = np.arange(len(r)) - np.repeat(starts, np.diff(np.r_[starts, len(r)]))
+        pos = (self.count[r] + occurrence) % window
+        self.ring[r, pos] = values[order]
+        np.add.at(self.count, r, 1)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "nodes": list(self.nodes),
+            "ring": self.ring.tolist(),
+            "count": self.count.tolist(),
+            "bad_since": self.bad_since.tolist(),
+            "next_eval": None if np.isnan(self.next_eval) else self.next_eval,
+        }
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> JobWindow:
+        w = cls()
+        w.nodes = {n: i for i, n in enumerate(d["nodes"])}
+        w.ring = np.array(d["ring"], dtype=float).reshape(len(w.nodes), -1) if w.nodes else np.empty((0, 0))
+        w.count = np.array(d["count"], dtype=np.int64)
+        w.bad_since = np.array(d["bad_since"], dtype=float)
+        w.next_eval = NAN if d["next_eval"] is None else float(d["next_eval"])
+        return w
+
+
+class StragglerDetector:
+    def __init__(self, config: StragglerConfig | None = None) -> None:
+        self.cfg = config or StragglerConfig()
+        self.windows: dict[tuple[str, str], JobWindow] = {}  # (job, signal) -> windows
+        self.book = IncidentBook()
+
+    # ------------------------------------------------------------ inputs
+
+    def process_steps(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self._process(STEP_TIME, [(m["job"], m["node"], m["step_time_s"], m["ts"]) for m in msgs])
+
+    def process_features(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        rows = [(m["job"], m["node"], m.get("sm_clock_mhz"), m["ts"]) for m in msgs]
+        return self._process(SM_CLOCK, [r for r in rows if r[2] is not None])
+
+    def job_ended(self, job: str, ts: float) -> list[dict[str, Any]]:
+        """Resolve the job's open straggler findings and forget its windows."""
+        out = []
+        for key in [k for k in self.book.open if k[2] == job]:
+            inc = self.book.open.pop(key)
+            out.append(inc.finding(max(ts, inc.last_bad), resolved=True))
+        for k in [k for k in self.windows if k[0] == job]:
+            del self.windows[k]
+        return out
+
+    # ------------------------------------------------------------ core
+
+    def _process(self, sig: Signal, rows: list[tuple[str, str, float, float]]) -> list[dict[str, Any]]:
+        by_job: dict[str, list[tuple[str, float, float]]] = {}
+        for job, node, value, ts in rows:
+            by_job.setdefault(job, []).append((node, value, ts))
+        out: list[dict[str, Any]] = []
+        step = self.cfg.eval_every_s
+        for job, items in by_job.items():
+            w = self.windows.get((job, sig.name))
+            if w is None:
+                w = self.windows[(job, sig.name)] = JobWindow()
+            items.sort(key=lambda i: i[2])
+            ts = np.array([i[2] for i in items])
+            r = w.rows([i[0] for i in items], self.cfg.window)
+            values = np.array([i[1] for i in items], dtype=float)
+            if np.isnan(w.next_eval):
+                w.next_eval = (np.floor(ts[0] / step) + 1) * step
+            lo = 0
+            # Push what precedes each grid point, judge at the grid point, and go on; what comes
+            # after the last grid point waits in the windows for the next batch.
+            while lo < len(ts) and ts[-1] >= w.next_eval:
+                hi = int(np.searchsorted(ts, w.next_eval, side="left"))
+                if hi > lo:
+                    w.push(r[lo:hi], values[lo:hi], self.cfg.window)
+                out.extend(self._judge(job, sig, w, w.next_eval))
+                lo = hi
+                w.next_eval = max(w.next_eval + step, (np.floor(ts[lo] / step) + 1) * step)
+            if lo < len(ts):
+                w.push(r[lo:], values[lo:], self.cfg.window)
+        return out
+
+    def _judge(self, job: str, sig: Signal, w: JobWindow, now: float) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        ready = w.count >= cfg.min_samples
+        if ready.sum() < 2:
+            return []
+        med = np.full(len(w.count), NAN)
+        med[ready] = np.nanmedian(w.ring[ready], axis=1)
+        peer = np.full(len(w.count), NAN)
+        peer[ready] = loo_median(med[ready])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slowdown = (med / peer - 1.0) if sig.higher_is_worse else (peer / med - 1.0)
+        bad = ready & (slowdown >= cfg.min_slowdown)
+        newly = bad & np.isnan(w.bad_since)
+        w.bad_since[newly] = now
+        w.bad_since[~bad] = NAN
+        confirmed = bad & (now - w.bad_since >= cfg.persist_s)
+        names = list(w.nodes)
+        out: list[dict[str, Any]] = []
+        for i in np.flatnonzero(confirmed):
+            persisted = float(now - w.bad_since[i])
+            severity = "critical" if persisted >= cfg.critical_after_s else "warning"
+            s = float(slowdown[i])
+            evidence = {
+                "signal": sig.name,
+                "slowdown": round(s, 4),
+                "node_median": round(float(med[i]), 6),
+                "peer_median": round(float(peer[i]), 6),
+                "peers": int(ready.sum() - 1),
+                "persisted_s": round(persisted, 1),
+                "threshold": cfg.min_slowdown,
+            }
+            summary = (
+                f"{names[i]} is {100 * s:.0f}% slower than its {int(ready.sum() - 1)} peers in {job} "
+                f"({sig.name} {med[i]:.4g} {sig.unit} vs peer median {peer[i]:.4g} {sig.unit})"
+            )
+            out.extend(
+                self.book.observe(
+                    node=names[i],
+                    job=job,
+                    kind="straggler",
+                    rule=f"peer_{sig.name}",
+                    ts=now,
+                    severity=severity,
+                    score=severity_score(severity, s / cfg.min_slowdown),
+                    summary=summary,
+                    evidence=evidence,
+                    clear_after=cfg.clear_after_s,
+                    next_ts=lambda _n, t: t,
+                )
+            )
+        # Resolve this job's incidents of this signal that have been fine for clear_after_s.
+        for key in [k for k in self.book.open if k[2] == job and k[4] == f"peer_{sig.name}"]:
+            done = self.book.expire(key, now, lambda _n, t: t)
+            if done is not None:
+                out.append(done)
+        return out
+
+    # ------------------------------------------------------------ state
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(
+            {
+                "windows": [[j, s, w.to_state()] for (j, s), w in self.windows.items()],
+                "book": self.book.to_state(),
+            },
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, config: StragglerConfig | None = None) -> StragglerDetector:
+        d = orjson.loads(raw)
+        self = cls(config)
+        self.windows = {(j, s): JobWindow.from_state(w) for j, s, w in d["windows"]}
+        self.book = IncidentBook.from_state(d["book"])
+        return self
