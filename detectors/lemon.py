@@ -1,0 +1,167 @@
+"""Lemon nodes: nodes whose own history shows a repeatedly elevated failure rate.
+
+Meta's RSC clusters found ~1.2% of nodes to be lemons from per-node history (failed jobs,
+XIDs, tickets, single-node failure rates); removing them cut large-job failures from 14% to
+4% (Kokolis et al., HPCA 2025). One bad day is not a lemon: the signal is a node that keeps
+having incidents while its peers do not.
+
+Per node we keep exponentially decayed counts (time constant `tau_s`, default 30 days) of
+hardware incidents opened on it and of failed jobs it took part in, plus its decayed exposure
+(time observed). The fleet rate is the mean rate over nodes without the top 2% (so the
+lemons themselves do not raise it; a median would be 0 where most nodes had no incident), and a node's score is the Poisson tail probability of seeing at least its count
+at the fleet rate: score = 1 - P(X >= k | lambda * exposure). A node is a lemon when its
+events reach `min_events` and the tail probability falls below `p_lemon` (score above
+1 - p_lemon). With per-node counts this is a one-sided test per node; `p_lemon` = 1e-4 keeps
+the expected false lemons below one in 10,000 healthy nodes per evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.stats import poisson
+
+from detectors.findings import IncidentBook
+
+
+@dataclass(frozen=True)
+class LemonConfig:
+    tau_s: float = 30 * 86400.0
+    min_events: float = 3.0  # decayed event count a node needs before it can be a lemon
+    p_lemon: float = 1e-4
+    job_failure_weight: float = 1.0  # a failed job counts like one incident
+    floor_rate_per_s: float = 2.34 / 1000 / 86400  # RSC-2's 2.34 failures per 1000 node-days, a floor
+    clear_after_s: float = 86400.0
+    # Findings on one node closer together than this are one episode (one fault often raises
+    # several findings: SBE rate, then DBE, then its XID) and count once.
+    episode_gap_s: float = 600.0
+
+
+class LemonScorer:
+    def __init__(self, config: LemonConfig | None = None) -> None:
+        self.cfg = config or LemonConfig()
+        self.rows: dict[str, int] = {}
+        self.events = np.zeros(0)
+        self.exposure = np.zeros(0)  # decayed seconds observed
+        self.last_ts = np.zeros(0)
+        self.last_event = np.zeros(0)
+        self.book = IncidentBook()
+
+    def _row(self, node: str) -> int:
+        r = self.rows.get(node)
+        if r is None:
+            r = self.rows[node] = len(self.rows)
+            if r >= len(self.events):
+                grow = max(64, len(self.events))
+                self.events = np.concatenate([self.events, np.zeros(grow)])
+                self.exposure = np.concatenate([self.exposure, np.zeros(grow)])
+                self.last_ts = np.concatenate([self.last_ts, np.full(grow, np.nan)])
+                self.last_event = np.concatenate([self.last_event, np.full(grow, -np.inf)])
+        return r
+
+    def _advance(self, rows: np.ndarray, ts: np.ndarray) -> None:
+        """Decay counts and add exposure up to `ts` for the given node rows (vectorised)."""
+        last = self.last_ts[rows]
+        dt = np.where(np.isnan(last), 0.0, np.maximum(0.0, ts - last))
+        decay = np.exp(-dt / self.cfg.tau_s)
+        self.events[rows] *= decay
+        # exposure integrates exp(-age/tau): its decayed increment over dt is tau * (1 - decay)
+        self.exposure[rows] = self.exposure[rows] * decay + self.cfg.tau_s * (1 - decay)
+        self.last_ts[rows] = np.where(np.isnan(last), ts, np.maximum(last, ts))
+
+    def observe_samples(self, nodes: list[str], ts: np.ndarray) -> None:
+        """Nodes seen at these times (telemetry): they accrue exposure."""
+        rows = np.fromiter((self._row(n) for n in nodes), dtype=np.int64, count=len(nodes))
+        # keep the latest ts per node of this batch; np.maximum.at handles repeats
+        latest = np.full(len(self.rows), -np.inf)
+        np.maximum.at(latest, rows, ts)
+        uniq = np.unique(rows)
+        self._advance(uniq, latest[uniq])
+
+    def observe_events(self, nodes: list[str], ts: list[float], weights: list[float] | None = None) -> None:
+        """Incidents (or failed jobs) on these nodes; events are rare, so a plain loop is fine."""
+        for i, (node, t) in enumerate(zip(nodes, ts, strict=True)):
+            r = self._row(node)
+            self._advance(np.array([r]), np.array([t]))
+            if t - self.last_event[r] >= self.cfg.episode_gap_s:
+                self.events[r] += 1.0 if weights is None else weights[i]
+            self.last_event[r] = max(self.last_event[r], t)
+
+    def scores(self) -> tuple[list[str], np.ndarray, np.ndarray, float]:
+        """(nodes, score in [0,1], decayed events, fleet rate per s)."""
+        n = len(self.rows)
+        ev, ex = self.events[:n], self.exposure[:n]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rates = np.where(ex > 0, ev / ex, np.nan)
+        fleet = 0.0
+        finite = rates[np.isfinite(rates)]
+        if len(finite):
+            fleet = float(finite[finite <= np.quantile(finite, 0.98)].mean())
+        fleet = max(fleet, self.cfg.floor_rate_per_s)
+        mu = fleet * ex
+        # P(X >= k) for a non-integer decayed k: use the survival function at ceil(k) - 1
+        tail = poisson.sf(np.ceil(ev) - 1, mu)
+        return list(self.rows), 1.0 - tail, ev, fleet
+
+    def judge(self, ts: float) -> list[dict[str, Any]]:
+        nodes, score, ev, fleet = self.scores()
+        out: list[dict[str, Any]] = []
+        lemon = (ev >= self.cfg.min_events) & (score >= 1 - self.cfg.p_lemon)
+        for i in np.flatnonzero(lemon):
+            node = nodes[i]
+            ratio = ev[i] / max(fleet * self.exposure[i], 1e-12)
+            out.extend(
+                self.book.observe(
+                    node=node,
+                    kind="lemon",
+                    rule="poisson_rate",
+                    ts=ts,
+                    severity="warning",
+                    score=round(float(score[i]), 6),
+                    summary=(
+                        f"{node} is a lemon candidate: {ev[i]:.1f} incidents (decayed) vs "
+                        f"{fleet * self.exposure[i]:.2f} expected at the fleet rate ({ratio:.0f}x)"
+                    ),
+                    evidence={
+                        "events": round(float(ev[i]), 3),
+                        "expected": round(float(fleet * self.exposure[i]), 4),
+                        "fleet_rate_per_day": round(fleet * 86400, 6),
+                        "tail_p": float(1 - score[i]),
+                        "tau_days": self.cfg.tau_s / 86400,
+                    },
+                    clear_after=self.cfg.clear_after_s,
+                    next_ts=lambda _n, t: t,
+                )
+            )
+        for key in list(self.book.open):
+            done = self.book.expire(key, ts, lambda _n, t: t)
+            if done is not None:
+                out.append(done)
+        return out
+
+    def to_state(self) -> dict[str, Any]:
+        n = len(self.rows)
+        return {
+            "nodes": list(self.rows),
+            "events": self.events[:n].tolist(),
+            "exposure": self.exposure[:n].tolist(),
+            "last_ts": [None if math.isnan(x) else x for x in self.last_ts[:n].tolist()],
+            "last_event": [None if math.isinf(x) else x for x in self.last_event[:n].tolist()],
+            "book": self.book.to_state(),
+        }
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any], config: LemonConfig | None = None) -> LemonScorer:
+        self = cls(config)
+        for n in d["nodes"]:
+            self._row(n)
+        k = len(d["nodes"])
+        self.events[:k] = d["events"]
+        self.exposure[:k] = d["exposure"]
+        self.last_ts[:k] = [np.nan if x is None else x for x in d["last_ts"]]
+        self.last_event[:k] = [-np.inf if x is None else x for x in d["last_event"]]
+        self.book = IncidentBook.from_state(d["book"])
+        return self
