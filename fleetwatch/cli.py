@@ -84,6 +84,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", default=None, help="override the topic (default: by each message's schema)")
     p.set_defaults(handler="collectors.replay:run")
 
+    # --- action layer (alerts/): the two blocks below are owned by the alerts/ code
+    p = sub.add_parser("act", help="route findings to Alertmanager and emit drain requests")
+    _add_bootstrap(p)
+    p.add_argument("--alertmanager", default="http://127.0.0.1:9093", help="Alertmanager base URL")
+    p.add_argument(
+        "--drain-budget", type=_nonneg_float, default=0.02, help="max fraction of the fleet drained"
+    )
+    p.add_argument("--cluster", default="default", help="cluster label on alerts")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.set_defaults(handler="alerts.act:run")
+
+    p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
+    _add_bootstrap(p)
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.set_defaults(handler="alerts.slurm_drainer:run")
+    # --- end of the action layer's blocks
+
     p = sub.add_parser("score", help="stream a univariate CSV series through the online detector")
     p.add_argument("--csv", required=True, help="input CSV file (use - for stdin)")
     p.add_argument("--column", default="value", help="column holding the values (default: value)")
