@@ -1,0 +1,299 @@
+"""The `finding/1` message (DESIGN.md, "Messages") and the incident lifecycle behind it.
+
+A finding is emitted when an incident opens, again when its severity rises, and once more with
+`resolved: true` when it has been healthy for its clear-after period. Unlike Node Problem Detector
+conditions, incidents resolve by themselves.
+
+Ids are STABLE: a hash of (node, gpu, job, kind, rule, first_seen). Detectors time everything by
+message timestamps (event time), so re-processing the same telemetry after a restart reproduces the
+same incidents with the same ids, and a consumer that sees a finding twice can drop the duplicate.
+The `rule` (which check fired, e.g. "ecc_dbe", "ib_port_state:mlx5_0/1") is not a top-level field of
+finding/1; it travels in `evidence["rule"]`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from fleetwatch import schemas
+from fleetwatch.schemas import MessageError
+
+FINDING = "finding/1"
+KINDS = frozenset(
+    {
+        "xid",
+        "ecc",
+        "row_remap",
+        "nvlink",
+        "pcie",
+        "thermal",
+        "ib_link",
+        "host",
+        "statistical",
+        "straggler",
+        "lemon",
+    }
+)
+SEVERITIES = ("info", "warning", "critical")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+_BASE_SCORE = {"info": 0.3, "warning": 0.6, "critical": 0.9}
+
+
+def finding_id(node: str, gpu: int | None, job: str | None, kind: str, rule: str, first_seen: float) -> str:
+    """Stable id: same incident, same id, whichever worker computes it and however often."""
+    # first_seen is rounded to the microsecond so a float that went through JSON hashes the same.
+    key = orjson.dumps([node, gpu, job, kind, rule, f"{first_seen:.6f}"])
+    return hashlib.sha256(key).hexdigest()[:32]
+
+
+def severity_score(severity: str, ratio: float = 1.0) -> float:
+    """Score in [0, 1]: the severity band plus up to 0.1 for how far past its threshold a value is.
+
+    ratio = observed / threshold (>= 1 when a rule fires); 100x the threshold earns the full 0.1.
+    """
+    bump = 0.0
+    if ratio > 1.0 and math.isfinite(ratio):
+        bump = min(0.1, 0.05 * math.log10(ratio))
+    elif not math.isfinite(ratio):
+        bump = 0.1
+    return round(min(1.0, _BASE_SCORE[severity] + bump), 4)
+
+
+def make_finding(
+    *,
+    node: str,
+    kind: str,
+    rule: str,
+    severity: str,
+    score: float,
+    summary: str,
+    evidence: Mapping[str, Any],
+    first_seen: float,
+    ts: float,
+    gpu: int | None = None,
+    job: str | None = None,
+    resolved: bool = False,
+) -> dict[str, Any]:
+    """A finding/1 dict (validated, so a detector bug shows up where it happens)."""
+    f: dict[str, Any] = {
+        "schema": FINDING,
+        "id": finding_id(node, gpu, job, kind, rule, first_seen),
+        "node": node,
+    }
+    if gpu is not None:
+        f["gpu"] = int(gpu)
+    if job is not None:
+        f["job"] = job
+    f.update(
+        kind=kind,
+        severity=severity,
+        score=float(score),
+        summary=summary,
+        evidence={"rule": rule, **evidence},
+        first_seen=float(first_seen),
+        ts=float(ts),
+        resolved=bool(resolved),
+    )
+    validate_finding(f)
+    return f
+
+
+def validate_finding(m: Mapping[str, Any]) -> None:
+    for k in (
+        "id",
+        "node",
+        "kind",
+        "severity",
+        "score",
+        "summary",
+        "evidence",
+        "first_seen",
+        "ts",
+        "resolved",
+    ):
+        if k not in m:
+            raise MessageError("missing_field", f"finding.{k} is required")
+    if not isinstance(m["id"], str) or not m["id"]:
+        raise MessageError("wrong_type", "finding.id must be a non-empty string")
+    schemas._name("finding.node", m["node"])
+    if m.get("gpu") is not None:
+        schemas._integer("finding.gpu", m["gpu"], 0)
+    if m.get("job") is not None:
+        schemas._name("finding.job", m["job"])
+    if m["kind"] not in KINDS:
+        raise MessageError("out_of_range", f"finding.kind {m['kind']!r} is not one of {sorted(KINDS)}")
+    if m["severity"] not in SEVERITY_RANK:
+        raise MessageError("out_of_range", f"finding.severity {m['severity']!r} is not one of {SEVERITIES}")
+    schemas._number("finding.score", m["score"], 0, 1)
+    schemas._string("finding.summary", m["summary"])
+    if not isinstance(m["evidence"], dict):
+        raise MessageError("wrong_type", "finding.evidence must be an object")
+    schemas._number("finding.first_seen", m["first_seen"], 0)
+    schemas._number("finding.ts", m["ts"], 0)
+    if m["ts"] < m["first_seen"]:
+        raise MessageError("out_of_range", "finding.ts is before finding.first_seen")
+    if not isinstance(m["resolved"], bool):
+        raise MessageError("wrong_type", "finding.resolved must be a boolean")
+
+
+schemas.register(FINDING, validate_finding, "ts")
+
+
+# ---------------------------------------------------------------- incident lifecycle
+
+Key = tuple[str, int | None, str | None, str, str]  # (node, gpu, job, kind, rule)
+NextTs = Callable[[str, float], float | None]
+"""next_ts(node, t): the first observed sample time of `node` at or after t, or None if none yet."""
+
+
+@dataclass(slots=True)
+class Incident:
+    node: str
+    gpu: int | None
+    job: str | None
+    kind: str
+    rule: str
+    first_seen: float
+    last_bad: float
+    severity: str
+    score: float
+    summary: str
+    evidence: dict[str, Any]
+    clear_after: float
+    count: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)  # rule-private state (e.g. XID burst counts)
+
+    @property
+    def key(self) -> Key:
+        return (self.node, self.gpu, self.job, self.kind, self.rule)
+
+    def finding(self, ts: float, resolved: bool = False) -> dict[str, Any]:
+        evidence = dict(self.evidence)
+        summary = self.summary
+        if resolved:
+            evidence.update(last_bad_ts=self.last_bad, healthy_for_s=self.clear_after, bad_samples=self.count)
+            summary = f"resolved: {summary}"
+        return make_finding(
+            node=self.node,
+            gpu=self.gpu,
+            job=self.job,
+            kind=self.kind,
+            rule=self.rule,
+            severity=self.severity,
+            score=self.score,
+            summary=summary,
+            evidence=evidence,
+            first_seen=self.first_seen,
+            ts=ts,
+            resolved=resolved,
+        )
+
+
+class IncidentBook:
+    """Open incidents by key; decides when a finding is (re-)emitted.
+
+    Resolution time is the first sample of the node at or after last_bad + clear_after, so it does
+    not depend on where batch boundaries fall (a replay in different batch sizes agrees).
+    Severity only rises within an incident; it falls by resolving.
+    """
+
+    def __init__(self) -> None:
+        self.open: dict[Key, Incident] = {}
+
+    def __len__(self) -> int:
+        return len(self.open)
+
+    def get(self, key: Key) -> Incident | None:
+        return self.open.get(key)
+
+    def expire(self, key: Key, upto: float, next_ts: NextTs) -> dict[str, Any] | None:
+        """Resolve `key` if it became healthy long enough at some sample up to time `upto`."""
+        inc = self.open.get(key)
+        if inc is None:
+            return None
+        t = next_ts(inc.node, inc.last_bad + inc.clear_after)
+        if t is None or t > upto:
+            return None
+        del self.open[key]
+        return inc.finding(t, resolved=True)
+
+    def observe(
+        self,
+        *,
+        node: str,
+        kind: str,
+        rule: str,
+        ts: float,
+        severity: str,
+        score: float,
+        summary: str,
+        evidence: dict[str, Any],
+        clear_after: float,
+        next_ts: NextTs,
+        gpu: int | None = None,
+        job: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """A bad observation at `ts`: returns the findings it causes (often none)."""
+        key: Key = (node, gpu, job, kind, rule)
+        out: list[dict[str, Any]] = []
+        done = self.expire(key, ts, next_ts)
+        if done is not None:
+            out.append(done)
+        inc = self.open.get(key)
+        if inc is None:
+            inc = Incident(
+                node, gpu, job, kind, rule, ts, ts, severity, score, summary, evidence, clear_after
+            )
+            if extra is not None:
+                inc.extra = extra
+            self.open[key] = inc
+            out.append(inc.finding(ts))
+            return out
+        inc.last_bad = max(inc.last_bad, ts)
+        inc.count += 1
+        inc.clear_after = clear_after
+        if extra is not None:
+            inc.extra = extra
+        # Latest numbers go into the resolved finding; they are not re-emitted by themselves.
+        inc.evidence = evidence
+        if SEVERITY_RANK[severity] >= SEVERITY_RANK[inc.severity]:
+            inc.summary = summary
+        if SEVERITY_RANK[severity] > SEVERITY_RANK[inc.severity]:
+            inc.severity, inc.score, inc.summary, inc.evidence = (
+                severity,
+                max(score, inc.score),
+                summary,
+                evidence,
+            )
+            out.append(inc.finding(ts))
+        return out
+
+    def sweep(self, next_ts: NextTs, upto: Callable[[str], float | None]) -> list[dict[str, Any]]:
+        """Resolve every incident whose node has been healthy long enough (upto: node -> latest ts)."""
+        out: list[dict[str, Any]] = []
+        for key in list(self.open):
+            latest = upto(key[0])
+            if latest is None:
+                continue
+            done = self.expire(key, latest, next_ts)
+            if done is not None:
+                out.append(done)
+        return out
+
+    def to_state(self) -> list[dict[str, Any]]:
+        return [asdict(i) for i in self.open.values()]
+
+    @classmethod
+    def from_state(cls, items: list[dict[str, Any]]) -> IncidentBook:
+        self = cls()
+        for d in items:
+            inc = Incident(**d)
+            self.open[inc.key] = inc
+        return self

@@ -1,0 +1,700 @@
+"""Hardware rule detectors over telemetry/1 batches: XID, ECC, row remap, NVLink, PCIe, thermal,
+lost GPU and InfiniBand link rules.
+
+Everything up to "which elements are bad" is vectorised over the batch (see counters.py); only the
+bad elements, rare in a healthy fleet, reach Python code that builds findings. Time is the
+messages' `ts` (event time), never the wall clock, so replaying the same telemetry gives the same
+findings with the same ids, in any batch sizes (tests check this).
+
+Thresholds (HardwareConfig) and why:
+- XID: events, not a last-value gauge. A burst on one GPU ended by `xid_quiet_s` = 180 s of silence
+  is one incident (DESIGN.md: dcgm-exporter's gauge never resets). Severity from xid_catalog; a
+  burst of >= `xid_burst_escalate` = 20 events is escalated one level, except application-caused
+  XIDs, capped at warning (a crash loop of a bad job is still the job's fault).
+- ECC DBE: any volatile double-bit count > 0 or any increase of the volatile/aggregate count is
+  critical. The volatile count only clears on a GPU reset/driver reload, which is what repairs the
+  GPU, so the incident stays open until then.
+- SBE: more than `sbe_per_hour` = 10 correctable errors in a decaying one-hour window is a warning.
+  DCGM's health watch uses the same figure (DCGM_LIMIT_MAX_SBE_RATE = 10); healthy HBM shows
+  essentially no correctable errors, so one stray bit-flip (a particle strike) stays silent while a
+  weak row that fires repeatedly, the usual prelude to a row remap or a DBE, is caught.
+- Retired pages: any new retirement is a warning; >= 15 retired is a warning that persists and >= 63
+  is critical (DCGM's retired-pages soft limit and limit, DCGM_LIMIT_MAX_RETIRED_PAGES[_SOFT_LIMIT]).
+- Row remap: a pending remap (needs a GPU reset to take effect) is a warning; a remap failure (no
+  spare rows: the memory error cannot be fenced off) is critical.
+- NVLink: CRC flit errors above 100/s (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR; "CRC errors only matter at
+  rates of 100+ per second") and replay errors above 1/min (DCGM_LIMIT_MAX_NVLINK_ERROR = 1) over a
+  decaying 60 s window are warnings.
+- PCIe: replays above 8/min (DCGM_LIMIT_MAX_PCIREPLAY_RATE: "8 replays per minute is the maximum
+  recommended by RM") over a decaying 60 s window is a warning.
+- Rate rules (SBE excepted) become critical when the windowed count exceeds `critical_factor` = 10x
+  the threshold, or the incident has stayed open for `sustained_s` = 600 s.
+- Thermal: HW slowdown (0x8), SW thermal (0x20) or HW thermal (0x40) throttle bits
+  (nvmlClocksThrottleReason*, pynvml) for `thermal_samples` = 5 consecutive samples is a warning;
+  HW power brake (0x80) likewise (HW slowdown that comes with the brake counts as the brake).
+  Consecutive, so a one-sample blip at a load step stays silent.
+- Lost GPU: an entry with `lost: true` or with no metric at all, or a GPU index the node used to
+  report that is now absent while its other GPUs report, is critical (kind pcie: a GPU off the bus).
+- InfiniBand: a port not ACTIVE or an increase of link_downed is critical; symbol errors > 10/h,
+  receive errors > 10/h and transmit discards > 100/h are warnings (the default thresholds of
+  infiniband-diags' ibcheckerrs); an error counter stuck at its saturation maximum (16-bit fields
+  saturate per the IB spec) is a warning, since its rate can no longer be measured.
+- Every incident resolves after `clear_after_s` = 300 s without a bad sample (XID bursts after
+  `xid_quiet_s`), with one more finding carrying resolved=true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from detectors import xid_catalog
+from detectors.batch import GPU_COL, IB_COL, NodeRegistry, TelemetryBatch
+from detectors.counters import (
+    CounterTracker,
+    DecayingCount,
+    RunLength,
+    Segments,
+    decode_array,
+    encode_array,
+    grow,
+    increasing_in_group,
+)
+from detectors.findings import SEVERITIES, SEVERITY_RANK, IncidentBook, severity_score
+from fleetwatch.schemas import GPU_COUNTERS
+
+STATE_VERSION = 1
+
+# nvmlClocksThrottleReason* bits (pynvml): HwSlowdown 0x8, SwThermalSlowdown 0x20,
+# HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80.
+THERMAL_BITS = {0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal"}
+HW_SLOWDOWN = 0x8
+THERMAL_MASK = HW_SLOWDOWN | 0x20 | 0x40
+POWER_BRAKE = 0x80
+
+# IB PortCounters widths (IBTA spec): error counters saturate instead of wrapping.
+IB_COUNTERS = ("symbol_errors", "link_downed", "rcv_errors", "xmit_discards", "tx_bytes", "rx_bytes")
+IB_LIMITS = {
+    "symbol_errors": (16, "saturate"),
+    "link_downed": (8, "saturate"),
+    "rcv_errors": (16, "saturate"),
+    "xmit_discards": (16, "saturate"),
+}
+IB_ERROR_COUNTERS = ("symbol_errors", "link_downed", "rcv_errors", "xmit_discards")
+
+_GC = {name: i for i, name in enumerate(GPU_COUNTERS)}
+_GPU_COUNTER_COLS = np.array([GPU_COL[c] for c in GPU_COUNTERS])
+_IC = {name: i for i, name in enumerate(IB_COUNTERS)}
+_IB_COUNTER_COLS = np.array([IB_COL[c] for c in IB_COUNTERS])
+
+
+@dataclass(slots=True)
+class HardwareConfig:
+    xid_quiet_s: float = 180.0
+    xid_burst_escalate: int = 20
+    clear_after_s: float = 300.0
+    sbe_per_hour: float = 10.0
+    retired_pages_soft: int = 15
+    retired_pages_max: int = 63
+    rate_window_s: float = 60.0
+    nvlink_crc_per_s: float = 100.0
+    nvlink_replay_per_min: float = 1.0
+    pcie_replay_per_min: float = 8.0
+    critical_factor: float = 10.0
+    sustained_s: float = 600.0
+    thermal_samples: int = 5
+    ib_window_s: float = 3600.0
+    ib_symbol_per_hour: float = 10.0
+    ib_rcv_per_hour: float = 10.0
+    ib_xmit_discards_per_hour: float = 100.0
+
+
+def _f(x: Any) -> float | int | None:
+    """A numpy scalar as a JSON-friendly number (None for NaN; ints stay ints)."""
+    v = float(x)
+    if v != v:
+        return None
+    return int(v) if v.is_integer() and abs(v) < 2**53 else round(v, 6)
+
+
+class HardwareDetector:
+    """Stateful rule engine: `process(batch)` -> finding/1 dicts; `to_state()`/`from_state()` resume."""
+
+    def __init__(self, config: HardwareConfig | None = None) -> None:
+        self.cfg = config or HardwareConfig()
+        self.nodes = NodeRegistry()
+        self.node_ts = np.full(0, -np.inf)
+        # GPU entities: (node row, gpu index) -> entity row; -1 = never seen.
+        self.gpu_rows = np.full((0, 8), -1, dtype=np.int64)
+        self.n_gpu = 0
+        self.gpu_counters = CounterTracker(GPU_COUNTERS)
+        w = self.cfg.rate_window_s
+        # columns: sbe (1 h), nvlink crc, nvlink replay, pcie replay (rate window)
+        self.gpu_decay = DecayingCount((3600.0, w, w, w))
+        self.gpu_runs = RunLength(2)  # thermal, power brake
+        self.ib_rows: dict[tuple[int, str], int] = {}
+        self.ib_counters = CounterTracker(IB_COUNTERS, IB_LIMITS)
+        iw = self.cfg.ib_window_s
+        self.ib_decay = DecayingCount((iw, iw, iw))  # symbol, rcv, xmit_discards
+        self.book = IncidentBook()
+
+    # ------------------------------------------------------------ state
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "config": asdict(self.cfg),
+            "nodes": list(self.nodes.names),
+            "node_ts": encode_array(self.node_ts[: len(self.nodes)]),
+            "gpu_rows": encode_array(self.gpu_rows[: len(self.nodes)]),
+            "n_gpu": self.n_gpu,
+            "gpu_counters": self.gpu_counters.to_state(),
+            "gpu_decay": self.gpu_decay.to_state(),
+            "gpu_runs": self.gpu_runs.to_state(),
+            "ib_rows": [[r, k, e] for (r, k), e in self.ib_rows.items()],
+            "ib_counters": self.ib_counters.to_state(),
+            "ib_decay": self.ib_decay.to_state(),
+            "incidents": self.book.to_state(),
+        }
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self.to_state())
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> HardwareDetector:
+        if d.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported hardware detector state version {d.get('version')!r}")
+        self = cls(HardwareConfig(**d["config"]))
+        self.nodes = NodeRegistry(d["nodes"])
+        self.node_ts = decode_array(d["node_ts"])
+        self.gpu_rows = decode_array(d["gpu_rows"])
+        self.n_gpu = int(d["n_gpu"])
+        self.gpu_counters = CounterTracker.from_state(d["gpu_counters"])
+        self.gpu_decay = DecayingCount.from_state(d["gpu_decay"])
+        self.gpu_runs = RunLength.from_state(d["gpu_runs"])
+        self.ib_rows = {(int(r), str(k)): int(e) for r, k, e in d["ib_rows"]}
+        self.ib_counters = CounterTracker.from_state(d["ib_counters"])
+        self.ib_decay = DecayingCount.from_state(d["ib_decay"])
+        self.book = IncidentBook.from_state(d["incidents"])
+        return self
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> HardwareDetector:
+        return cls.from_state(orjson.loads(raw))
+
+    # ------------------------------------------------------------ main entry
+
+    def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
+        if batch.size == 0:
+            return []
+        node_rows = self.nodes.lookup(batch.node_names)[batch.node_idx]
+        self.node_ts = grow(self.node_ts, len(self.nodes), -np.inf)
+        self.gpu_rows = grow(self.gpu_rows, len(self.nodes), -1)
+
+        # Whole messages that are duplicates or older than what the node already sent are dropped
+        # here, before any rule: a replayed sample must not count an XID twice.
+        seg = Segments.of(node_rows)
+        ok = increasing_in_group(seg, batch.ts[seg.order], self.node_ts[seg.rows])
+        acc = seg.order[ok]  # accepted message indices, grouped by node, ts increasing
+        if len(acc) == 0:
+            return []
+        mrow, mts = node_rows[acc], batch.ts[acc]
+        last = np.ones(len(acc), dtype=bool)
+        last[:-1] = mrow[1:] != mrow[:-1]
+        self.node_ts[mrow[last]] = mts[last]
+
+        names = self.nodes.names
+        starts = np.flatnonzero(np.r_[True, last[:-1]])
+        per_node = {
+            names[int(mrow[s])]: mts[s:e] for s, e in zip(starts, np.r_[starts[1:], len(acc)], strict=True)
+        }
+        ctx = _Ctx(names, mrow, mts, per_node)
+
+        out: list[dict[str, Any]] = []
+        out += self._gpu_rules(batch, acc, ctx)
+        out += self._xid_rules(batch, acc, ctx)
+        out += self._ib_rules(batch, acc, ctx)
+        out += self.book.sweep(ctx.next_ts, ctx.latest)
+        out.sort(key=lambda f: (f["ts"], f["node"], f.get("gpu", -1), f["kind"], f["evidence"]["rule"]))
+        return out
+
+    # ------------------------------------------------------------ GPU metric rules
+
+    def _gpu_entities(
+        self, mrow: np.ndarray, present: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Entity rows of the present (message, gpu) pairs, allocating new ones; plus each new
+        entity's first element position (to know, message by message, which GPUs a node had)."""
+        g = present.shape[1]
+        if self.gpu_rows.shape[1] < g:
+            wide = np.full((len(self.gpu_rows), g), -1, dtype=np.int64)
+            wide[:, : self.gpu_rows.shape[1]] = self.gpu_rows
+            self.gpu_rows = wide
+        mi, gi = np.nonzero(present)
+        ent = self.gpu_rows[mrow[mi], gi]
+        new = ent < 0
+        first_pos = np.full(self.n_gpu, -1, dtype=np.int64)
+        if new.any():
+            key = mrow[mi[new]] * self.gpu_rows.shape[1] + gi[new]
+            uniq, first_ix = np.unique(key, return_index=True)
+            order = np.argsort(first_ix, kind="stable")  # allocate in order of appearance
+            uniq = uniq[order]
+            rows = np.arange(self.n_gpu, self.n_gpu + len(uniq))
+            self.gpu_rows[uniq // self.gpu_rows.shape[1], uniq % self.gpu_rows.shape[1]] = rows
+            self.n_gpu += len(uniq)
+            ent = self.gpu_rows[mrow[mi], gi]
+            first_pos = np.full(self.n_gpu, -1, dtype=np.int64)
+            first_pos[rows] = mi[new][first_ix[order]]
+        return mi, gi, ent, first_pos
+
+    def _gpu_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        present = batch.present[acc]
+        if present.size == 0:
+            return []
+        mi, gi, ent, first_pos = self._gpu_entities(ctx.mrow, present)
+        vals = batch.gpu[acc[mi], gi]  # (E, F)
+        te = ctx.mts[mi]
+        cu = self.gpu_counters.update(ent, te, vals[:, _GPU_COUNTER_COLS])
+        d = cu.delta
+
+        def col(name: str) -> np.ndarray:
+            return vals[:, GPU_COL[name]]
+
+        def dcol(name: str) -> np.ndarray:
+            return d[:, _GC[name]]
+
+        vol_missing = np.isnan(dcol("ecc_sbe_volatile"))
+        sbe = np.where(vol_missing, dcol("ecc_sbe_aggregate"), dcol("ecc_sbe_volatile"))
+        windowed = ("nvlink_crc_errors", "nvlink_replay_errors", "pcie_replay")
+        deltas = np.stack([sbe, *(dcol(c) for c in windowed)], 1)
+        dt = cu.dt
+        sbe_dt = np.where(vol_missing, dt[:, _GC["ecc_sbe_aggregate"]], dt[:, _GC["ecc_sbe_volatile"]])
+        spread = np.stack([sbe_dt, *(dt[:, _GC[c]] for c in windowed)], 1)
+        win = self.gpu_decay.update(ent, te, deltas, spread)
+
+        tr = col("throttle_reasons")
+        tri = np.where(np.isnan(tr), 0, tr).astype(np.int64)
+        brake = (tri & POWER_BRAKE) != 0
+        # HW slowdown (0x8) is also asserted while the power brake pulls; then it is a power event,
+        # reported as power_brake, not as thermal throttling.
+        thermal = ((tri & (THERMAL_MASK & ~HW_SLOWDOWN)) != 0) | (((tri & HW_SLOWDOWN) != 0) & ~brake)
+        runs = self.gpu_runs.update(ent, np.stack([thermal, brake], 1))
+
+        out: list[dict[str, Any]] = []
+        hit = _Hits(self, ctx, mi, gi, out)
+        with np.errstate(invalid="ignore"):
+            dbe_v, dbe_a = col("ecc_dbe_volatile"), col("ecc_dbe_aggregate")
+            dbe_bad = (dbe_v > 0) | (dcol("ecc_dbe_volatile") > 0) | (dcol("ecc_dbe_aggregate") > 0)
+            for i in np.flatnonzero(dbe_bad):
+                hit(
+                    i,
+                    "ecc",
+                    "ecc_dbe",
+                    "critical",
+                    1.0,
+                    f"uncorrectable ECC error (DBE volatile={_f(dbe_v[i])}, "
+                    f"aggregate={_f(dbe_a[i])}) (drain node)",
+                    {
+                        "ecc_dbe_volatile": _f(dbe_v[i]),
+                        "ecc_dbe_aggregate": _f(dbe_a[i]),
+                        "delta_volatile": _f(dcol("ecc_dbe_volatile")[i]),
+                        "delta_aggregate": _f(dcol("ecc_dbe_aggregate")[i]),
+                    },
+                )
+
+            thr = cfg.sbe_per_hour
+            for i in np.flatnonzero(win[:, 0] > thr):
+                hit(
+                    i,
+                    "ecc",
+                    "ecc_sbe_rate",
+                    "warning",
+                    win[i, 0] / thr,
+                    f"correctable ECC errors {win[i, 0]:.0f}/h above {thr:g}/h (watch; reset GPU if rising)",
+                    {
+                        "sbe_per_hour": _f(win[i, 0]),
+                        "threshold_per_hour": thr,
+                        "ecc_sbe_volatile": _f(col("ecc_sbe_volatile")[i]),
+                        "ecc_sbe_aggregate": _f(col("ecc_sbe_aggregate")[i]),
+                        "delta": _f(sbe[i]),
+                    },
+                )
+
+            rp, drp = col("retired_pages"), dcol("retired_pages")
+            rp_bad = (drp > 0) | (rp >= cfg.retired_pages_soft)
+            for i in np.flatnonzero(rp_bad):
+                sev = "critical" if rp[i] >= cfg.retired_pages_max else "warning"
+                hit(
+                    i,
+                    "ecc",
+                    "retired_pages",
+                    sev,
+                    rp[i] / cfg.retired_pages_max if sev == "critical" else 1.0,
+                    f"{_f(rp[i])} retired memory pages (+{_f(drp[i]) or 0}; limit {cfg.retired_pages_max})"
+                    + (" (drain node, RMA)" if sev == "critical" else " (reset GPU when idle)"),
+                    {
+                        "retired_pages": _f(rp[i]),
+                        "delta": _f(drp[i]),
+                        "soft_limit": cfg.retired_pages_soft,
+                        "limit": cfg.retired_pages_max,
+                    },
+                )
+
+            pend, fail = col("remapped_rows_pending"), col("remapped_rows_failure")
+            for i in np.flatnonzero(pend > 0):
+                hit(
+                    i,
+                    "row_remap",
+                    "row_remap_pending",
+                    "warning",
+                    1.0,
+                    "memory row remap pending (reset GPU to apply)",
+                    {"remapped_rows_pending": _f(pend[i])},
+                )
+            for i in np.flatnonzero(fail > 0):
+                hit(
+                    i,
+                    "row_remap",
+                    "row_remap_failure",
+                    "critical",
+                    1.0,
+                    "memory row remap failed (drain node, RMA)",
+                    {"remapped_rows_failure": _f(fail[i])},
+                )
+
+            w = cfg.rate_window_s
+            for c, kind, rule, what, limit in (
+                (1, "nvlink", "nvlink_crc", "NVLink CRC errors", cfg.nvlink_crc_per_s * w),
+                (2, "nvlink", "nvlink_replay", "NVLink replays", cfg.nvlink_replay_per_min * w / 60.0),
+                (3, "pcie", "pcie_replay", "PCIe replays", cfg.pcie_replay_per_min * w / 60.0),
+            ):
+                raw = col({1: "nvlink_crc_errors", 2: "nvlink_replay_errors", 3: "pcie_replay"}[c])
+                for i in np.flatnonzero(win[:, c] > limit):
+                    ratio = win[i, c] / limit
+                    sev = "critical" if ratio > cfg.critical_factor else "warning"
+                    per_min = win[i, c] * 60.0 / w
+                    hit(
+                        i,
+                        kind,
+                        rule,
+                        sev,
+                        ratio,
+                        f"{what} {per_min:.0f}/min above {limit * 60.0 / w:g}/min",
+                        {
+                            "per_window": _f(win[i, c]),
+                            "window_s": w,
+                            "threshold_per_window": limit,
+                            "counter": _f(raw[i]),
+                            "delta": _f(deltas[i, c]),
+                        },
+                        sustain=True,
+                    )
+
+            n = cfg.thermal_samples
+            temp, power = col("temp_c"), col("power_w")
+            for i in np.flatnonzero(runs[:, 0] >= n):
+                bits = [name for b, name in THERMAL_BITS.items() if tri[i] & b]
+                hit(
+                    i,
+                    "thermal",
+                    "thermal_throttle",
+                    "warning",
+                    runs[i, 0] / n,
+                    f"thermal throttling ({', '.join(bits)}) for {runs[i, 0]} samples, {_f(temp[i])} C",
+                    {
+                        "throttle_reasons": hex(int(tri[i])),
+                        "bits": bits,
+                        "consecutive_samples": int(runs[i, 0]),
+                        "min_samples": n,
+                        "temp_c": _f(temp[i]),
+                        "power_w": _f(power[i]),
+                    },
+                )
+            for i in np.flatnonzero(runs[:, 1] >= n):
+                hit(
+                    i,
+                    "thermal",
+                    "power_brake",
+                    "warning",
+                    runs[i, 1] / n,
+                    f"HW power brake engaged for {runs[i, 1]} samples (check PSU/power delivery)",
+                    {
+                        "throttle_reasons": hex(int(tri[i])),
+                        "consecutive_samples": int(runs[i, 1]),
+                        "min_samples": n,
+                        "power_w": _f(power[i]),
+                    },
+                )
+
+        out += self._lost_rules(batch, acc, ctx, present, first_pos)
+        return out
+
+    def _lost_rules(
+        self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx, present: np.ndarray, first_pos: np.ndarray
+    ) -> list[dict[str, Any]]:
+        lost = batch.lost[acc] & present
+        g = present.shape[1]
+        grid = self.gpu_rows[ctx.mrow][:, :g] if g else np.zeros(present.shape, dtype=np.int64)
+        pos = np.arange(len(acc))[:, None]
+        # Known at this message = seen in an earlier batch, or earlier in this batch.
+        known = (grid >= 0) & (first_pos[np.maximum(grid, 0)] <= pos) if self.n_gpu else grid >= 0
+        missing = known & ~present & present.any(axis=1)[:, None]
+        # GPUs beyond this batch's widest message can also go missing.
+        extra = self.gpu_rows[ctx.mrow][:, g:]
+        out: list[dict[str, Any]] = []
+        m_i, g_i = np.nonzero(lost | missing)
+        if extra.size:
+            em, eg = np.nonzero((extra >= 0) & present.any(axis=1)[:, None])
+            m_i, g_i = np.r_[m_i, em], np.r_[g_i, eg + g]
+        hit = _Hits(self, ctx, m_i, g_i, out)
+        for i in range(len(m_i)):
+            m, gg = m_i[i], g_i[i]
+            how = "absent from telemetry" if gg >= g or not present[m, gg] else "lost, no metrics readable"
+            hit(
+                i,
+                "pcie",
+                "gpu_lost",
+                "critical",
+                1.0,
+                f"GPU lost ({how}; fallen off the bus?) (drain node)",
+                {"state": how},
+            )
+        return out
+
+    # ------------------------------------------------------------ XIDs
+
+    def _xid_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
+        if len(batch.xid_msg) == 0:
+            return []
+        where = np.full(batch.size, -1, dtype=np.int64)
+        where[acc] = np.arange(len(acc))
+        pos = where[batch.xid_msg]
+        keep = pos >= 0
+        order = np.argsort(pos[keep], kind="stable")  # by (node, ts), list order within a message
+        pos, gpus, codes = pos[keep][order], batch.xid_gpu[keep][order], batch.xid_code[keep][order]
+        cfg = self.cfg
+        out: list[dict[str, Any]] = []
+        for p, gpu, code in zip(pos.tolist(), gpus.tolist(), codes.tolist(), strict=True):
+            node, ts = ctx.names[int(ctx.mrow[p])], float(ctx.mts[p])
+            key = (node, gpu, None, "xid", "xid_burst")
+            done = self.book.expire(key, ts, ctx.next_ts)
+            if done is not None:
+                out.append(done)
+            inc = self.book.get(key)
+            counts: dict[str, int] = dict(inc.extra["counts"]) if inc else {}
+            counts[str(code)] = counts.get(str(code), 0) + 1
+            total = sum(counts.values())
+            infos = [xid_catalog.lookup(int(c)) for c in counts]
+            worst = max(infos, key=lambda x: SEVERITY_RANK[x.severity])  # first-seen wins ties
+            rank = SEVERITY_RANK[worst.severity]
+            if total >= cfg.xid_burst_escalate:
+                cap = SEVERITY_RANK["warning"] if worst.cause == "application" else SEVERITY_RANK["critical"]
+                rank = max(rank, min(rank + 1, cap))
+            sev = SEVERITIES[rank]
+            summary = f"{node} GPU{gpu}: XID {worst.code} {worst.name} ({worst.action_text})"
+            if total > 1:
+                summary += f"; {total} XIDs in burst"
+            evidence = {
+                "xids": counts,
+                "total": total,
+                "worst_xid": worst.code,
+                "cause": worst.cause,
+                "action": worst.action,
+                "description": worst.description,
+                "quiet_s": cfg.xid_quiet_s,
+            }
+            out += self.book.observe(
+                node=node,
+                gpu=gpu,
+                kind="xid",
+                rule="xid_burst",
+                ts=ts,
+                severity=sev,
+                score=severity_score(sev, total / cfg.xid_burst_escalate),
+                summary=summary,
+                evidence=evidence,
+                clear_after=cfg.xid_quiet_s,
+                next_ts=ctx.next_ts,
+                extra={"counts": counts},
+            )
+        return out
+
+    # ------------------------------------------------------------ InfiniBand
+
+    def _ib_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
+        if len(batch.ib_msg) == 0:
+            return []
+        where = np.full(batch.size, -1, dtype=np.int64)
+        where[acc] = np.arange(len(acc))
+        pos = where[batch.ib_msg]
+        sel = np.flatnonzero(pos >= 0)
+        sel = sel[np.argsort(pos[sel], kind="stable")]
+        if len(sel) == 0:
+            return []
+        pos = pos[sel]
+        keys = [batch.ib_key[i] for i in sel.tolist()]
+        rows = self.ib_rows
+        nrow = ctx.mrow[pos].tolist()
+        ent = np.fromiter(
+            (rows.setdefault((r, k), len(rows)) for r, k in zip(nrow, keys, strict=True)), np.int64, len(keys)
+        )
+        vals = batch.ib[sel]
+        active = batch.ib_active[sel]
+        te = ctx.mts[pos]
+        cu = self.ib_counters.update(ent, te, vals[:, _IB_COUNTER_COLS])
+        d = cu.delta
+        wcols = [_IC["symbol_errors"], _IC["rcv_errors"], _IC["xmit_discards"]]
+        win = self.ib_decay.update(ent, te, d[:, wcols], cu.dt[:, wcols])
+
+        cfg = self.cfg
+        out: list[dict[str, Any]] = []
+        hit = _Hits(self, ctx, pos, None, out)
+        rate_unit = cfg.ib_window_s / 3600.0  # thresholds are per hour; the window may differ
+        for i in np.flatnonzero(active == 0):
+            hit(
+                i,
+                "ib_link",
+                f"ib_port_state:{keys[i]}",
+                "critical",
+                1.0,
+                f"IB port {keys[i]} is {batch.ib_state[sel[i]]}, not ACTIVE (drain node)",
+                {
+                    "port": keys[i],
+                    "state": batch.ib_state[sel[i]],
+                    "rate_gbps": _f(vals[i, IB_COL["rate_gbps"]]),
+                },
+            )
+        with np.errstate(invalid="ignore"):
+            ld = d[:, _IC["link_downed"]]
+            for i in np.flatnonzero(ld > 0):
+                hit(
+                    i,
+                    "ib_link",
+                    f"ib_link_downed:{keys[i]}",
+                    "critical",
+                    1.0,
+                    f"IB port {keys[i]} link went down {_f(ld[i])}x (drain node)",
+                    {"port": keys[i], "link_downed": _f(vals[i, IB_COL["link_downed"]]), "delta": _f(ld[i])},
+                )
+            for c, name, per_hour in (
+                (0, "symbol_errors", cfg.ib_symbol_per_hour),
+                (1, "rcv_errors", cfg.ib_rcv_per_hour),
+                (2, "xmit_discards", cfg.ib_xmit_discards_per_hour),
+            ):
+                limit = per_hour * rate_unit
+                for i in np.flatnonzero(win[:, c] > limit):
+                    ratio = win[i, c] / limit
+                    sev = "critical" if ratio > cfg.critical_factor else "warning"
+                    hit(
+                        i,
+                        "ib_link",
+                        f"ib_{name}:{keys[i]}",
+                        sev,
+                        ratio,
+                        f"IB port {keys[i]} {name.replace('_', ' ')} "
+                        f"{win[i, c] / rate_unit:.0f}/h above {per_hour:g}/h",
+                        {
+                            "port": keys[i],
+                            "per_window": _f(win[i, c]),
+                            "window_s": cfg.ib_window_s,
+                            "threshold_per_window": limit,
+                            "counter": _f(vals[i, IB_COL[name]]),
+                            "delta": _f(d[i, _IC[name]]),
+                        },
+                    )
+            err_cols = [_IC[c] for c in IB_ERROR_COUNTERS]
+            sat = cu.saturated[:, err_cols]
+            for i in np.flatnonzero(sat.any(axis=1)):
+                which = [IB_ERROR_COUNTERS[j] for j in np.flatnonzero(sat[i])]
+                hit(
+                    i,
+                    "ib_link",
+                    f"ib_counter_saturated:{keys[i]}",
+                    "warning",
+                    1.0,
+                    f"IB port {keys[i]} counters saturated ({', '.join(which)}); clear them (perfquery -x)",
+                    {
+                        "port": keys[i],
+                        "saturated": which,
+                        "values": {c: _f(vals[i, IB_COL[c]]) for c in which},
+                    },
+                )
+        return out
+
+
+@dataclass(slots=True)
+class _Ctx:
+    """Per-batch facts shared by the rules: accepted messages and each node's sample times."""
+
+    names: list[str]
+    mrow: np.ndarray  # node row of each accepted message
+    mts: np.ndarray  # ts of each accepted message
+    per_node: dict[str, np.ndarray]  # node -> sorted ts of its accepted messages in this batch
+
+    def next_ts(self, node: str, t: float) -> float | None:
+        arr = self.per_node.get(node)
+        if arr is None:
+            return None
+        i = int(np.searchsorted(arr, t, side="left"))
+        return float(arr[i]) if i < len(arr) else None
+
+    def latest(self, node: str) -> float | None:
+        arr = self.per_node.get(node)
+        return None if arr is None else float(arr[-1])
+
+
+class _Hits:
+    """Turns one bad element into IncidentBook.observe(...) with the common fields filled in."""
+
+    def __init__(
+        self,
+        det: HardwareDetector,
+        ctx: _Ctx,
+        msg_pos: np.ndarray,
+        gpu: np.ndarray | None,
+        out: list[dict[str, Any]],
+    ) -> None:
+        self.det, self.ctx, self.msg_pos, self.gpu, self.out = det, ctx, msg_pos, gpu, out
+
+    def __call__(
+        self,
+        i: int,
+        kind: str,
+        rule: str,
+        severity: str,
+        ratio: float,
+        what: str,
+        evidence: dict[str, Any],
+        sustain: bool = False,
+    ) -> None:
+        ctx, cfg = self.ctx, self.det.cfg
+        p = int(self.msg_pos[i])
+        node, ts = ctx.names[int(ctx.mrow[p])], float(ctx.mts[p])
+        gpu = None if self.gpu is None else int(self.gpu[i])
+        if sustain:
+            inc = self.det.book.get((node, gpu, None, kind, rule))
+            if (
+                inc is not None
+                and ts - inc.first_seen >= cfg.sustained_s
+                and ts - inc.last_bad < inc.clear_after
+            ):
+                severity = "critical"
+                evidence = {**evidence, "sustained_s": round(ts - inc.first_seen, 3)}
+        where = f"{node} GPU{gpu}" if gpu is not None else node
+        self.out += self.det.book.observe(
+            node=node,
+            gpu=gpu,
+            kind=kind,
+            rule=rule,
+            ts=ts,
+            severity=severity,
+            score=severity_score(severity, float(ratio)),
+            summary=f"{where}: {what}",
+            evidence=evidence,
+            clear_after=cfg.clear_after_s,
+            next_ts=ctx.next_ts,
+        )

@@ -1,0 +1,185 @@
+"""TelemetryBatch: columnar arrays from telemetry/1 dicts. Also home of the small message builders
+that the other detector tests import."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detectors.batch import GPU_COL, GPU_NUMERIC, HOST_NUMERIC, IB_COL, IB_NUMERIC, TelemetryBatch
+from fleetwatch import schemas
+
+# ---------------------------------------------------------------- message builders (shared)
+
+
+def gpu_entry(index: int, **fields: Any) -> dict[str, Any]:
+    """A healthy, fully populated GPU entry; keyword arguments override fields, None removes one."""
+    g: dict[str, Any] = {
+        "index": index,
+        "uuid": f"GPU-{index:08d}",
+        "util": 95.0,
+        "mem_util": 60.0,
+        "mem_used_mib": 60000.0,
+        "temp_c": 62.0,
+        "power_w": 550.0,
+        "sm_clock_mhz": 1980.0,
+        "throttle_reasons": 0,
+        "ecc_sbe_volatile": 0,
+        "ecc_dbe_volatile": 0,
+        "ecc_sbe_aggregate": 0,
+        "ecc_dbe_aggregate": 0,
+        "retired_pages": 0,
+        "remapped_rows_pending": 0,
+        "remapped_rows_failure": 0,
+        "nvlink_crc_errors": 0,
+        "nvlink_replay_errors": 0,
+        "pcie_replay": 0,
+        "xids": [],
+    }
+    for k, v in fields.items():
+        if v is None:
+            g.pop(k, None)
+        else:
+            g[k] = v
+    return g
+
+
+def ib_port(device: str = "mlx5_0", port: int = 1, **fields: Any) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "device": device,
+        "port": port,
+        "state": "ACTIVE",
+        "rate_gbps": 400.0,
+        "symbol_errors": 0,
+        "link_downed": 0,
+        "rcv_errors": 0,
+        "xmit_discards": 0,
+        "tx_bytes": 0,
+        "rx_bytes": 0,
+    }
+    p.update(fields)
+    return p
+
+
+def telemetry(
+    node: str,
+    ts: float,
+    gpus: int | list[dict[str, Any]] = 8,
+    *,
+    seq: int | None = None,
+    ib: list[dict[str, Any]] | None = None,
+    host: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A validated telemetry/1 message; `gpus` is a count of healthy GPUs or explicit entries."""
+    m: dict[str, Any] = {
+        "schema": schemas.TELEMETRY,
+        "node": node,
+        "ts": float(ts),
+        "seq": int(ts) if seq is None else seq,
+        "gpus": [gpu_entry(i) for i in range(gpus)] if isinstance(gpus, int) else gpus,
+        "host": host
+        if host is not None
+        else {
+            "cpu_util": 20.0,
+            "mem_used_frac": 0.4,
+            "load1": 3.0,
+            "disk_used_frac": 0.5,
+            "procs_d_state": 0,
+        },
+        "net": {"ib": ib if ib is not None else [ib_port()]},
+    }
+    return schemas.validate(m, schemas.TELEMETRY)
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_shapes_and_values() -> None:
+    msgs = [telemetry("n1", 100.0), telemetry("n2", 100.5, 4), telemetry("n1", 101.0)]
+    b = TelemetryBatch.from_messages(msgs)
+    assert b.size == 3
+    assert b.node_names == ["n1", "n2"]
+    assert b.nodes() == ["n1", "n2", "n1"]
+    assert b.gpu.shape == (3, 8, len(GPU_NUMERIC))
+    assert b.present.sum(axis=1).tolist() == [8, 4, 8]
+    # n2 has 4 GPUs: the other slots are absent, NaN, and not "lost" (never reported at all).
+    assert np.isnan(b.gpu[1, 4:]).all()
+    assert not b.lost.any()
+    assert b.gpu[0, 2, GPU_COL["temp_c"]] == 62.0
+    assert b.ts.tolist() == [100.0, 100.5, 101.0]
+    assert b.host.shape == (3, len(HOST_NUMERIC))
+    assert b.ib.shape == (3, len(IB_NUMERIC))
+    assert b.ib_key == ["mlx5_0/1"] * 3
+    assert b.ib_active.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_missing_fields_are_nan_not_invented() -> None:
+    gpus = [gpu_entry(0, ecc_sbe_volatile=None, temp_c=None), gpu_entry(1)]
+    b = TelemetryBatch.from_messages([telemetry("n1", 1.0, gpus, host={"cpu_util": 5.0})])
+    assert math.isnan(b.gpu[0, 0, GPU_COL["ecc_sbe_volatile"]])
+    assert math.isnan(b.gpu[0, 0, GPU_COL["temp_c"]])
+    assert b.gpu[0, 0, GPU_COL["util"]] == 95.0
+    assert b.gpu[0, 1, GPU_COL["temp_c"]] == 62.0
+    assert b.host[0].tolist()[0] == 5.0 and np.isnan(b.host[0, 1:]).all()
+
+
+def test_lost_gpus_and_index_gaps() -> None:
+    gpus = [gpu_entry(0), {"index": 3, "uuid": "GPU-3"}, {"index": 5, "lost": True}]
+    b = TelemetryBatch.from_messages([telemetry("n1", 1.0, gpus)])
+    assert b.gpu.shape[1] == 6
+    assert b.present[0].tolist() == [True, False, False, True, False, True]
+    assert b.lost[0].tolist() == [False, False, False, True, False, True]
+
+
+def test_xids_flattened() -> None:
+    msgs = [
+        telemetry("n1", 1.0, [gpu_entry(0), gpu_entry(2, xids=[79, 48])]),
+        telemetry("n2", 1.0, [gpu_entry(1, xids=[13])]),
+    ]
+    b = TelemetryBatch.from_messages(msgs)
+    assert list(zip(b.xid_msg.tolist(), b.xid_gpu.tolist(), b.xid_code.tolist(), strict=True)) == [
+        (0, 2, 79),
+        (0, 2, 48),
+        (1, 1, 13),
+    ]
+
+
+def test_ib_ports() -> None:
+    ports = [ib_port("mlx5_0", 1), ib_port("mlx5_1", 1, state="1: DOWN", symbol_errors=7)]
+    b = TelemetryBatch.from_messages([telemetry("n1", 1.0, ib=ports), telemetry("n2", 1.0, ib=[])])
+    assert b.ib_msg.tolist() == [0, 0]
+    assert b.ib_key == ["mlx5_0/1", "mlx5_1/1"]
+    assert b.ib_active.tolist() == [1.0, 0.0]
+    assert b.ib[1, IB_COL["symbol_errors"]] == 7.0
+    assert b.ib_state == ["ACTIVE", "1: DOWN"]
+
+
+def test_empty_batch() -> None:
+    b = TelemetryBatch.from_messages([])
+    assert b.size == 0 and b.gpu.shape[0] == 0 and len(b.xid_code) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sets(st.sampled_from(GPU_NUMERIC)), min_size=0, max_size=4),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_matches_per_field_reference(drops: list[list[set[str]]]) -> None:
+    """Whatever fields are missing, the fast path gives what a plain per-field loop would."""
+    msgs = []
+    for k, per_gpu in enumerate(drops):
+        gpus = [gpu_entry(i, **{"temp_c": 50.0 + i + k, **dict.fromkeys(d)}) for i, d in enumerate(per_gpu)]
+        msgs.append(telemetry(f"n{k % 2}", float(k), gpus))
+    b = TelemetryBatch.from_messages(msgs)
+    for k, m in enumerate(msgs):
+        for g in m["gpus"]:
+            want = [float(g.get(f, math.nan)) for f in GPU_NUMERIC]
+            got = b.gpu[k, g["index"]].tolist()
+            assert np.array_equal(np.array(got), np.array(want), equal_nan=True)
