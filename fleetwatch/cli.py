@@ -84,6 +84,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", default=None, help="override the topic (default: by each message's schema)")
     p.set_defaults(handler="collectors.replay:run")
 
+    p = sub.add_parser("detect", help="detector worker (consumer group fleetwatch-detect)")
+    _add_bootstrap(p)
+    p.add_argument("--metrics-port", type=int, default=9108, help="serve Prometheus metrics here (0: off)")
+    p.add_argument(
+        "--snapshot-every", type=_positive_float, default=30.0, help="seconds between state snapshots"
+    )
+    p.add_argument(
+        "--idle-exit", type=_positive_float, default=None, help="exit after this many idle seconds"
+    )
+    p.add_argument(
+        "--no-skew-check",
+        action="store_true",
+        help="accept telemetry whatever its timestamp (old recordings)",
+    )
+    p.set_defaults(handler="pipeline.detect:run")
+
+    p = sub.add_parser("eval", help="simulate -> detect -> score, without wall-clock waits")
+    p.add_argument("--scenario", default=None, help="scenario file (default: the built-in default)")
+    p.add_argument("--nodes", type=_positive_int, default=None, help="override the scenario's node count")
+    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--duration", type=_positive_float, default=None, help="override simulated seconds")
+    p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
+    p.set_defaults(handler="pipeline.evaluate:run")
+
     # --- action layer (alerts/): the two blocks below are owned by the alerts/ code
     p = sub.add_parser("act", help="route findings to Alertmanager and emit drain requests")
     _add_bootstrap(p)

@@ -20,6 +20,7 @@ TELEMETRY = "telemetry/1"
 JOB = "job/1"
 STEP = "step/1"
 TRUTH = "truth/1"
+NODE_FEATURES = "nodefeatures/1"  # internal: per-node signals re-keyed by job for peer comparison
 
 MAX_MESSAGE_BYTES = 1 << 20  # a telemetry/1 message of 8 GPUs is ~3 KiB; 1 MiB is a generous cap
 
@@ -275,15 +276,32 @@ def validate_truth(m: Mapping[str, Any]) -> None:
             raise MessageError("out_of_range", "truth.end_ts is before truth.onset_ts")
 
 
+def validate_node_features(m: Mapping[str, Any]) -> None:
+    _required(m, "nodefeatures", ("node", "job", "ts", "seq"))
+    _name("nodefeatures.node", m["node"])
+    _name("nodefeatures.job", m["job"])
+    _ts("nodefeatures.ts", m["ts"])
+    _integer("nodefeatures.seq", m["seq"], 0)
+    for k, check in (
+        ("util", _pct),
+        ("sm_clock_mhz", _nonneg),
+        ("power_w", _nonneg),
+        ("gpus_lost", _counter),
+    ):
+        if k in m:
+            check(f"nodefeatures.{k}", m[k])
+
+
 VALIDATORS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     TELEMETRY: validate_telemetry,
     JOB: validate_job,
     STEP: validate_step,
     TRUTH: validate_truth,
+    NODE_FEATURES: validate_node_features,
 }
 
 # The timestamp field each schema is judged by for clock skew.
-TS_FIELD = {TELEMETRY: "ts", JOB: "ts", STEP: "ts", TRUTH: "onset_ts"}
+TS_FIELD = {TELEMETRY: "ts", JOB: "ts", STEP: "ts", TRUTH: "onset_ts", NODE_FEATURES: "ts"}
 
 
 def register(schema: str, validator: Callable[[Mapping[str, Any]], None], ts_field: str | None) -> None:

@@ -1,0 +1,168 @@
+"""The per-node stage: telemetry (keyed by node) -> hardware, statistical and lemon findings,
+plus per-node features re-keyed by job for the straggler stage.
+
+A task holds the detectors for the nodes of one fleet.telemetry.v1 partition. Duplicate and
+out-of-order samples (ts not after the node's last accepted ts) are dropped before any
+detector sees them and counted: at-least-once delivery upstream makes duplicates normal,
+and an XID must not be counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+from prometheus_client import Counter
+
+from detectors.batch import GPU_COL, TelemetryBatch
+from detectors.hardware import HardwareDetector
+from detectors.lemon import LemonConfig, LemonScorer
+from detectors.silence import SilenceConfig, SilenceDetector
+from fleetwatch import schemas, topics
+from pipeline.job_table import JobTable
+from pipeline.tasks import Output
+
+log = logging.getLogger(__name__)
+
+STALE = Counter(
+    "fleetwatch_detect_stale_samples_total", "telemetry samples dropped as duplicate or out of order"
+)
+
+_FEATURE_COLS = {
+    "util": GPU_COL["util"],
+    "sm_clock_mhz": GPU_COL["sm_clock_mhz"],
+    "power_w": GPU_COL["power_w"],
+}
+
+
+@dataclass
+class NodeTaskConfig:
+    lemon_every_s: float = 60.0  # event-time period of lemon judgements
+    emit_features: bool = True
+    lemon: LemonConfig = field(default_factory=LemonConfig)
+    silence: SilenceConfig = field(default_factory=SilenceConfig)
+
+
+@dataclass
+class NodeTask:
+    jobs: JobTable
+    config: NodeTaskConfig = field(default_factory=NodeTaskConfig)
+    hardware: HardwareDetector = field(default_factory=HardwareDetector)
+    lemon: LemonScorer | None = None
+    silence: SilenceDetector | None = None
+    last_ts: dict[str, float] = field(default_factory=dict)
+    failed_jobs_seen: set[str] = field(default_factory=set)
+    next_lemon: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.lemon is None:
+            self.lemon = LemonScorer(self.config.lemon)
+        if self.silence is None:
+            self.silence = SilenceDetector(self.config.silence)
+
+    def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
+        fresh = self._drop_stale(msgs)
+        if not fresh:
+            return []
+        batch = TelemetryBatch.from_messages(fresh)
+        findings = self.hardware.process(batch)
+        nodes = batch.nodes()
+        findings += self.silence.process(self.last_ts, set(nodes), float(batch.ts.max()))
+        out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
+        out += self._lemon(nodes, batch.ts, findings)
+        if self.config.emit_features:
+            out += self._features(batch, nodes)
+        return out
+
+    def _drop_stale(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        last = self.last_ts
+        fresh = []
+        for m in msgs:
+            node, ts = m["node"], m["ts"]
+            if ts > last.get(node, -1.0):
+                last[node] = ts
+                fresh.append(m)
+        if len(fresh) < len(msgs):
+            STALE.inc(len(msgs) - len(fresh))
+        return fresh
+
+    def _lemon(self, nodes: list[str], ts: np.ndarray, findings: list[dict[str, Any]]) -> list[Output]:
+        self.lemon.observe_samples(nodes, ts)
+        opened = [
+            f for f in findings if not f["resolved"] and f["ts"] == f["first_seen"] and f["kind"] != "lemon"
+        ]
+        if opened:
+            self.lemon.observe_events([f["node"] for f in opened], [f["ts"] for f in opened])
+        mine = set(nodes)
+        for job, job_nodes in list(self.jobs.failed_jobs.items()):
+            if job not in self.failed_jobs_seen:
+                self.failed_jobs_seen.add(job)
+                hit = [n for n in job_nodes if n in mine]
+                if hit:
+                    now = float(ts.max())
+                    self.lemon.observe_events(
+                        hit, [now] * len(hit), [self.lemon.cfg.job_failure_weight] * len(hit)
+                    )
+        now = float(ts.max())
+        if now < self.next_lemon:
+            return []
+        self.next_lemon = now + self.config.lemon_every_s
+        return [(topics.FINDINGS, f["node"], f) for f in self.lemon.judge(now)]
+
+    def _features(self, batch: TelemetryBatch, nodes: list[str]) -> list[Output]:
+        """One nodefeatures/1 per sample of a node that is in a running job, keyed by the job."""
+        jobs = self.jobs.jobs_of(nodes)
+        if not any(jobs):
+            return []
+        with warnings.catch_warnings():  # all-NaN rows (a node without GPU metrics) are expected
+            warnings.simplefilter("ignore", RuntimeWarning)
+            means = {k: np.nanmean(batch.gpu[:, :, c], axis=1) for k, c in _FEATURE_COLS.items()}
+        lost = batch.lost.sum(axis=1)
+        out: list[Output] = []
+        seq = batch.seq
+        for i in np.flatnonzero([j is not None for j in jobs]):
+            msg: dict[str, Any] = {
+                "schema": schemas.NODE_FEATURES,
+                "node": nodes[i],
+                "job": jobs[i],
+                "ts": float(batch.ts[i]),
+                "seq": int(seq[i]),
+                "gpus_lost": int(lost[i]),
+            }
+            for k, v in means.items():
+                if v[i] == v[i]:  # not NaN: absent stays absent
+                    msg[k] = round(float(v[i]), 3)
+            out.append((topics.NODE_FEATURES, jobs[i], msg))
+        return out
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(
+            {
+                "hardware": self.hardware.to_state(),
+                "lemon": self.lemon.to_state(),
+                "silence": self.silence.to_state(),
+                "last_ts": self.last_ts,
+                "failed_jobs_seen": sorted(self.failed_jobs_seen),
+                "next_lemon": self.next_lemon,
+            }
+        )
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, jobs: JobTable, config: NodeTaskConfig | None = None) -> NodeTask:
+        d = orjson.loads(raw)
+        config = config or NodeTaskConfig()
+        return cls(
+            jobs=jobs,
+            config=config,
+            hardware=HardwareDetector.from_state(d["hardware"]),
+            lemon=LemonScorer.from_state(d["lemon"], config.lemon),
+            silence=SilenceDetector.from_state(d["silence"], config.silence),
+            last_ts=d["last_ts"],
+            failed_jobs_seen=set(d["failed_jobs_seen"]),
+            next_lemon=d["next_lemon"],
+        )
