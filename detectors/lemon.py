@@ -8,8 +8,9 @@ having incidents while its peers do not.
 Per node we keep exponentially decayed counts (time constant `tau_s`, default 30 days) of
 hardware incidents opened on it and of failed jobs it took part in, plus its decayed exposure
 (time observed). The fleet rate is the mean rate over nodes without the top 2% (so the
-lemons themselves do not raise it; a median would be 0 where most nodes had no incident), and a node's score is the Poisson tail probability of seeing at least its count
-at the fleet rate: score = 1 - P(X >= k | lambda * exposure). A node is a lemon when its
+lemons themselves do not raise it; a median would be 0 where most nodes had no incident),
+and a node's score is the Poisson tail probability of seeing at least its count at the fleet
+rate: score = 1 - P(X >= k | lambda * exposure). A node is a lemon when its
 events reach `min_events` and the tail probability falls below `p_lemon` (score above
 1 - p_lemon). With per-node counts this is a one-sided test per node; `p_lemon` = 1e-4 keeps
 the expected false lemons below one in 10,000 healthy nodes per evaluation.
