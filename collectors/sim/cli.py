@@ -1,0 +1,100 @@
+"""`fleetwatch simulate`: drive the simulation core into Kafka, paced against the wall clock.
+
+speed = simulated seconds per wall second (1 = real time; 0 = as fast as the producer takes it).
+Simulated time starts at the wall clock ("now"), so live consumers see current timestamps.
+SIGTERM/SIGINT stop between ticks; the producer is flushed before exit either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Any
+
+from kafka.errors import KafkaError
+
+from collectors.sim.scenario import load_scenario
+from collectors.sim.simulation import Simulation
+from fleetwatch import kafka_io, schemas
+from fleetwatch.runtime import StopFlag
+
+log = logging.getLogger("fleetwatch.simulate")
+
+PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {"nodes": args.nodes, "gpus": args.gpus, "seed": args.seed, "duration": args.duration}
+    scenario = load_scenario(args.scenario, overrides)  # ValueError/FileNotFoundError: cli.main reports
+    speed = float(args.speed)
+    stop = StopFlag()
+
+    kafka_io.wait_for_broker(args.bootstrap)  # BrokerUnavailable: cli.main reports it
+    kafka_io.ensure_topics(args.bootstrap)
+    producer = kafka_io.make_producer(args.bootstrap)
+
+    sim = Simulation(scenario, epoch=time.time())
+    log.info(
+        "simulating %s: %d nodes x %d GPUs, %d ticks of %.3g s, %d faults planned, speed %s",
+        scenario.name,
+        scenario.nodes,
+        scenario.gpus_per_node,
+        sim.n_ticks,
+        sim.dt,
+        len(sim.faults),
+        "flat out" if speed == 0 else f"{speed:g}x",
+    )
+
+    errors: list[str] = []
+
+    def on_error(exc: Any) -> None:
+        if not errors:
+            log.error("produce failed: %s", exc)
+        errors.append(str(exc))
+
+    sent = 0
+    ticks_sent = 0
+    wall0 = time.monotonic()
+    last_log = wall0
+    try:
+        for messages in sim.ticks():
+            k = sim.k - 1
+            if speed > 0:
+                # Send tick k at wall0 + k*dt/speed; sleeping on the stop flag keeps SIGTERM prompt.
+                delay = wall0 + k * sim.dt / speed - time.monotonic()
+                if delay > 0 and stop.wait(delay):
+                    break
+            if stop:
+                break
+            for topic, key, msg in messages:
+                producer.send(topic, key=key.encode(), value=schemas.encode(msg)).add_errback(on_error)
+            sent += len(messages)
+            ticks_sent += 1
+            now = time.monotonic()
+            if now - last_log >= PROGRESS_EVERY_S:
+                last_log = now
+                active = sum(f.status == "active" for f in sim.faults)
+                log.info("tick %d/%d: %d messages sent, %d faults active", k + 1, sim.n_ticks, sent, active)
+    except KafkaError as e:
+        errors.append(str(e))
+        log.error("producer error: %s", e)
+    finally:
+        try:
+            producer.flush(timeout=30)
+        except KafkaError as e:
+            errors.append(str(e))
+        producer.close(timeout=10)
+
+    log.info(
+        "%s after %d/%d ticks: %d messages in %.1f s",
+        "stopped" if stop else "done",
+        ticks_sent,
+        sim.n_ticks,
+        sent,
+        time.monotonic() - wall0,
+    )
+    if errors:
+        log.error("%d messages were not delivered (first: %s)", len(errors), errors[0])
+        return 1
+    return 0

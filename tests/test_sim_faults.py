@@ -1,0 +1,388 @@
+"""Each fault kind: truth at onset, its signature in telemetry after onset, nothing before.
+
+Every fault run is compared with the same seed's fault-free run: the simulator's random streams
+are independent per concern, so everything before the onset tick must be byte-identical, and
+the differences after it are the fault's doing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from collectors.sim import KINDS, Simulation
+from collectors.sim import nvidia as nv
+from collectors.sim.scenario import parse_scenario
+from fleetwatch import schemas, topics
+
+NODE = 3  # node number in fault entries (gpu-node-0003)
+NAME = "gpu-node-0003"
+GPU = 5
+ONSET = 30.0
+RAMP = 40.0
+DURATION = 100.0
+
+
+def scenario_doc(faults: list[dict[str, Any]], **over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": "t",
+        "seed": 3,
+        "nodes": 8,
+        "gpus_per_node": 8,
+        "interval_s": 1.0,
+        "duration_s": DURATION,
+        "jobs": {
+            "sizes": [4],
+            "duration_s": [1000, 1000],
+            "startup_s": [2, 2],
+            "step_time_s": [1.0, 1.0],
+            "checkpoint_every_s": 0,
+            "requeue_delay_s": 5,
+        },
+        "faults": faults,
+    }
+    doc.update(over)
+    return doc
+
+
+def run(doc: dict[str, Any]) -> tuple[Simulation, list[list[tuple[str, str, dict[str, Any]]]]]:
+    sim = Simulation(parse_scenario(doc))
+    return sim, list(sim.ticks())
+
+
+def fault_entry(kind: str) -> dict[str, Any]:
+    spec = KINDS[kind]
+    f: dict[str, Any] = {"kind": kind, "node": NODE, "onset_s": ONSET}
+    if spec.per_gpu:
+        f["gpu"] = GPU
+    if spec.category == "gradual":
+        f["ramp_s"] = RAMP
+    if kind == "node_down":
+        f["duration_s"] = 20.0
+    if "port" in spec.params:
+        f["port"] = 2
+    if kind == "lemon":
+        f["incident_interval_s"] = 10.0
+    return f
+
+
+def node_series(ticks, name: str = NAME) -> dict[int, dict[str, Any]]:
+    """tick index -> telemetry message of `name` (absent ticks: the node sent nothing)."""
+    out = {}
+    for k, tick in enumerate(ticks):
+        for t, _, m in tick:
+            if t == topics.TELEMETRY and m["node"] == name:
+                out[k] = m
+    return out
+
+
+def gpu(m: dict[str, Any], g: int = GPU) -> dict[str, Any]:
+    return next(x for x in m["gpus"] if x["index"] == g)
+
+
+def field_series(series, k0: int, k1: int, f: str, g: int = GPU) -> list[int]:
+    return [gpu(series[k])[f] for k in range(k0, k1) if k in series and f in gpu(series[k])]
+
+
+def failed_jobs_at(ticks, k: int, name: str = NAME) -> list[str]:
+    return [
+        m["job"] for t, _, m in ticks[k] if t == topics.JOBS and m["state"] == "failed" and name in m["nodes"]
+    ]
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return run(scenario_doc([]))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_fault_signature(kind: str, baseline) -> None:
+    _, base = baseline
+    sim, ticks = run(scenario_doc([fault_entry(kind)]))
+    k0 = int(ONSET / sim.dt)
+    onset_ts = sim.tick_ts(k0)
+    spec = KINDS[kind]
+
+    # Nothing before onset: byte-identical to the fault-free run.
+    for k in range(k0):
+        assert [schemas.encode(m) for *_, m in ticks[k]] == [schemas.encode(m) for *_, m in base[k]], k
+
+    # Truth at onset, valid, with the kind's category and location.
+    truths = [m for tick in ticks for t, _, m in tick if t == topics.TRUTH]
+    assert truths, "no truth emitted"
+    first = truths[0]
+    schemas.validate(first, schemas.TRUTH)
+    assert first in [m for t, _, m in ticks[k0] if t == topics.TRUTH]
+    assert (first["node"], first["fault"], first["onset_ts"], first["category"]) == (
+        NAME,
+        kind,
+        onset_ts,
+        spec.category,
+    )
+    assert first["finding"] == spec.finding
+    if spec.per_gpu:
+        assert first["gpu"] == GPU
+    if spec.category == "gradual":
+        assert first["failure_ts"] == sim.tick_ts(k0 + int(RAMP / sim.dt))
+
+    s = node_series(ticks)
+    b = node_series(base)
+    fail_k = k0 + int(RAMP / sim.dt)
+    CHECKS[kind](sim, ticks, s, b, k0, fail_k, truths)
+
+
+# ---------------------------------------------------------------- per-kind signatures
+
+
+def _lost_after(s, k: int) -> None:
+    assert gpu(s[k]) == {"index": GPU} or set(gpu(s[k])) <= {"index", "xids"}
+    assert all(set(gpu(s[j])) == {"index"} for j in range(k + 1, k + 10) if j in s)
+
+
+def check_xid79(sim, ticks, s, b, k0, fk, truths) -> None:
+    assert nv.XID_FALLEN_OFF_BUS in gpu(s[k0])["xids"]
+    assert gpu(s[k0])["pcie_replay"] > gpu(s[k0 - 1])["pcie_replay"]  # PCIe errors co-occur
+    _lost_after(s, k0 + 1)
+    assert failed_jobs_at(ticks, k0)
+    assert s[k0 + 5]["host"]["procs_d_state"] >= 2
+
+
+def check_xid119(sim, ticks, s, b, k0, fk, truths) -> None:
+    assert nv.XID_GSP_RPC_TIMEOUT in gpu(s[k0])["xids"]
+    _lost_after(s, k0 + 1)
+    assert failed_jobs_at(ticks, k0)
+
+
+def _ecc(code: int, pending: bool):
+    def check(sim, ticks, s, b, k0, fk, truths) -> None:
+        before, at = gpu(s[k0 - 1]), gpu(s[k0])
+        assert code in at["xids"]
+        assert at["ecc_dbe_volatile"] == before["ecc_dbe_volatile"] + 1
+        assert at["ecc_dbe_aggregate"] == before["ecc_dbe_aggregate"] + 1
+        assert (at["remapped_rows_pending"] > before["remapped_rows_pending"]) == pending
+        assert failed_jobs_at(ticks, k0)
+
+    return check
+
+
+def check_ib_link_down(sim, ticks, s, b, k0, fk, truths) -> None:
+    p_before, p_at = s[k0 - 1]["net"]["ib"][2], s[k0]["net"]["ib"][2]
+    assert p_before["state"] == "ACTIVE" and p_at["state"] == "DOWN"
+    assert p_at["link_downed"] == p_before["link_downed"] + 1
+    later = s[k0 + 10]["net"]["ib"][2]
+    assert later["state"] == "DOWN" and later["tx_bytes"] == p_at["tx_bytes"]
+    assert all(p["state"] == "ACTIVE" for i, p in enumerate(s[k0]["net"]["ib"]) if i != 2)
+    assert failed_jobs_at(ticks, k0)
+
+
+def check_node_down(sim, ticks, s, b, k0, fk, truths) -> None:
+    end_k = k0 + 20
+    assert all(k not in s for k in range(k0, end_k))
+    assert end_k in s and s[end_k]["seq"] == end_k  # back, with a gap in seq
+    assert failed_jobs_at(ticks, k0)
+    end = [m for m in truths if "end_ts" in m]
+    assert end and end[0]["end_ts"] == sim.tick_ts(end_k)
+
+
+def check_sw_crash(sim, ticks, s, b, k0, fk, truths) -> None:
+    assert gpu(s[k0])["xids"] == [nv.XID_GRAPHICS_ENGINE_EXCEPTION]
+    assert failed_jobs_at(ticks, k0)
+    assert truths[0]["end_ts"] == truths[0]["onset_ts"] and truths[0]["hardware"] is False
+    for f in ("ecc_dbe_volatile", "remapped_rows_pending", "pcie_replay", "nvlink_crc_errors"):
+        assert gpu(s[k0])[f] == gpu(s[k0 - 1])[f]
+
+
+def _growth(field: str, *, min_per_s: float):
+    """The counter grows from onset on, much faster than the healthy baseline over the same window."""
+
+    def grows(s, b, k0, fk) -> None:
+        vals = field_series(s, k0 - 1, fk, field)
+        base = field_series(b, k0 - 1, fk, field)
+        assert vals[1] > vals[0], "no increment on the onset tick"
+        rate = (vals[-1] - vals[0]) / (fk - k0)
+        assert rate >= min_per_s
+        assert base[-1] - base[0] <= 2  # healthy: at most a stray count
+
+    return grows
+
+
+def check_ecc_sbe_rising(sim, ticks, s, b, k0, fk, truths) -> None:
+    _growth("ecc_sbe_volatile", min_per_s=1.0)(s, b, k0, fk)
+    rates = [gpu(s[k + 1])["ecc_sbe_volatile"] - gpu(s[k])["ecc_sbe_volatile"] for k in range(k0, fk - 1)]
+    assert sum(rates[len(rates) // 2 :]) > sum(rates[: len(rates) // 2])  # the rate rises
+    assert nv.XID_DOUBLE_BIT_ECC in gpu(s[fk])["xids"]
+    assert gpu(s[fk])["ecc_dbe_volatile"] == gpu(s[fk - 1])["ecc_dbe_volatile"] + 1
+    assert failed_jobs_at(ticks, fk)
+
+
+def check_row_remap_pending(sim, ticks, s, b, k0, fk, truths) -> None:
+    pend = field_series(s, k0 - 1, fk, "remapped_rows_pending")
+    assert pend[1] == pend[0] + 1 and pend[-1] >= pend[0] + 2
+    assert nv.XID_ROW_REMAP_EVENT in gpu(s[k0])["xids"]
+    assert gpu(s[fk])["remapped_rows_failure"] == gpu(s[fk - 1])["remapped_rows_failure"] + 1
+    assert nv.XID_ROW_REMAP_FAILURE in gpu(s[fk])["xids"]
+    assert failed_jobs_at(ticks, fk)
+
+
+def check_nvlink_crc(sim, ticks, s, b, k0, fk, truths) -> None:
+    _growth("nvlink_crc_errors", min_per_s=5.0)(s, b, k0, fk)
+    assert nv.XID_NVLINK_ERROR in gpu(s[fk])["xids"]
+    assert failed_jobs_at(ticks, fk)
+
+
+def check_pcie_replay(sim, ticks, s, b, k0, fk, truths) -> None:
+    _growth("pcie_replay", min_per_s=1.0)(s, b, k0, fk)
+    assert nv.XID_FALLEN_OFF_BUS in gpu(s[fk])["xids"]
+    _lost_after(s, fk + 1)
+    assert failed_jobs_at(ticks, fk)
+
+
+def check_thermal(sim, ticks, s, b, k0, fk, truths) -> None:
+    temps = field_series(s, k0, fk, "temp_c")
+    base_max = max(field_series(b, k0, fk, "temp_c"))
+    assert temps[-1] > 85 > base_max
+    assert all(temps[i + 5] >= temps[i] for i in range(0, len(temps) - 5, 5))  # climbing
+    throttle = field_series(s, k0, fk, "throttle_reasons")
+    assert any(t & nv.THROTTLE_SW_THERMAL for t in throttle)
+    assert any(t & nv.THROTTLE_HW_THERMAL and t & nv.THROTTLE_HW_SLOWDOWN for t in throttle)
+    clocks = field_series(s, k0, fk, "sm_clock_mhz")
+    assert min(clocks[-5:]) < 0.8 * sim.scenario.hardware.max_sm_clock_mhz
+    assert nv.XID_FALLEN_OFF_BUS in gpu(s[fk])["xids"]
+    _lost_after(s, fk + 1)
+
+
+def check_ib_symbol_errors(sim, ticks, s, b, k0, fk, truths) -> None:
+    sym = [s[k]["net"]["ib"][2]["symbol_errors"] for k in range(k0 - 1, fk)]
+    base = [b[k]["net"]["ib"][2]["symbol_errors"] for k in range(k0 - 1, fk)]
+    assert sym[1] > sym[0] and (sym[-1] - sym[0]) / (fk - k0) >= 5
+    assert base[-1] - base[0] <= 1
+    assert s[fk - 1]["net"]["ib"][2]["state"] == "ACTIVE" and s[fk]["net"]["ib"][2]["state"] == "DOWN"
+    assert failed_jobs_at(ticks, fk)
+
+
+def check_straggler(sim, ticks, s, b, k0, fk, truths) -> None:
+    # The full step-time check is test_straggler_*; here: its job's peers now wait for it.
+    waits = [
+        m["wait_time_s"]
+        for tick in ticks[k0 + 5 :]
+        for t, _, m in tick
+        if t == topics.STEPS and m["node"] == NAME
+    ]
+    assert waits and statistics.median(waits) < 0.01
+    running = [m["job"] for tick in ticks[:k0] for t, _, m in tick if t == topics.JOBS and NAME in m["nodes"]]
+    assert truths[0]["job"] == running[-1]  # the job it slows down
+    assert truths[0]["slowdown"] == KINDS["straggler"].params["slowdown"].default
+
+
+def check_lemon(sim, ticks, s, b, k0, fk, truths) -> None:
+    xid_ticks = [k for k in range(k0, len(ticks)) if k in s and any(g.get("xids") for g in s[k]["gpus"])]
+    assert xid_ticks[0] == k0
+    failed = {j for k in range(len(ticks)) for j in failed_jobs_at(ticks, k)}
+    assert len(xid_ticks) >= 3 and len(failed) >= 2  # repeated incidents that fail its jobs
+
+
+CHECKS = {
+    "xid79": check_xid79,
+    "xid119": check_xid119,
+    "xid48": _ecc(nv.XID_DOUBLE_BIT_ECC, pending=False),
+    "xid94": _ecc(nv.XID_CONTAINED_ECC, pending=True),
+    "xid95": _ecc(nv.XID_UNCONTAINED_ECC, pending=True),
+    "ib_link_down": check_ib_link_down,
+    "node_down": check_node_down,
+    "sw_crash": check_sw_crash,
+    "ecc_sbe_rising": check_ecc_sbe_rising,
+    "row_remap_pending": check_row_remap_pending,
+    "nvlink_crc": check_nvlink_crc,
+    "pcie_replay": check_pcie_replay,
+    "thermal": check_thermal,
+    "ib_symbol_errors": check_ib_symbol_errors,
+    "straggler": check_straggler,
+    "lemon": check_lemon,
+}
+
+
+def test_every_kind_has_a_check() -> None:
+    assert set(CHECKS) == set(KINDS)
+
+
+def test_fault_end_is_reported_and_effects_clear() -> None:
+    entry = {"kind": "xid79", "node": NODE, "gpu": GPU, "onset_s": ONSET, "duration_s": 20}
+    sim, ticks = run(scenario_doc([entry]))
+    truths = [m for tick in ticks for t, _, m in tick if t == topics.TRUTH]
+    assert [("end_ts" in m) for m in truths] == [False, True]
+    assert truths[0]["id"] == truths[1]["id"] and truths[1]["end_ts"] == sim.tick_ts(int(ONSET + 20))
+    s = node_series(ticks)
+    assert "util" in gpu(s[int(ONSET + 20)])  # the GPU answers again
+
+
+# ---------------------------------------------------------------- stragglers
+
+
+def _steps_by_iteration(ticks, after_k: int):
+    by: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for tick in ticks[after_k:]:
+        for t, _, m in tick:
+            if t == topics.STEPS:
+                by[(m["job"], m["step"])][m["node"]] = m
+    return [v for v in by.values() if NAME in v]
+
+
+@pytest.mark.parametrize(
+    ("slowdown", "cause"), [(0.05, "none"), (0.30, "none"), (0.15, "thermal"), (0.10, "power")]
+)
+def test_straggler_step_time_and_waiting_peers(slowdown: float, cause: str) -> None:
+    entry = {
+        "kind": "straggler",
+        "node": NODE,
+        "onset_s": 10,
+        "slowdown": slowdown,
+        "cause": cause,
+        "gpu": GPU,
+    }
+    sim, ticks = run(scenario_doc([entry], duration_s=80))
+    iterations = _steps_by_iteration(ticks, 12)
+    assert len(iterations) > 30
+    ratios, peer_waits, own_waits = [], [], []
+    for ranks in iterations:
+        me = ranks[NAME]
+        peers = [m for n, m in ranks.items() if n != NAME]
+        ratios.append(me["step_time_s"] / statistics.median(p["step_time_s"] for p in peers))
+        peer_waits += [p["wait_time_s"] for p in peers]
+        own_waits.append(me["wait_time_s"])
+    # Its own compute is `slowdown` above its peers'; the peers, not the straggler, do the waiting.
+    assert statistics.mean(ratios) == pytest.approx(1 + slowdown, abs=0.01)
+    assert statistics.median(peer_waits) == pytest.approx(slowdown * 1.0, rel=0.3)
+    assert statistics.median(own_waits) < 0.2 * statistics.median(peer_waits)
+
+    # Telemetry: the waiting peers' GPUs run at lower util than the GPUs that make the node slow
+    # (all of them without a cause; the throttled one otherwise). Without a cause the straggler
+    # also draws more power; a clock-capped GPU draws less per unit of work, so not there.
+    job_nodes = next(
+        m["nodes"] for tick in ticks for t, _, m in tick if t == topics.JOBS and NAME in m["nodes"]
+    )
+    slow_gpus = range(8) if cause == "none" else [GPU]
+    mine: dict[str, list[float]] = defaultdict(list)
+    theirs: dict[str, list[float]] = defaultdict(list)
+    for n in job_nodes:
+        for m in node_series(ticks[20:], n).values():
+            for g in slow_gpus if n == NAME else range(8):
+                for f in ("util", "power_w"):
+                    (mine if n == NAME else theirs)[f].append(gpu(m, g)[f])
+    assert statistics.mean(mine["util"]) > statistics.mean(theirs["util"]) + 100 * slowdown / 3
+    if cause == "none":
+        assert statistics.mean(mine["power_w"]) > statistics.mean(theirs["power_w"])
+
+    # A hardware cause shows on the slow GPU: capped SM clock and the throttle reason.
+    s = node_series(ticks)
+    g = gpu(s[40])
+    if cause == "thermal":
+        assert g["throttle_reasons"] & nv.THROTTLE_SW_THERMAL
+    if cause == "power":
+        assert g["throttle_reasons"] & nv.THROTTLE_HW_POWER_BRAKE
+    if cause != "none":
+        assert g["sm_clock_mhz"] <= sim.scenario.hardware.max_sm_clock_mhz / (1 + slowdown) + 1
+    else:
+        assert g["throttle_reasons"] & ~nv.THROTTLE_SW_POWER_CAP == 0
