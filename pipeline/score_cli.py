@@ -1,0 +1,128 @@
+"""``fleetwatch score --csv FILE --column value [--timestamp timestamp]``.
+
+Streams a univariate series, in file order, through the online detector
+(``detectors.statistical.UnivariateScorer``: robust EW baseline + CUSUM drift, each calibrated
+online) and writes ``timestamp,value,anomaly_score`` to stdout. Nothing looks ahead: the score of a
+row depends only on the rows before it and on itself.
+
+- ``anomaly_score`` in [0, 1]: ``1 - p`` with ``p`` the online conformal tail probability of the
+  row's deviation against the series' own past, so a threshold ``t`` flags at most about
+  ``1 - t`` of the points of a stationary healthy series (0.999 -> 0.1 %). See
+  ``detectors.calibration``.
+- empty score: the value is missing (blank, ``nan``, ``NA``, ``null``; the row is echoed and the
+  detector state is untouched) or the detector is still warming up (the first 20 values build
+  the baseline, then 30 more the calibration; scores can exceed ``t`` only after ~``1 / (1 - t)``
+  values).
+- blank lines are skipped, except in a one-column CSV, where a blank line is a missing value.
+- ``timestamp``: echoed as written; the 0-based data row number if the column is absent.
+- errors (one line on stderr, exit 2 via ``fleetwatch.cli``): missing file, empty input (no
+  header), missing ``--column``, a non-numeric or infinite value (with its row number).
+
+The input is read and written in chunks of rows; the per-value work is a few float operations
+in plain Python, ~250-300k rows/s in total on one core (numpy's per-call overhead would be 20x
+that for one value at a time, and the recursion cannot be vectorised across time without
+changing its meaning). Progress (rows, rows/s) goes to stderr at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterator
+from itertools import islice
+from typing import TextIO
+
+from detectors.statistical import UnivariateScorer
+
+log = logging.getLogger("fleetwatch.score")
+
+CHUNK_ROWS = 8192
+MISSING = frozenset(("", "nan", "na", "n/a", "null", "none"))
+
+
+def _open(path: str) -> TextIO:
+    if path == "-":
+        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
+    try:
+        return open(path, encoding="utf-8-sig", newline="")  # closed by run()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such file: {path}") from None
+    except OSError as e:  # a directory, no permission: still a one-line argument error
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _parse(text: str, row: int, column: str) -> float:
+    """Float of a cell; NaN for a missing one; ValueError (with row) for anything else."""
+    t = text.strip()
+    if t.lower() in MISSING:
+        return math.nan
+    try:
+        v = float(t)
+    except ValueError:
+        raise ValueError(f"row {row}: column {column!r} is not numeric: {text[:40]!r}") from None
+    if math.isinf(v):
+        raise ValueError(f"row {row}: column {column!r} is not finite: {text[:40]!r}")
+    return v
+
+
+def _columns(header: list[str], column: str, timestamp: str) -> tuple[int, int | None]:
+    names = [h.strip() for h in header]
+    if column not in names:
+        raise ValueError(f"column {column!r} not in CSV header (have: {', '.join(names)[:200]})")
+    ts = names.index(timestamp) if timestamp in names else None
+    return names.index(column), ts
+
+
+def _chunks(reader: Iterator[list[str]]) -> Iterator[list[list[str]]]:
+    while chunk := list(islice(reader, CHUNK_ROWS)):
+        yield chunk
+
+
+def score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
+    """Score ``src`` into ``out``; returns the number of data rows."""
+    reader = csv.reader(src)
+    header = next(reader, None)
+    if header is None or not any(h.strip() for h in header):
+        raise ValueError("empty input: no CSV header")
+    vi, ti = _columns(header, column, timestamp)
+    need = max(vi, ti if ti is not None else 0)
+    single = len(header) == 1
+    scorer = UnivariateScorer()
+    update = scorer.update
+    out.write("timestamp,value,anomaly_score\n")
+    r = 0  # data row number
+    for chunk in _chunks(reader):
+        lines = []
+        for rec in chunk:
+            if not rec:
+                if not single:
+                    continue  # a blank line between rows
+                rec = [""]  # one-column CSV: a blank line is a missing value
+            if len(rec) <= need:
+                raise ValueError(f"row {r}: has {len(rec)} fields, column {column!r} is field {vi + 1}")
+            raw = rec[vi]
+            s = update(_parse(raw, r, column))
+            ts = rec[ti] if ti is not None else str(r)
+            lines.append(f"{ts},{raw.strip()},{'' if s != s else f'{s:.6f}'}\n")
+            r += 1
+        out.write("".join(lines))
+    return r
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    src = _open(args.csv)  # FileNotFoundError -> exit 2 with its message
+    try:
+        rows = score_stream(src, sys.stdout, args.column, args.timestamp)
+    finally:
+        if args.csv != "-":
+            src.close()
+    sys.stdout.flush()
+    dt = time.perf_counter() - t0
+    log.info("scored %d rows in %.2f s (%.0f rows/s)", rows, dt, rows / dt if dt > 0 else 0.0)
+    return 0
