@@ -190,8 +190,30 @@ ETH_FIELDS: dict[str, Check] = {
 }
 
 
+_BIG = 1.7976931348623157e308  # the largest float: `inf <= _BIG` is False, and NaN fails every comparison
+# Numeric checks as (lo, hi, integers only), for the fast path below.
+_RANGES: dict[Check, tuple[float, float, bool]] = {
+    _pct: (0, 100, False),
+    _frac: (0, 1, False),
+    _nonneg: (0, _BIG, False),
+    _counter: (0, _BIG, True),
+    _temp: (-60, 250, False),
+}
+_FAST: dict[int, dict[str, tuple[float, float, bool]]] = {}
+
+
 def _fields(where: str, obj: Mapping[str, Any], spec: Mapping[str, Check]) -> None:
+    # Hot path (every GPU of every sample): one type test and one range test per numeric field.
+    # Anything that fails it goes through the field's own check, which names the problem.
+    fast = _FAST.get(id(spec))
+    if fast is None:
+        fast = _FAST[id(spec)] = {k: _RANGES[c] for k, c in spec.items() if c in _RANGES}
     for key, value in obj.items():
+        rng = fast.get(key)
+        if rng is not None:
+            t = type(value)
+            if (t is int or (t is float and not rng[2])) and rng[0] <= value <= rng[1]:
+                continue
         check = spec.get(key)
         if check is not None:
             check(f"{where}.{key}", value)
