@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"no such file: {path}")
         stream = path.open("rb")
         name = str(path)
-    kafka_io.wait_for_broker(args.bootstrap, timeout_s=15)
+    kafka_io.wait_for_broker(args.bootstrap)
     kafka_io.ensure_topics(args.bootstrap)
     producer = kafka_io.make_producer(args.bootstrap)
     rejected: Counter[str] = Counter()

@@ -72,20 +72,30 @@ def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaCon
     return consumer
 
 
-def make_admin(bootstrap: str) -> KafkaAdminClient:
+def make_admin(bootstrap: str, timeout_ms: int = 10000) -> KafkaAdminClient:
+    cfg = client_config(bootstrap)
+    cfg["bootstrap_timeout_ms"] = min(timeout_ms, cfg["bootstrap_timeout_ms"])
     try:
-        return KafkaAdminClient(**client_config(bootstrap), request_timeout_ms=10000)
+        return KafkaAdminClient(**cfg, request_timeout_ms=10000)
     except KafkaTimeoutError as e:
         raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
 
 
-def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Block until an admin client can talk to the broker, or raise BrokerUnavailable."""
+def connect_timeout_s(default: float = 30.0) -> float:
+    """How long commands wait for the broker at start: FLEETWATCH_CONNECT_TIMEOUT_S, else `default`."""
+    return float(os.environ.get("FLEETWATCH_CONNECT_TIMEOUT_S", default))
+
+
+def wait_for_broker(bootstrap: str, timeout_s: float | None = None) -> None:
+    """Block until an admin client can talk to the broker, or raise BrokerUnavailable.
+
+    timeout_s defaults to connect_timeout_s()."""
+    timeout_s = connect_timeout_s() if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin = make_admin(bootstrap)
+            admin = make_admin(bootstrap, timeout_ms=int(max(0.5, deadline - time.monotonic()) * 1000))
             admin.list_topics()
             admin.close()
             return

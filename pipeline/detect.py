@@ -56,7 +56,7 @@ def stages(jobs: JobTable, max_skew_s: float | None = MAX_SKEW_S) -> list[Stage]
 
 
 def run(args: argparse.Namespace) -> int:
-    kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
+    kafka_io.wait_for_broker(args.bootstrap)
     kafka_io.ensure_topics(args.bootstrap)
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -3,6 +3,7 @@ DESIGN.md says; malformed lines go to the dead-letter topic with their reason, b
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,7 @@ def test_unreachable_broker_is_one_line_error(tmp_path: Path) -> None:
         text=True,
         timeout=60,
         cwd=REPO,
+        env={**os.environ, "FLEETWATCH_CONNECT_TIMEOUT_S": "2"},
     )
     assert r.returncode == 3
     assert (
