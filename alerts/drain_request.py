@@ -1,0 +1,141 @@
+"""The `drain/1` message (DESIGN.md, "Messages"): build, sign, verify and validate drain requests.
+
+`signature` is HMAC-SHA256 (hex) over the canonical JSON of every other field: keys sorted, no
+whitespace, UTF-8, as orjson writes them (its float formatting is the shortest round-trip form,
+so a verifier that decodes and re-encodes gets the same bytes). The key is shared between
+`fleetwatch act` and the Slurm adapter; it comes from FLEETWATCH_DRAIN_KEY or a key file and is
+never logged or put in an error message.
+
+`request_id` is a hash of (node, action, triggering finding ids), NOT of the time: reprocessing
+the same findings after a restart yields the same request, and the adapter's journal makes it run
+once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fleetwatch import schemas
+from fleetwatch.schemas import MessageError
+
+DRAIN = "drain/1"
+ACTIONS = frozenset({"drain", "resume"})
+SEVERITIES = frozenset({"info", "warning", "critical"})
+KEY_ENV = "FLEETWATCH_DRAIN_KEY"
+MAX_REASON = 400  # scontrol stores the reason; keep it a line, not an essay
+MAX_FINDINGS = 256
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
+_FIELDS = ("schema", "request_id", "node", "action", "reason", "severity", "findings", "issued_at")
+
+
+class DrainKeyError(ValueError):
+    """No usable signing key; the message names where it was looked for, never its value."""
+
+
+def load_key(key_file: str | None = None, env: Mapping[str, str] | None = None) -> bytes:
+    """The shared HMAC key: the key file if given, else $FLEETWATCH_DRAIN_KEY."""
+    env = os.environ if env is None else env
+    if key_file:
+        try:
+            raw = Path(key_file).read_bytes().strip()
+        except OSError as e:
+            raise DrainKeyError(f"cannot read the drain key file {key_file}: {e.strerror}") from None
+        where = f"key file {key_file}"
+    else:
+        raw = env.get(KEY_ENV, "").strip().encode()
+        where = f"${KEY_ENV}"
+    if len(raw) < 16:
+        raise DrainKeyError(f"no drain signing key: {where} is missing or shorter than 16 bytes")
+    return raw
+
+
+def request_id(node: str, action: str, findings: Iterable[str]) -> str:
+    """Deterministic id: the same node, action and triggering findings give the same request."""
+    return hashlib.sha256(orjson.dumps([node, action, sorted(findings)])).hexdigest()[:32]
+
+
+def canonical(msg: Mapping[str, Any]) -> bytes:
+    """The signed bytes: every field but `signature`, keys sorted."""
+    body = {k: v for k, v in msg.items() if k != "signature"}
+    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+
+def sign(msg: Mapping[str, Any], key: bytes) -> str:
+    return hmac.new(key, canonical(msg), hashlib.sha256).hexdigest()
+
+
+def make_request(
+    *,
+    node: str,
+    action: str,
+    reason: str,
+    severity: str,
+    findings: Iterable[str],
+    issued_at: float,
+    key: bytes,
+) -> dict[str, Any]:
+    ids = sorted(set(findings))
+    msg: dict[str, Any] = {
+        "schema": DRAIN,
+        "request_id": request_id(node, action, ids),
+        "node": node,
+        "action": action,
+        "reason": reason[:MAX_REASON],
+        "severity": severity,
+        "findings": ids,
+        "issued_at": float(issued_at),
+    }
+    msg["signature"] = sign(msg, key)
+    validate_drain(msg)
+    return msg
+
+
+def verify(msg: Mapping[str, Any], key: bytes) -> bool:
+    """True if the signature matches (constant-time compare)."""
+    sig = msg.get("signature")
+    if not isinstance(sig, str):
+        return False
+    return hmac.compare_digest(sig, sign(msg, key))
+
+
+def validate_drain(m: Mapping[str, Any]) -> None:
+    """Shape check (no signature check: that needs the key, see verify())."""
+    for f in (*_FIELDS, "signature"):
+        if f not in m:
+            raise MessageError("missing_field", f"drain.{f} is required")
+    extra = set(m) - set(_FIELDS) - {"signature"}
+    if extra:
+        # Unknown fields would be signed but unchecked by older adapters: refuse them outright.
+        raise MessageError("out_of_range", f"drain has unknown fields {sorted(extra)[:5]}")
+    schemas._string("drain.request_id", m["request_id"])
+    if not _REQUEST_ID.match(m["request_id"]):
+        raise MessageError("out_of_range", "drain.request_id must be 32 hex digits")
+    schemas._name("drain.node", m["node"])
+    if m["action"] not in ACTIONS:
+        raise MessageError("out_of_range", f"drain.action must be one of {sorted(ACTIONS)}")
+    schemas._string("drain.reason", m["reason"])
+    if not m["reason"] or len(m["reason"]) > MAX_REASON or any(c in m["reason"] for c in "\r\n\0"):
+        raise MessageError("out_of_range", f"drain.reason must be one line of 1..{MAX_REASON} characters")
+    if m["severity"] not in SEVERITIES:
+        raise MessageError("out_of_range", f"drain.severity must be one of {sorted(SEVERITIES)}")
+    ids = schemas._list("drain.findings", m["findings"])
+    if len(ids) > MAX_FINDINGS:
+        raise MessageError("out_of_range", f"drain.findings has more than {MAX_FINDINGS} ids")
+    for i, f in enumerate(ids):
+        schemas._string(f"drain.findings[{i}]", f)
+    schemas._number("drain.issued_at", m["issued_at"], 0)
+    schemas._string("drain.signature", m["signature"])
+    if not _HEX64.match(m["signature"]):
+        raise MessageError("out_of_range", "drain.signature must be 64 lowercase hex digits")
+
+
+schemas.register(DRAIN, validate_drain, "issued_at")

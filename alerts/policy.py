@@ -1,0 +1,321 @@
+"""Drain policy: which findings take a node out of service, and the guards around doing so.
+
+Pure: no Kafka, no HTTP, no clock. The caller feeds findings (`observe`) and asks for decisions
+(`evaluate(nodes, now, ...)`); everything it decides is written into the NodeState objects it is
+handed, so the state snapshots with the caller's tasks.
+
+What drains (an OPEN finding; anything else only alerts):
+
+| kind      | drains when                                                                       |
+|-----------|-----------------------------------------------------------------------------------|
+| xid       | critical and an XID in DRAIN_XIDS (48, 64, 74, 79, 95, 119, 120, 140) or a catalog |
+|           | action drain_node/rma                                                             |
+| ecc       | rule ecc_dbe (uncorrectable ECC), or retired_pages at critical                    |
+| row_remap | rule row_remap_failure                                                            |
+| pcie      | rule gpu_lost (GPU fallen off the bus / unreadable), or critical (sustained replays) |
+| nvlink    | critical (sustained error rate 10x the threshold)                                  |
+| ib_link   | critical: port not ACTIVE, link_downed, or error rate 10x the threshold            |
+| lemon     | always: the detector only emits once the Poisson test confirms the node           |
+| straggler | critical (persisted past the detector's critical_after_s)                          |
+| thermal, host, statistical, and every warning/info not named above: alert only       |
+
+Guards, in the order they are applied to a node that needs draining:
+1. storm: if at least `storm_threshold` distinct nodes became drain-worthy within any
+   `storm_window_s` (event time) in the last `storm_clear_s` + window, a shared cause (filesystem,
+   switch, power) is more likely than N broken nodes: nothing is drained while it lasts, and ONE
+   storm status is reported. Onsets are finding timestamps, not arrival times, so a backlog that
+   arrives at once after an outage is not mistaken for a storm.
+2. budget: drained nodes never exceed floor(max(drain_budget * fleet, budget_min_nodes) * share).
+3. job: no second node of the same running job while one is drained (needs a human).
+Hysteresis: a drained node is resumed only after it has had no open warning/critical finding for
+`resume_after_s`. Cooldown: a node that needs draining again within `cooldown_s` of an automatic
+resume is flapping: it is drained, and its next resume waits `cooldown_s` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+DRAIN_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+RESOLVED_MEMORY = 64  # resolved ids remembered per node, to ignore a late duplicate of their opening
+
+
+def drain_reason(f: Mapping[str, Any]) -> str | None:
+    """Why this finding should drain its node (a short phrase), or None if it only alerts."""
+    if f.get("resolved"):
+        return None
+    kind, sev = f["kind"], f["severity"]
+    ev = f.get("evidence") or {}
+    rule = str(ev.get("rule", ""))
+    critical = sev == "critical"
+    if kind == "xid":
+        codes: set[int] = set()
+        for c in (ev.get("xids") or {}, [ev.get("worst_xid")]):
+            for x in c:
+                try:
+                    codes.add(int(x))
+                except (TypeError, ValueError):
+                    continue
+        bad = sorted(codes & DRAIN_XIDS)
+        if critical and bad:
+            return "XID " + "/".join(map(str, bad))
+        if critical and ev.get("action") in ("drain_node", "rma"):
+            return f"XID {ev.get('worst_xid', '?')}"
+        return None
+    if kind == "ecc":
+        if rule == "ecc_dbe":
+            return "uncorrectable ECC error"
+        return "retired pages over limit" if critical and rule == "retired_pages" else None
+    if kind == "row_remap":
+        return "row remap failed" if rule == "row_remap_failure" else None
+    if kind == "pcie":
+        if rule == "gpu_lost":
+            return "GPU lost"
+        return "PCIe errors" if critical else None
+    if kind == "nvlink":
+        return "NVLink errors" if critical else None
+    if kind == "ib_link":
+        if not critical:
+            return None
+        return "IB link down" if rule.startswith(("ib_port_state", "ib_link_downed")) else "IB link errors"
+    if kind == "lemon":
+        return "lemon node" if SEVERITY_RANK.get(sev, 0) >= 1 else None
+    if kind == "straggler":
+        return "persistent straggler" if critical else None
+    return None
+
+
+class JobLookup(Protocol):
+    def job_of(self, node: str) -> str | None: ...
+
+    def nodes_of(self, job: str) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    drain_budget: float = 0.02  # max fraction of the fleet drained at once
+    budget_min_nodes: int = 0  # floor on the budget in nodes (0: the fraction is strict)
+    resume_after_s: float = 900.0  # healthy this long before an automatic resume
+    cooldown_s: float = 3600.0  # a re-drain this soon after a resume marks the node flapping
+    auto_resume: bool = True
+    storm_window_s: float = 60.0
+    storm_nodes: int = 5  # a storm is >= this many nodes in the window ...
+    storm_fraction: float = 0.05  # ... or >= this fraction of the fleet, whichever is fewer ...
+    storm_min_nodes: int = 3  # ... but never fewer than this (two failures at once happen)
+    storm_clear_s: float = 120.0  # a storm ends this long after its last onset
+    settle_s: float = 0.0  # wait this long after an onset before draining (lets a storm show)
+
+
+@dataclass(slots=True)
+class OpenFinding:
+    id: str
+    kind: str
+    severity: str
+    ts: float
+    drain: str | None  # drain_reason(), or None when it only alerts
+    job: str | None = None
+    gpu: int | None = None
+
+
+@dataclass(slots=True)
+class NodeState:
+    open: dict[str, OpenFinding] = field(default_factory=dict)
+    resolved_ids: dict[str, float] = field(default_factory=dict)
+    onset: float | None = None  # event ts of the latest healthy -> drain-worthy transition
+    healthy_since: float | None = None  # event ts since which no warning/critical finding is open
+    drained: bool = False
+    drain_findings: list[str] = field(default_factory=list)
+    drain_reason: str = ""
+    drain_severity: str = "critical"
+    drained_at: float | None = None
+    last_resume_at: float | None = None
+    flapping: bool = False
+    refused: str | None = None  # why the drain it needs is refused now: budget | job | storm
+    refused_detail: str = ""
+
+    def worthy(self) -> list[OpenFinding]:
+        return sorted((f for f in self.open.values() if f.drain), key=lambda f: (f.ts, f.id))
+
+    def blocking(self) -> bool:
+        return any(SEVERITY_RANK.get(f.severity, 0) >= 1 for f in self.open.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> NodeState:
+        d = dict(d)
+        d["open"] = {k: OpenFinding(**v) for k, v in d.get("open", {}).items()}
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Action:
+    node: str
+    action: str  # drain | resume
+    reason: str
+    severity: str
+    findings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Storm:
+    active: bool
+    nodes: tuple[str, ...] = ()
+    threshold: int = 0
+
+
+@dataclass
+class Evaluation:
+    actions: list[Action] = field(default_factory=list)
+    newly_refused: list[tuple[str, str]] = field(default_factory=list)  # (node, reason)
+    storm: Storm = field(default_factory=lambda: Storm(False))
+    budget_nodes: int = 0
+    drained: int = 0
+
+
+class Policy:
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        self.cfg = config or PolicyConfig()
+
+    # ------------------------------------------------------------ input
+
+    def observe(self, st: NodeState, f: Mapping[str, Any]) -> None:
+        """Fold one finding/1 into its node's state (idempotent: a duplicate changes nothing)."""
+        fid, ts = f["id"], float(f["ts"])
+        was_worthy, was_blocking = bool(st.worthy()), st.blocking()
+        if f["resolved"]:
+            st.open.pop(fid, None)
+            st.resolved_ids[fid] = ts
+            if len(st.resolved_ids) > RESOLVED_MEMORY:
+                for old in sorted(st.resolved_ids, key=st.resolved_ids.__getitem__)[:-RESOLVED_MEMORY]:
+                    del st.resolved_ids[old]
+        elif fid not in st.resolved_ids:  # a late duplicate of an opening must not reopen it
+            st.open[fid] = OpenFinding(
+                fid, f["kind"], f["severity"], ts, drain_reason(f), f.get("job"), f.get("gpu")
+            )
+        if st.worthy() and not was_worthy:
+            st.onset = ts
+        if was_blocking and not st.blocking():
+            st.healthy_since = ts
+        elif st.blocking():
+            st.healthy_since = None
+
+    # ------------------------------------------------------------ limits
+
+    def budget_nodes(self, fleet_size: int, share: float = 1.0) -> int:
+        c = self.cfg
+        return math.floor(max(c.drain_budget * fleet_size, c.budget_min_nodes) * share + 1e-9)
+
+    def storm_threshold(self, fleet_size: int, share: float = 1.0) -> int:
+        c = self.cfg
+        t = max(c.storm_min_nodes, min(c.storm_nodes, math.ceil(c.storm_fraction * fleet_size)))
+        return t if share >= 1.0 else max(2, math.ceil(t * share))
+
+    def storm(self, nodes: Mapping[str, NodeState], now: float, threshold: int) -> Storm:
+        c = self.cfg
+        horizon = now - c.storm_clear_s - c.storm_window_s
+        onsets = sorted(
+            (st.onset, n) for n, st in nodes.items() if st.onset is not None and st.onset >= horizon
+        )
+        best: list[str] = []
+        lo = 0
+        for hi in range(len(onsets)):  # the fullest storm_window_s window of onsets
+            while onsets[hi][0] - onsets[lo][0] > c.storm_window_s:
+                lo += 1
+            if hi - lo + 1 > len(best):
+                best = [n for _, n in onsets[lo : hi + 1]]
+        active = len(best) >= threshold
+        return Storm(active, tuple(sorted(best)) if active else (), threshold)
+
+    # ------------------------------------------------------------ decisions
+
+    def evaluate(
+        self,
+        nodes: Mapping[str, NodeState],
+        now: float,
+        fleet_size: int,
+        jobs: JobLookup,
+        share: float = 1.0,
+    ) -> Evaluation:
+        """Decide drains and resumes for `nodes` (those this worker owns) at wall time `now`."""
+        c = self.cfg
+        ev = Evaluation(budget_nodes=self.budget_nodes(fleet_size, share))
+        ev.storm = self.storm(nodes, now, self.storm_threshold(fleet_size, share))
+
+        for node in sorted(nodes):  # resumes first: they free budget for the drains below
+            st = nodes[node]
+            if not st.drained or st.worthy() or st.blocking() or not c.auto_resume:
+                continue
+            wait = c.cooldown_s if st.flapping else c.resume_after_s
+            if st.healthy_since is None or now - st.healthy_since < wait:
+                continue
+            if st.drained_at is not None and now - st.drained_at < wait:
+                continue  # healthy_since may predate the drain (resolved while the request was queued)
+            ev.actions.append(
+                Action(node, "resume", f"healthy for {wait:.0f} s", "info", tuple(st.drain_findings))
+            )
+            st.drained, st.last_resume_at, st.refused = False, now, None
+
+        drained = {n for n, st in nodes.items() if st.drained}
+        pending = sorted(
+            ((st.onset or 0.0, n) for n, st in nodes.items() if not st.drained and st.worthy()),
+        )
+        for st in nodes.values():
+            if st.refused and (st.drained or not st.worthy()):
+                st.refused, st.refused_detail = None, ""
+        for _, node in pending:
+            st = nodes[node]
+            if ev.storm.active:
+                self._refuse(ev, node, st, "storm", f"{len(ev.storm.nodes)} nodes at once")
+                continue
+            if c.settle_s and st.onset is not None and now - st.onset < c.settle_s:
+                continue
+            if len(drained) >= ev.budget_nodes:
+                self._refuse(
+                    ev, node, st, "budget", f"{len(drained)} of {ev.budget_nodes} allowed nodes drained"
+                )
+                continue
+            job = jobs.job_of(node) or next((f.job for f in st.worthy() if f.job), None)
+            if job is not None:
+                peers = sorted(n for n in jobs.nodes_of(job) if n != node and n in drained)
+                if peers:
+                    self._refuse(ev, node, st, "job", f"{peers[0]} of job {job} is already drained")
+                    continue
+            worthy = st.worthy()
+            reasons = list(dict.fromkeys(f.drain for f in worthy if f.drain))
+            severity = max((f.severity for f in worthy), key=lambda s: SEVERITY_RANK.get(s, 0))
+            st.flapping = st.last_resume_at is not None and now - st.last_resume_at < c.cooldown_s
+            st.drained, st.drained_at, st.refused, st.refused_detail = True, now, None, ""
+            st.drain_findings = [f.id for f in worthy]
+            st.drain_reason = ", ".join(reasons)
+            st.drain_severity = severity
+            drained.add(node)
+            ev.actions.append(Action(node, "drain", st.drain_reason, severity, tuple(st.drain_findings)))
+        ev.drained = len(drained)
+        return ev
+
+    @staticmethod
+    def _refuse(ev: Evaluation, node: str, st: NodeState, why: str, detail: str) -> None:
+        if st.refused != why:
+            ev.newly_refused.append((node, why))
+        st.refused, st.refused_detail = why, detail
+
+    def prune(self, nodes: dict[str, NodeState], now: float, keep: Iterable[str] = ()) -> None:
+        """Forget nodes with nothing open, not drained, and no onset or resume that still matters."""
+        c = self.cfg
+        horizon = now - c.storm_clear_s - c.storm_window_s
+        keep = set(keep)
+        for n in [n for n, st in nodes.items() if n not in keep]:
+            st = nodes[n]
+            if st.open or st.drained or st.refused:
+                continue
+            if st.onset is not None and st.onset >= horizon:
+                continue
+            if st.last_resume_at is not None and now - st.last_resume_at < c.cooldown_s:
+                continue
+            del nodes[n]

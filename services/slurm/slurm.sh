@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Local single-host Slurm (slurmctld + four slurmd + munge) on loopback, for the drain adapter's tests
+# and the demo. The recipe is DESIGN.md's ("Service recipes", Slurm 22.05 from Debian packages).
+#   slurm.sh start    generate slurm.conf, start munged (if not up), slurmctld and the slurmd's; no-op if up
+#   slurm.sh stop     stop the daemons started here (by pid; munged is left to whoever else uses it)
+#   slurm.sh status   exit 0 if slurmctld answers (scontrol ping)
+#   slurm.sh env      print the SLURM_CONF=... line clients need
+# Environment: FLEETWATCH_HOME (default <repo>/.fleetwatch), SLURM_CTLD_PORT (16817),
+#              SLURM_NODES (4; nodes gpu-node-01.. with slurmd ports 16821..).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+home="${FLEETWATCH_HOME:-$repo/.fleetwatch}"
+ctld_port="${SLURM_CTLD_PORT:-16817}"
+nnodes="${SLURM_NODES:-4}"
+state="$home/slurm-$ctld_port"
+conf="$state/slurm.conf"
+host="$(hostname -s)"
+
+log() { echo "slurm.sh: $*" >&2; }
+
+pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+node_name() { printf 'gpu-node-%02d' "$1"; }
+
+ping_ctld() { SLURM_CONF="$conf" scontrol ping 2>/dev/null | grep -q "is UP"; }
+
+write_conf() {
+  mkdir -p "$state/ctld" "$state/spool"
+  local last_port=$((16820 + nnodes))
+  # Written on every start: the host name may differ between machines that share the checkout.
+  cat > "$conf" <<CONF
+ClusterName=fleetwatch
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+ReturnToService=2
+StateSaveLocation=$state/ctld
+SlurmdSpoolDir=$state/spool/slurmd-%n
+SlurmctldPidFile=$state/slurmctld.pid
+SlurmdPidFile=$state/slurmd-%n.pid
+SlurmctldLogFile=$state/slurmctld.log
+SlurmdLogFile=$state/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+NodeName=gpu-node-[01-$(printf '%02d' "$nnodes")] NodeHostname=$host NodeAddr=127.0.0.1 Port=[16821-$last_port] CPUs=1 RealMemory=1000 State=UNKNOWN
+PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+}
+
+start_munge() {
+  if [[ -S /run/munge/munge.socket.2 ]] && munge -n </dev/null >/dev/null 2>&1; then return 0; fi
+  command -v munged >/dev/null || { log "munged not found (apt-get install munge)"; exit 1; }
+  install -d -o munge -g munge -m 0755 /run/munge
+  [[ -f /etc/munge/munge.key ]] || { log "/etc/munge/munge.key is missing (reinstall munge)"; exit 1; }
+  if [[ $(id -u) -eq 0 ]]; then
+    runuser -u munge -- munged
+  else
+    munged
+  fi
+  for _ in $(seq 1 50); do munge -n </dev/null >/dev/null 2>&1 && return 0; sleep 0.1; done
+  log "munged did not come up"; exit 1
+}
+
+start() {
+  command -v slurmctld >/dev/null || { log "slurmctld not found (apt-get install slurmctld slurmd slurm-client munge)"; exit 1; }
+  write_conf
+  start_munge
+  if ! pid_alive "$state/slurmctld.pid" || ! ping_ctld; then
+    log "starting slurmctld on 127.0.0.1:$ctld_port (state in $state)"
+    # -D foreground (setsid detaches it from this shell), -i ignore saved state errors.
+    SLURM_CONF="$conf" setsid slurmctld -D -i -f "$conf" >"$state/slurmctld.out" 2>&1 </dev/null &
+    echo $! > "$state/slurmctld.pid"
+  fi
+  for i in $(seq 1 "$nnodes"); do
+    local n; n="$(node_name "$i")"
+    if pid_alive "$state/slurmd-$n.pid"; then continue; fi
+    mkdir -p "$state/spool/slurmd-$n"
+    SLURM_CONF="$conf" setsid slurmd -D -N "$n" -f "$conf" >"$state/slurmd-$n.out" 2>&1 </dev/null &
+    echo $! > "$state/slurmd-$n.pid"
+  done
+  for _ in $(seq 1 100); do
+    if ping_ctld && [[ "$(SLURM_CONF="$conf" sinfo -h -N -o '%N %T' 2>/dev/null | grep -cvE 'unknown|down|not_responding')" -ge "$nnodes" ]]; then
+      log "ready: $nnodes nodes; export SLURM_CONF=$conf"; return 0
+    fi
+    if ! pid_alive "$state/slurmctld.pid"; then
+      log "slurmctld exited during start; see $state/slurmctld.log"; tail -20 "$state/slurmctld.out" "$state/slurmctld.log" >&2 || true
+      exit 1
+    fi
+    sleep 0.1
+  done
+  log "nodes did not come up within 10 s:"; SLURM_CONF="$conf" sinfo -N >&2 || true
+  tail -5 "$state"/slurmd-*.log >&2 || true
+  exit 1
+}
+
+stop_pid() {
+  local f="$1"
+  pid_alive "$f" || { rm -f "$f"; return 0; }
+  local pid; pid="$(cat "$f")"
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || { rm -f "$f"; return 0; }; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true; rm -f "$f"
+}
+
+stop() {
+  for f in "$state"/slurmd-*.pid; do [[ -e "$f" ]] && stop_pid "$f"; done
+  stop_pid "$state/slurmctld.pid"
+  log "stopped"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) ping_ctld ;;
+  env) echo "SLURM_CONF=$conf" ;;
+  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+esac
