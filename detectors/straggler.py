@@ -13,8 +13,13 @@ window median with the median of its PEERS (the job's other nodes: leave-one-out
   the job emits no step times. Utilisation is NOT used: a straggler's GPUs are the busy ones
   while its peers idle in collectives, so low utilisation points at the victims.
 
-slowdown = node_median / peer_median - 1 (or the inverse for lower-is-worse). A node is a
-straggler when slowdown >= min_slowdown continuously for persist_s of event time; the
+slowdown = node_median / peer_median - 1 (or the inverse for lower-is-worse). Peers alone
+cannot see a node that slows down beside a peer that was already slow (two stragglers in a
+2-node job), so each node also keeps a reference: its own median over its first
+min_samples samples (the job's start). Its self slowdown (median / reference - 1) is compared
+with its peers' self slowdowns the same leave-one-out way, so a job-wide change (a slower
+phase of training) blames nobody. A node is a straggler when either slowdown >=
+min_slowdown continuously for persist_s of event time; the
 finding escalates to critical once it has persisted critical_after_s (a persistent straggler
 is worth a drain), and resolves after clear_after_s without slowdown, or when the job ends.
 All timing is event time (message ts), so a replay gives the same findings.
@@ -86,6 +91,7 @@ class JobWindow:
     ring: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
     count: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     bad_since: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    ref: np.ndarray = field(default_factory=lambda: np.zeros(0))  # each node's own first-window median
     next_eval: float = NAN  # the next grid point of event time at which this job is judged
 
     def rows(self, names: Sequence[str], window: int) -> np.ndarray:
@@ -98,6 +104,7 @@ class JobWindow:
             self.ring = np.vstack([self.ring.reshape(-1, window), np.full((grow, window), NAN)])
             self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
             self.bad_since = np.concatenate([self.bad_since, np.full(grow, NAN)])
+            self.ref = np.concatenate([self.ref, np.full(grow, NAN)])
         return np.fromiter((self.nodes[n] for n in names), dtype=np.int64, count=len(names))
 
     def push(self, rows: np.ndarray, values: np.ndarray, window: int) -> None:
@@ -116,6 +123,7 @@ class JobWindow:
             "ring": self.ring.tolist(),
             "count": self.count.tolist(),
             "bad_since": self.bad_since.tolist(),
+            "ref": self.ref.tolist(),
             "next_eval": None if np.isnan(self.next_eval) else self.next_eval,
         }
 
@@ -126,6 +134,7 @@ class JobWindow:
         w.ring = np.array(d["ring"], dtype=float).reshape(len(w.nodes), -1) if w.nodes else np.empty((0, 0))
         w.count = np.array(d["count"], dtype=np.int64)
         w.bad_since = np.array(d["bad_since"], dtype=float)
+        w.ref = np.array(d["ref"], dtype=float)
         w.next_eval = NAN if d["next_eval"] is None else float(d["next_eval"])
         return w
 
@@ -196,8 +205,16 @@ class StragglerDetector:
         med[ready] = np.nanmedian(w.ring[ready], axis=1)
         peer = np.full(len(w.count), NAN)
         peer[ready] = loo_median(med[ready])
+        full = np.isnan(w.ref) & ready
+        w.ref[full] = med[full]
         with np.errstate(divide="ignore", invalid="ignore"):
-            slowdown = (med / peer - 1.0) if sig.higher_is_worse else (peer / med - 1.0)
+            peer_slow = (med / peer - 1.0) if sig.higher_is_worse else (peer / med - 1.0)
+            own = (med / w.ref - 1.0) if sig.higher_is_worse else (w.ref / med - 1.0)
+        has_ref = ready & ~np.isnan(own)
+        self_slow = np.full(len(w.count), NAN)
+        if has_ref.sum() >= 2:
+            self_slow[has_ref] = own[has_ref] - loo_median(own[has_ref])
+        slowdown = np.fmax(peer_slow, self_slow)
         bad = ready & (slowdown >= cfg.min_slowdown)
         newly = bad & np.isnan(w.bad_since)
         w.bad_since[newly] = now
@@ -212,6 +229,8 @@ class StragglerDetector:
             evidence = {
                 "signal": sig.name,
                 "slowdown": round(s, 4),
+                "vs_peers": round(float(peer_slow[i]), 4),
+                "vs_own_start": None if np.isnan(self_slow[i]) else round(float(self_slow[i]), 4),
                 "node_median": round(float(med[i]), 6),
                 "peer_median": round(float(peer[i]), 6),
                 "peers": int(ready.sum() - 1),

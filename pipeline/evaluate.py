@@ -37,7 +37,7 @@ def evaluate(
     sc = load_scenario(scenario_path, overrides or {})
     sim = Simulation(sc)
     jobs = JobTable()
-    node_task = NodeTask(jobs, node_config or NodeTaskConfig())
+    node_task = NodeTask(jobs, node_config or NodeTaskConfig.for_time_scale(sc.detector_time_scale))
     job_task = JobTask()
     findings: list[dict[str, Any]] = []
     truths: list[dict[str, Any]] = []

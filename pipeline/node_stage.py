@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,20 @@ class NodeTaskConfig:
     lemon: LemonConfig = field(default_factory=LemonConfig)
     silence: SilenceConfig = field(default_factory=SilenceConfig)
 
+    @classmethod
+    def for_time_scale(cls, scale: float) -> NodeTaskConfig:
+        """Defaults with the day-long lemon windows shortened by `scale` (compressed scenarios)."""
+        lemon = LemonConfig()
+        return cls(
+            lemon_every_s=cls.lemon_every_s * scale,
+            lemon=replace(
+                lemon,
+                tau_s=lemon.tau_s * scale,
+                episode_gap_s=lemon.episode_gap_s * scale,
+                clear_after_s=lemon.clear_after_s * scale,
+            ),
+        )
+
 
 @dataclass
 class NodeTask:
@@ -74,7 +88,7 @@ class NodeTask:
         nodes = batch.nodes()
         findings += self.silence.process(self.last_ts, set(nodes), float(batch.ts.max()))
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
-        out += self._lemon(nodes, batch.ts, findings)
+        out += self._lemon(batch, nodes, findings)
         if self.config.emit_features:
             out += self._features(batch, nodes)
         return out
@@ -91,28 +105,33 @@ class NodeTask:
             STALE.inc(len(msgs) - len(fresh))
         return fresh
 
-    def _lemon(self, nodes: list[str], ts: np.ndarray, findings: list[dict[str, Any]]) -> list[Output]:
-        self.lemon.observe_samples(nodes, ts)
-        opened = [
-            f for f in findings if not f["resolved"] and f["ts"] == f["first_seen"] and f["kind"] != "lemon"
+    def _lemon(self, batch: TelemetryBatch, nodes: list[str], findings: list[dict[str, Any]]) -> list[Output]:
+        lemon, ts = self.lemon, batch.ts
+        lemon.observe_samples(nodes, ts)
+        # A node's history: its XIDs (Meta's lemon signal counts them), the findings that open on
+        # it and the failed jobs it was in; the scorer merges events close in time into one episode.
+        events = [(float(ts[m]), nodes[m], 1.0) for m in batch.xid_msg.tolist()]
+        events += [
+            (f["ts"], f["node"], 1.0)
+            for f in findings
+            if not f["resolved"]
+            and f["ts"] == f["first_seen"]
+            and f["kind"] != "lemon"
+            and f["severity"] != "info"
         ]
-        if opened:
-            self.lemon.observe_events([f["node"] for f in opened], [f["ts"] for f in opened])
+        now = float(ts.max())
         mine = set(nodes)
         for job, job_nodes in list(self.jobs.failed_jobs.items()):
             if job not in self.failed_jobs_seen:
                 self.failed_jobs_seen.add(job)
-                hit = [n for n in job_nodes if n in mine]
-                if hit:
-                    now = float(ts.max())
-                    self.lemon.observe_events(
-                        hit, [now] * len(hit), [self.lemon.cfg.job_failure_weight] * len(hit)
-                    )
-        now = float(ts.max())
+                events += [(now, n, lemon.cfg.job_failure_weight) for n in job_nodes if n in mine]
+        if events:
+            events.sort()
+            lemon.observe_events([e[1] for e in events], [e[0] for e in events], [e[2] for e in events])
         if now < self.next_lemon:
             return []
         self.next_lemon = now + self.config.lemon_every_s
-        return [(topics.FINDINGS, f["node"], f) for f in self.lemon.judge(now)]
+        return [(topics.FINDINGS, f["node"], f) for f in lemon.judge(now)]
 
     def _features(self, batch: TelemetryBatch, nodes: list[str]) -> list[Output]:
         """One nodefeatures/1 per sample of a node that is in a running job, keyed by the job."""

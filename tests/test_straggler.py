@@ -135,3 +135,29 @@ def test_batching_and_snapshot_do_not_change_results() -> None:
         det = StragglerDetector.from_bytes(det.to_bytes())  # a restart between every batch
     assert [f["id"] for f in pieces] == [f["id"] for f in whole]
     assert [f["ts"] for f in pieces] == [f["ts"] for f in whole]
+
+
+def test_second_straggler_beside_a_slow_peer_is_found_by_its_own_slowdown() -> None:
+    """A 2-node job whose node 0 is slow from the start and node 1 slows down later: peers alone
+    would see node 1 as the fast one; its slowdown against its own start gives it away."""
+    early = steps(2, 60, slow={0: 0.20})
+    late = steps(2, 120, slow={0: 0.20, 1: 0.12}, seed=3)
+    shift = early[-1]["ts"] - T0 + 1
+    for m in late:
+        m["ts"] += shift
+    det = StragglerDetector()
+    findings = det.process_steps(early) + det.process_steps(late)
+    found = {f["node"] for f in findings if not f["resolved"]}
+    assert found == {"node-00", "node-01"}
+    late_one = next(f for f in findings if f["node"] == "node-01")
+    assert late_one["evidence"]["vs_own_start"] == pytest.approx(0.12, abs=0.04)
+
+
+def test_job_wide_slowdown_blames_nobody() -> None:
+    early = steps(6, 60)
+    late = steps(6, 120, slow=dict.fromkeys(range(6), 0.25), seed=4)  # every rank slower: a new phase
+    shift = early[-1]["ts"] - T0 + 1
+    for m in late:
+        m["ts"] += shift
+    det = StragglerDetector()
+    assert det.process_steps(early) + det.process_steps(late) == []

@@ -103,6 +103,10 @@ class Scenario:
     jobs: JobsConfig = field(default_factory=JobsConfig)
     background: Background = field(default_factory=Background)
     faults: tuple[FaultSpec, ...] = ()
+    # How much faster than real life this scenario's history unfolds, for detectors whose
+    # windows are days long (lemon scoring): a 5-minute demo that plays a lemon node's weeks
+    # of repeated incidents sets e.g. 0.05, and eval/demo scale those windows by it.
+    detector_time_scale: float = 1.0
 
     @property
     def n_ticks(self) -> int:
@@ -303,6 +307,7 @@ _TOP = {
     "jobs",
     "background",
     "faults",
+    "detector_time_scale",
 }
 
 
@@ -336,6 +341,9 @@ def parse_scenario(raw: Any, source: str = "<dict>", overridden: frozenset[str] 
         "node_prefix": doc.get("node_prefix", "gpu-node-"),
         "interval_s": _num(err, "interval_s", doc.get("interval_s", 1.0), 0.01, 3600.0),
         "duration_s": _num(err, "duration_s", doc.get("duration_s", 300.0), 0.01),
+        "detector_time_scale": _num(
+            err, "detector_time_scale", doc.get("detector_time_scale", 1.0), 1e-6, 1.0
+        ),
     }
     prefix = sc["node_prefix"]
     if not isinstance(prefix, str) or not prefix or not (prefix[0].isalnum() and prefix.isascii()):
