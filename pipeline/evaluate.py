@@ -57,6 +57,7 @@ def evaluate(
         return feats
 
     pending: dict[str, list[dict[str, Any]]] = {topics.TELEMETRY: [], topics.STEPS: []}
+    busy: dict[str, list[tuple[float, float]]] = {}  # node -> [(job start, job end)]
     ticks = 0
     for msgs in sim.ticks():
         for topic, _key, m in msgs:
@@ -65,6 +66,11 @@ def evaluate(
             elif topic == topics.JOBS:
                 counts["jobs"] += 1
                 jobs.apply(m)
+                for n in m["nodes"]:
+                    if m["state"] == "started":
+                        busy.setdefault(n, []).append((m["ts"], float("inf")))
+                    elif m["state"] in ("finished", "failed") and busy.get(n):
+                        busy[n][-1] = (busy[n][-1][0], m["ts"])
                 emit(job_task.process(topics.JOBS, [m]))
             elif topic in pending:
                 pending[topic].append(m)
@@ -81,7 +87,9 @@ def evaluate(
         detect_s += time.perf_counter() - d0
         pending = {topics.TELEMETRY: [], topics.STEPS: []}
 
-    card = score(findings, truths, sim.nodes, sim.tick_ts(0), sim.tick_ts(sim.n_ticks - 1), sc.interval_s)
+    card = score(
+        findings, truths, sim.nodes, sim.tick_ts(0), sim.tick_ts(sim.n_ticks - 1), sc.interval_s, busy=busy
+    )
     info = {
         "scenario": sc.name,
         "nodes": sc.nodes,

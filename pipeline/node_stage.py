@@ -124,7 +124,11 @@ class NodeTask:
         for job, job_nodes in list(self.jobs.failed_jobs.items()):
             if job not in self.failed_jobs_seen:
                 self.failed_jobs_seen.add(job)
-                events += [(now, n, lemon.cfg.job_failure_weight) for n in job_nodes if n in mine]
+                # Blame is shared: a failed 8-node job is 1/8 of an event for each of its nodes, so
+                # a lemon's job-mates do not inherit its history, while a node that keeps turning
+                # up in failed jobs with different peers accumulates it.
+                share = lemon.cfg.job_failure_weight / max(1, len(job_nodes))
+                events += [(now, n, share) for n in job_nodes if n in mine]
         if events:
             events.sort()
             lemon.observe_events([e[1] for e in events], [e[0] for e in events], [e[2] for e in events])

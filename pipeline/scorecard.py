@@ -10,6 +10,9 @@ Honest, per incident, no point adjustment:
 - A counted finding is TRUE if it matches any fault on its node (any kind, same window),
   else FALSE. Precision of a finding kind = true / all counted findings of that kind.
 - False findings per 1000 node-hours are counted on nodes with no fault at all.
+- A straggler is only observable while its node runs a job (peers are what it is compared
+  with), so a straggler's delay counts only the time its node spent in running jobs between
+  onset and detection (`busy` spans; a job killed by another node's fault restarts the clock).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ def score(
     end_ts: float,
     interval_s: float,
     grace_s: float = 120.0,
+    busy: Mapping[str, list[tuple[float, float]]] | None = None,
 ) -> Scorecard:
     faults: dict[str, Fault] = {}
     for t in truths:
@@ -166,8 +170,16 @@ def score(
             "true": sum(f["id"] in true_ids for f in of_kind),
             "precision": round(sum(f["id"] in true_ids for f in of_kind) / len(of_kind), 4),
         }
+
+    def delay(f: Fault) -> float:
+        assert f.detected_ts is not None
+        if f.category != "straggler" or busy is None:
+            return f.detected_ts - f.onset_ts
+        spans = busy.get(f.node, [])
+        return sum(max(0.0, min(e, f.detected_ts) - max(s, f.onset_ts)) for s, e in spans)
+
     for name, fs in sorted(kinds.items()):
-        delays = np.array([f.detected_ts - f.onset_ts for f in fs if f.detected_ts is not None])
+        delays = np.array([delay(f) for f in fs if f.detected_ts is not None])
         expected = ACCEPTED.get(name, ("?",))[0]
         early = [f for f in fs if f.failure_ts is not None]
         card.per_kind[name] = {
