@@ -193,7 +193,10 @@ def test_job_from_the_finding_counts_too() -> None:
 
 def test_storm_drains_nothing_and_ends() -> None:
     fl = Fleet(fleet_size=100, budget_min_nodes=10, storm_window_s=60, storm_clear_s=120)
-    storm = [finding(f"n{i}", "ib_link", "critical", "ib_port_state:mlx5_0/1", ts=T0 + i, gpu=None) for i in range(6)]
+    storm = [
+        finding(f"n{i}", "ib_link", "critical", "ib_port_state:mlx5_0/1", ts=T0 + i, gpu=None)
+        for i in range(6)
+    ]
     fl.feed(*storm)
     assert fl.step(T0 + 10) == []
     assert fl.last.storm.active and fl.last.storm.nodes == tuple(f"n{i}" for i in range(6))

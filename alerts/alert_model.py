@@ -1,0 +1,175 @@
+"""What fleetwatch tells Alertmanager: alerts built from findings and from drain decisions, and the
+book of alerts a worker holds (active ones are re-sent, ended ones are sent once with endsAt).
+
+Labels are chosen to group well (route `group_by: [alertname, cluster, node]`) and to stay
+bounded: alertname per finding kind (FleetwatchXid, FleetwatchIbLink, ...), cluster, node, kind,
+rule, severity, and gpu / job when the finding has them. A node-level alert has NO gpu label, which
+the shipped inhibition rule relies on. The label set is the fingerprint (Alertmanager's own
+identity of an alert), so the same incident re-sent is one alert; the finding id travels as an
+annotation. Evidence goes in an annotation as compact JSON, cut to a size chat tools accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+EVIDENCE_MAX = 1500
+DEFAULT_RUNBOOK_BASE = "https://github.com/fleetwatch/fleetwatch/blob/main/docs/runbooks.md#"
+
+ALERTNAMES = {
+    "xid": "FleetwatchXid",
+    "ecc": "FleetwatchEcc",
+    "row_remap": "FleetwatchRowRemap",
+    "nvlink": "FleetwatchNvlink",
+    "pcie": "FleetwatchPcie",
+    "thermal": "FleetwatchThermal",
+    "ib_link": "FleetwatchIbLink",
+    "host": "FleetwatchHost",
+    "statistical": "FleetwatchStatistical",
+    "straggler": "FleetwatchStraggler",
+    "lemon": "FleetwatchLemon",
+}
+NODE_DRAINED = "FleetwatchNodeDrained"
+DRAIN_REFUSED = "FleetwatchDrainRefused"
+DRAIN_STORM = "FleetwatchDrainStorm"
+
+
+def fingerprint(labels: Mapping[str, str]) -> str:
+    return orjson.dumps(dict(sorted(labels.items()))).decode()
+
+
+@dataclass(slots=True)
+class AlertRecord:
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float | None = None  # None while active
+    last_sent: float | None = None  # wall time of the last post Alertmanager accepted
+    dirty: bool = True  # changed since last accepted: send at the next flush
+
+    def due(self, now: float, resend_s: float) -> bool:
+        return self.dirty or self.last_sent is None or now - self.last_sent >= resend_s
+
+
+class AlertBuilder:
+    def __init__(self, cluster: str, runbook_base: str = DEFAULT_RUNBOOK_BASE) -> None:
+        self.cluster = cluster
+        self.runbook_base = runbook_base
+
+    def _base(self, alertname: str, node: str | None, severity: str, kind: str) -> dict[str, str]:
+        labels = {"alertname": alertname, "cluster": self.cluster, "severity": severity, "kind": kind}
+        if node is not None:
+            labels["node"] = node
+        return labels
+
+    def from_finding(self, f: Mapping[str, Any], drain: str | None) -> tuple[dict[str, str], dict[str, str]]:
+        labels = self._base(ALERTNAMES[f["kind"]], f["node"], f["severity"], f["kind"])
+        rule = f.get("evidence", {}).get("rule")
+        if rule:
+            labels["rule"] = str(rule)
+        if f.get("gpu") is not None:
+            labels["gpu"] = str(f["gpu"])
+        if f.get("job") is not None:
+            labels["job"] = str(f["job"])
+        evidence = orjson.dumps(f.get("evidence", {})).decode()
+        if len(evidence) > EVIDENCE_MAX:
+            evidence = evidence[: EVIDENCE_MAX - 3] + "..."
+        annotations = {
+            "summary": str(f["summary"]),
+            "evidence": evidence,
+            "runbook_url": self.runbook_base + f["kind"],
+            "finding_id": str(f["id"]),
+            "score": f"{float(f['score']):.3f}",
+            "action": f"drain node ({drain})" if drain else "alert only",
+        }
+        return labels, annotations
+
+    def node_drained(self, node: str, reason: str, findings: list[str], flapping: bool) -> dict[str, Any]:
+        labels = self._base(NODE_DRAINED, node, "warning", "drain")
+        note = (
+            " Flapping: it was resumed recently, so the next resume waits the cooldown." if flapping else ""
+        )
+        annotations = {
+            "summary": f"fleetwatch requested a drain of {node}: {reason}.{note}",
+            "findings": ",".join(findings),
+            "runbook_url": self.runbook_base + "drain",
+        }
+        return {"labels": labels, "annotations": annotations}
+
+    def drain_refused(self, node: str, why: str, detail: str, findings: list[str]) -> dict[str, Any]:
+        # critical: a node that should be out of service is still taking jobs; a human decides.
+        labels = self._base(DRAIN_REFUSED, node, "critical", "drain")
+        labels["reason"] = why
+        annotations = {
+            "summary": f"{node} needs draining but fleetwatch refused ({why}: {detail}); "
+            f"drain by hand if it is broken: scontrol update NodeName={node} State=DRAIN Reason=...",
+            "findings": ",".join(findings),
+            "runbook_url": self.runbook_base + "drain-refused",
+        }
+        return {"labels": labels, "annotations": annotations}
+
+    def storm(self, nodes: tuple[str, ...], threshold: int) -> dict[str, Any]:
+        labels = self._base(DRAIN_STORM, None, "critical", "storm")
+        shown = ", ".join(nodes[:20]) + (f" and {len(nodes) - 20} more" if len(nodes) > 20 else "")
+        annotations = {
+            "summary": f"{len(nodes)} nodes became drain-worthy within the storm window (threshold "
+            f"{threshold}): a shared cause (filesystem, switch, power) is likely; no node is drained "
+            f"while this lasts",
+            "nodes": shown,
+            "runbook_url": self.runbook_base + "storm",
+        }
+        return {"labels": labels, "annotations": annotations}
+
+
+class AlertBook:
+    """Alerts one task owns, by fingerprint; `by_source` maps a finding id (or node-level source such
+    as "drained:<node>") to the fingerprint it currently has, so a label change (severity rise)
+    ends the old alert."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, AlertRecord] = {}
+        self.by_source: dict[str, str] = {}
+
+    def fire(
+        self, source: str, labels: dict[str, str], annotations: dict[str, str], starts_at: float
+    ) -> bool:
+        """Make `source`'s alert active with these labels; True if anything changed."""
+        fp = fingerprint(labels)
+        old = self.by_source.get(source)
+        if old is not None and old != fp:
+            self.end(source, starts_at)
+        rec = self.records.get(fp)
+        if rec is not None and rec.ends_at is None and rec.annotations == annotations:
+            self.by_source[source] = fp
+            return False
+        if rec is not None and rec.ends_at is None:
+            starts_at = rec.starts_at
+        self.records[fp] = AlertRecord(labels, annotations, starts_at)
+        self.by_source[source] = fp
+        return True
+
+    def end(self, source: str, ends_at: float) -> bool:
+        fp = self.by_source.pop(source, None)
+        rec = self.records.get(fp) if fp is not None else None
+        if rec is None or rec.ends_at is not None:
+            return False
+        rec.ends_at = max(ends_at, rec.starts_at)
+        rec.dirty = True
+        return True
+
+    def active_sources(self, prefix: str = "") -> list[str]:
+        return [s for s in self.by_source if s.startswith(prefix)]
+
+    def to_state(self) -> dict[str, Any]:
+        return {"records": {fp: asdict(r) for fp, r in self.records.items()}, "by_source": self.by_source}
+
+    @classmethod
+    def from_state(cls, d: Mapping[str, Any]) -> AlertBook:
+        book = cls()
+        book.records = {fp: AlertRecord(**r) for fp, r in d.get("records", {}).items()}
+        book.by_source = dict(d.get("by_source", {}))
+        return book
