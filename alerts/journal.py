@@ -1,0 +1,99 @@
+"""The Slurm adapter's journal: what it did with each drain request, keyed by request_id (SQLite).
+
+Two phases per request: `begin` records it as `executing` BEFORE scontrol runs and `finish`
+records the outcome after. A restart finds an `executing` row only if it died in between; the
+adapter then checks Slurm's state instead of blindly running the command again. Any other row
+means the request was handled: a duplicate delivery (at-least-once Kafka, a replaying act) is
+skipped. SQLite with synchronous=FULL: a row that `finish` returned for survives a power cut.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    request_id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    action TEXT NOT NULL,
+    status TEXT NOT NULL,        -- executing | executed | rejected | failed
+    detail TEXT NOT NULL DEFAULT '',
+    issued_at REAL,
+    received_at REAL NOT NULL,
+    done_at REAL,
+    source TEXT NOT NULL DEFAULT ''   -- topic:partition:offset it came from
+);
+CREATE INDEX IF NOT EXISTS requests_node ON requests (node, received_at);
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    request_id: str
+    node: str
+    action: str
+    status: str
+    detail: str
+
+
+class Journal:
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path), isolation_level=None)  # autocommit; we commit per row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(SCHEMA)
+
+    def get(self, request_id: str) -> Entry | None:
+        row = self.db.execute(
+            "SELECT request_id, node, action, status, detail FROM requests WHERE request_id = ?",
+            (request_id,),
+        ).fetchone()
+        return Entry(*row) if row else None
+
+    def begin(self, request_id: str, node: str, action: str, issued_at: float | None, source: str) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO requests"
+            " (request_id, node, action, status, issued_at, received_at, source)"
+            " VALUES (?, ?, ?, 'executing', ?, ?, ?)",
+            (request_id, node, action, issued_at, time.time(), source),
+        )
+
+    def finish(self, request_id: str, status: str, detail: str = "") -> None:
+        self.db.execute(
+            "UPDATE requests SET status = ?, detail = ?, done_at = ? WHERE request_id = ?",
+            (status, detail[:500], time.time(), request_id),
+        )
+
+    def record(
+        self,
+        request_id: str,
+        node: str,
+        action: str,
+        status: str,
+        detail: str,
+        issued_at: float | None,
+        source: str,
+    ) -> None:
+        """One-phase record for requests that are refused without touching Slurm."""
+        self.db.execute(
+            "INSERT OR IGNORE INTO requests"
+            " (request_id, node, action, status, detail, issued_at, received_at, done_at, source)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (request_id, node, action, status, detail[:500], issued_at, time.time(), time.time(), source),
+        )
+
+    def entries(self, node: str | None = None) -> list[Entry]:
+        q = "SELECT request_id, node, action, status, detail FROM requests"
+        rows = (
+            self.db.execute(q + " WHERE node = ? ORDER BY received_at", (node,))
+            if node
+            else self.db.execute(q + " ORDER BY received_at")
+        )
+        return [Entry(*r) for r in rows]
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,93 @@
+"""Talking to Slurm through its own CLI: `sinfo` to read nodes, `scontrol update` to drain/resume.
+
+Always argv lists, never a shell: a node name or reason can then never become a command. Node names
+are checked against fleetwatch.schemas.NAME_RE before they get here (drain/1 validation) and
+against the nodes Slurm knows before any update. pyslurm has no release for Slurm 22.05, and the
+CLI is the interface Slurm keeps stable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+TAG = "fleetwatch"  # every reason fleetwatch writes starts with it; resume only lifts those drains
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str  # sinfo %T, e.g. idle, drained, draining, mixed, idle*
+    reason: str  # sinfo %E ("none" when unset)
+
+    @property
+    def drained(self) -> bool:
+        return self.state.rstrip("*~#!%$@^-").startswith(("drain", "drained", "draining"))
+
+
+class SlurmClient:
+    def __init__(
+        self, slurm_conf: str | None = None, timeout_s: float = 30.0, node_cache_s: float = 60.0
+    ) -> None:
+        for tool in ("sinfo", "scontrol"):
+            if shutil.which(tool) is None:
+                raise SlurmError(f"{tool} not found (apt-get install slurm-client)")
+        self.env = dict(os.environ)
+        if slurm_conf:
+            self.env["SLURM_CONF"] = slurm_conf
+        self.timeout_s = timeout_s
+        self.node_cache_s = node_cache_s
+        self._nodes: set[str] = set()
+        self._nodes_at = 0.0
+
+    def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                argv, env=self.env, capture_output=True, text=True, timeout=self.timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{argv[0]} did not answer in {self.timeout_s:.0f} s") from None
+
+    def nodes(self, refresh: bool = False) -> set[str]:
+        """Node names Slurm knows (cached; refreshed when asked or when the cache is old)."""
+        if refresh or not self._nodes or time.monotonic() - self._nodes_at > self.node_cache_s:
+            r = self._run(["sinfo", "-h", "-N", "-o", "%N"])
+            if r.returncode != 0:
+                raise SlurmError(f"sinfo failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+            self._nodes = {line.strip() for line in r.stdout.splitlines() if line.strip()}
+            self._nodes_at = time.monotonic()
+        return self._nodes
+
+    def knows(self, node: str) -> bool:
+        return node in self.nodes() or node in self.nodes(refresh=True)
+
+    def node(self, node: str) -> NodeInfo:
+        r = self._run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"])
+        if r.returncode != 0 or not r.stdout.strip():
+            raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+        state, _, reason = r.stdout.splitlines()[0].partition("|")
+        return NodeInfo(node, state.strip(), reason.strip())
+
+    def update(self, node: str, state: str, reason: str | None = None) -> None:
+        argv = ["scontrol", "update", f"NodeName={node}", f"State={state}"]
+        if reason is not None:
+            argv.append(f"Reason={reason}")  # one argv element: spaces are fine, no quoting needed
+        r = self._run(argv)
+        if r.returncode != 0:
+            raise SlurmError(f"scontrol update {node} State={state} failed: {r.stderr.strip()[:300]}")
+
+    def drain(self, node: str, reason: str) -> None:
+        self.update(node, "DRAIN", reason)
+
+    def resume(self, node: str) -> None:
+        self.update(node, "RESUME")

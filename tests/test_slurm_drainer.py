@@ -1,0 +1,191 @@
+"""The Slurm adapter (alerts/slurm_drainer.py) against a real slurmctld + slurmd + munge
+(services/slurm/slurm.sh): drains and resumes, refuses unknown nodes, unsigned, forged and tampered
+requests, never repeats a request, never overrules a human, and survives a crash mid-request."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from alerts import drain_request as dr
+from alerts.journal import Journal
+from alerts.slurm import SlurmClient
+from alerts.slurm_drainer import Drainer
+from fleetwatch import kafka_io, schemas, topics
+from tests.conftest import REPO, TopicTail
+from tests.test_alerting_services import Slurm, slurm  # noqa: F401
+
+KEY = b"test-drain-key-0123456789abcdef"
+
+
+def req(
+    node: str, action: str = "drain", findings: tuple[str, ...] | None = None, key: bytes = KEY
+) -> dict[str, Any]:
+    return dr.make_request(
+        node=node,
+        action=action,
+        reason="fleetwatch: XID 79",
+        severity="critical",
+        findings=findings or (uuid.uuid4().hex,),
+        issued_at=1_800_000_000.0,
+        key=key,
+    )
+
+
+def raw(msg: dict[str, Any]) -> bytes:
+    return orjson.dumps(msg)
+
+
+@pytest.fixture
+def drainer(slurm: Slurm, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Drainer]:  # noqa: F811
+    producer = kafka_io.make_producer(kafka_bootstrap)
+    d = Drainer(SlurmClient(slurm.conf), Journal(tmp_path / "journal.sqlite"), KEY, producer)
+    yield d
+    producer.flush(10)
+    producer.close(5)
+    d.journal.close()
+
+
+def test_drain_and_resume_a_real_node(drainer: Drainer, slurm: Slurm) -> None:  # noqa: F811
+    slurm.reset("gpu-node-03")
+    drain = req("gpu-node-03")
+    assert drainer.handle(raw(drain), "t:0:1") == "executed"
+    state, reason = slurm.state("gpu-node-03")
+    assert state.startswith("drain") and reason == f"fleetwatch: XID 79 [fw:{drain['request_id'][:12]}]"
+    resume = req("gpu-node-03", "resume", tuple(drain["findings"]))
+    assert drainer.handle(raw(resume), "t:0:2") == "executed"
+    state, reason = slurm.state("gpu-node-03")
+    assert state.rstrip("*") == "idle" and reason == "none"
+    # The old drain delivered again (Kafka at-least-once, a replaying act) must not drain it again.
+    assert drainer.handle(raw(drain), "t:0:1") == "duplicate"
+    assert slurm.state("gpu-node-03")[0].startswith("idle")
+    assert [(e.action, e.status) for e in drainer.journal.entries("gpu-node-03")] == [
+        ("drain", "executed"),
+        ("resume", "executed"),
+    ]
+
+
+def test_refuses_unknown_unsigned_forged_and_tampered_requests(
+    drainer: Drainer,
+    slurm: Slurm,  # noqa: F811
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    slurm.reset("gpu-node-02")
+    dead = topic_tail(topics.DEADLETTER)
+    good = req("gpu-node-02")
+    unsigned = {k: v for k, v in good.items() if k != "signature"}
+    forged = req("gpu-node-02", key=b"attacker-key-attacker-key-123456")
+    tampered = {**req("gpu-node-01"), "node": "gpu-node-02"}
+    cases = [
+        (raw(req("gpu-node-99")), "unknown_node"),
+        (raw(unsigned), "malformed"),
+        (raw(forged), "forged"),
+        (raw(tampered), "forged"),
+        (b"\xff not json", "malformed"),
+    ]
+    for i, (value, outcome) in enumerate(cases):
+        assert drainer.handle(value, f"t:0:{i}") == outcome
+    drainer.producer.flush(10)
+    assert slurm.state("gpu-node-02")[0].startswith("idle")  # nothing reached scontrol
+    got = dead.collect(lambda rs: len(rs) >= len(cases))
+    reasons = sorted(dict(r.headers)["reason"].decode() for r in got)
+    assert reasons == sorted(o for _, o in cases)
+    assert {r.value for r in got} == {v for v, _ in cases}  # original bytes, untouched
+
+
+def test_never_overrules_a_human_drain(drainer: Drainer, slurm: Slurm) -> None:  # noqa: F811
+    subprocess.run(
+        ["scontrol", "update", "NodeName=gpu-node-04", "State=DRAIN", "Reason=admin: bad fan"],
+        env=slurm.env,
+        check=True,
+    )
+    try:
+        assert drainer.handle(raw(req("gpu-node-04", "resume")), "t:0:1") == "not_ours"
+        assert drainer.handle(raw(req("gpu-node-04", "drain")), "t:0:2") == "not_ours"
+        state, reason = slurm.state("gpu-node-04")
+        assert state.startswith("drain") and reason == "admin: bad fan"
+    finally:
+        slurm.reset("gpu-node-04")
+
+
+def test_crash_between_journal_and_scontrol_is_recovered_without_repeating(
+    drainer: Drainer,
+    slurm: Slurm,  # noqa: F811
+) -> None:
+    slurm.reset("gpu-node-01")
+    drain = req("gpu-node-01")
+    tag = f"[fw:{drain['request_id'][:12]}]"
+    # What a drainer that died right after scontrol (before journaling the outcome) leaves behind:
+    drainer.journal.begin(drain["request_id"], "gpu-node-01", "drain", drain["issued_at"], "t:0:1")
+    drainer.slurm.drain("gpu-node-01", f"fleetwatch: XID 79 {tag}")
+    assert drainer.handle(raw(drain), "t:0:1") == "executed"
+    e = drainer.journal.get(drain["request_id"])
+    assert e is not None and e.status == "executed" and e.detail == "found done after a restart"
+    # ... and one that died before scontrol ran: the restart executes it.
+    slurm.reset("gpu-node-01")
+    other = req("gpu-node-01")
+    drainer.journal.begin(other["request_id"], "gpu-node-01", "drain", other["issued_at"], "t:0:2")
+    assert drainer.handle(raw(other), "t:0:2") == "executed"
+    assert drainer.journal.get(other["request_id"]).detail == ""  # type: ignore[union-attr]
+    assert slurm.state("gpu-node-01")[1].endswith(f"[fw:{other['request_id'][:12]}]")
+    slurm.reset("gpu-node-01")
+
+
+def test_cli_consumes_the_topic_and_commits(
+    kafka_bootstrap: str,
+    slurm: Slurm,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    slurm.reset("gpu-node-02")
+    topic = f"test.drain.{uuid.uuid4().hex[:8]}"
+    kafka_io.ensure_topics(kafka_bootstrap, [topic])
+    producer = kafka_io.make_producer(kafka_bootstrap)
+    drain = req("gpu-node-02")
+    for m in (drain, drain, {**req("gpu-node-03"), "signature": "0" * 64}):
+        producer.send(topic, key=m["node"].encode(), value=schemas.encode(m))
+    producer.flush(10)
+    producer.close(5)
+    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
+    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap]
+    argv += [
+        "--drain-topic",
+        topic,
+        "--group",
+        f"g-{topic}",
+        "--state-dir",
+        str(tmp_path),
+        "--idle-exit",
+        "2",
+    ]
+    for _ in range(2):  # the second run finds everything committed and does nothing
+        r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+    try:
+        assert slurm.state("gpu-node-02")[0].startswith("drain")
+        assert slurm.state("gpu-node-03")[0].startswith("idle")
+        j = Journal(tmp_path / "journal.sqlite")
+        assert [(e.node, e.status) for e in j.entries()] == [("gpu-node-02", "executed")]
+        j.close()
+    finally:
+        slurm.reset("gpu-node-02")
+
+
+def test_cli_without_a_key_fails_with_one_line(kafka_bootstrap: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "FLEETWATCH_DRAIN_KEY"}
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("fleetwatch slurm-drainer: no drain signing key")
