@@ -14,7 +14,6 @@ from pipeline.evaluate import evaluate
 from pipeline.scorecard import Scorecard
 from tests.conftest import REPO
 
-
 Card = tuple[Scorecard, dict[str, Any]]
 
 
