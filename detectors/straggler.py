@@ -9,9 +9,10 @@ window median with the median of its PEERS (the job's other nodes: leave-one-out
   the time it waited for peers (`wait_time_s`): ranks that wait for a straggler look slow in
   wall time, and blaming them is the classic mistake (DESIGN.md; NVIDIA's straggler tool
   likewise excludes NCCL kernels).
-- `sm_clock_mhz` of the per-node features (lower is worse): a throttled node is slow even when
-  the job emits no step times. Utilisation is NOT used: a straggler's GPUs are the busy ones
-  while its peers idle in collectives, so low utilisation points at the victims.
+- `sm_clock_mhz` of the per-node features (lower is worse), from samples whose GPUs are busy
+  (util >= busy_util_pct): a throttled node is slow even when the job emits no step times.
+  Utilisation itself is NOT compared: a straggler's GPUs are the busy ones while its peers
+  idle in collectives, so low utilisation points at the victims.
 
 slowdown = node_median / peer_median - 1 (or the inverse for lower-is-worse). Peers alone
 cannot see a node that slows down beside a peer that was already slow (two stragglers in a
@@ -48,6 +49,9 @@ class StragglerConfig:
     critical_after_s: float = 300.0
     clear_after_s: float = 60.0
     eval_every_s: float = 5.0  # judge on a fixed event-time grid, so batch boundaries do not matter
+    # SM clocks are compared only while the GPUs are busy: during startup, checkpoints or a wait
+    # for peers the clock idles down, which says nothing about the node's speed.
+    busy_util_pct: float = 80.0
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,13 @@ class StragglerDetector:
         return self._process(STEP_TIME, [(m["job"], m["node"], m["step_time_s"], m["ts"]) for m in msgs])
 
     def process_features(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        rows = [(m["job"], m["node"], m.get("sm_clock_mhz"), m["ts"]) for m in msgs]
-        return self._process(SM_CLOCK, [r for r in rows if r[2] is not None])
+        busy = self.cfg.busy_util_pct
+        rows = [
+            (m["job"], m["node"], m["sm_clock_mhz"], m["ts"])
+            for m in msgs
+            if m.get("sm_clock_mhz") is not None and m.get("util", 0.0) >= busy
+        ]
+        return self._process(SM_CLOCK, rows)
 
     def job_ended(self, job: str, ts: float) -> list[dict[str, Any]]:
         """Resolve the job's open straggler findings and forget its windows."""

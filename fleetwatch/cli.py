@@ -115,13 +115,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--drain-budget", type=_nonneg_float, default=0.02, help="max fraction of the fleet drained"
     )
+    p.add_argument(
+        "--budget-min-nodes",
+        type=int,
+        default=0,
+        help="budget floor in nodes (default 0: the fraction is strict)",
+    )
+    p.add_argument(
+        "--fleet-size",
+        type=_positive_int,
+        default=None,
+        help="nodes in the fleet (default: distinct nodes in fleet.jobs.v1 and in findings)",
+    )
     p.add_argument("--cluster", default="default", help="cluster label on alerts")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--resend-interval", type=_positive_float, default=60.0, help="seconds between re-sends")
+    p.add_argument(
+        "--resume-after",
+        type=_nonneg_float,
+        default=900.0,
+        help="healthy seconds before a drained node resumes",
+    )
+    p.add_argument(
+        "--cooldown", type=_nonneg_float, default=3600.0, help="re-drain within this many seconds = flapping"
+    )
+    p.add_argument("--no-auto-resume", action="store_true", help="never request resumes")
+    p.add_argument("--storm-window", type=_positive_float, default=60.0, help="storm window, seconds")
+    p.add_argument("--storm-nodes", type=_positive_int, default=5, help="nodes in a window that make a storm")
+    p.add_argument(
+        "--storm-fraction", type=_nonneg_float, default=0.05, help="fraction of the fleet that makes a storm"
+    )
+    p.add_argument("--storm-min-nodes", type=_positive_int, default=3, help="never a storm below this")
+    p.add_argument("--storm-clear", type=_nonneg_float, default=120.0, help="quiet seconds that end a storm")
+    p.add_argument("--settle", type=_nonneg_float, default=0.0, help="seconds to wait after an onset")
+    p.add_argument(
+        "--runbook-base",
+        default="https://github.com/fleetwatch/fleetwatch/blob/main/docs/runbooks.md#",
+        help="runbook_url prefix; the finding kind is appended",
+    )
+    p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
+    p.add_argument("--group", default="fleetwatch-act", help="consumer group")
+    p.add_argument("--findings-topic", default="fleet.findings.v1", help="input topic")
+    p.add_argument("--drain-topic", default="scheduler.drain.v1", help="drain request topic")
+    p.add_argument("--snapshot-every", type=_positive_float, default=5.0, help="state snapshot period, s")
+    p.add_argument(
+        "--instance-id",
+        default=None,
+        help="static group membership id: a restart with the same id takes its partitions back at once",
+    )
+    p.add_argument(
+        "--session-timeout", type=_positive_float, default=10.0, help="group session timeout, seconds"
+    )
+    p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
     p.set_defaults(handler="alerts.act:run")
 
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
     _add_bootstrap(p)
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
+    p.add_argument(
+        "--state-dir", default=None, help="journal directory (default: $FLEETWATCH_HOME/slurm-drainer)"
+    )
+    p.add_argument("--slurm-conf", default=None, help="slurm.conf for sinfo/scontrol (default: $SLURM_CONF)")
+    p.add_argument("--group", default="fleetwatch-slurm", help="consumer group")
+    p.add_argument("--drain-topic", default="scheduler.drain.v1", help="drain request topic")
+    p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
     p.set_defaults(handler="alerts.slurm_drainer:run")
     # --- end of the action layer's blocks
 

@@ -66,12 +66,12 @@ def run(args: argparse.Namespace) -> int:
     follower.caught_up.wait(30)  # node features need job membership; do not start blind
     worker = Worker(
         args.bootstrap,
-        topics.DETECT_GROUP,
+        args.group,
         stages(jobs, None if args.no_skew_check else MAX_SKEW_S),
         snapshot_every_s=args.snapshot_every,
         client_id=f"detect-{socket.gethostname()}",
     )
-    log.info("detector worker up (group %s)", topics.DETECT_GROUP)
+    log.info("detector worker up (group %s)", args.group)
     stop = StopFlag()
     try:
         worker.run(stop, idle_exit_s=args.idle_exit)

@@ -52,7 +52,9 @@ class Worker(ConsumerRebalanceListener):
         max_poll_records: int = 2000,
         client_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        start_at: str = "earliest",
     ) -> None:
+        """start_at: where a group with no committed offset begins ("earliest" or "latest")."""
         self.bootstrap = bootstrap
         self.group = group
         self.stages = {s.name: s for s in stages}
@@ -74,10 +76,15 @@ class Worker(ConsumerRebalanceListener):
             max_poll_records=max_poll_records,
             fetch_max_bytes=64 << 20,
             max_partition_fetch_bytes=8 << 20,
+            auto_offset_reset=start_at,
         )
         self.consumer.subscribe(sorted(self.topic_stage), listener=self)
 
     # ------------------------------------------------------------ rebalance
+
+    def _state_name(self, stage: str) -> str:
+        # State belongs to a consumer group: two pipelines on one cluster must not share it.
+        return f"{self.group}/{stage}"
 
     def _state_consumer(self) -> Any:
         return kafka_io.make_consumer(self.bootstrap, enable_auto_commit=False)
@@ -91,7 +98,7 @@ class Worker(ConsumerRebalanceListener):
                 self.tasks[key] = self._parked.pop(key)
                 continue
             if key not in self.tasks:
-                snap = read_snapshot(self._state_consumer, stage.name, tp.partition)
+                snap = read_snapshot(self._state_consumer, self._state_name(stage.name), tp.partition)
                 if snap is None:
                     self.tasks[key] = stage.new_task(tp.partition)
                     self._snap_offsets[key] = {}
@@ -186,7 +193,7 @@ class Worker(ConsumerRebalanceListener):
                 off = self.offsets.get(TopicPartition(topic, key[1]))
                 if off is not None:
                     offsets[topic] = off
-            write_snapshot(self.producer, key[0], key[1], offsets, task.to_bytes())
+            write_snapshot(self.producer, self._state_name(key[0]), key[1], offsets, task.to_bytes())
             self._snap_offsets[key] = offsets
             SNAPSHOTS.labels(self.group, key[0]).inc()
 

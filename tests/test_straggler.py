@@ -119,7 +119,9 @@ def test_sm_clock_throttled_node_from_features() -> None:
     for s in range(100):
         for i in range(8):
             clock = 1980.0 * (0.85 if i == 3 and s > 20 else 1.0) + np.sin(s + i) * 5
-            msgs.append({"job": "job-9", "node": f"node-{i:02d}", "ts": T0 + s, "sm_clock_mhz": clock})
+            msgs.append(
+                {"job": "job-9", "node": f"node-{i:02d}", "ts": T0 + s, "sm_clock_mhz": clock, "util": 97.0}
+            )
     findings = det.process_features(msgs)
     assert {f["node"] for f in findings} == {"node-03"}
     assert findings[0]["evidence"]["signal"] == "sm_clock_mhz"
@@ -161,3 +163,17 @@ def test_job_wide_slowdown_blames_nobody() -> None:
         m["ts"] += shift
     det = StragglerDetector()
     assert det.process_steps(early) + det.process_steps(late) == []
+
+
+def test_idle_clocks_are_not_compared() -> None:
+    """Startup and checkpoints idle the clocks of some nodes before others: not a straggler."""
+    det = StragglerDetector()
+    msgs = []
+    for s in range(120):
+        for i in range(4):
+            idle = (i == 2 and s % 40 < 25) or s < 10 * (i + 1)
+            clock, util = (345.0, 5.0) if idle else (1980.0, 97.0)
+            msgs.append(
+                {"job": "job-3", "node": f"node-{i:02d}", "ts": T0 + s, "sm_clock_mhz": clock, "util": util}
+            )
+    assert det.process_features(msgs) == []
