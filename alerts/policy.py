@@ -300,6 +300,28 @@ class Policy:
         return ev
 
     @staticmethod
+    def adopt(st: NodeState, action: str, findings: Iterable[str], reason: str, issued_at: float) -> bool:
+        """Make `st` agree with a request already issued for its node (see alerts/drain_log.py).
+
+        The issued request is the truth about whether the node is drained: a replay after a crash
+        must continue from it, not decide afresh. True if the state changed.
+        """
+        ids = sorted(findings)
+        if action == "drain":
+            if st.drained and sorted(st.drain_findings) == ids:
+                return False
+            st.drained, st.drained_at, st.drain_findings = True, issued_at, ids
+            st.drain_reason = reason.removeprefix("fleetwatch: ")
+            st.refused, st.refused_detail = None, ""
+            if st.healthy_since is None and not st.blocking():
+                st.healthy_since = issued_at  # no finding left to wait for: the resume clock runs
+            return True
+        if not st.drained:
+            return False
+        st.drained, st.last_resume_at = False, issued_at
+        return True
+
+    @staticmethod
     def _refuse(ev: Evaluation, node: str, st: NodeState, why: str, detail: str) -> None:
         if st.refused != why:
             ev.newly_refused.append((node, why))

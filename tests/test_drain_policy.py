@@ -284,3 +284,21 @@ def test_state_round_trips_and_prune_forgets_quiet_nodes() -> None:
     fl.feed(resolve(finding("n2", "thermal", "warning", "thermal_throttle"), T0 + 1))
     fl.policy.prune(fl.nodes, T0 + 10_000)
     assert set(fl.nodes) == {"n1"}  # n1 is drained: kept
+
+
+def test_adopting_issued_requests_makes_a_replay_continue_from_them() -> None:
+    fl = Fleet(fleet_size=100, resume_after_s=60)  # budget 2
+    a, b = finding("n1", ts=T0), finding("n2", ts=T0 + 1)
+    fl.feed(a, b)
+    # Before the crash n2 and n3 were drained (the replay lacks n3's finding so far):
+    fl.nodes.setdefault("n3", NodeState())
+    assert fl.policy.adopt(fl.nodes["n2"], "drain", [b["id"]], "fleetwatch: XID 79", T0 + 1)
+    assert fl.policy.adopt(fl.nodes["n3"], "drain", ["f3"], "fleetwatch: GPU lost", T0 + 2)
+    assert not fl.policy.adopt(fl.nodes["n2"], "drain", [b["id"]], "fleetwatch: XID 79", T0 + 1)
+    assert fl.step(T0 + 10) == []  # n1 is refused: the budget is already spent on n2 and n3
+    assert fl.nodes["n1"].refused == "budget" and fl.nodes["n3"].drain_reason == "GPU lost"
+    # n3 has no open finding: its resume clock started at the drain, so it is resumed in time.
+    assert fl.step(T0 + 63) == [("resume", "n3"), ("drain", "n1")]
+    assert fl.last.actions[0].findings == ("f3",)  # the same resume request as before the crash
+    assert fl.policy.adopt(fl.nodes["n1"], "resume", [a["id"]], "healthy", T0 + 70)
+    assert not fl.nodes["n1"].drained and fl.nodes["n1"].last_resume_at == T0 + 70

@@ -1,0 +1,234 @@
+"""`fleetwatch act`: consumer group fleetwatch-act on fleet.findings.v1 -> Alertmanager + drain/1.
+
+At-least-once: the Worker produces and flushes the drain requests a batch caused before it commits
+the batch; alerts are held in the tasks' state (snapshotted to fleet.state.v1) until Alertmanager
+accepts them, and a restarted worker restores the snapshot and replays the findings since, so an
+alert is never lost, and a replayed drain request has the same request_id (the adapter runs it
+once). A fresh partition is snapshotted at once at its starting offset (ActWorker below): without
+that, a crash between the first commit and the first snapshot would restart past findings whose
+state was never saved.
+
+See alerts/actor.py for how the budget is shared when several members run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kafka import TopicPartition
+from kafka.partitioner.default import murmur2
+from prometheus_client import start_http_server
+
+import detectors.findings  # also registers the finding/1 validator with fleetwatch.schemas
+from alerts import drain_request
+from alerts.actor import Actor, ActTask, FleetJobTable
+from alerts.alert_model import AlertBuilder
+from alerts.alertmanager import AlertmanagerClient, Dispatcher
+from alerts.drain_log import latest_requests
+from alerts.policy import Policy, PolicyConfig
+from fleetwatch import kafka_io, schemas
+from fleetwatch.runtime import StopFlag
+from pipeline.job_table import JobTableFollower
+from pipeline.tasks import Stage
+from pipeline.worker import Worker
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0
+
+
+class ActWorker(Worker):
+    """Worker that snapshots a partition's fresh task at its start offset before processing it.
+
+    A fresh partition (no snapshot yet) is paused in the rebalance callback, where blocking calls
+    are not allowed; the next step() looks its position up, writes the empty snapshot there, and
+    resumes it. From then on a restart always seeks to a snapshot, never to a later commit.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        stages: Sequence[Stage],
+        *,
+        instance_id: str | None,
+        session_timeout_s: float,
+        on_poll: Callable[[set[int]], None] = lambda _p: None,
+        **kwargs: Any,
+    ) -> None:
+        self._fresh: list[TopicPartition] = []
+        super().__init__(bootstrap, group, stages, **kwargs)
+        # Static membership: a restarted act with the same instance id takes its partitions back at
+        # once, instead of waiting out the dead member's session (45 s by default). The Worker
+        # builds its consumer without these settings, so it is rebuilt here before its first poll
+        # (nothing has been fetched or joined yet). Same fetch settings as pipeline/worker.py.
+        self.consumer.close()
+        self.consumer = kafka_io.make_consumer(
+            bootstrap,
+            group_id=group,
+            client_id=kwargs.get("client_id") or f"{group}-worker",
+            max_poll_records=kwargs.get("max_poll_records", 2000),
+            fetch_max_bytes=64 << 20,
+            max_partition_fetch_bytes=8 << 20,
+            group_instance_id=instance_id,
+            session_timeout_ms=int(session_timeout_s * 1000),
+            heartbeat_interval_ms=max(500, int(session_timeout_s * 1000 / 4)),
+        )
+        self.consumer.subscribe(sorted(self.topic_stage), listener=self)
+        self._on_poll = on_poll
+        self._consumer_poll = self.consumer.poll
+        self.consumer.poll = self._poll  # type: ignore[method-assign]
+
+    def _poll(self, *args: Any, **kwargs: Any) -> Any:
+        """The consumer's poll, telling the actor which partitions the batch holds (see ActTask)."""
+        polled = self._consumer_poll(*args, **kwargs)
+        self._on_poll({tp.partition for tp in polled})
+        return polled
+
+    def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        super().on_partitions_assigned(assigned)
+        for tp in assigned:
+            key = (self.topic_stage[tp.topic].name, tp.partition)
+            if key in self.tasks and not self._snap_offsets.get(key):
+                self._fresh.append(tp)
+        if self._fresh:
+            self.consumer.pause(*self._fresh)
+
+    def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        self._fresh = [tp for tp in self._fresh if tp not in set(revoked)]
+        super().on_partitions_revoked(revoked)
+
+    def step(self, timeout_ms: int = 200) -> int:
+        handled = super().step(timeout_ms)
+        fresh, self._fresh = self._fresh, []
+        keys = set()
+        for tp in fresh:
+            key = (self.topic_stage[tp.topic].name, tp.partition)
+            if key in self.tasks:
+                self._snap_offsets[key] = {tp.topic: self.consumer.position(tp)}
+                keys.add(key)
+        if keys:
+            self._snapshot(keys)
+            self.producer.flush(timeout=30)
+        if fresh:
+            self.consumer.resume(*fresh)
+        return handled
+
+
+def policy_config(args: argparse.Namespace) -> PolicyConfig:
+    return PolicyConfig(
+        drain_budget=args.drain_budget,
+        budget_min_nodes=args.budget_min_nodes,
+        resume_after_s=args.resume_after,
+        cooldown_s=args.cooldown,
+        auto_resume=not args.no_auto_resume,
+        storm_window_s=args.storm_window,
+        storm_nodes=args.storm_nodes,
+        storm_fraction=args.storm_fraction,
+        storm_min_nodes=args.storm_min_nodes,
+        storm_clear_s=args.storm_clear,
+        settle_s=args.settle,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    key = drain_request.load_key(args.drain_key_file)  # fail fast, before touching Kafka
+    kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
+    kafka_io.ensure_topics(args.bootstrap)
+    kafka_io.ensure_topics(args.bootstrap, [args.findings_topic, args.drain_topic])
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+
+    jobs = FleetJobTable()
+    follower = JobTableFollower(jobs, lambda: kafka_io.make_consumer(args.bootstrap))
+    follower.start()
+    follower.caught_up.wait(30)  # the one-node-per-job rule needs membership: do not start blind
+
+    worker: ActWorker | None = None
+
+    def owned() -> dict[tuple[str, int], ActTask]:
+        return {} if worker is None else worker.tasks  # type: ignore[return-value]
+
+    def share() -> float:
+        if worker is None:
+            return 1.0
+        total = len(worker.consumer.partitions_for_topic(args.findings_topic) or ()) or 1
+        return min(1.0, len(worker.tasks) / total)
+
+    def task_for_node(node: str) -> ActTask | None:
+        if worker is None:
+            return None
+        n = len(worker.consumer.partitions_for_topic(args.findings_topic) or ())
+        if not n:
+            return None
+        p = (murmur2(node.encode()) & 0x7FFFFFFF) % n  # the producers' default partitioner
+        return worker.tasks.get((stage.name, p))  # type: ignore[return-value]
+
+    def issued() -> dict[str, dict[str, Any]]:
+        return latest_requests(lambda: kafka_io.make_consumer(args.bootstrap), args.drain_topic, key)
+
+    dispatcher = Dispatcher(AlertmanagerClient(args.alertmanager), resend_s=args.resend_interval)
+    actor = Actor(
+        policy=Policy(policy_config(args)),
+        builder=AlertBuilder(args.cluster, args.runbook_base),
+        dispatcher=dispatcher,
+        jobs=jobs,
+        key=key,
+        drain_topic=args.drain_topic,
+        tasks=owned,
+        share=share,
+        fleet_size=args.fleet_size,
+        clock=time.time,
+        issued=issued,
+        task_for_node=task_for_node,
+    )
+    stage = Stage(
+        name=f"act-{args.group}",  # the group in the name keeps two deployments' snapshots apart
+        inputs=(args.findings_topic,),
+        schemas={args.findings_topic: detectors.findings.FINDING},
+        new_task=lambda p: ActTask(actor, p),
+        load_task=lambda p, raw: ActTask.from_bytes(actor, p, raw),
+    )
+    worker = ActWorker(
+        args.bootstrap,
+        args.group,
+        [stage],
+        snapshot_every_s=args.snapshot_every,
+        client_id=f"act-{socket.gethostname()}",
+        instance_id=args.instance_id or None,
+        session_timeout_s=args.session_timeout,
+        on_poll=actor.begin_batch,
+    )
+    log.info(
+        "act up (group %s, %s -> %s and %s)",
+        args.group,
+        args.findings_topic,
+        args.alertmanager,
+        args.drain_topic,
+    )
+    stop = StopFlag()
+    last_tick = 0.0
+    idle_since = time.monotonic()
+    try:
+        while not stop:
+            if worker.step():
+                idle_since = time.monotonic()
+            if time.monotonic() - last_tick >= TICK_S and worker.tasks:
+                last_tick = time.monotonic()
+                for topic, k, msg in actor.tick():
+                    worker.producer.send(topic, key=k.encode() if k else None, value=schemas.encode(msg))
+                worker.producer.flush(timeout=60)
+            if args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
+                break
+    finally:
+        # Deliver what is buffered first, so the closing snapshot records it as delivered; whatever
+        # Alertmanager does not take now is in that snapshot and is re-sent after a restart.
+        dispatcher.flush([t.book for t in actor.tasks().values()] + [actor.global_book], force=True)
+        worker.close()
+        follower.stop()
+    return 0

@@ -1,0 +1,235 @@
+"""`fleetwatch act` as a process, on the real Kafka, Alertmanager and Slurm: killed mid-stream and
+restarted it loses no alert and executes no drain twice; a flood stays within the drain budget; a
+storm drains nothing and raises one alert."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import alerts.drain_request  # noqa: F401  (registers drain/1 for TopicTail.messages)
+from alerts.journal import Journal
+from fleetwatch import kafka_io, schemas
+from tests.conftest import REPO, TopicTail
+from tests.test_alerting_services import SLURM_NODES, Alertmanager, Slurm, alertmanager, cluster, slurm  # noqa: F401
+from tests.test_drain_policy import finding, resolve
+
+KEY = "test-drain-key-0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ActRig:
+    """Private topics and group for one test, and the act / slurm-drainer processes on them."""
+
+    def __init__(self, bootstrap: str, am: Alertmanager, cluster: str, tmp: Path) -> None:  # noqa: F811
+        tag = uuid.uuid4().hex[:8]
+        self.bootstrap, self.am, self.cluster, self.tmp = bootstrap, am, cluster, tmp
+        self.findings, self.drains = f"test.act.{tag}.findings", f"test.act.{tag}.drain"
+        self.group = f"act-{tag}"
+        kafka_io.ensure_topics(bootstrap, [self.findings, self.drains])
+        self.producer = kafka_io.make_producer(bootstrap)
+        self.env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def send(self, *fs: dict[str, Any]) -> None:
+        for f in fs:
+            self.producer.send(self.findings, key=f["node"].encode(), value=schemas.encode(f))
+        self.producer.flush(10)
+
+    def act(self, *extra: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "fleetwatch.cli", "act", "--bootstrap", self.bootstrap]
+        argv += ["--alertmanager", self.am.url, "--cluster", self.cluster, "--group", self.group]
+        argv += ["--findings-topic", self.findings, "--drain-topic", self.drains, "--resend-interval", "2"]
+        argv += ["--instance-id", f"{self.group}-0"]  # static membership: a restart rejoins at once
+        log = open(self.tmp / f"act-{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed with the process)
+        p = subprocess.Popen([*argv, *extra], env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def drainer(self, slurm_conf: str) -> None:
+        argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", self.bootstrap]
+        argv += ["--drain-topic", self.drains, "--group", f"slurm-{self.group}", "--state-dir", str(self.tmp)]
+        r = subprocess.run(
+            [*argv, "--slurm-conf", slurm_conf, "--idle-exit", "2"],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("act-*.log")))
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        self.producer.close(5)
+
+
+@pytest.fixture
+def rig(
+    kafka_bootstrap: str,
+    alertmanager: Alertmanager,  # noqa: F811
+    cluster: str,  # noqa: F811
+    tmp_path: Path,
+) -> Iterator[ActRig]:
+    r = ActRig(kafka_bootstrap, alertmanager, cluster, tmp_path)
+    yield r
+    r.close()
+
+
+def labels_of(alerts: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (a["labels"]["alertname"], a["labels"].get("node", ""), a["labels"].get("gpu", "")) for a in alerts
+    }
+
+
+def warn(node: str, ts: float) -> dict[str, Any]:
+    return finding(node, "thermal", "warning", "thermal_throttle", ts=ts, gpu=1)
+
+
+def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
+    rig: ActRig,
+    slurm: Slurm,  # noqa: F811
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    slurm.reset(*SLURM_NODES)
+    drains = topic_tail(rig.drains)
+    now = time.time()
+    xid = finding("gpu-node-01", ts=now - 30)
+    warns_a = [warn(f"rel-a{i}", now - 30 + i) for i in range(10)]
+    rig.send(xid, *warns_a, *(resolve(w, now - 10) for w in warns_a[:3]))
+    # Snapshots only at the start: the restart has to replay everything, duplicates included.
+    act = rig.act("--fleet-size", "100", "--snapshot-every", "600", "--resume-after", "3600")
+    got = drains.collect(lambda rs: len(rs) >= 1, timeout_s=30)
+    assert [r.key for r in got] == [b"gpu-node-01"], rig.logs()
+    rig.drainer(slurm.conf)  # executes it now, so a replayed duplicate must be recognised later
+    assert slurm.state("gpu-node-01")[0].startswith("drain")
+    act.send_signal(signal.SIGKILL)
+    act.wait(10)
+
+    dbe = finding("gpu-node-02", "ecc", "critical", "ecc_dbe", ts=now - 5)
+    ib = finding("gpu-node-03", "ib_link", "critical", "ib_port_state:mlx5_0/1", ts=now - 1, gpu=None)
+    warns_b = [warn(f"rel-b{i}", now - 5 + i * 0.1) for i in range(10)]
+    rig.send(dbe, ib, *warns_b, *(resolve(w, now - 2) for w in warns_a[3:6]))  # arrives while act is dead
+    act = rig.act("--fleet-size", "100", "--snapshot-every", "1", "--resume-after", "3600")
+
+    open_warns = warns_a[6:] + warns_b
+    expected = {("FleetwatchThermal", w["node"], "1") for w in open_warns} | {
+        ("FleetwatchXid", "gpu-node-01", "0"),
+        ("FleetwatchEcc", "gpu-node-02", "0"),
+        ("FleetwatchIbLink", "gpu-node-03", ""),
+        ("FleetwatchNodeDrained", "gpu-node-01", ""),
+        ("FleetwatchNodeDrained", "gpu-node-02", ""),
+        ("FleetwatchDrainRefused", "gpu-node-03", ""),  # 2% of 100 nodes: two drains at most
+    }
+    alerts = rig.am.wait_for(lambda a: labels_of(a) == expected, timeout_s=30, cluster=rig.cluster)
+    assert labels_of(alerts) == expected, rig.logs()
+    refused = next(a for a in alerts if a["labels"]["alertname"] == "FleetwatchDrainRefused")
+    assert refused["labels"]["reason"] == "budget" and refused["labels"]["severity"] == "critical"
+
+    got += drains.collect(lambda rs: {r.key for r in rs} >= {b"gpu-node-02"}, timeout_s=20)
+    reqs = drains.messages(got)
+    assert {m["node"] for m in reqs} == {"gpu-node-01", "gpu-node-02"}
+    # The replay saw gpu-node-01's finding again, but adopted the request already on the drain
+    # topic instead of deciding afresh (which could drain another node in its place).
+    assert sum(m["node"] == "gpu-node-01" for m in reqs) == 1
+    assert "adopted 1 drain/resume requests" in rig.logs()
+
+    act.send_signal(signal.SIGTERM)
+    assert act.wait(30) == 0
+    rig.drainer(slurm.conf)
+    try:
+        assert slurm.state("gpu-node-01")[0].startswith("drain")
+        assert slurm.state("gpu-node-02")[0].startswith("drain")
+        assert slurm.state("gpu-node-03")[0].rstrip("*") == "idle"
+        j = Journal(rig.tmp / "journal.sqlite")
+        entries = j.entries()
+        j.close()
+        assert sorted((e.node, e.action, e.status) for e in entries) == [
+            ("gpu-node-01", "drain", "executed"),
+            ("gpu-node-02", "drain", "executed"),
+        ]
+
+        # A clean restart resumes from the closing snapshot: nothing is re-issued, alerts stay.
+        before = len(got)
+        act = rig.act("--fleet-size", "100", "--snapshot-every", "1", "--resume-after", "3600")
+        time.sleep(4)
+        assert labels_of(rig.am.alerts(cluster=rig.cluster)) == expected
+        assert drains.collect(lambda rs: False, timeout_s=0.5) == [] and len(got) == before
+        act.send_signal(signal.SIGTERM)
+        assert act.wait(30) == 0
+    finally:
+        slurm.reset(*SLURM_NODES)
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_flood_stays_within_budget_and_a_storm_drains_nothing(
+    rig: ActRig, topic_tail: Callable[[str], TopicTail]
+) -> None:
+    drains = topic_tail(rig.drains)
+    now = time.time()
+    # 200 broken nodes, onsets 20 s apart in event time (three per storm window: no storm), all
+    # delivered at once: only the budget stands between them and 200 drains.
+    flood = [finding(f"flood-{i:03d}", ts=now - 4300 + 20 * i, gpu=i % 8) for i in range(200)]
+    flood.append({"schema": "finding/1", "id": "x", "node": "bad node!"})  # malformed: dead-lettered
+    rig.send(*flood)
+    port = free_port()
+    act = rig.act("--fleet-size", "1000", "--metrics-port", str(port), "--storm-nodes", "5")
+    alerts = rig.am.wait_for(
+        lambda a: sum(x["labels"]["alertname"] == "FleetwatchDrainRefused" for x in a) == 180,
+        timeout_s=30,
+        cluster=rig.cluster,
+    )
+    names = [a["labels"]["alertname"] for a in alerts]
+    assert names.count("FleetwatchDrainRefused") == 180, rig.logs()
+    assert names.count("FleetwatchNodeDrained") == 20 and names.count("FleetwatchXid") == 200
+    got = drains.collect(lambda rs: len(rs) >= 20, timeout_s=10)
+    got += drains.collect(lambda rs: False, timeout_s=1)  # and nothing more
+    assert len({r.key for r in got}) == len(got) == 20  # 2% of 1000
+    assert metric(port, "fleetwatch_act_drain_budget_used") == 20
+    assert metric(port, "fleetwatch_act_drain_budget_nodes") == 20
+    assert metric(port, 'fleetwatch_act_drains_refused_total{reason="budget"}') == 180
+    assert metric(port, "fleetwatch_worker_rejected_total") == 1
+
+    storm = [
+        finding(f"storm-{i}", "ib_link", "critical", "ib_link_downed:mlx5_0/1", ts=time.time(), gpu=None)
+        for i in range(8)
+    ]
+    rig.send(*storm)
+    alerts = rig.am.wait_for(
+        lambda a: any(x["labels"]["alertname"] == "FleetwatchDrainStorm" for x in a), cluster=rig.cluster
+    )
+    storms = [a for a in alerts if a["labels"]["alertname"] == "FleetwatchDrainStorm"]
+    assert len(storms) == 1 and "8 nodes" in storms[0]["annotations"]["summary"], rig.logs()
+    assert metric(port, "fleetwatch_act_storm_active") == 1
+    assert drains.collect(lambda rs: False, timeout_s=1) == []  # the storm drained nothing
+    act.send_signal(signal.SIGTERM)
+    assert act.wait(30) == 0
