@@ -75,6 +75,7 @@ class ActWorker(Worker):
             max_poll_records=kwargs.get("max_poll_records", 2000),
             fetch_max_bytes=64 << 20,
             max_partition_fetch_bytes=8 << 20,
+            auto_offset_reset=kwargs.get("start_at", "earliest"),
             group_instance_id=instance_id,
             session_timeout_ms=int(session_timeout_s * 1000),
             heartbeat_interval_ms=max(500, int(session_timeout_s * 1000 / 4)),
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         task_for_node=task_for_node,
     )
     stage = Stage(
-        name=f"act-{args.group}",  # the group in the name keeps two deployments' snapshots apart
+        name="act",  # the Worker keys snapshots by group too: two deployments never share state
         inputs=(args.findings_topic,),
         schemas={args.findings_topic: detectors.findings.FINDING},
         new_task=lambda p: ActTask(actor, p),
