@@ -20,6 +20,7 @@ import orjson
 from prometheus_client import Counter
 
 from detectors.batch import GPU_COL, TelemetryBatch
+from detectors.gpu_stats import GpuStats, GpuStatsConfig
 from detectors.hardware import HardwareDetector
 from detectors.lemon import LemonConfig, LemonScorer
 from detectors.silence import SilenceConfig, SilenceDetector
@@ -46,6 +47,7 @@ class NodeTaskConfig:
     emit_features: bool = True
     lemon: LemonConfig = field(default_factory=LemonConfig)
     silence: SilenceConfig = field(default_factory=SilenceConfig)
+    stats: GpuStatsConfig = field(default_factory=GpuStatsConfig)
 
     @classmethod
     def for_time_scale(cls, scale: float) -> NodeTaskConfig:
@@ -69,6 +71,7 @@ class NodeTask:
     hardware: HardwareDetector = field(default_factory=HardwareDetector)
     lemon: LemonScorer | None = None
     silence: SilenceDetector | None = None
+    stats: GpuStats | None = None
     last_ts: dict[str, float] = field(default_factory=dict)
     failed_jobs_seen: set[str] = field(default_factory=set)
     next_lemon: float = 0.0
@@ -78,6 +81,8 @@ class NodeTask:
             self.lemon = LemonScorer(self.config.lemon)
         if self.silence is None:
             self.silence = SilenceDetector(self.config.silence)
+        if self.stats is None:
+            self.stats = GpuStats(self.config.stats)
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
         fresh = self._drop_stale(msgs)
@@ -86,11 +91,13 @@ class NodeTask:
         batch = TelemetryBatch.from_messages(fresh)
         findings = self.hardware.process(batch)
         nodes = batch.nodes()
+        jobs = self.jobs.jobs_of(nodes)
         findings += self.silence.process(self.last_ts, set(nodes), float(batch.ts.max()))
+        findings += self.stats.process(batch, nodes)
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
         out += self._lemon(batch, nodes, findings)
         if self.config.emit_features:
-            out += self._features(batch, nodes)
+            out += self._features(batch, nodes, jobs)
         return out
 
     def _drop_stale(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -137,9 +144,8 @@ class NodeTask:
         self.next_lemon = now + self.config.lemon_every_s
         return [(topics.FINDINGS, f["node"], f) for f in lemon.judge(now)]
 
-    def _features(self, batch: TelemetryBatch, nodes: list[str]) -> list[Output]:
+    def _features(self, batch: TelemetryBatch, nodes: list[str], jobs: list[str | None]) -> list[Output]:
         """One nodefeatures/1 per sample of a node that is in a running job, keyed by the job."""
-        jobs = self.jobs.jobs_of(nodes)
         if not any(jobs):
             return []
         with warnings.catch_warnings():  # all-NaN rows (a node without GPU metrics) are expected
@@ -169,6 +175,7 @@ class NodeTask:
                 "hardware": self.hardware.to_state(),
                 "lemon": self.lemon.to_state(),
                 "silence": self.silence.to_state(),
+                "stats": self.stats.to_state(),
                 "last_ts": self.last_ts,
                 "failed_jobs_seen": sorted(self.failed_jobs_seen),
                 "next_lemon": self.next_lemon,
@@ -185,6 +192,7 @@ class NodeTask:
             hardware=HardwareDetector.from_state(d["hardware"]),
             lemon=LemonScorer.from_state(d["lemon"], config.lemon),
             silence=SilenceDetector.from_state(d["silence"], config.silence),
+            stats=GpuStats.from_state(d["stats"]),
             last_ts=d["last_ts"],
             failed_jobs_seen=set(d["failed_jobs_seen"]),
             next_lemon=d["next_lemon"],

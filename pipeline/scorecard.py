@@ -28,7 +28,7 @@ from detectors.findings import SEVERITY_RANK
 
 # Which finding kinds count as detecting each fault kind. The first is the expected one; the
 # others describe the same fault from another angle (an ECC XID is also an `xid` finding, a GPU
-# off the bus is also a lost-GPU `pcie` finding).
+# off the bus is also a lost-GPU `pcie` finding, a heating GPU drifts from its siblings).
 ACCEPTED: dict[str, tuple[str, ...]] = {
     "xid79": ("xid", "pcie"),
     "xid48": ("ecc", "xid"),
@@ -42,7 +42,7 @@ ACCEPTED: dict[str, tuple[str, ...]] = {
     "row_remap_pending": ("row_remap", "ecc", "xid"),
     "nvlink_crc": ("nvlink", "xid"),
     "pcie_replay": ("pcie", "xid"),
-    "thermal": ("thermal",),
+    "thermal": ("thermal", "statistical"),  # the GPU running hotter than its siblings, before it throttles
     "ib_symbol_errors": ("ib_link",),
     "straggler": ("straggler",),
     "lemon": ("lemon",),

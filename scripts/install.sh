@@ -6,13 +6,14 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
-debian_packages=(default-jre-headless maven prometheus-alertmanager slurmctld slurmd slurm-client munge)
+debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge)
+# A JDK or Maven from elsewhere (e.g. the image's own) also does; only install them when absent.
+command -v java >/dev/null || debian_packages+=(default-jre-headless)
+command -v mvn >/dev/null || debian_packages+=(maven)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# A JDK from elsewhere (e.g. an image's own) also runs Kafka; only install Java when none is found.
-if command -v java >/dev/null && command -v mvn >/dev/null; then missing=(); fi
 if ((${#missing[@]})); then
   echo "install.sh: installing Debian packages: ${missing[*]}" >&2
   sudo_cmd=""; [[ $(id -u) -eq 0 ]] || sudo_cmd="sudo"

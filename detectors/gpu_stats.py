@@ -1,0 +1,214 @@
+"""Statistical detector for gradual GPU degradation that no hardware rule names yet.
+
+Training moves every GPU of a node together (startup, checkpoints, a new phase, a new job,
+the node's own airflow), so a GPU's raw signal is mostly workload and place. The detector
+therefore scores each GPU's signal RELATIVE TO ITS SIBLINGS in the same sample: the robust z
+of the value against the median/MAD of the same signal over the node's GPUs, floored by a
+per-signal resolution. That residual is stationary for a healthy GPU whatever the job does;
+a GPU that runs hotter, clocks lower or draws differently than the GPUs beside it drifts
+away from zero. (Comparing with the job's GPUs was tried first: a node changing jobs moved
+all its residuals at once and read as drift.)
+
+The residuals of every (node, GPU, signal) are fed to one vectorised `RobustScorer`
+(detectors/statistical.py): an online baseline per series plus point and CUSUM drift
+statistics, calibrated per signal to score = 1 - p (score >= 0.999 flags at most ~0.1% of
+healthy points). One unusual point is not a finding: a series must stay at or above
+`threshold` for `persist_samples` consecutive samples, which turns the per-point rate into a
+per-incident one. Findings are kind `statistical`, severity warning, and resolve after
+`clear_after_s` below the threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from detectors.batch import GPU_COL, TelemetryBatch
+from detectors.counters import decode_array, encode_array
+from detectors.findings import IncidentBook, severity_score
+from detectors.statistical import RobustScorer, fleet_robust_z
+
+# signal -> resolution below which peers count as equal (no MAD = 0 blow-ups on quantised values)
+SIGNALS: dict[str, float] = {"temp_c": 1.0, "power_w": 10.0, "sm_clock_mhz": 15.0}
+_COLS = [GPU_COL[s] for s in SIGNALS]
+_RES = np.array(list(SIGNALS.values()))
+
+
+@dataclass(frozen=True)
+class GpuStatsConfig:
+    threshold: float = 0.999
+    persist_samples: int = 30
+    clear_after_s: float = 60.0
+    min_peers: int = 6  # sibling GPUs with a value needed for a residual
+
+
+def _rounds(rows: np.ndarray) -> np.ndarray:
+    """Occurrence index of each message among its node's messages in the batch (0, 1, ...)."""
+    order = np.argsort(rows, kind="stable")
+    r = rows[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(r)) + 1]
+    occ = np.empty(len(r), dtype=np.int64)
+    occ[order] = np.arange(len(r)) - np.repeat(starts, np.diff(np.r_[starts, len(r)]))
+    return occ
+
+
+class GpuStats:
+    def __init__(self, config: GpuStatsConfig | None = None) -> None:
+        self.cfg = config or GpuStatsConfig()
+        self.nodes: dict[str, int] = {}
+        self.cap = 0
+        self.scorer = RobustScorer(0, groups=np.zeros(0, dtype=np.int64))
+        self.run = np.zeros(0, dtype=np.int64)
+        self.book = IncidentBook()
+        self.last_score = np.zeros(0)
+
+    # ------------------------------------------------------------ series layout
+
+    def _series(self, node_rows: np.ndarray, g: int) -> np.ndarray:
+        """Series ids (M, G, S): ((node * G + gpu) * S + signal), G fixed at 8 slots per node."""
+        s = len(SIGNALS)
+        gpu = np.arange(g)
+        return (node_rows[:, None, None] * 8 + gpu[None, :, None]) * s + np.arange(s)[None, None, :]
+
+    def _ensure(self, n_nodes: int) -> None:
+        if n_nodes <= self.cap:
+            return
+        cap = max(64, self.cap * 2, n_nodes)
+        k = cap * 8 * len(SIGNALS)
+        groups = np.tile(np.arange(len(SIGNALS), dtype=np.int64), cap * 8)
+        if self.cap == 0:
+            self.scorer = RobustScorer(k, groups=groups, min_scale=1e-3)
+        else:
+            st = self.scorer.to_state()
+            old = len(st["n"])
+            for key in ("n", "level", "scale", "cusum_pos", "cusum_neg"):
+                st[key] = np.concatenate([st[key], np.zeros(k - old, dtype=st[key].dtype)])
+            st["groups"] = groups
+            self.scorer = RobustScorer.from_state(st)
+        self.run = np.concatenate([self.run, np.zeros(k - len(self.run), dtype=np.int64)])
+        self.last_score = np.concatenate([self.last_score, np.zeros(k - len(self.last_score))])
+        self.cap = cap
+
+    # ------------------------------------------------------------ main entry
+
+    def process(self, batch: TelemetryBatch, nodes: list[str]) -> list[dict[str, Any]]:
+        """nodes: per message. Returns findings; `self.last_score` holds each series' latest score."""
+        if batch.size == 0 or batch.gpu.shape[1] == 0:
+            return []
+        for n in batch.node_names:
+            if n not in self.nodes:
+                self.nodes[n] = len(self.nodes)
+        rows = np.fromiter((self.nodes[n] for n in batch.node_names), dtype=np.int64)[batch.node_idx]
+        self._ensure(len(self.nodes))
+        g = min(batch.gpu.shape[1], 8)
+        values = batch.gpu[:, :g, :][:, :, _COLS]  # (M, G, S)
+        series = self._series(rows, g)
+        # peer group of each (message, gpu, signal): the same sample's GPUs x signal
+        msg_ids = np.arange(batch.size, dtype=np.int64)
+        peer = (msg_ids[:, None, None] * len(SIGNALS) + np.arange(len(SIGNALS))[None, None, :]).repeat(
+            g, axis=1
+        )
+        floors = np.broadcast_to(_RES, values.shape)
+
+        out: list[dict[str, Any]] = []
+        occ = _rounds(rows)
+        for r in range(int(occ.max()) + 1):
+            m = np.flatnonzero(occ == r)
+            v, p, f = values[m].ravel(), peer[m].ravel(), floors[m].ravel()
+            z = fleet_robust_z(v, p, min_peers=self.cfg.min_peers, min_scale=f)
+            x = np.full(self.scorer.k, np.nan)
+            ids = series[m].ravel()
+            x[ids] = z
+            score = self.scorer.update(x)
+            sc = score[ids]
+            hot = sc >= self.cfg.threshold
+            seen = ~np.isnan(sc)
+            self.run[ids[seen & ~hot]] = 0
+            self.run[ids[hot]] += 1
+            self.last_score[ids[seen]] = sc[seen]
+            out += self._findings(batch, nodes, m, ids, sc, v, z, g)
+        return out
+
+    def _findings(
+        self,
+        batch: TelemetryBatch,
+        nodes: list[str],
+        m: np.ndarray,
+        ids: np.ndarray,
+        sc: np.ndarray,
+        v: np.ndarray,
+        z: np.ndarray,
+        g: int,
+    ) -> list[dict[str, Any]]:
+        cfg, s = self.cfg, len(SIGNALS)
+        out: list[dict[str, Any]] = []
+        names = list(SIGNALS)
+        for j in np.flatnonzero(self.run[ids] >= cfg.persist_samples):
+            msg = int(m[j // (g * s)])
+            gpu, sig = (j // s) % g, names[j % s]
+            node, ts = nodes[msg], float(batch.ts[msg])
+            out += self.book.observe(
+                node=node,
+                gpu=int(gpu),
+                kind="statistical",
+                rule=f"peer_drift:{sig}",
+                ts=ts,
+                severity="warning",
+                score=severity_score("warning", 1.0),
+                summary=(
+                    f"{node} GPU{gpu}: {sig} {v[j]:.4g} drifts from its sibling GPUs (robust z {z[j]:+.1f}, "
+                    f"anomaly score {sc[j]:.4f} for {int(self.run[ids[j]])} samples)"
+                ),
+                evidence={
+                    "signal": sig,
+                    "value": round(float(v[j]), 3),
+                    "peer_z": round(float(z[j]), 3),
+                    "anomaly_score": round(float(sc[j]), 6),
+                    "threshold": cfg.threshold,
+                    "samples_above": int(self.run[ids[j]]),
+                },
+                clear_after=cfg.clear_after_s,
+                next_ts=lambda _n, t: t,
+            )
+        if self.book.open:
+            now = float(batch.ts[m].max())
+            for key in list(self.book.open):
+                done = self.book.expire(key, now, lambda _n, t: t)
+                if done is not None:
+                    out.append(done)
+        return out
+
+    # ------------------------------------------------------------ state
+
+    def to_state(self) -> dict[str, Any]:
+        n = len(self.nodes) * 8 * len(SIGNALS)
+        st = self.scorer.to_state()
+        series = {k: encode_array(st[k][:n]) for k in ("n", "level", "scale", "cusum_pos", "cusum_neg")}
+        hists = {k: encode_array(st[k]) for k in ("hist_point", "hist_drift", "hist_fleet")}
+        return {
+            "config": asdict(self.cfg),
+            "nodes": list(self.nodes),
+            "series": series,
+            "hists": hists,
+            "run": encode_array(self.run[:n]),
+            "book": self.book.to_state(),
+        }
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> GpuStats:
+        self = cls(GpuStatsConfig(**d["config"]))
+        self.nodes = {n: i for i, n in enumerate(d["nodes"])}
+        self._ensure(max(1, len(self.nodes)))
+        st = self.scorer.to_state()
+        for k, enc in d["series"].items():
+            a = decode_array(enc)
+            st[k][: len(a)] = a
+        for k, enc in d["hists"].items():
+            st[k] = decode_array(enc)
+        self.scorer = RobustScorer.from_state(st)
+        run = decode_array(d["run"])
+        self.run[: len(run)] = run
+        self.book = IncidentBook.from_state(d["book"])
+        return self

@@ -1,0 +1,91 @@
+"""The sibling-relative statistical GPU detector."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from detectors.batch import TelemetryBatch
+from detectors.gpu_stats import GpuStats
+from fleetwatch import schemas
+
+T0 = 1_764_000_000.0
+
+
+def fleet(
+    n_nodes: int, n_ticks: int, *, seed: int = 0, hot: tuple[int, int, int] | None = None
+) -> list[list[dict[str, Any]]]:
+    """Per tick, one telemetry/1 per node. Every node's GPUs share a workload level that jumps
+    now and then (job changes, checkpoints); `hot` = (node, gpu, onset tick) heats one GPU by
+    0.15 C per tick from onset."""
+    rng = np.random.default_rng(seed)
+    level = rng.uniform(0.4, 1.0, n_nodes)
+    ticks = []
+    for t in range(n_ticks):
+        jump = rng.random(n_nodes) < 0.01
+        level[jump] = rng.uniform(0.05, 1.0, jump.sum())
+        msgs = []
+        for n in range(n_nodes):
+            gpus = []
+            for g in range(8):
+                temp = 35 + 35 * level[n] + 1.5 * g / 7 + rng.normal(0, 0.6)
+                if hot and (n, g) == hot[:2] and t >= hot[2]:
+                    temp += 0.15 * (t - hot[2])
+                gpus.append(
+                    {
+                        "index": g,
+                        "temp_c": round(temp, 1),
+                        "power_w": round(100 + 600 * level[n] + rng.normal(0, 8), 1),
+                        "sm_clock_mhz": float(round(1980 - (1 - level[n]) * 600 + rng.normal(0, 5))),
+                    }
+                )
+            msgs.append({"schema": "telemetry/1", "node": f"n{n:03d}", "ts": T0 + t, "seq": t, "gpus": gpus})
+        ticks.append(msgs)
+    return ticks
+
+
+def run(det: GpuStats, ticks: list[list[dict[str, Any]]], per_batch: int = 1) -> list[dict[str, Any]]:
+    out = []
+    for i in range(0, len(ticks), per_batch):
+        msgs = [m for tick in ticks[i : i + per_batch] for m in tick]
+        batch = TelemetryBatch.from_messages(msgs)
+        out += det.process(batch, batch.nodes())
+    return out
+
+
+def test_workload_changes_are_not_anomalies() -> None:
+    findings = run(GpuStats(), fleet(24, 1500, seed=1))
+    assert findings == []
+
+
+def test_a_heating_gpu_is_found_on_the_right_gpu_and_signal() -> None:
+    findings = run(GpuStats(), fleet(16, 500, seed=2, hot=(5, 3, 200)))
+    opened = [f for f in findings if not f["resolved"]]
+    assert opened, "the heating GPU must be found"
+    first = opened[0]
+    schemas.validate(first)
+    assert (first["node"], first["gpu"], first["evidence"]["signal"]) == ("n005", 3, "temp_c")
+    assert first["kind"] == "statistical" and first["severity"] == "warning"
+    assert first["ts"] - (T0 + 200) <= 90  # 0.15 C/s: found within ~13 C of drift
+    assert {(f["node"], f["gpu"]) for f in opened} == {("n005", 3)}
+
+
+def test_batching_and_snapshots_do_not_change_findings() -> None:
+    ticks = fleet(12, 400, seed=3, hot=(2, 6, 150))
+    whole = run(GpuStats(), ticks)
+    det = GpuStats()
+    pieces: list[dict[str, Any]] = []
+    for i in range(0, len(ticks), 7):
+        pieces += run(det, ticks[i : i + 7], per_batch=7)  # several samples of each node per batch
+        det = GpuStats.from_state(orjson.loads(orjson.dumps(det.to_state())))
+    assert [f["id"] for f in pieces] == [f["id"] for f in whole]
+    assert whole
+
+
+def test_state_size_per_gpu() -> None:
+    det = GpuStats()
+    run(det, fleet(64, 60, seed=4))
+    per_gpu = len(orjson.dumps(det.to_state())) / (64 * 8)
+    assert per_gpu < 2048
