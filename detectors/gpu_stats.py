@@ -63,6 +63,7 @@ class GpuStats:
         self.run = np.zeros(0, dtype=np.int64)
         self.book = IncidentBook()
         self.last_score = np.zeros(0)
+        self.last_value = np.zeros(0)
 
     # ------------------------------------------------------------ series layout
 
@@ -88,7 +89,8 @@ class GpuStats:
             st["groups"] = groups
             self.scorer = RobustScorer.from_state(st)
         self.run = np.concatenate([self.run, np.zeros(k - len(self.run), dtype=np.int64)])
-        self.last_score = np.concatenate([self.last_score, np.zeros(k - len(self.last_score))])
+        self.last_score = np.concatenate([self.last_score, np.full(k - len(self.last_score), np.nan)])
+        self.last_value = np.concatenate([self.last_value, np.full(k - len(self.last_value), np.nan)])
         self.cap = cap
 
     # ------------------------------------------------------------ main entry
@@ -128,6 +130,8 @@ class GpuStats:
             self.run[ids[seen & ~hot]] = 0
             self.run[ids[hot]] += 1
             self.last_score[ids[seen]] = sc[seen]
+            has = ~np.isnan(v)
+            self.last_value[ids[has]] = v[has]
             out += self._findings(batch, nodes, m, ids, sc, v, z, g)
         return out
 
@@ -179,6 +183,18 @@ class GpuStats:
                 if done is not None:
                     out.append(done)
         return out
+
+    def latest(self) -> list[tuple[str, int, str, float, float]]:
+        """(node, gpu, signal, latest value, latest score or NaN) of every series with a value."""
+        s = len(SIGNALS)
+        names, sigs = list(self.nodes), list(SIGNALS)
+        n = len(names) * 8 * s
+        ids = np.flatnonzero(~np.isnan(self.last_value[:n]))
+        vals, scores = self.last_value[ids].tolist(), self.last_score[ids].tolist()
+        return [
+            (names[k // (8 * s)], (k // s) % 8, sigs[k % s], v, a)
+            for k, v, a in zip(ids.tolist(), vals, scores, strict=True)
+        ]
 
     # ------------------------------------------------------------ state
 

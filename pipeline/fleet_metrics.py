@@ -1,60 +1,152 @@
 """Prometheus metrics of fleet state that the detect worker exports (what SREs see in Grafana).
 
+Per-node and per-GPU gauges are not set sample by sample: at 16k node-samples/s that would
+cost more than the detectors. The tasks keep their latest values in numpy arrays anyway, and
+a custom collector reads them when Prometheus scrapes.
+
 Label cardinality is bounded and chosen for a 16k-GPU cluster (2,048 nodes x 8 GPUs): each
-worker exports only the nodes of the partitions it owns, so the fleet-wide series count is:
-- per node (node): health score + one state series  ->   2 x 2,048 = ~4k series
-- per GPU and signal (node, gpu, signal), 4 signals:  value + anomaly score -> 2 x 65,536 = ~131k
-- per job and node (job, node): step-time median and slowdown: nodes in running jobs, <= ~4k
-- findings by (kind, severity): 11 x 3; open findings likewise
-When a partition moves to another worker, the old worker removes the series of that
-partition's nodes, so a node is exported by one worker at a time.
+worker exports only the nodes of the partitions it owns (a task leaves the registry when its
+partition is revoked), so fleet-wide:
+- per node (node): health score + one state series          ~4k series
+- per GPU and signal (node, gpu, signal), 3 signals: value + anomaly score   ~98k series
+- per job and node (job, node): step-time median and slowdown, nodes in running jobs  <= ~4k
+- findings by (kind, severity): 11 x 3
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any, Protocol
 
-NODE_HEALTH = Gauge(
-    "fleetwatch_node_health_score",
-    "1 = healthy; falls with the severity of the node's open findings (0.6 warning, 0.1 critical)",
-    ["node"],
-)
-NODE_STATE = Gauge(
-    "fleetwatch_node_state",
-    "1 for the node's current state: healthy, suspect (info/statistical), degraded (warning+)",
-    ["node", "state"],
-)
-GPU_SIGNAL = Gauge(
-    "fleetwatch_gpu_signal", "latest value of a GPU signal behind findings", ["node", "gpu", "signal"]
-)
-GPU_ANOMALY = Gauge(
-    "fleetwatch_gpu_anomaly_score",
-    "calibrated anomaly score in [0,1] of a GPU signal against its job peers (0.999 = 1-in-1000 unusual)",
-    ["node", "gpu", "signal"],
-)
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
 FINDINGS = Counter(
     "fleetwatch_findings_total", "findings emitted (opened or escalated)", ["kind", "severity"]
 )
 FINDINGS_RESOLVED = Counter("fleetwatch_findings_resolved_total", "findings resolved", ["kind"])
-OPEN_FINDINGS = Gauge("fleetwatch_open_findings", "open findings held by this worker", ["kind", "severity"])
-JOB_STEP_TIME = Gauge(
-    "fleetwatch_job_step_time_seconds",
-    "a node's rolling median step compute time in its job",
-    ["job", "node"],
-)
-JOB_STEP_MEDIAN = Gauge(
-    "fleetwatch_job_step_time_median_seconds", "the job's median of its nodes' median step times", ["job"]
-)
-JOB_SLOWDOWN = Gauge("fleetwatch_job_node_slowdown", "node step time / peer median - 1", ["job", "node"])
 SAMPLES = Counter("fleetwatch_detect_samples_total", "telemetry node-samples run through the detectors")
 LATENCY = Histogram(
     "fleetwatch_finding_latency_seconds",
-    "wall time from a sample's timestamp to its finding being produced",
+    "wall time from the sample that raised a finding to the finding being produced",
     ["kind"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
 CONSUMER_LAG = Gauge(
-    "fleetwatch_consumer_lag_messages", "end offset - committed offset", ["group", "topic", "partition"]
+    "fleetwatch_consumer_lag_messages",
+    "high watermark - position, per input partition",
+    ["group", "topic", "partition"],
 )
 
 STATES = ("healthy", "suspect", "degraded")
+HEALTH_BY_SEVERITY = {"info": 0.9, "warning": 0.6, "critical": 0.1}
+
+
+class NodeSource(Protocol):
+    def node_health(self) -> Iterator[tuple[str, float, str]]:
+        """(node, health score, state) for every node the task holds."""
+        ...
+
+    def gpu_signals(self) -> Iterator[tuple[str, int, str, float, float]]:
+        """(node, gpu, signal, latest value, anomaly score or NaN)."""
+        ...
+
+
+class JobSource(Protocol):
+    def job_step_times(self) -> Iterator[tuple[str, str | None, float, float]]:
+        """(job, node or None for the job median, median step time, slowdown vs peers)."""
+        ...
+
+
+class FleetStateCollector(Collector):
+    """Reads the live tasks of this process at scrape time (weakly held: a dropped task is gone)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._jobs: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def add_nodes(self, src: NodeSource) -> None:
+        with self._lock:
+            self._nodes.add(src)
+
+    def add_jobs(self, src: JobSource) -> None:
+        with self._lock:
+            self._jobs.add(src)
+
+    def remove(self, src: Any) -> None:
+        with self._lock:
+            self._nodes.discard(src)
+            self._jobs.discard(src)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            nodes, jobs = list(self._nodes), list(self._jobs)
+        health = GaugeMetricFamily(
+            "fleetwatch_node_health_score",
+            "1 = healthy; the worst open finding sets it (0.9 info, 0.6 warning, 0.1 critical)",
+            labels=["node"],
+        )
+        state = GaugeMetricFamily(
+            "fleetwatch_node_state",
+            "1 for the node's current state: healthy, suspect, degraded",
+            labels=["node", "state"],
+        )
+        value = GaugeMetricFamily(
+            "fleetwatch_gpu_signal",
+            "latest value of a GPU signal behind findings",
+            labels=["node", "gpu", "signal"],
+        )
+        score = GaugeMetricFamily(
+            "fleetwatch_gpu_anomaly_score",
+            "calibrated anomaly score in [0,1] of a GPU signal vs its sibling GPUs (0.999: 1 in 1000)",
+            labels=["node", "gpu", "signal"],
+        )
+        for src in nodes:
+            for node, h, st in src.node_health():
+                health.add_metric([node], h)
+                for s in STATES:
+                    state.add_metric([node, s], 1.0 if s == st else 0.0)
+            for node, gpu, sig, v, a in src.gpu_signals():
+                g = str(gpu)
+                value.add_metric([node, g, sig], v)
+                if a == a:  # not NaN: no score during warm-up
+                    score.add_metric([node, g, sig], a)
+        step = GaugeMetricFamily(
+            "fleetwatch_job_step_time_seconds",
+            "a node's rolling median step compute time in its job",
+            labels=["job", "node"],
+        )
+        median = GaugeMetricFamily(
+            "fleetwatch_job_step_time_median_seconds",
+            "median over the job's nodes of their median step time",
+            labels=["job"],
+        )
+        slow = GaugeMetricFamily(
+            "fleetwatch_job_node_slowdown", "node median step time / peer median - 1", labels=["job", "node"]
+        )
+        for src in jobs:
+            for job, node, t, sd in src.job_step_times():
+                if node is None:
+                    median.add_metric([job], t)
+                else:
+                    step.add_metric([job, node], t)
+                    slow.add_metric([job, node], sd)
+        yield from (health, state, value, score, step, median, slow)
+
+
+COLLECTOR = FleetStateCollector()
+REGISTRY.register(COLLECTOR)
+
+
+def count_findings(findings: list[dict[str, Any]], now: float) -> None:
+    """Counters and the sample-to-finding latency for findings about to be produced."""
+    for f in findings:
+        if f["resolved"]:
+            FINDINGS_RESOLVED.labels(f["kind"]).inc()
+        else:
+            FINDINGS.labels(f["kind"], f["severity"]).inc()
+            LATENCY.labels(f["kind"]).observe(max(0.0, now - f["ts"]))

@@ -7,20 +7,46 @@ the one worker that owns its partition.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.straggler import StragglerConfig, StragglerDetector
+import numpy as np
+
+from detectors.straggler import STEP_TIME, StragglerConfig, StragglerDetector, loo_median
 from fleetwatch import topics
+from pipeline import fleet_metrics
 from pipeline.tasks import Output
 
 ENDED = frozenset({"finished", "failed"})
 
 
-@dataclass
+@dataclass(eq=False)  # identity: tasks are registered with the metrics collector
 class JobTask:
     straggler: StragglerDetector = field(default_factory=StragglerDetector)
+
+    def __post_init__(self) -> None:
+        fleet_metrics.COLLECTOR.add_jobs(self)
+
+    def job_step_times(self) -> Iterator[tuple[str, str | None, float, float]]:
+        """Per running job: each node's median step time and slowdown, and the job median."""
+        for (job, signal), w in list(self.straggler.windows.items()):
+            if signal != STEP_TIME.name or len(w.count) < 2:
+                continue
+            ready = w.count >= self.straggler.cfg.min_samples
+            if ready.sum() < 2:
+                continue
+            names = [n for n, i in sorted(w.nodes.items(), key=lambda kv: kv[1])]
+            med = np.nanmedian(w.ring[ready], axis=1)
+            peer = loo_median(med)
+            for n, m, p in zip(
+                [names[i] for i in np.flatnonzero(ready)], med.tolist(), peer.tolist(), strict=True
+            ):
+                yield job, n, m, m / p - 1.0
+            yield job, None, float(np.median(med)), 0.0
+
+    def close(self) -> None:
+        fleet_metrics.COLLECTOR.remove(self)
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
         if topic == topics.STEPS:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,6 +25,7 @@ from detectors.hardware import HardwareDetector
 from detectors.lemon import LemonConfig, LemonScorer
 from detectors.silence import SilenceConfig, SilenceDetector
 from fleetwatch import schemas, topics
+from pipeline import fleet_metrics
 from pipeline.job_table import JobTable
 from pipeline.tasks import Output
 
@@ -64,7 +65,7 @@ class NodeTaskConfig:
         )
 
 
-@dataclass
+@dataclass(eq=False)  # identity: tasks are registered with the metrics collector
 class NodeTask:
     jobs: JobTable
     config: NodeTaskConfig = field(default_factory=NodeTaskConfig)
@@ -83,6 +84,7 @@ class NodeTask:
             self.silence = SilenceDetector(self.config.silence)
         if self.stats is None:
             self.stats = GpuStats(self.config.stats)
+        fleet_metrics.COLLECTOR.add_nodes(self)
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
         fresh = self._drop_stale(msgs)
@@ -99,6 +101,27 @@ class NodeTask:
         if self.config.emit_features:
             out += self._features(batch, nodes, jobs)
         return out
+
+    # ------------------------------------------------------------ what Prometheus reads (fleet_metrics)
+
+    def node_health(self) -> Iterator[tuple[str, float, str]]:
+        worst: dict[str, tuple[float, str]] = {}
+        for book in (self.hardware.book, self.silence.book, self.stats.book, self.lemon.book):
+            for inc in list(book.open.values()):
+                health = fleet_metrics.HEALTH_BY_SEVERITY[inc.severity]
+                state = "suspect" if inc.kind == "statistical" or inc.severity == "info" else "degraded"
+                h, st = worst.get(inc.node, (1.0, "healthy"))
+                worst[inc.node] = (min(h, health), "degraded" if "degraded" in (st, state) else state)
+        for node in list(self.last_ts):
+            h, st = worst.get(node, (1.0, "healthy"))
+            yield node, h, st
+
+    def gpu_signals(self) -> Iterator[tuple[str, int, str, float, float]]:
+        yield from self.stats.latest()
+
+    def close(self) -> None:
+        """The partition moved away: stop exporting its nodes."""
+        fleet_metrics.COLLECTOR.remove(self)
 
     def _drop_stale(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         last = self.last_ts

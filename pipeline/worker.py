@@ -19,8 +19,9 @@ from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter, Histogram
 
-from fleetwatch import kafka_io, schemas
+from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.runtime import StopFlag
+from pipeline import fleet_metrics
 from pipeline.deadletter import send_deadletter
 from pipeline.state_store import read_snapshot, write_snapshot
 from pipeline.tasks import Stage, Task
@@ -116,6 +117,11 @@ class Worker(ConsumerRebalanceListener):
                 # The state reflects input up to `resume`; reprocess from there (duplicates carry
                 # the same ids) rather than from a later committed offset, which would skip input.
                 self.consumer.seek(tp, resume)
+        for task in self._parked.values():  # revoked and not handed back: gone to another worker
+            close = getattr(task, "close", None)
+            if close:
+                close()
+        self._parked = {}
         log.info("assigned %s", sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
@@ -123,7 +129,6 @@ class Worker(ConsumerRebalanceListener):
         keys = {(self.topic_stage[tp.topic].name, tp.partition) for tp in revoked}
         self._snapshot(keys)
         self.producer.flush(timeout=30)
-        self._parked = {}
         for key in keys:
             task = self.tasks.pop(key, None)
             if task is not None:
@@ -165,9 +170,18 @@ class Worker(ConsumerRebalanceListener):
                         f"{tp.topic}:{tp.partition}:{r.offset}",
                         tp.topic,
                     )
-            for topic, key, msg in task.process(tp.topic, msgs):
+            outputs = task.process(tp.topic, msgs)
+            for topic, key, msg in outputs:
                 self.producer.send(topic, key=key.encode() if key else None, value=schemas.encode(msg))
                 PRODUCED.labels(self.group, topic).inc()
+            fleet_metrics.count_findings([m for t, _k, m in outputs if t == topics.FINDINGS], time.time())
+            if tp.topic == topics.TELEMETRY:
+                fleet_metrics.SAMPLES.inc(len(msgs))
+            high = self.consumer.highwater(tp)
+            if high is not None:
+                fleet_metrics.CONSUMER_LAG.labels(self.group, tp.topic, str(tp.partition)).set(
+                    max(0, high - records[-1].offset - 1)
+                )
             CONSUMED.labels(self.group, tp.topic).inc(len(records))
             self.offsets[tp] = records[-1].offset + 1
             handled += len(records)
@@ -210,5 +224,9 @@ class Worker(ConsumerRebalanceListener):
         """Snapshot, flush and leave the group (partitions move to the other members at once)."""
         self._snapshot(set(self.tasks))
         self.producer.flush(timeout=30)
+        for task in [*self.tasks.values(), *self._parked.values()]:
+            close = getattr(task, "close", None)
+            if close:
+                close()
         self.consumer.close()
         self.producer.close(timeout=10)
