@@ -54,8 +54,16 @@ class NodeSource(Protocol):
         """(node, gpu, signal, latest value, anomaly score or NaN)."""
         ...
 
+    def open_incidents(self) -> Iterator[tuple[str, str]]:
+        """(kind, severity) of every open incident."""
+        ...
+
 
 class JobSource(Protocol):
+    def open_incidents(self) -> Iterator[tuple[str, str]]:
+        """(kind, severity) of every open incident."""
+        ...
+
     def job_step_times(self) -> Iterator[tuple[str, str | None, float, float]]:
         """(job, node or None for the job median, median step time, slowdown vs peers)."""
         ...
@@ -105,6 +113,15 @@ class FleetStateCollector(Collector):
             "calibrated anomaly score in [0,1] of a GPU signal vs its sibling GPUs (0.999: 1 in 1000)",
             labels=["node", "gpu", "signal"],
         )
+        open_counts: dict[tuple[str, str], int] = {}
+        for src in [*nodes, *jobs]:
+            for key in src.open_incidents():
+                open_counts[key] = open_counts.get(key, 0) + 1
+        opened = GaugeMetricFamily(
+            "fleetwatch_open_findings", "open findings held by this worker", labels=["kind", "severity"]
+        )
+        for (kind, sev), n in sorted(open_counts.items()):
+            opened.add_metric([kind, sev], n)
         for src in nodes:
             for node, h, st in src.node_health():
                 health.add_metric([node], h)
@@ -135,7 +152,7 @@ class FleetStateCollector(Collector):
                 else:
                     step.add_metric([job, node], t)
                     slow.add_metric([job, node], sd)
-        yield from (health, state, value, score, step, median, slow)
+        yield from (health, state, value, score, step, median, slow, opened)
 
 
 COLLECTOR = FleetStateCollector()

@@ -45,6 +45,10 @@ class JobTask:
                 yield job, n, m, m / p - 1.0
             yield job, None, float(np.median(med)), 0.0
 
+    def open_incidents(self) -> Iterator[tuple[str, str]]:
+        for inc in list(self.straggler.book.open.values()):
+            yield inc.kind, inc.severity
+
     def close(self) -> None:
         fleet_metrics.COLLECTOR.remove(self)
 

@@ -119,6 +119,11 @@ class NodeTask:
     def gpu_signals(self) -> Iterator[tuple[str, int, str, float, float]]:
         yield from self.stats.latest()
 
+    def open_incidents(self) -> Iterator[tuple[str, str]]:
+        for book in (self.hardware.book, self.silence.book, self.stats.book, self.lemon.book):
+            for inc in list(book.open.values()):
+                yield inc.kind, inc.severity
+
     def close(self) -> None:
         """The partition moved away: stop exporting its nodes."""
         fleet_metrics.COLLECTOR.remove(self)

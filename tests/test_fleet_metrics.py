@@ -34,6 +34,7 @@ def test_node_health_state_and_gpu_signals() -> None:
     assert _value(text, "fleetwatch_node_state", node="mx-bad", state="degraded") == 1.0
     assert _value(text, "fleetwatch_node_state", node="mx-ok", state="healthy") == 1.0
     assert _value(text, "fleetwatch_gpu_signal", node="mx-ok", gpu="3", signal="temp_c") == 61.0
+    assert (_value(text, "fleetwatch_open_findings", kind="xid", severity="critical") or 0) >= 1
     task.close()  # the partition moved away: its nodes are no longer exported
     text = generate_latest(REGISTRY).decode()
     assert _value(text, "fleetwatch_node_health_score", node="mx-ok") is None
