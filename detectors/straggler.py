@@ -198,7 +198,7 @@ class StragglerDetector:
                 hi = int(np.searchsorted(ts, w.next_eval, side="left"))
                 if hi > lo:
                     w.push(r[lo:hi], values[lo:hi], self.cfg.window)
-                out.extend(self._judge(job, sig, w, w.next_eval))
+                out.extend(self._judge(job, sig, w, float(w.next_eval)))
                 lo = hi
                 w.next_eval = max(w.next_eval + step, (np.floor(ts[lo] / step) + 1) * step)
             if lo < len(ts):

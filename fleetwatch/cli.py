@@ -54,6 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    p = sub.add_parser(
+        "demo", help="the whole pipeline on this machine: Kafka, simulator, detectors, actions"
+    )
+    p.add_argument("--nodes", type=_positive_int, default=None, help="nodes (default: the scenario's, 32)")
+    p.add_argument("--duration", type=_positive_float, default=None, help="simulated seconds (default 300)")
+    p.add_argument("--speed", type=_positive_float, default=10.0, help="simulated seconds per wall second")
+    p.add_argument("--scenario", default=None, help="scenario file (default: the built-in demo scenario)")
+    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument(
+        "--bootstrap", default=None, help="reuse this Kafka broker instead of starting a fresh one"
+    )
+    p.add_argument("--drain-budget", type=_nonneg_float, default=0.02, help="fraction of the fleet drainable")
+    p.add_argument("--settle", type=_positive_float, default=8.0, help="seconds of quiet to wait at the end")
+    p.set_defaults(handler="fleetwatch.demo:run")
+
     p = sub.add_parser("collect", help="node agent: stream this node's GPU/host/network telemetry")
     _add_bootstrap(p)
     p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples")
@@ -87,6 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("detect", help="detector worker (consumer group fleetwatch-detect)")
     _add_bootstrap(p)
     p.add_argument("--metrics-port", type=int, default=9108, help="serve Prometheus metrics here (0: off)")
+    p.add_argument("--group", default="fleetwatch-detect", help="consumer group (one per pipeline)")
+    p.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="shorten day-long detector windows (lemon) by this factor, for compressed simulations",
+    )
+    p.add_argument(
+        "--start-at",
+        choices=("earliest", "latest"),
+        default="earliest",
+        help="where a new consumer group starts reading (default: earliest)",
+    )
     p.add_argument(
         "--snapshot-every", type=_positive_float, default=30.0, help="seconds between state snapshots"
     )

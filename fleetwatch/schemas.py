@@ -390,6 +390,7 @@ def decode(
 def encode(m: Mapping[str, Any]) -> bytes:
     """Message dict -> JSON bytes. orjson writes NaN/Inf as null, so validate() before encoding."""
     try:
-        return orjson.dumps(m)
+        # numpy scalars (a float64 from a detector) are numbers too; serialising them beats a crash
+        return orjson.dumps(m, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as e:
         raise MessageError("wrong_type", f"cannot encode: {e}") from None

@@ -19,7 +19,7 @@ from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.runtime import StopFlag
 from pipeline.job_stage import JobTask
 from pipeline.job_table import JobTable, JobTableFollower
-from pipeline.node_stage import NodeTask
+from pipeline.node_stage import NodeTask, NodeTaskConfig
 from pipeline.tasks import Stage
 from pipeline.worker import Worker
 
@@ -31,13 +31,14 @@ log = logging.getLogger(__name__)
 MAX_SKEW_S = 24 * 3600.0
 
 
-def stages(jobs: JobTable, max_skew_s: float | None = MAX_SKEW_S) -> list[Stage]:
+def stages(jobs: JobTable, max_skew_s: float | None = MAX_SKEW_S, time_scale: float = 1.0) -> list[Stage]:
+    cfg = NodeTaskConfig.for_time_scale(time_scale)
     node = Stage(
         name="detect-node",
         inputs=(topics.TELEMETRY,),
         schemas={topics.TELEMETRY: schemas.TELEMETRY},
-        new_task=lambda _p: NodeTask(jobs),
-        load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs),
+        new_task=lambda _p: NodeTask(jobs, cfg),
+        load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs, cfg),
         max_skew_s=max_skew_s,
     )
     job = Stage(
@@ -67,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
     worker = Worker(
         args.bootstrap,
         args.group,
-        stages(jobs, None if args.no_skew_check else MAX_SKEW_S),
+        stages(jobs, None if args.no_skew_check else MAX_SKEW_S, args.time_scale),
         snapshot_every_s=args.snapshot_every,
         client_id=f"detect-{socket.gethostname()}",
+        start_at=args.start_at,
     )
     log.info("detector worker up (group %s)", args.group)
     stop = StopFlag()

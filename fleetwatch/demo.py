@@ -1,0 +1,314 @@
+"""`fleetwatch demo`: the whole pipeline on one machine, with a live view and a scorecard.
+
+It starts a fresh local Kafka broker of its own (ports 19292/19293, emptied at every start, so
+each demo begins with no history; `--bootstrap` reuses a broker instead) and the local
+Alertmanager, then runs as separate processes, exactly as they run in production:
+`fleetwatch detect` (metrics on :9108), `fleetwatch act` (alerts + signed drain requests,
+metrics on :9110) and `fleetwatch simulate` (the cluster with injected faults). The terminal
+shows every injected fault, finding and drain request as it happens; at the end the
+scorecard (per fault kind: recall, precision, detection delay) is printed and written to
+`.fleetwatch/demo/scorecard.json`, and `.fleetwatch/demo/fleet.png` plots node health over
+time with the injected faults marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from kafka import TopicPartition
+from rich.console import Console
+
+from collectors.sim import load_scenario
+from fleetwatch import kafka_io, topics
+from fleetwatch.demo_plot import plot_fleet
+from pipeline.scorecard import format_table, score
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_KAFKA_PORT = 19292
+DETECT_METRICS = 9108
+ACT_METRICS = 9110
+ALERTMANAGER = "http://127.0.0.1:19094"
+SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "critical": "bold red"}
+
+
+def _sh(script: str, verb: str, env: dict[str, str]) -> None:
+    r = subprocess.run(
+        ["bash", str(REPO / script), verb], env=env, capture_output=True, text=True, timeout=300
+    )
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{script} {verb} failed: {tail}")
+
+
+def start_demo_broker(home: Path) -> str:
+    env = {
+        **os.environ,
+        "FLEETWATCH_HOME": str(home),
+        "KAFKA_PORT": str(DEMO_KAFKA_PORT),
+        "KAFKA_CONTROLLER_PORT": str(DEMO_KAFKA_PORT + 1),
+    }
+    _sh("services/kafka/kafka.sh", "stop", env)
+    shutil.rmtree(home / f"kafka-{DEMO_KAFKA_PORT}", ignore_errors=True)  # every demo starts empty
+    _sh("services/kafka/kafka.sh", "start", env)
+    return f"127.0.0.1:{DEMO_KAFKA_PORT}"
+
+
+def _spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    out = log_path.open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetwatch.cli", *args], env=env, stdout=out, stderr=out, cwd=REPO
+    )
+
+
+def _group_ready(bootstrap: str, group: str, timeout_s: float) -> bool:
+    """True once the consumer group has a member with partitions (so no sample is missed)."""
+    admin = kafka_io.make_admin(bootstrap)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                desc = admin.describe_groups([group]).get(group) or {}
+                members = desc.get("members") or []
+                assigned = any((m.get("member_assignment") or {}).get("assigned_partitions") for m in members)
+                if desc.get("group_state") == "Stable" and assigned:
+                    return True
+            except Exception:  # the group does not exist yet
+                log.debug("group %s not ready", group, exc_info=True)
+            time.sleep(0.3)
+    finally:
+        admin.close()
+    return False
+
+
+class LiveView:
+    """Follows truth, findings and drain requests and prints them; keeps them for the scorecard."""
+
+    TOPICS = (topics.TRUTH, topics.FINDINGS, topics.DRAIN, topics.JOBS, topics.DEADLETTER)
+
+    def __init__(self, bootstrap: str, console: Console, epoch: float) -> None:
+        self.console = console
+        self.epoch = epoch
+        self.consumer = kafka_io.make_consumer(bootstrap, enable_auto_commit=False)
+        tps = []
+        for t in self.TOPICS:
+            parts = self.consumer.partitions_for_topic(t)
+            deadline = time.monotonic() + 30
+            while not parts and time.monotonic() < deadline:  # metadata of a just-created topic lags
+                time.sleep(0.2)
+                parts = self.consumer.partitions_for_topic(t)
+            if not parts:
+                raise RuntimeError(f"topic {t} has no partitions on the broker")
+            tps += [TopicPartition(t, p) for p in sorted(parts)]
+        self.consumer.assign(tps)
+        self.consumer.seek_to_beginning(*tps)
+        self.truths: list[dict[str, Any]] = []
+        self.findings: list[dict[str, Any]] = []
+        self.drains: list[dict[str, Any]] = []
+        self.jobs: list[dict[str, Any]] = []
+        self.deadletters = 0
+        self._seen: set[str] = set()
+        self.last_event = time.monotonic()
+
+    def t(self, ts: float) -> str:
+        return f"t={ts - self.epoch:6.1f}s"
+
+    def poll(self) -> None:
+        for tp, records in self.consumer.poll(timeout_ms=300).items():
+            for r in records:
+                self.last_event = time.monotonic()
+                if tp.topic == topics.DEADLETTER:
+                    self.deadletters += 1
+                    continue
+                m = orjson.loads(r.value)
+                if tp.topic == topics.TRUTH:
+                    self.truths.append(m)
+                    if "end_ts" not in m or m.get("end_ts") == m.get("onset_ts"):
+                        where = m["node"] + (f" GPU{m['gpu']}" if m.get("gpu") is not None else "")
+                        self.console.print(
+                            f"[dim]{self.t(m['onset_ts'])}[/]  [magenta]INJECT[/]   {m['fault']:<18} {where}"
+                        )
+                elif tp.topic == topics.FINDINGS:
+                    self.findings.append(m)
+                    key = f"{m['id']}:{m['severity']}:{m['resolved']}"
+                    if key in self._seen:
+                        continue
+                    self._seen.add(key)
+                    style = "green" if m["resolved"] else SEVERITY_STYLE.get(m["severity"], "white")
+                    label = "RESOLVED" if m["resolved"] else m["severity"].upper()
+                    self.console.print(f"[dim]{self.t(m['ts'])}[/]  [{style}]{label:<8}[/] {m['summary']}")
+                elif tp.topic == topics.DRAIN:
+                    self.drains.append(m)
+                    self.console.print(
+                        f"[dim]{self.t(m['issued_at'])}[/]  [bold blue]{m['action'].upper():<8}[/] "
+                        f"{m['node']}: {m['reason']}"
+                    )
+                elif tp.topic == topics.JOBS:
+                    self.jobs.append(m)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _busy_spans(jobs: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    busy: dict[str, list[tuple[float, float]]] = {}
+    for m in sorted(jobs, key=lambda j: j["ts"]):
+        for n in m["nodes"]:
+            if m["state"] == "started":
+                busy.setdefault(n, []).append((m["ts"], float("inf")))
+            elif m["state"] in ("finished", "failed") and busy.get(n):
+                busy[n][-1] = (busy[n][-1][0], m["ts"])
+    return busy
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=False, highlight=False)
+    out_dir = REPO / ".fleetwatch" / "demo"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    overrides = {"nodes": args.nodes, "duration": args.duration, "seed": args.seed}
+    sc = load_scenario(args.scenario, overrides)  # fail fast on a bad scenario
+
+    console.rule("[bold]fleetwatch demo")
+    if args.bootstrap:
+        bootstrap = args.bootstrap
+        console.print(f"using the Kafka broker at {bootstrap}")
+    else:
+        console.print("starting a fresh local Kafka broker (KRaft) ...")
+        bootstrap = start_demo_broker(REPO / ".fleetwatch")
+    kafka_io.wait_for_broker(bootstrap)
+    kafka_io.ensure_topics(bootstrap)
+    _sh("services/alertmanager/alertmanager.sh", "start", dict(os.environ))
+    console.print(f"Kafka {bootstrap}, Alertmanager {ALERTMANAGER}")
+
+    run_id = secrets.token_hex(3)
+    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    detect_group, act_group = f"demo-detect-{run_id}", f"demo-act-{run_id}"
+    procs["detect"] = _spawn(
+        [
+            "detect",
+            "--bootstrap",
+            bootstrap,
+            "--metrics-port",
+            str(DETECT_METRICS),
+            "--group",
+            detect_group,
+            "--start-at",
+            "latest" if args.bootstrap else "earliest",
+            "--time-scale",
+            str(sc.detector_time_scale),
+        ],
+        env,
+        out_dir / "detect.log",
+    )
+    # Demo-sized safety limits: at 2% a 32-node fleet could drain nothing, and the default scenario
+    # injects several drain-worthy faults within a minute, which the default storm guard would read
+    # as a shared cause (see alerts/README.md).
+    budget = max(args.drain_budget, 4 / sc.nodes)
+    procs["act"] = _spawn(
+        [
+            "act",
+            "--bootstrap",
+            bootstrap,
+            "--alertmanager",
+            ALERTMANAGER,
+            "--metrics-port",
+            str(ACT_METRICS),
+            "--group",
+            act_group,
+            "--fleet-size",
+            str(sc.nodes),
+            "--drain-budget",
+            f"{budget:.4f}",
+            "--storm-min-nodes",
+            "6",
+            "--cluster",
+            "demo",
+        ],
+        env,
+        out_dir / "act.log",
+    )
+    try:
+        for name, group in (("detect", detect_group), ("act", act_group)):
+            if not _group_ready(bootstrap, group, 60):
+                raise RuntimeError(
+                    f"fleetwatch {name} did not join its consumer group; see {out_dir}/{name}.log"
+                )
+        epoch = time.time()
+        wall = sc.duration_s / args.speed if args.speed else 0
+        console.print(
+            f"simulating {sc.nodes} nodes x {sc.gpus_per_node} GPUs for {sc.duration_s:.0f} s "
+            f"at {args.speed:g}x (~{wall:.0f} s), {len(sc.faults)} injected faults"
+        )
+        console.print(
+            f"metrics: http://127.0.0.1:{DETECT_METRICS}/metrics (detect), "
+            f"http://127.0.0.1:{ACT_METRICS}/metrics (act); alerts: {ALERTMANAGER}/#/alerts"
+        )
+        console.rule()
+        sim_args = ["simulate", "--bootstrap", bootstrap, "--speed", str(args.speed)]
+        if args.scenario:
+            sim_args += ["--scenario", args.scenario]
+        for flag, value in (("--nodes", args.nodes), ("--duration", args.duration), ("--seed", args.seed)):
+            if value is not None:
+                sim_args += [flag, str(value)]
+        view = LiveView(bootstrap, console, epoch)
+        procs["simulate"] = _spawn(sim_args, env, out_dir / "simulate.log")
+        while procs["simulate"].poll() is None:
+            view.poll()
+            for name in ("detect", "act"):
+                if procs[name].poll() is not None:
+                    raise RuntimeError(f"fleetwatch {name} exited; see {out_dir}/{name}.log")
+        if procs["simulate"].returncode != 0:
+            raise RuntimeError(f"the simulator failed; see {out_dir}/simulate.log")
+        # Let the detectors and the action layer finish what is in flight.
+        while time.monotonic() - view.last_event < args.settle:
+            view.poll()
+        view.close()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    end = epoch + sc.duration_s
+    card = score(
+        view.findings,
+        view.truths,
+        [sc.node_name(i) for i in range(sc.nodes)],
+        epoch,
+        end,
+        sc.interval_s,
+        busy=_busy_spans(view.jobs),
+    )
+    console.rule("[bold]scorecard")
+    console.print(format_table(card))
+    drains = [d for d in view.drains if d["action"] == "drain"]
+    console.print(
+        f"drain requests: {len(drains)} ({', '.join(sorted({d['node'] for d in drains})) or 'none'}); "
+        f"dead letters: {view.deadletters}"
+    )
+    (out_dir / "scorecard.json").write_bytes(orjson.dumps(card.to_json(), option=orjson.OPT_INDENT_2))
+    png = out_dir / "fleet.png"
+    plot_fleet(view.findings, view.truths, [sc.node_name(i) for i in range(sc.nodes)], epoch, end, png)
+    console.print(f"written: {out_dir / 'scorecard.json'}, {png}; logs in {out_dir}/")
+    console.print(
+        "dashboards: import dashboards/*.json into Grafana with Prometheus scraping the metrics above, "
+        "or run `docker compose up` for the whole stack with Grafana provisioned"
+    )
+    return 0
