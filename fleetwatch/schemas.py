@@ -381,10 +381,27 @@ def decode(
         m = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise MessageError("not_json", str(e)[:200]) from None
-    validate(m, expected)
+    fast = (
+        type(m) is dict
+        and m.get("schema") == TELEMETRY
+        and (
+            expected is None
+            or expected == TELEMETRY
+            or (not isinstance(expected, str) and TELEMETRY in expected)
+        )
+    )
+    if not (fast and _fast_schema().telemetry_ok(raw)):
+        validate(m, expected)  # the slow path names what is wrong (or accepts what the fast one may not)
     if max_skew_s is not None:
         check_clock(m, time.time() if now is None else now, max_skew_s)
     return m
+
+
+def _fast_schema() -> Any:
+    # fast_schema builds its types from this module's tables, so it is imported on first use.
+    from fleetwatch import fast_schema
+
+    return fast_schema
 
 
 def encode(m: Mapping[str, Any]) -> bytes:

@@ -230,3 +230,59 @@ def test_mutated_good_messages_fail_cleanly(schema: str, data: st.DataObject) ->
         schemas.validate(m)
     except MessageError as e:
         assert e.reason in schemas.REASONS
+
+
+def _python_accepts(m: Any) -> bool:
+    try:
+        schemas.validate(m, schemas.TELEMETRY)
+        return True
+    except MessageError:
+        return False
+
+
+field_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 300),
+    st.floats(-100, 400, allow_nan=False),
+    st.text(max_size=6),
+    st.lists(st.integers(-2, 100), max_size=3),
+    st.just(1e308),
+    st.just(-0.0),
+)
+
+
+def _containers(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dicts of a (possibly already mutated) telemetry message that a mutation may touch."""
+    out = [m]
+    for k in ("host", "agent"):
+        if isinstance(m.get(k), dict):
+            out.append(m[k])
+    if isinstance(m.get("gpus"), list):
+        out += [g for g in m["gpus"] if isinstance(g, dict)]
+    net = m.get("net")
+    if isinstance(net, dict):
+        out.append(net)
+        for k in ("ib", "eth"):
+            if isinstance(net.get(k), list):
+                out += [p for p in net[k] if isinstance(p, dict)]
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_fast_validator_agrees_with_the_python_one(data: st.DataObject) -> None:
+    """fleetwatch/fast_schema.py (the hot path) must accept exactly what schemas.validate accepts."""
+    from fleetwatch import fast_schema
+
+    m = copy.deepcopy(telemetry())
+    m["agent"] = {"version": "0.1", "source_errors": {}}
+    for _ in range(data.draw(st.integers(1, 3))):
+        target = data.draw(st.sampled_from(_containers(m)))
+        key = data.draw(st.sampled_from([*sorted(target), "extra_field"]))
+        if data.draw(st.booleans()):
+            target.pop(key, None)
+        else:
+            target[key] = data.draw(field_values)
+    raw = json.dumps(m).encode()
+    assert fast_schema.telemetry_ok(raw) == _python_accepts(json.loads(raw)), raw[:300]

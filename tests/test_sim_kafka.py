@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from collections import defaultdict
 
 from fleetwatch import schemas, topics
@@ -14,8 +15,10 @@ NODES, SAMPLES = 64, 10
 def test_simulate_produces_to_kafka(kafka_bootstrap: str, topic_tail, tmp_path) -> None:
     # Faults early enough that truth and a failed job arrive within a 10-second run.
     scenario = tmp_path / "kafka.yaml"
+    # A node prefix of its own: other runs may produce gpu-node-* telemetry to the same broker.
+    prefix = f"simk{uuid.uuid4().hex[:6]}-"
     scenario.write_text(
-        "seed: 5\nnodes: 8\nduration_s: 30\n"
+        f"seed: 5\nnodes: 8\nduration_s: 30\nnode_prefix: {prefix}\n"
         "jobs: {sizes: [2, 4], startup_s: [1, 2], step_time_s: [0.8, 1.2]}\n"
         "faults:\n  - {kind: xid48, node: 2, gpu: 1, onset_s: 3}\n"
         "  - {kind: straggler, node: 5, onset_s: 0}\n"
@@ -28,7 +31,9 @@ def test_simulate_produces_to_kafka(kafka_bootstrap: str, topic_tail, tmp_path) 
     assert "done after 10/10 ticks" in proc.stderr
 
     tel = tails[topics.TELEMETRY]
-    records = tel.collect(lambda rs: len(rs) >= NODES * SAMPLES, timeout_s=30)
+    mine = prefix.encode()
+    records = tel.collect(lambda rs: sum(r.key.startswith(mine) for r in rs) >= NODES * SAMPLES, timeout_s=30)
+    records = [r for r in records if r.key.startswith(mine)]
     msgs = tel.messages(records)  # decode() validates every one
     assert len(msgs) == NODES * SAMPLES
     seqs: dict[str, list[int]] = defaultdict(list)
@@ -42,13 +47,14 @@ def test_simulate_produces_to_kafka(kafka_bootstrap: str, topic_tail, tmp_path) 
     for topic, key_field in ((topics.JOBS, "job"), (topics.STEPS, "job"), (topics.TRUTH, "node")):
         recs = tails[topic].collect(lambda rs: len(rs) > 0, timeout_s=10)
         recs += tails[topic].collect(lambda rs: False, timeout_s=1)  # drain the rest
+        recs = [r for r in recs if prefix in r.value.decode()]
         ms = tails[topic].messages(recs)
         assert ms, topic
         assert all(r.key.decode() == m[key_field] for r, m in zip(recs, ms, strict=True))
         got[topic] = ms
     assert {m["state"] for m in got[topics.JOBS]} >= {"started", "failed"}
     assert {(m["node"], m["fault"]) for m in got[topics.TRUTH]} == {
-        ("gpu-node-0002", "xid48"),
-        ("gpu-node-0005", "straggler"),
+        (f"{prefix}0002", "xid48"),
+        (f"{prefix}0005", "straggler"),
     }
     assert any(m["wait_time_s"] > 0 for m in got[topics.STEPS])

@@ -1,0 +1,82 @@
+"""A compiled validator for telemetry/1, the one message on the hot path.
+
+Checking every field of every GPU in Python costs ~35 µs per 8-GPU sample, more than the
+detectors. msgspec (C) decodes and checks the same rules in a few µs. Its types are GENERATED
+from the field tables of fleetwatch/schemas.py, so there is one definition of the contract;
+schemas.decode() uses this as a fast path and falls back to the Python validator, which
+names the problem, only for messages this one rejects. tests/test_schemas.py checks that
+both accept and reject the same messages.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from fleetwatch import schemas as s
+
+_UNSET = msgspec.UNSET
+
+
+def _numeric(check: s.Check) -> Any:
+    lo, hi, integer = s._RANGES[check]
+    if integer:  # an int cannot be infinite; the upper bound exists to reject inf floats
+        return (
+            Annotated[int, msgspec.Meta(ge=int(lo))]
+            if hi == s._BIG
+            else Annotated[int, msgspec.Meta(ge=int(lo), le=int(hi))]
+        )
+    return Annotated[float, msgspec.Meta(ge=float(lo), le=float(hi))]
+
+
+def _field_type(check: s.Check) -> Any:
+    if check in s._RANGES:
+        return _numeric(check)
+    if check is s._string:
+        return str
+    if check is s._any_name:
+        return str | int
+    if check is s._xids:
+        return list[Annotated[int, msgspec.Meta(ge=0)]]
+    raise TypeError(f"no msgspec type for {check.__name__}")
+
+
+def _struct(name: str, spec: dict[str, s.Check], required: dict[str, Any] | None = None) -> type:
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [(k, t) for k, t in (required or {}).items()]
+    fields += [(k, _field_type(c) | msgspec.UnsetType, _UNSET) for k, c in spec.items()]
+    return msgspec.defstruct(name, fields)
+
+
+_Gpu = _struct("Gpu", s.GPU_FIELDS, {"index": Annotated[int, msgspec.Meta(ge=0)]})
+_Host = _struct("Host", s.HOST_FIELDS)
+_Ib = _struct("Ib", s.IB_FIELDS)
+_Eth = _struct("Eth", s.ETH_FIELDS)
+_Net = msgspec.defstruct(
+    "Net", [("ib", list[_Ib] | msgspec.UnsetType, _UNSET), ("eth", list[_Eth] | msgspec.UnsetType, _UNSET)]
+)
+_Agent = msgspec.defstruct("Agent", [("source_errors", dict[str, str] | msgspec.UnsetType, _UNSET)])
+_Telemetry = msgspec.defstruct(
+    "Telemetry",
+    [
+        ("schema", Literal["telemetry/1"]),
+        ("node", Annotated[str, msgspec.Meta(pattern=s.NAME_RE.pattern)]),
+        ("ts", _numeric(s._nonneg)),
+        ("seq", Annotated[int, msgspec.Meta(ge=0)]),
+        ("gpus", list[_Gpu]),
+        ("host", _Host | msgspec.UnsetType, _UNSET),
+        ("net", _Net | msgspec.UnsetType, _UNSET),
+        ("agent", _Agent | msgspec.UnsetType, _UNSET),
+    ],
+)
+_decoder = msgspec.json.Decoder(_Telemetry)
+
+
+def telemetry_ok(raw: bytes) -> bool:
+    """True if `raw` is a valid telemetry/1 message (GPU indices unique); False: ask the slow path."""
+    try:
+        t = _decoder.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return False
+    idx = [g.index for g in t.gpus]
+    return len(set(idx)) == len(idx)
