@@ -1,8 +1,9 @@
 """`fleetwatch demo`: the whole pipeline on one machine, with a live view and a scorecard.
 
 It starts a fresh local Kafka broker of its own (ports 19292/19293, emptied at every start, so
-each demo begins with no history; `--bootstrap` reuses a broker instead) and the local
-Alertmanager, then runs as separate processes, exactly as they run in production:
+each demo begins with no history; `--bootstrap` reuses a broker instead), the local
+Alertmanager (:19094) and Prometheus (:19090, scraping the workers below), then runs as
+separate processes, exactly as they run in production:
 `fleetwatch detect` (metrics on :9108), `fleetwatch act` (alerts + signed drain requests,
 metrics on :9110) and `fleetwatch simulate` (the cluster with injected faults). The terminal
 shows every injected fault, finding and drain request as it happens; at the end the
@@ -41,6 +42,7 @@ DEMO_KAFKA_PORT = 19292
 DETECT_METRICS = 9108
 ACT_METRICS = 9110
 ALERTMANAGER = "http://127.0.0.1:19094"
+PROMETHEUS = "http://127.0.0.1:19090"
 SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "critical": "bold red"}
 
 
@@ -190,7 +192,17 @@ def run(args: argparse.Namespace) -> int:
     kafka_io.wait_for_broker(bootstrap)
     kafka_io.ensure_topics(bootstrap)
     _sh("services/alertmanager/alertmanager.sh", "start", dict(os.environ))
-    console.print(f"Kafka {bootstrap}, Alertmanager {ALERTMANAGER}")
+    prom_env = {**os.environ, "FLEETWATCH_CLUSTER": "demo"}
+    _sh("services/prometheus/prometheus.sh", "start", prom_env)
+    for job, port in (("fleetwatch-detect", DETECT_METRICS), ("fleetwatch-act", ACT_METRICS)):
+        subprocess.run(
+            ["bash", str(REPO / "services/prometheus/prometheus.sh"), "target", job, f"127.0.0.1:{port}"],
+            env=prom_env,
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+    console.print(f"Kafka {bootstrap}, Alertmanager {ALERTMANAGER}, Prometheus {PROMETHEUS}")
 
     run_id = secrets.token_hex(3)
     env = {**os.environ, "FLEETWATCH_DRAIN_KEY": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
@@ -308,7 +320,8 @@ def run(args: argparse.Namespace) -> int:
     plot_fleet(view.findings, view.truths, [sc.node_name(i) for i in range(sc.nodes)], epoch, end, png)
     console.print(f"written: {out_dir / 'scorecard.json'}, {png}; logs in {out_dir}/")
     console.print(
-        "dashboards: import dashboards/*.json into Grafana with Prometheus scraping the metrics above, "
-        "or run `docker compose up` for the whole stack with Grafana provisioned"
+        f"Prometheus {PROMETHEUS} keeps scraping (try fleetwatch_node_health_score); dashboards: import "
+        "dashboards/json/*.json into Grafana with that Prometheus as its data source, or run "
+        "`docker compose up` for the whole stack with Grafana provisioned"
     )
     return 0
