@@ -13,7 +13,8 @@ The residuals of every (node, GPU, signal) are fed to one vectorised `RobustScor
 (detectors/statistical.py): an online baseline per series plus point and CUSUM drift
 statistics, calibrated per signal to score = 1 - p (score >= 0.999 flags at most ~0.1% of
 healthy points). One unusual point is not a finding: a series must stay at or above
-`threshold` for `persist_samples` consecutive samples, which turns the per-point rate into a
+`threshold`, and at least `min_peer_z` robust sigmas from its siblings, for
+`persist_samples` consecutive samples, which turns the per-point rate into a
 per-incident one. Findings are kind `statistical`, severity warning, and resolve after
 `clear_after_s` below the threshold.
 """
@@ -42,6 +43,7 @@ class GpuStatsConfig:
     persist_samples: int = 30
     clear_after_s: float = 60.0
     min_peers: int = 6  # sibling GPUs with a value needed for a residual
+    min_peer_z: float = 3.0  # and a flagged sample must be this many robust sigmas from its siblings
 
 
 def _rounds(rows: np.ndarray) -> np.ndarray:
@@ -125,7 +127,9 @@ class GpuStats:
             x[ids] = z
             score = self.scorer.update(x)
             sc = score[ids]
-            hot = sc >= self.cfg.threshold
+            # Unusual for this series AND clearly apart from its siblings now: an idle node's
+            # residuals are so steady that a tiny shift scores high on its own scale.
+            hot = (sc >= self.cfg.threshold) & (np.abs(z) >= self.cfg.min_peer_z)
             seen = ~np.isnan(sc)
             self.run[ids[seen & ~hot]] = 0
             self.run[ids[hot]] += 1

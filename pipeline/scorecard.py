@@ -13,6 +13,8 @@ Honest, per incident, no point adjustment:
 - A straggler is only observable while its node runs a job (peers are what it is compared
   with), so a straggler's delay counts only the time its node spent in running jobs between
   onset and detection (`busy` spans; a job killed by another node's fault restarts the clock).
+  A straggler observable for less than `min_straggler_s` (60 samples: its job ended or the run
+  did) is reported as `unobservable` and left out of recall, not counted as found or missed.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def score(
     interval_s: float,
     grace_s: float = 120.0,
     busy: Mapping[str, list[tuple[float, float]]] | None = None,
+    min_straggler_s: float = 60.0,
 ) -> Scorecard:
     faults: dict[str, Fault] = {}
     for t in truths:
@@ -171,22 +174,34 @@ def score(
             "precision": round(sum(f["id"] in true_ids for f in of_kind) / len(of_kind), 4),
         }
 
+    def busy_s(f: Fault, until: float) -> float:
+        spans = (busy or {}).get(f.node, [])
+        return sum(max(0.0, min(e, until) - max(s, f.onset_ts)) for s, e in spans)
+
     def delay(f: Fault) -> float:
         assert f.detected_ts is not None
         if f.category != "straggler" or busy is None:
             return f.detected_ts - f.onset_ts
-        spans = busy.get(f.node, [])
-        return sum(max(0.0, min(e, f.detected_ts) - max(s, f.onset_ts)) for s, e in spans)
+        return busy_s(f, f.detected_ts)
+
+    def observable(f: Fault) -> bool:
+        """A straggler whose node ran a job for less than `min_straggler_s` of its life (its job
+        died, or the run ended) cannot be judged; it is counted apart, not as a miss."""
+        if f.category != "straggler" or busy is None or f.detected_ts is not None:
+            return True
+        return busy_s(f, min(f.end_ts if f.end_ts is not None else end_ts, end_ts)) >= min_straggler_s
 
     for name, fs in sorted(kinds.items()):
         delays = np.array([delay(f) for f in fs if f.detected_ts is not None])
         expected = ACCEPTED.get(name, ("?",))[0]
         early = [f for f in fs if f.failure_ts is not None]
+        judged = [f for f in fs if observable(f)]
         card.per_kind[name] = {
             "category": fs[0].category,
             "faults": len(fs),
+            "unobservable": len(fs) - len(judged),
             "detected": len(delays),
-            "recall": round(len(delays) / len(fs), 4),
+            "recall": round(len(delays) / len(judged), 4) if judged else None,
             "precision": card.per_finding_kind.get(expected, {}).get("precision"),
             "delay_median_s": round(float(np.median(delays)), 2) if len(delays) else None,
             "delay_p95_s": round(float(np.percentile(delays, 95)), 2) if len(delays) else None,
@@ -202,16 +217,17 @@ def score(
 
 def format_table(card: Scorecard) -> str:
     """The scorecard as a fixed-width text table."""
-    head = ("fault kind", "cat", "n", "recall", "prec", "med s", "p95 s", "early")
-    rows = ["{:<19} {:<9} {:>3} {:>6} {:>5} {:>6} {:>6} {:>5}".format(*head)]
+    head = ("fault kind", "cat", "n", "unobs", "recall", "prec", "med s", "p95 s", "early")
+    fmt = "{:<19} {:<9} {:>4} {:>5} {:>6} {:>5} {:>6} {:>6} {:>5}"
+    rows = [fmt.format(*head)]
     for name, k in card.per_kind.items():
         prec = "-" if k["precision"] is None else f"{k['precision']:.2f}"
         med = "-" if k["delay_median_s"] is None else f"{k['delay_median_s']:.1f}"
         p95 = "-" if k["delay_p95_s"] is None else f"{k['delay_p95_s']:.1f}"
         early = "-" if k["before_failure"] is None else f"{k['before_failure']}/{k['faults']}"
-        recall = f"{k['recall']:.2f}"
-        cells = (name, k["category"], k["faults"], recall, prec, med, p95, early)
-        rows.append("{:<19} {:<9} {:>3} {:>6} {:>5} {:>6} {:>6} {:>5}".format(*cells))
+        recall = "-" if k["recall"] is None else f"{k['recall']:.2f}"
+        cells = (name, k["category"], k["faults"], k["unobservable"], recall, prec, med, p95, early)
+        rows.append(fmt.format(*cells))
     j = card.to_json()
     rows.append(
         f"findings: {j['findings']} ({j['true_findings']} true); false on healthy nodes: "
