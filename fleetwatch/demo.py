@@ -33,7 +33,7 @@ from rich.console import Console
 from collectors.sim import load_scenario
 from fleetwatch import kafka_io, topics
 from fleetwatch.demo_plot import plot_fleet
-from pipeline.scorecard import format_table, score
+from pipeline.scorecard import busy_spans, format_table, score
 
 log = logging.getLogger(__name__)
 
@@ -162,17 +162,6 @@ class LiveView:
 
     def close(self) -> None:
         self.consumer.close()
-
-
-def _busy_spans(jobs: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    busy: dict[str, list[tuple[float, float]]] = {}
-    for m in sorted(jobs, key=lambda j: j["ts"]):
-        for n in m["nodes"]:
-            if m["state"] == "started":
-                busy.setdefault(n, []).append((m["ts"], float("inf")))
-            elif m["state"] in ("finished", "failed") and busy.get(n):
-                busy[n][-1] = (busy[n][-1][0], m["ts"])
-    return busy
 
 
 def run(args: argparse.Namespace) -> int:
@@ -306,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
         epoch,
         end,
         sc.interval_s,
-        busy=_busy_spans(view.jobs),
+        busy=busy_spans(view.jobs),
     )
     console.rule("[bold]scorecard")
     console.print(format_table(card))

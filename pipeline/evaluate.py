@@ -21,7 +21,7 @@ from fleetwatch import topics
 from pipeline.job_stage import JobTask
 from pipeline.job_table import JobTable
 from pipeline.node_stage import NodeTask, NodeTaskConfig
-from pipeline.scorecard import Scorecard, format_table, score
+from pipeline.scorecard import Scorecard, busy_spans, format_table, score
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def evaluate(
         return feats
 
     pending: dict[str, list[dict[str, Any]]] = {topics.TELEMETRY: [], topics.STEPS: []}
-    busy: dict[str, list[tuple[float, float]]] = {}  # node -> [(job start, job end)]
+    job_msgs: list[dict[str, Any]] = []
     ticks = 0
     for msgs in sim.ticks():
         for topic, _key, m in msgs:
@@ -66,11 +66,7 @@ def evaluate(
             elif topic == topics.JOBS:
                 counts["jobs"] += 1
                 jobs.apply(m)
-                for n in m["nodes"]:
-                    if m["state"] == "started":
-                        busy.setdefault(n, []).append((m["ts"], float("inf")))
-                    elif m["state"] in ("finished", "failed") and busy.get(n):
-                        busy[n][-1] = (busy[n][-1][0], m["ts"])
+                job_msgs.append(m)
                 emit(job_task.process(topics.JOBS, [m]))
             elif topic in pending:
                 pending[topic].append(m)
@@ -88,7 +84,13 @@ def evaluate(
         pending = {topics.TELEMETRY: [], topics.STEPS: []}
 
     card = score(
-        findings, truths, sim.nodes, sim.tick_ts(0), sim.tick_ts(sim.n_ticks - 1), sc.interval_s, busy=busy
+        findings,
+        truths,
+        sim.nodes,
+        sim.tick_ts(0),
+        sim.tick_ts(sim.n_ticks - 1),
+        sc.interval_s,
+        busy=busy_spans(job_msgs),
     )
     info = {
         "scenario": sc.name,

@@ -106,6 +106,18 @@ class Scorecard:
         }
 
 
+def busy_spans(jobs: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """node -> [(job start, job end)] from job/1 messages (an unfinished job ends at infinity)."""
+    busy: dict[str, list[tuple[float, float]]] = {}
+    for m in sorted(jobs, key=lambda j: j["ts"]):
+        for n in m["nodes"]:
+            if m["state"] == "started":
+                busy.setdefault(n, []).append((m["ts"], float("inf")))
+            elif m["state"] in ("finished", "failed") and busy.get(n):
+                busy[n][-1] = (busy[n][-1][0], m["ts"])
+    return busy
+
+
 def _matches(f: Mapping[str, Any], fault: Fault, end_of_run: float, grace_s: float) -> bool:
     if f["node"] != fault.node:
         return False
