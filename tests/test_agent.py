@@ -275,3 +275,43 @@ def test_nvml_agent_through_kafka(kafka_bootstrap: str, topic_tail: Any, tmp_pat
     assert lost.get("lost") is True and "util" not in lost
     assert all(g["util"] == 95 for g in msgs[3]["gpus"] if g["index"] != 5)
     assert "host" in msgs[0]
+
+
+def test_collect_stops_cleanly_on_sigterm(kafka_bootstrap: str, topic_tail: Any, tmp_path: Path) -> None:
+    """SIGTERM: the agent finishes, delivers what it spooled, and exits 0."""
+    import signal
+
+    tail = topic_tail(topics.TELEMETRY)
+    node = "agent-sigterm"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fleetwatch.cli",
+            "collect",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--source",
+            "host",
+            "--node",
+            node,
+            "--interval",
+            "0.1",
+            "--spool-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    first = tail.collect(lambda rs: sum(x.key == node.encode() for x in rs) >= 3, 30)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"received SIGTERM" in err
+    rest = tail.collect(lambda rs: False, 3)
+    seqs = [m["seq"] for m in tail.messages(first + rest) if m["node"] == node]
+    assert seqs == list(range(len(seqs))) and len(seqs) >= 3
+    spool = Spool(tmp_path / f"{node}.sqlite", max_bytes=1 << 20)
+    assert len(spool) == 0  # nothing left behind
+    assert spool.get_meta("next_seq") == len(seqs)
