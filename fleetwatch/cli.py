@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--speed", type=_nonneg_float, default=1.0, help="simulated seconds per wall second; 0 = flat out"
     )
     p.add_argument("--duration", type=_positive_float, default=None, help="simulated seconds to run")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     p.set_defaults(handler="collectors.sim.cli:run")
 
     p = sub.add_parser("replay", help="produce recorded telemetry, one JSON message per line")

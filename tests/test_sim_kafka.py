@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import uuid
@@ -58,3 +59,36 @@ def test_simulate_produces_to_kafka(kafka_bootstrap: str, topic_tail, tmp_path) 
         (f"{prefix}0005", "straggler"),
     }
     assert any(m["wait_time_s"] > 0 for m in got[topics.STEPS])
+
+
+def test_simulate_serves_metrics(kafka_bootstrap: str, tmp_path) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    scenario = tmp_path / "m.yaml"
+    scenario.write_text(f"nodes: 4\nduration_s: 20\nnode_prefix: simm{uuid.uuid4().hex[:6]}-\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetwatch.cli", "simulate", "--bootstrap", kafka_bootstrap, "--scenario",
+         str(scenario), "--speed", "4", "--metrics-port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    seen = ""
+    deadline = time.monotonic() + 30
+    try:
+        while (
+            time.monotonic() < deadline
+            and 'fleetwatch_sim_messages_total{topic="fleet.telemetry.v1"}' not in seen
+        ):
+            with contextlib.suppress(OSError):
+                seen = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            time.sleep(0.3)
+    finally:
+        proc.wait(60)
+    assert proc.returncode == 0
+    assert (
+        'fleetwatch_sim_messages_total{topic="fleet.telemetry.v1"}' in seen and "fleetwatch_sim_tick" in seen
+    )

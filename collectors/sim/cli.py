@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from kafka.errors import KafkaError
+from prometheus_client import Counter, Gauge, start_http_server
 
 from collectors.sim.scenario import load_scenario
 from collectors.sim.simulation import Simulation
@@ -23,6 +24,10 @@ log = logging.getLogger("fleetwatch.simulate")
 
 PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines
 
+SENT = Counter("fleetwatch_sim_messages_total", "messages the simulator produced", ["topic"])
+TICK = Gauge("fleetwatch_sim_tick", "the last simulated tick sent")
+FAULTS_ACTIVE = Gauge("fleetwatch_sim_faults_active", "injected faults active now")
+
 
 def run(args: argparse.Namespace) -> int:
     overrides = {"nodes": args.nodes, "gpus": args.gpus, "seed": args.seed, "duration": args.duration}
@@ -30,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     speed = float(args.speed)
     stop = StopFlag()
 
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
     kafka_io.wait_for_broker(args.bootstrap)  # BrokerUnavailable: cli.main reports it
     kafka_io.ensure_topics(args.bootstrap)
     producer = kafka_io.make_producer(args.bootstrap)
@@ -69,8 +76,11 @@ def run(args: argparse.Namespace) -> int:
                 break
             for topic, key, msg in messages:
                 producer.send(topic, key=key.encode(), value=schemas.encode(msg)).add_errback(on_error)
+                SENT.labels(topic).inc()
             sent += len(messages)
             ticks_sent += 1
+            TICK.set(k)
+            FAULTS_ACTIVE.set(sum(f.status == "active" for f in sim.faults))
             now = time.monotonic()
             if now - last_log >= PROGRESS_EVERY_S:
                 last_log = now
