@@ -45,17 +45,21 @@ def _field_type(check: s.Check) -> Any:
 def _struct(name: str, spec: dict[str, s.Check], required: dict[str, Any] | None = None) -> type:
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [(k, t) for k, t in (required or {}).items()]
     fields += [(k, _field_type(c) | msgspec.UnsetType, _UNSET) for k, c in spec.items()]
-    return msgspec.defstruct(name, fields)
+    return msgspec.defstruct(name, fields, gc=False)
 
 
 _Gpu = _struct("Gpu", s.GPU_FIELDS, {"index": Annotated[int, msgspec.Meta(ge=0)]})
 _Host = _struct("Host", s.HOST_FIELDS)
 _Ib = _struct("Ib", s.IB_FIELDS)
 _Eth = _struct("Eth", s.ETH_FIELDS)
+# gc=False: these throw-away structs need no cycle tracking, and allocating tracked objects in a
+# worker that holds a few hundred thousand live message dicts triggers costly full collections.
 _Net = msgspec.defstruct(
-    "Net", [("ib", list[_Ib] | msgspec.UnsetType, _UNSET), ("eth", list[_Eth] | msgspec.UnsetType, _UNSET)]
+    "Net",
+    [("ib", list[_Ib] | msgspec.UnsetType, _UNSET), ("eth", list[_Eth] | msgspec.UnsetType, _UNSET)],
+    gc=False,
 )
-_Agent = msgspec.defstruct("Agent", [("source_errors", dict[str, str] | msgspec.UnsetType, _UNSET)])
+_Agent = msgspec.defstruct("Agent", [("source_errors", dict[str, str] | msgspec.UnsetType, _UNSET)], gc=False)
 _Telemetry = msgspec.defstruct(
     "Telemetry",
     [
@@ -68,6 +72,7 @@ _Telemetry = msgspec.defstruct(
         ("net", _Net | msgspec.UnsetType, _UNSET),
         ("agent", _Agent | msgspec.UnsetType, _UNSET),
     ],
+    gc=False,
 )
 _decoder = msgspec.json.Decoder(_Telemetry)
 

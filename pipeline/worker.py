@@ -10,6 +10,7 @@ that takes a partition over restores the snapshot and resumes from the offsets s
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -143,6 +144,18 @@ class Worker(ConsumerRebalanceListener):
 
     def step(self, timeout_ms: int = 200) -> int:
         """Poll, process, produce, flush, commit. Returns the number of input records handled."""
+        # A batch allocates ~10^5 acyclic dicts (decoded messages); the cyclic collector scanning
+        # them over and over cost ~30% of a batch, so it is paused for the batch and only that
+        # (refcounting frees the batch's objects as usual).
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._step(timeout_ms)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _step(self, timeout_ms: int) -> int:
         polled = self.consumer.poll(timeout_ms=timeout_ms)
         if not polled:
             self._maybe_snapshot()
