@@ -17,6 +17,8 @@ data="$home/alertmanager-$port"
 pidfile="$data/alertmanager.pid"
 bin="$(command -v prometheus-alertmanager || command -v alertmanager || true)"
 
+# shellcheck source=../lib.sh
+source "$here/../lib.sh"
 log() { echo "alertmanager.sh: $*" >&2; }
 
 ready() { python3 - "$port" <<'PY' 2>/dev/null
@@ -25,11 +27,7 @@ urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/-/ready", timeout=1).rea
 PY
 }
 
-running_pid() {
-  [[ -f "$pidfile" ]] || return 1
-  local pid; pid="$(cat "$pidfile")"
-  kill -0 "$pid" 2>/dev/null && grep -qa alertmanager "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
-}
+running_pid() { svc_running_pid "$pidfile" alertmanager; }
 
 start() {
   if pid="$(running_pid)" && ready; then log "already running (pid $pid) on 127.0.0.1:$port"; return 0; fi
@@ -41,26 +39,10 @@ start() {
       --web.listen-address="127.0.0.1:$port" --cluster.listen-address= \
       >"$data/alertmanager.log" 2>&1 </dev/null &
   echo $! > "$pidfile"
-  for _ in $(seq 1 100); do
-    if ready; then log "ready (pid $(cat "$pidfile"))"; return 0; fi
-    if ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      log "alertmanager exited during start:"; tail -20 "$data/alertmanager.log" >&2 || true; exit 1
-    fi
-    sleep 0.1
-  done
-  log "alertmanager did not answer on 127.0.0.1:$port within 10 s"; exit 1
+  svc_wait_ready alertmanager "$pidfile" "$data/alertmanager.log" 10 ready
 }
 
-stop() {
-  local pid
-  if ! pid="$(running_pid)"; then log "not running"; rm -f "$pidfile"; return 0; fi
-  kill "$pid"
-  for _ in $(seq 1 50); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; log "stopped"; return 0; }
-    sleep 0.1
-  done
-  kill -9 "$pid" 2>/dev/null || true; rm -f "$pidfile"
-}
+stop() { svc_stop alertmanager "$pidfile" alertmanager 5; }
 
 case "${1:-}" in
   start) start ;;

@@ -21,14 +21,12 @@ pidfile="$data/kafka.pid"
 props="$data/server.properties"
 
 log() { echo "kafka.sh: $*" >&2; }
+# shellcheck source=../lib.sh
+source "$here/../lib.sh"
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-running_pid() {
-  [[ -f "$pidfile" ]] || return 1
-  local pid; pid="$(cat "$pidfile")"
-  kill -0 "$pid" 2>/dev/null && grep -q kafka.Kafka "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
-}
+running_pid() { svc_running_pid "$pidfile" kafka.Kafka; }
 
 fetch() {
   if [[ -f "$lib/.complete" ]]; then return 0; fi
@@ -88,28 +86,10 @@ start() {
       -Dlog4j2.configurationFile="$here/log4j2.properties" -Dkafka.logs.file="$data/server.log" \
       -cp "$cp" kafka.Kafka "$props" >"$data/stdout.log" 2>&1 < /dev/null &
   echo $! > "$pidfile"
-  for _ in $(seq 1 600); do
-    if port_open "$port"; then log "ready (pid $(cat "$pidfile"))"; return 0; fi
-    if ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      log "broker exited during start; see $data/stdout.log and $data/server.log"
-      tail -20 "$data/stdout.log" >&2 || true
-      exit 1
-    fi
-    sleep 0.1
-  done
-  log "broker did not open 127.0.0.1:$port within 60 s"; exit 1
+  svc_wait_ready kafka "$pidfile" "$data/stdout.log" 60 port_open "$port"
 }
 
-stop() {
-  local pid
-  if ! pid="$(running_pid)"; then log "not running"; rm -f "$pidfile"; return 0; fi
-  kill "$pid"
-  for _ in $(seq 1 300); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; log "stopped"; return 0; }
-    sleep 0.1
-  done
-  log "broker did not stop in 30 s; killing"; kill -9 "$pid" || true; rm -f "$pidfile"
-}
+stop() { svc_stop kafka "$pidfile" kafka.Kafka 30; }
 
 case "${1:-}" in
   fetch) fetch ;;

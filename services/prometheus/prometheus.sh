@@ -34,6 +34,8 @@ pidfile="$data/prometheus.pid"
 config="$data/prometheus.yml"
 bin="$(command -v prometheus || true)"
 
+# shellcheck source=../lib.sh
+source "$here/../lib.sh"
 log() { echo "prometheus.sh: $*" >&2; }
 
 ready() { python3 - "$port" <<'PY' 2>/dev/null
@@ -42,11 +44,7 @@ urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/-/ready", timeout=1).rea
 PY
 }
 
-running_pid() {
-  [[ -f "$pidfile" ]] || return 1
-  local pid; pid="$(cat "$pidfile")"
-  kill -0 "$pid" 2>/dev/null && grep -qa prometheus "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
-}
+running_pid() { svc_running_pid "$pidfile" prometheus; }
 
 # write_targets JOB ADDR...: a file_sd file; written to a temp name and renamed, because Prometheus
 # watches the file and must never read it half-written.
@@ -87,26 +85,10 @@ start() {
       --storage.tsdb.retention.time="$retention" --web.listen-address="127.0.0.1:$port" \
       --web.enable-lifecycle >"$data/prometheus.log" 2>&1 </dev/null &
   echo $! > "$pidfile"
-  for _ in $(seq 1 150); do
-    if ready; then log "ready (pid $(cat "$pidfile")): http://127.0.0.1:$port"; return 0; fi
-    if ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      log "prometheus exited during start:"; tail -20 "$data/prometheus.log" >&2 || true; exit 1
-    fi
-    sleep 0.1
-  done
-  log "prometheus did not answer on 127.0.0.1:$port within 15 s"; exit 1
+  svc_wait_ready prometheus "$pidfile" "$data/prometheus.log" 15 ready
 }
 
-stop() {
-  local pid
-  if ! pid="$(running_pid)"; then log "not running"; rm -f "$pidfile"; return 0; fi
-  kill "$pid"
-  for _ in $(seq 1 100); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; log "stopped"; return 0; }
-    sleep 0.1
-  done
-  log "prometheus did not stop in 10 s; killing"; kill -9 "$pid" 2>/dev/null || true; rm -f "$pidfile"
-}
+stop() { svc_stop prometheus "$pidfile" prometheus 10; }
 
 case "${1:-}" in
   start) start ;;
