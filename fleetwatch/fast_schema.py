@@ -38,7 +38,7 @@ def _field_type(check: s.Check) -> Any:
     if check is s._any_name:
         return str | int
     if check is s._xids:
-        return list[Annotated[int, msgspec.Meta(ge=0)]]
+        return Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=s.MAX_XIDS)]
     raise TypeError(f"no msgspec type for {check.__name__}")
 
 
@@ -48,7 +48,7 @@ def _struct(name: str, spec: dict[str, s.Check], required: dict[str, Any] | None
     return msgspec.defstruct(name, fields, gc=False)
 
 
-_Gpu = _struct("Gpu", s.GPU_FIELDS, {"index": Annotated[int, msgspec.Meta(ge=0)]})
+_Gpu = _struct("Gpu", s.GPU_FIELDS, {"index": Annotated[int, msgspec.Meta(ge=0, le=s.MAX_GPU_INDEX)]})
 _Host = _struct("Host", s.HOST_FIELDS)
 _Ib = _struct("Ib", s.IB_FIELDS)
 _Eth = _struct("Eth", s.ETH_FIELDS)
@@ -56,7 +56,10 @@ _Eth = _struct("Eth", s.ETH_FIELDS)
 # worker that holds a few hundred thousand live message dicts triggers costly full collections.
 _Net = msgspec.defstruct(
     "Net",
-    [("ib", list[_Ib] | msgspec.UnsetType, _UNSET), ("eth", list[_Eth] | msgspec.UnsetType, _UNSET)],
+    [
+        ("ib", Annotated[list[_Ib], msgspec.Meta(max_length=s.MAX_PORTS)] | msgspec.UnsetType, _UNSET),
+        ("eth", Annotated[list[_Eth], msgspec.Meta(max_length=s.MAX_PORTS)] | msgspec.UnsetType, _UNSET),
+    ],
     gc=False,
 )
 _Agent = msgspec.defstruct("Agent", [("source_errors", dict[str, str] | msgspec.UnsetType, _UNSET)], gc=False)
@@ -67,7 +70,7 @@ _Telemetry = msgspec.defstruct(
         ("node", Annotated[str, msgspec.Meta(pattern=s.NAME_RE.pattern)]),
         ("ts", _numeric(s._nonneg)),
         ("seq", Annotated[int, msgspec.Meta(ge=0)]),
-        ("gpus", list[_Gpu]),
+        ("gpus", Annotated[list[_Gpu], msgspec.Meta(max_length=s.MAX_GPUS)]),
         ("host", _Host | msgspec.UnsetType, _UNSET),
         ("net", _Net | msgspec.UnsetType, _UNSET),
         ("agent", _Agent | msgspec.UnsetType, _UNSET),

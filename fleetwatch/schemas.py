@@ -23,6 +23,12 @@ TRUTH = "truth/1"
 NODE_FEATURES = "nodefeatures/1"  # internal: per-node signals re-keyed by job for peer comparison
 
 MAX_MESSAGE_BYTES = 1 << 20  # a telemetry/1 message of 8 GPUs is ~3 KiB; 1 MiB is a generous cap
+# Bounds on list sizes and GPU indices: detectors size arrays by them, so one message claiming GPU
+# index 10^9 must be rejected, not allocated. Real nodes have 4-16 GPUs and a few NICs.
+MAX_GPU_INDEX = 63
+MAX_GPUS = 64
+MAX_PORTS = 256
+MAX_XIDS = 1024  # XID events of one GPU in one sample (the NVML collector drains at most 1024)
 
 REASONS = (
     "oversized",
@@ -128,8 +134,15 @@ def _any_name(where: str, v: Any) -> None:
         raise MessageError("wrong_type", f"{where} must be a string or integer")
 
 
+def _bounded_list(where: str, v: Any, max_len: int) -> list[Any]:
+    items = _list(where, v)
+    if len(items) > max_len:
+        raise MessageError("out_of_range", f"{where} has {len(items)} entries, more than {max_len}")
+    return items
+
+
 def _xids(where: str, v: Any) -> None:
-    for i, x in enumerate(_list(where, v)):
+    for i, x in enumerate(_bounded_list(where, v, MAX_XIDS)):
         _integer(f"{where}[{i}]", x, 0)
 
 
@@ -233,11 +246,15 @@ def validate_telemetry(m: Mapping[str, Any]) -> None:
     _ts("telemetry.ts", m["ts"])
     _integer("telemetry.seq", m["seq"], 0)
     seen: set[int] = set()
-    for i, g in enumerate(_list("telemetry.gpus", m["gpus"])):
+    for i, g in enumerate(_bounded_list("telemetry.gpus", m["gpus"], MAX_GPUS)):
         where = f"telemetry.gpus[{i}]"
         gpu = _object(where, g)
         _required(gpu, where, ("index",))
         _integer(f"{where}.index", gpu["index"], 0)
+        if gpu["index"] > MAX_GPU_INDEX:
+            raise MessageError(
+                "out_of_range", f"{where}.index must be <= {MAX_GPU_INDEX}, got {gpu['index']}"
+            )
         if gpu["index"] in seen:
             raise MessageError("out_of_range", f"{where}.index {gpu['index']} appears twice")
         seen.add(gpu["index"])
@@ -248,7 +265,7 @@ def validate_telemetry(m: Mapping[str, Any]) -> None:
         net = _object("telemetry.net", m["net"])
         for kind, spec in (("ib", IB_FIELDS), ("eth", ETH_FIELDS)):
             if kind in net:
-                for i, port in enumerate(_list(f"telemetry.net.{kind}", net[kind])):
+                for i, port in enumerate(_bounded_list(f"telemetry.net.{kind}", net[kind], MAX_PORTS)):
                     where = f"telemetry.net.{kind}[{i}]"
                     _fields(where, _object(where, port), spec)
     if "agent" in m:

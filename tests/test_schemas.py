@@ -141,6 +141,9 @@ def _mutate(path: list[Any], value: Any) -> dict[str, Any]:
         (["net", "ib", 0, "link_downed"], -3, "out_of_range", "telemetry.net.ib[0].link_downed must be >= 0"),
         (["net", "eth"], "eth0", "wrong_type", "telemetry.net.eth must be an array"),
         (["schema"], "telemetry/2", "unknown_schema", "unknown schema 'telemetry/2'"),
+        (["gpus", 0, "index"], 64, "out_of_range", "telemetry.gpus[0].index must be <= 63"),
+        (["gpus", 0, "xids"], [79] * 1025, "out_of_range", "has 1025 entries, more than 1024"),
+        (["gpus"], [{"index": i % 8} for i in range(65)], "out_of_range", "has 65 entries, more than 64"),
         (["schema"], KeyError, "missing_field", "schema is required"),
     ],
 )
