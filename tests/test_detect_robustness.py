@@ -84,3 +84,59 @@ def test_node_stage_survives_anything_the_schema_accepts(batches: list[list[dict
             assert topic in ("fleet.findings.v1", "fleet.nodefeatures.v1")
     restored = NodeTask.from_bytes(task.to_bytes(), JobTable())  # and its state always snapshots
     restored.process("fleet.telemetry.v1", batches[-1])
+
+
+step = st.builds(
+    lambda job, node, t, dt, wait: {
+        "schema": "step/1", "job": job, "node": node, "rank": 0, "step": 1, "step_time_s": dt,
+        "wait_time_s": wait, "ts": 1_764_000_000.0 + t,
+    },
+    st.sampled_from(["j1", "j2"]), st.sampled_from(["n1", "n2", "n3"]), st.floats(0, 3000),
+    st.one_of(st.just(0.0), st.floats(0, 1e4)), st.floats(0, 100),
+)  # fmt: skip
+feature = st.builds(
+    lambda job, node, t, clock, util: {
+        "schema": "nodefeatures/1", "job": job, "node": node, "ts": 1_764_000_000.0 + t, "seq": 0,
+        "sm_clock_mhz": clock, "util": util,
+    },
+    st.sampled_from(["j1", "j2"]), st.sampled_from(["n1", "n2", "n3"]), st.floats(0, 3000),
+    st.one_of(st.just(0.0), st.floats(0, 3000)), st.floats(0, 100),
+)  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["steps", "features", "end"]), st.lists(st.one_of(step, feature), max_size=40)
+        ),
+        max_size=8,
+    )
+)
+def test_job_stage_survives_degenerate_steps(events: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """Zero step times, zero clocks, jobs that end mid-stream: valid findings, never an exception."""
+    from pipeline.job_stage import JobTask
+
+    task = JobTask()
+    for what, msgs in events:
+        if what == "end":
+            out = task.process(
+                "fleet.jobs.v1",
+                [
+                    {
+                        "schema": "job/1",
+                        "job": "j1",
+                        "nodes": ["n1", "n2"],
+                        "state": "finished",
+                        "ts": 1_764_003_000.0,
+                    }
+                ],
+            )
+        else:
+            topic = "fleet.steps.v1" if what == "steps" else "fleet.nodefeatures.v1"
+            out = task.process(
+                topic, [m for m in msgs if m["schema"] == ("step/1" if what == "steps" else "nodefeatures/1")]
+            )
+        for _topic, _key, f in out:
+            schemas.decode(schemas.encode(f))
+    JobTask.from_bytes(task.to_bytes())
