@@ -19,6 +19,7 @@ def test_act_never_logs_the_drain_key(kafka_bootstrap: str) -> None:
         capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
     )  # fmt: skip
     out = r.stdout + r.stderr
-    assert "act up" in out or r.returncode == 0, out[-2000:]  # it really ran, at debug level
+    assert r.returncode == 0, out[-2000:]
+    assert len(out.splitlines()) > 50  # it really ran, and logged at debug level
     assert key not in out
     assert key[4:] not in out  # nor the hex part on its own
