@@ -24,6 +24,7 @@ from pipeline.node_stage import NodeTask, NodeTaskConfig
 from pipeline.scorecard import Scorecard, busy_spans, format_table, score
 
 log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 10.0
 
 
 def evaluate(
@@ -59,6 +60,7 @@ def evaluate(
     pending: dict[str, list[dict[str, Any]]] = {topics.TELEMETRY: [], topics.STEPS: []}
     job_msgs: list[dict[str, Any]] = []
     ticks = 0
+    last_report = time.perf_counter()
     for msgs in sim.ticks():
         for topic, _key, m in msgs:
             if topic == topics.TRUTH:
@@ -71,6 +73,9 @@ def evaluate(
             elif topic in pending:
                 pending[topic].append(m)
         ticks += 1
+        if time.perf_counter() - last_report > PROGRESS_EVERY_S:  # long runs say how far they are
+            last_report = time.perf_counter()
+            log.info("eval: tick %d/%d, %d findings so far", ticks, sim.n_ticks, len(findings))
         if ticks % ticks_per_batch and not sim.done:
             continue
         d0 = time.perf_counter()
