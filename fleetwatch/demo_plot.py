@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-HEALTH = {"info": 0.9, "warning": 0.6, "critical": 0.1}
+from pipeline.fleet_metrics import HEALTH_BY_SEVERITY as HEALTH  # the same levels Grafana shows
 
 
 def health_grid(
