@@ -2,8 +2,10 @@
 
 A node that crashes, hangs or loses its network sends nothing, so no rule on its telemetry
 can fire. Time still moves on through the other nodes' samples (event time): a node whose
-last sample is more than `silent_after_s` older than the newest sample of its partition is
-reported (kind host, critical), and the finding resolves when the node reports again.
+last sample is more than `silent_after_s` older than the newest samples of its partition is
+reported (kind host, critical), and the finding resolves when the node reports again. "Newest"
+is the 90th percentile of the nodes' latest sample times, so one node with a clock running ahead
+cannot make the others look silent.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from detectors.findings import IncidentBook
 class SilenceConfig:
     silent_after_s: float = 10.0  # 10 missed 1 s samples; well past scheduling jitter of an agent
     min_nodes: int = 2  # a partition with one node has no other clock to judge it by
+    reference_percentile: float = 90.0
 
 
 class SilenceDetector:
@@ -37,6 +40,10 @@ class SilenceDetector:
             return out
         names = list(last_ts)
         ts = np.fromiter(last_ts.values(), dtype=float, count=len(names))
+        # The clock to judge by is the 90th percentile of the nodes' latest samples, not the newest
+        # one: a single node whose clock runs ahead would otherwise make every other node "silent".
+        # (A rack going quiet stays visible: up to 90% of the nodes can fall behind.)
+        now = min(now, float(np.percentile(ts, self.cfg.reference_percentile)))
         for i in np.flatnonzero(now - ts > self.cfg.silent_after_s):
             node = names[i]
             gap = float(now - ts[i])
