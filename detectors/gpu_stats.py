@@ -122,11 +122,8 @@ class GpuStats:
             m = np.flatnonzero(occ == r)
             v, p, f = values[m].ravel(), peer[m].ravel(), floors[m].ravel()
             z = fleet_robust_z(v, p, min_peers=self.cfg.min_peers, min_scale=f)
-            x = np.full(self.scorer.k, np.nan)
             ids = series[m].ravel()
-            x[ids] = z
-            score = self.scorer.update(x)
-            sc = score[ids]
+            sc = self.scorer.update_ids(ids, z)  # only this batch's series: O(batch), not O(cluster)
             # Unusual for this series AND clearly apart from its siblings now: an idle node's
             # residuals are so steady that a tiny shift scores high on its own scale.
             hot = (sc >= self.cfg.threshold) & (np.abs(z) >= self.cfg.min_peer_z)

@@ -224,13 +224,15 @@ class RobustScorer:
 
     def _warm_update(self, x: np.ndarray, warm: np.ndarray) -> None:
         """Running mean and mean absolute deviation over the first ``warmup`` samples."""
-        if not warm.any():
-            return
-        i = np.flatnonzero(warm)
+        if warm.any():
+            i = np.flatnonzero(warm)
+            self._warm_at(i, x[i])
+
+    def _warm_at(self, i: np.ndarray, xi: np.ndarray) -> None:
         n = self.n[i].astype(np.float64)
         first = n == 0
-        e = np.where(first, 0.0, x[i] - self.level[i])
-        self.level[i] = np.where(first, x[i], self.level[i] + e / (n + 1.0))
+        e = np.where(first, 0.0, xi - self.level[i])
+        self.level[i] = np.where(first, xi, self.level[i] + e / (n + 1.0))
         self.scale[i] = np.where(first, 0.0, self.scale[i] + (np.abs(e) - self.scale[i]) / np.maximum(n, 1.0))
 
     def _live_update(self, x: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -241,9 +243,13 @@ class RobustScorer:
         if not live.any():
             return z, d_point, d_drift
         i = np.flatnonzero(live)
+        z[i], d_point[i], d_drift[i] = self._live_at(i, x[i])
+        return z, d_point, d_drift
+
+    def _live_at(self, i: np.ndarray, xi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         floor = self.min_scale[i] if isinstance(self.min_scale, np.ndarray) else self.min_scale
         s_eff = np.maximum(self.scale[i], floor)
-        e = x[i] - self.level[i]
+        e = xi - self.level[i]
         zi = e / s_eff
         zc = np.minimum(np.maximum(zi, -self.clip), self.clip)
         cp = np.maximum(0.0, self.cusum_pos[i] + zc - self.cusum_k)
@@ -253,8 +259,30 @@ class RobustScorer:
         ec = zc * s_eff
         self.level[i] += self.alpha * ec
         self.scale[i] += self.beta * (np.abs(ec) - self.scale[i])
-        z[i], d_point[i], d_drift[i] = zi, np.abs(zi), np.maximum(cp, cn)
-        return z, d_point, d_drift
+        return zi, np.abs(zi), np.maximum(cp, cn)
+
+    def update_ids(self, ids: np.ndarray, xv: np.ndarray) -> np.ndarray:
+        """``update`` with x NaN everywhere but at the (unique) series ``ids``, in O(len(ids))
+        instead of O(K): a worker updates only the series of the batch in hand. Returns the
+        combined score of each of ``ids``. Not for scorers with a fleet statistic (it needs the
+        whole tick)."""
+        if self.peer_groups is not None:
+            raise ValueError("update_ids cannot compute the fleet statistic; use update()")
+        ids = np.asarray(ids, dtype=np.int64)
+        xv = np.asarray(xv, dtype=np.float64)
+        out = np.full(len(ids), NAN)
+        valid = ~np.isnan(xv)
+        iv, xs = ids[valid], xv[valid]
+        warm = self.n[iv] < self.warmup
+        self._warm_at(iv[warm], xs[warm])
+        li = iv[~warm]
+        _z, d_point, d_drift = self._live_at(li, xs[~warm])
+        g = self.groups[li]
+        combined = np.full(len(iv), NAN)
+        combined[~warm] = _combine(self.cal_point.score_add(g, d_point), self.cal_drift.score_add(g, d_drift))
+        self.n[iv] += 1
+        out[valid] = combined
+        return out
 
     # -- state ------------------------------------------------------------------------------
     def to_state(self) -> dict[str, np.ndarray]:

@@ -89,3 +89,23 @@ def test_state_size_per_gpu() -> None:
     run(det, fleet(64, 60, seed=4))
     per_gpu = len(orjson.dumps(det.to_state())) / (64 * 8)
     assert per_gpu < 2048
+
+
+def test_sparse_update_equals_the_full_tick() -> None:
+    """RobustScorer.update_ids (what the worker uses) is update() with NaN elsewhere, exactly."""
+    from detectors.statistical import RobustScorer
+
+    rng = np.random.default_rng(0)
+    k = 400
+    groups = np.tile(np.arange(4), k // 4)
+    full, sparse = RobustScorer(k, groups=groups), RobustScorer(k, groups=groups)
+    for _ in range(300):
+        ids = np.sort(rng.choice(k, size=150, replace=False))
+        xv = rng.standard_t(3, size=len(ids))
+        xv[rng.random(len(ids)) < 0.05] = np.nan
+        x = np.full(k, np.nan)
+        x[ids] = xv
+        a, b = full.update(x)[ids], sparse.update_ids(ids, xv)
+        assert np.array_equal(a, b, equal_nan=True)
+    for key, value in full.to_state().items():
+        assert np.array_equal(value, sparse.to_state()[key], equal_nan=True), key
