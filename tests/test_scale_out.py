@@ -1,0 +1,313 @@
+"""Scale-out (issue 6, item 5): three detect Workers in one consumer group, on the real topics
+and their partitions, find exactly the incidents (the same finding ids) that ONE worker of a
+second group finds in the same messages, and that the clock-free in-process path (NodeTask and
+JobTask driven as pipeline/evaluate.py drives them) finds in the same simulation.
+
+The cluster is 1,024 simulated nodes x 20 ticks with a handful of sudden faults spread over the
+node range (so over every partition), one of them a node that goes silent (found only through
+the other nodes' event time). Ids are compared, not counts.
+
+The helpers here (an in-process detect member, committed start offsets, "drained" checks) are
+shared with tests/test_fault_tolerance.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kafka import TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+import detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
+from collectors.sim import Simulation
+from collectors.sim.scenario import Scenario, parse_scenario
+from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.runtime import StopFlag
+from pipeline.detect import stages
+from pipeline.job_stage import JobTask
+from pipeline.job_table import JobTable, JobTableFollower
+from pipeline.node_stage import NodeTask, NodeTaskConfig
+from pipeline.worker import Worker
+from tests.conftest import TopicTail
+
+INPUTS = (topics.TELEMETRY, topics.STEPS, topics.JOBS, topics.NODE_FEATURES)
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def scenario(
+    prefix: str, nodes: int, duration_s: float, faults: list[dict[str, Any]], seed: int = 11
+) -> Scenario:
+    return parse_scenario(
+        {
+            "name": f"test-{prefix}",
+            "seed": seed,
+            "nodes": nodes,
+            "node_prefix": prefix,
+            "duration_s": duration_s,
+            "jobs": {
+                "sizes": [4, 8],
+                "duration_s": [600, 900],
+                "step_time_s": [0.8, 1.0],
+                "startup_s": [2, 3],
+            },
+            "faults": faults,
+        }
+    )
+
+
+def sim_ticks(sc: Scenario, epoch: float) -> list[list[tuple[str, str, dict[str, Any]]]]:
+    return list(Simulation(sc, epoch=epoch).ticks())
+
+
+def expected_ids(sc: Scenario, epoch: float) -> dict[str, dict[str, Any]]:
+    """Finding id -> first emission, from the clock-free in-process path (pipeline/evaluate.py)."""
+    jobs = JobTable()
+    node_task = NodeTask(jobs, NodeTaskConfig())
+    job_task = JobTask()
+    out: list[Any] = []
+    try:
+        for tick in Simulation(sc, epoch=epoch).ticks():
+            for topic, _k, m in tick:
+                if topic == topics.JOBS:
+                    jobs.apply(m)
+                    out += job_task.process(topic, [m])
+            node_out = node_task.process(topics.TELEMETRY, [m for t, _k, m in tick if t == topics.TELEMETRY])
+            out += node_out
+            out += job_task.process(
+                topics.NODE_FEATURES, [m for t, _k, m in node_out if t == topics.NODE_FEATURES]
+            )
+            out += job_task.process(topics.STEPS, [m for t, _k, m in tick if t == topics.STEPS])
+    finally:
+        node_task.close()
+        job_task.close()
+    return first_by_id(m for t, _k, m in out if t == topics.FINDINGS)
+
+
+def first_by_id(findings: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    first: dict[str, dict[str, Any]] = {}
+    for f in findings:
+        first.setdefault(f["id"], f)
+    return first
+
+
+def describe(findings: dict[str, dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return sorted(
+        (f["node"], f["kind"], f.get("gpu"), f["evidence"].get("rule"), f["first_seen"], i[:8])
+        for i, f in findings.items()
+    )
+
+
+def commit_start(bootstrap: str, group: str) -> None:
+    """Commit the current end of every detect input for `group`: its workers (whenever they join)
+    start exactly there, so nothing produced afterwards is skipped and nothing older is read."""
+    c = kafka_io.make_consumer(bootstrap, group_id=group)
+    try:
+        tps = [TopicPartition(t, p) for t in INPUTS for p in sorted(c.partitions_for_topic(t) or ())]
+        c.assign(tps)
+        ends = c.end_offsets(tps)
+        c.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in ends.items()})
+    finally:
+        c.close()
+
+
+def end_offsets(bootstrap: str, names: Sequence[str]) -> dict[TopicPartition, int]:
+    c = kafka_io.make_consumer(bootstrap)
+    try:
+        tps = [TopicPartition(t, p) for t in names for p in sorted(c.partitions_for_topic(t) or ())]
+        return dict(c.end_offsets(tps))
+    finally:
+        c.close()
+
+
+def wait_committed(bootstrap: str, group: str, targets: dict[TopicPartition, int], timeout_s: float) -> None:
+    admin = kafka_io.make_admin(bootstrap)
+    try:
+        deadline = time.monotonic() + timeout_s
+        behind: dict[TopicPartition, tuple[int, int]] = {}
+        while time.monotonic() < deadline:
+            got = admin.list_group_offsets({group: None})[group]
+            behind = {
+                tp: (got[tp].offset if tp in got else -1, end)
+                for tp, end in targets.items()
+                if tp not in got or got[tp].offset < end
+            }
+            if not behind:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"group {group} did not reach the end of its input in {timeout_s} s: {behind}")
+    finally:
+        admin.close()
+
+
+def wait_drained(bootstrap: str, group: str, timeout_s: float) -> None:
+    """Everything produced so far on the inputs is processed and committed by `group` (outputs are
+    flushed before each commit, so its findings are on the topic). Node features are produced by
+    the group itself, so their end is taken once the other inputs are done."""
+    deadline = time.monotonic() + timeout_s
+    wait_committed(bootstrap, group, end_offsets(bootstrap, INPUTS[:3]), timeout_s)
+    wait_committed(
+        bootstrap, group, end_offsets(bootstrap, [topics.NODE_FEATURES]), deadline - time.monotonic()
+    )
+
+
+def produce(
+    bootstrap: str, ticks: Sequence[list[tuple[str, str, dict[str, Any]]]], pace_s: float = 0.0
+) -> None:
+    p = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=1 << 20, max_request_size=8 << 20)
+    try:
+        for tick in ticks:
+            for topic, key, m in tick:
+                p.send(topic, key=key.encode(), value=schemas.encode(m))
+            if pace_s:
+                p.flush(timeout=30)
+                time.sleep(pace_s)
+        p.flush(timeout=60)
+    finally:
+        p.close(timeout=10)
+
+
+def mine(records: Iterable[Any], prefix: str) -> list[dict[str, Any]]:
+    return [schemas.decode(r.value) for r in records if r.key and r.key.startswith(prefix.encode())]
+
+
+def drain_tail(tail: TopicTail, quiet_s: float = 1.5, timeout_s: float = 15.0) -> list[Any]:
+    """What the tail holds until nothing new arrives for quiet_s."""
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    last_new = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - last_new < quiet_s:
+        for batch in tail.consumer.poll(timeout_ms=200).values():
+            records.extend(batch)
+            last_new = time.monotonic()
+    return records
+
+
+class Member:
+    """One in-process detect worker (the stages `fleetwatch detect` runs, with its own job table
+    follower), stepping in its own thread."""
+
+    def __init__(self, bootstrap: str, group: str, name: str, snapshot_every_s: float = 3600.0) -> None:
+        self.name = name
+        self.jobs = JobTable()
+        self.follower = JobTableFollower(self.jobs, lambda: kafka_io.make_consumer(bootstrap))
+        self.follower.start()
+        assert self.follower.caught_up.wait(30), "the job table follower never caught up"
+        self.worker = Worker(
+            bootstrap,
+            group,
+            stages(self.jobs),
+            snapshot_every_s=snapshot_every_s,
+            client_id=f"{group}-{name}",
+            start_at="latest",
+        )
+        self.stop = StopFlag(install=False)
+        self.assigned: frozenset[TopicPartition] = frozenset()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"member-{name}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop:
+                self.worker.step(timeout_ms=200)
+                self.assigned = frozenset(self.worker.consumer.assignment())
+        except BaseException as e:  # reported by check(): a worker must not die
+            self.error = e
+
+    def check(self) -> None:
+        assert self.error is None, f"worker {self.name} died: {self.error!r}"
+        assert self.thread.is_alive(), f"worker {self.name} stopped"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        try:
+            self.worker.close()
+        finally:
+            self.follower.stop()
+
+
+def wait_balanced(bootstrap: str, members: Sequence[Member], timeout_s: float = 45.0) -> None:
+    """Every member owns partitions, none twice, and together all of the detect inputs."""
+    want = set(end_offsets(bootstrap, INPUTS[:3]) | end_offsets(bootstrap, [topics.NODE_FEATURES]))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for m in members:
+            m.check()
+        sets = [m.assigned for m in members]
+        if all(sets) and sum(map(len, sets)) == len(want) and set().union(*sets) == want:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"group never balanced: {[sorted(map(tuple, m.assigned)) for m in members]}")
+
+
+# ---------------------------------------------------------------- the test
+
+
+def test_three_workers_find_what_one_worker_and_the_in_process_path_find(kafka_bootstrap: str) -> None:
+    run = uuid.uuid4().hex[:6]
+    prefix = f"so{run}-"
+    faults = [
+        {"kind": "xid79", "node": 5, "gpu": 3, "onset_s": 3},
+        {"kind": "sw_crash", "node": 300, "gpu": 0, "onset_s": 4},
+        {"kind": "ib_link_down", "node": 517, "onset_s": 6},
+        {"kind": "xid48", "node": 777, "gpu": 1, "onset_s": 8},
+        {"kind": "node_down", "node": 1000, "onset_s": 4},
+    ]
+    sc = scenario(prefix, 1024, 20, faults)
+    epoch = float(int(time.time()))
+    ticks = sim_ticks(sc, epoch)
+    expected = expected_ids(sc, epoch)
+    kinds = {(f["node"], f["kind"]) for f in expected.values()}
+    # the in-process path finds every injected fault (and nothing on the other 1,019 nodes)
+    assert kinds >= {
+        (f"{prefix}0005", "xid"),
+        (f"{prefix}0300", "xid"),
+        (f"{prefix}0517", "ib_link"),
+        (f"{prefix}0777", "xid"),
+        (f"{prefix}1000", "host"),
+    }, describe(expected)
+    assert {f["node"] for f in expected.values()} == {f"{prefix}{n:04d}" for n in (5, 300, 517, 777, 1000)}, (
+        describe(expected)
+    )
+
+    many, one = f"test-scale-many-{run}", f"test-scale-one-{run}"
+    commit_start(kafka_bootstrap, many)
+    commit_start(kafka_bootstrap, one)
+
+    # Three members in one group, balanced before the stream starts; they process it live.
+    tail = TopicTail(kafka_bootstrap, topics.FINDINGS)
+    members = [Member(kafka_bootstrap, many, f"m{i}") for i in range(3)]
+    try:
+        wait_balanced(kafka_bootstrap, members)
+        produce(kafka_bootstrap, ticks)
+        wait_drained(kafka_bootstrap, many, 60)
+        for m in members:
+            m.check()
+        recs_many = drain_tail(tail)
+    finally:
+        for m in members:
+            m.close()
+        tail.close()
+    got_many = first_by_id(mine(recs_many, prefix))
+
+    # One member of a second group over the same messages (a replay from its committed start).
+    tail = TopicTail(kafka_bootstrap, topics.FINDINGS)
+    single = Member(kafka_bootstrap, one, "solo")
+    try:
+        wait_drained(kafka_bootstrap, one, 60)
+        single.check()
+        recs_one = drain_tail(tail)
+    finally:
+        single.close()
+        tail.close()
+    got_one = first_by_id(mine(recs_one, prefix))
+
+    assert set(got_many) == set(got_one), (describe(got_many), describe(got_one))
+    assert set(got_one) == set(expected), (describe(got_one), describe(expected))
