@@ -55,6 +55,7 @@ class Worker(ConsumerRebalanceListener):
         client_id: str | None = None,
         clock: Callable[[], float] = time.time,
         start_at: str = "earliest",
+        session_timeout_ms: int = 10000,
     ) -> None:
         """start_at: where a group with no committed offset begins ("earliest" or "latest")."""
         self.bootstrap = bootstrap
@@ -68,6 +69,8 @@ class Worker(ConsumerRebalanceListener):
         self._snap_offsets: dict[tuple[str, int], dict[str, int]] = {}
         # tasks of revoked partitions, kept in case the rebalance hands them straight back
         self._parked: dict[tuple[str, int], Task] = {}
+        # assigned partitions whose task has no snapshot naming its start offset yet
+        self._unanchored: set[TopicPartition] = set()
         self.offsets: dict[TopicPartition, int] = {}  # next offset to process, per owned partition
         self._last_snapshot = time.monotonic()
         self.producer = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
@@ -79,6 +82,9 @@ class Worker(ConsumerRebalanceListener):
             fetch_max_bytes=64 << 20,
             max_partition_fetch_bytes=8 << 20,
             auto_offset_reset=start_at,
+            # A crashed member's partitions wait this long for a new owner (kafka-python's default
+            # is 45 s); heartbeats go every 3 s.
+            session_timeout_ms=session_timeout_ms,
         )
         self.consumer.subscribe(sorted(self.topic_stage), listener=self)
 
@@ -98,6 +104,7 @@ class Worker(ConsumerRebalanceListener):
             if key not in self.tasks and key in self._parked:
                 # Ours before the rebalance: the committed offset matches its state exactly.
                 self.tasks[key] = self._parked.pop(key)
+                self._unanchored.add(tp)
                 continue
             if key not in self.tasks:
                 snap = read_snapshot(self._state_consumer, self._state_name(stage.name), tp.partition)
@@ -118,6 +125,10 @@ class Worker(ConsumerRebalanceListener):
                 # The state reflects input up to `resume`; reprocess from there (duplicates carry
                 # the same ids) rather than from a later committed offset, which would skip input.
                 self.consumer.seek(tp, resume)
+            else:
+                # No snapshot says where this state starts: anchor it at the first step (blocking
+                # calls such as position() are not allowed inside this callback).
+                self._unanchored.add(tp)
         for task in self._parked.values():  # revoked and not handed back: gone to another worker
             close = getattr(task, "close", None)
             if close:
@@ -158,6 +169,7 @@ class Worker(ConsumerRebalanceListener):
     def _step(self, timeout_ms: int) -> int:
         polled = self.consumer.poll(timeout_ms=timeout_ms)
         if not polled:
+            self._anchor()
             self._maybe_snapshot()
             return 0
         t0 = time.perf_counter()
@@ -200,16 +212,36 @@ class Worker(ConsumerRebalanceListener):
             handled += len(records)
         self.producer.flush(timeout=60)
         self.consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in self.offsets.items()})
+        self._anchor()
         BATCH_SECONDS.labels(self.group).observe(time.perf_counter() - t0)
         self._maybe_snapshot()
         return handled
+
+    def _anchor(self) -> None:
+        """Snapshot new tasks at once, with the offsets they start from, so that a worker that
+        crashes before its first periodic snapshot still leaves its successor a place to replay
+        from (else the successor would start at the committed offset with none of this state)."""
+        if not self._unanchored:
+            return
+        keys = set()
+        for tp in list(self._unanchored):
+            if tp not in self.consumer.assignment():
+                self._unanchored.discard(tp)
+                continue
+            if tp not in self.offsets:  # nothing processed yet: it starts where the consumer stands
+                self.offsets[tp] = self.consumer.position(tp)
+            keys.add((self.topic_stage[tp.topic].name, tp.partition))
+            self._unanchored.discard(tp)
+        self._snapshot(keys, reset_timer=False)
+        self.producer.flush(timeout=30)
 
     def _maybe_snapshot(self) -> None:
         if time.monotonic() - self._last_snapshot >= self.snapshot_every_s:
             self._snapshot(set(self.tasks))
 
-    def _snapshot(self, keys: set[tuple[str, int]]) -> None:
-        self._last_snapshot = time.monotonic()
+    def _snapshot(self, keys: set[tuple[str, int]], reset_timer: bool = True) -> None:
+        if reset_timer:
+            self._last_snapshot = time.monotonic()
         for key in sorted(keys):
             task = self.tasks.get(key)
             if task is None:
