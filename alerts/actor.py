@@ -40,6 +40,9 @@ BUDGET_USED = Gauge("fleetwatch_act_drain_budget_used", "nodes drained by fleetw
 BUDGET_NODES = Gauge("fleetwatch_act_drain_budget_nodes", "nodes the drain budget allows now")
 FLEET = Gauge("fleetwatch_act_fleet_size", "fleet size the budget is computed on")
 STORM = Gauge("fleetwatch_act_storm_active", "1 while a drain storm is declared")
+# One series per drained node only (a drained fleet is at most the budget, 2% by default), so the
+# "drained" state of a node's health is known to Grafana without a series for every node.
+NODE_DRAINED = Gauge("fleetwatch_act_node_drained", "1 for each node fleetwatch holds drained", ["node"])
 
 STORM_SOURCE = "storm"
 
@@ -127,6 +130,7 @@ class Actor:
         self._waiting: set[int] = set()  # partitions of the current poll not yet processed
         self.global_book = AlertBook()  # the storm alert: derived from node onsets, not snapshotted
         self.last: Evaluation | None = None
+        self._exported_drained: set[str] = set()
 
     # ------------------------------------------------------------ input
 
@@ -214,6 +218,12 @@ class Actor:
             )
         self._node_alerts(owner, now, ev)
         BUDGET_USED.set(ev.drained)
+        drained = {n for n, st in nodes.items() if st.drained}
+        for n in self._exported_drained - drained:
+            NODE_DRAINED.remove(n)
+        for n in drained - self._exported_drained:
+            NODE_DRAINED.labels(n).set(1)
+        self._exported_drained = drained
         BUDGET_NODES.set(ev.budget_nodes)
         FLEET.set(fleet)
         STORM.set(1 if ev.storm.active else 0)

@@ -175,6 +175,7 @@ class Worker(ConsumerRebalanceListener):
         t0 = time.perf_counter()
         handled = 0
         now = self.clock()
+        out = _Outbox()
         for tp, records in polled.items():
             stage = self.topic_stage[tp.topic]
             task = self.tasks.get((stage.name, tp.partition))
@@ -188,7 +189,7 @@ class Worker(ConsumerRebalanceListener):
                 except schemas.MessageError as e:
                     REJECTED.labels(self.group, tp.topic, e.reason).inc()
                     send_deadletter(
-                        self.producer,
+                        out,
                         r.value,
                         e.reason,
                         e.detail,
@@ -197,7 +198,7 @@ class Worker(ConsumerRebalanceListener):
                     )
             outputs = task.process(tp.topic, msgs)
             for topic, key, msg in outputs:
-                self.producer.send(topic, key=key.encode() if key else None, value=schemas.encode(msg))
+                out.send(topic, key=key.encode() if key else None, value=schemas.encode(msg))
                 PRODUCED.labels(self.group, topic).inc()
             fleet_metrics.count_findings([m for t, _k, m in outputs if t == topics.FINDINGS], time.time())
             if tp.topic == topics.TELEMETRY:
@@ -210,12 +211,37 @@ class Worker(ConsumerRebalanceListener):
             CONSUMED.labels(self.group, tp.topic).inc(len(records))
             self.offsets[tp] = records[-1].offset + 1
             handled += len(records)
-        self.producer.flush(timeout=60)
+        self._deliver(out.items)
         self.consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in self.offsets.items()})
         self._anchor()
         BATCH_SECONDS.labels(self.group).observe(time.perf_counter() - t0)
         self._maybe_snapshot()
         return handled
+
+    def _deliver(self, items: list[tuple[str, bytes | None, bytes, Any]], attempts: int = 6) -> None:
+        """Produce a batch's outputs and make sure every one was acknowledged before the input
+        offsets are committed. flush() does not raise for a failed record (after a broker restart
+        an idempotent producer can fail whole batches), so each future is checked and the failed
+        ones are sent again from a fresh producer. The task already applied the batch and would
+        not produce these outputs a second time: giving up would lose them, so the worker stops
+        instead (its successor replays from the last snapshot)."""
+        pending = items
+        for attempt in range(1, attempts + 1):
+            futures = [
+                (it, self.producer.send(it[0], key=it[1], value=it[2], headers=it[3])) for it in pending
+            ]
+            self.producer.flush(timeout=60)
+            pending = [it for it, f in futures if not (f.is_done and f.succeeded())]
+            if not pending:
+                return
+            log.warning("%d outputs were not acknowledged (attempt %d); resending", len(pending), attempt)
+            try:
+                self.producer.close(timeout=5)
+            except Exception:  # a producer whose broker went away may fail to close cleanly
+                log.debug("error closing producer", exc_info=True)
+            time.sleep(min(5.0, float(attempt)))
+            self.producer = kafka_io.make_producer(self.bootstrap, linger_ms=20, batch_size=256 * 1024)
+        raise RuntimeError(f"{len(pending)} outputs could not be produced; stopping before committing input")
 
     def _anchor(self) -> None:
         """Snapshot new tasks at once, with the offsets they start from, so that a worker that
@@ -275,3 +301,14 @@ class Worker(ConsumerRebalanceListener):
                 close()
         self.consumer.close()
         self.producer.close(timeout=10)
+
+
+class _Outbox:
+    """Collects a batch's outputs (send() like a producer's) so that they are delivered and
+    checked together before the input offsets are committed."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, bytes | None, bytes, Any]] = []
+
+    def send(self, topic: str, key: bytes | None = None, value: bytes = b"", headers: Any = None) -> None:
+        self.items.append((topic, key, value, headers))

@@ -215,6 +215,9 @@ def test_flood_stays_within_budget_and_a_storm_drains_nothing(
     got += drains.collect(lambda rs: False, timeout_s=1)  # and nothing more
     assert len({r.key for r in got}) == len(got) == 20  # 2% of 1000
     assert metric(port, "fleetwatch_act_drain_budget_used") == 20
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        lines = [x for x in r.read().decode().splitlines() if x.startswith("fleetwatch_act_node_drained{")]
+    assert {x.split('"')[1] for x in lines} == {r.key.decode() for r in got}  # one series per drained node
     assert metric(port, "fleetwatch_act_drain_budget_nodes") == 20
     assert metric(port, 'fleetwatch_act_drains_refused_total{reason="budget"}') == 180
     assert metric(port, "fleetwatch_worker_rejected_total") == 1
