@@ -30,7 +30,6 @@ Python objects and numpy buffers alike) per GPU; and the numpy arrays of the sta
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import sys
@@ -42,20 +41,10 @@ from typing import Any
 
 from collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch import topics
+from fleetwatch.runtime import gc_paused
 
 GPUS = 8
 SIZES = (64, 256, 1024, 4096, 16384)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 @dataclass

@@ -18,29 +18,16 @@ A node-sample is one telemetry/1 message of 8 GPUs. The messages come from the s
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch import topics
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
+from fleetwatch.runtime import gc_paused
 
 
 def generate(nodes: int, ticks: int, seed: int) -> list[dict[str, Any]]:

@@ -42,7 +42,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,7 @@ from kafka.structs import OffsetAndMetadata
 
 from collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.runtime import stop_processes
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("xid79", "dbe", "ib_down")
@@ -218,15 +218,7 @@ def running(procs: dict[str, subprocess.Popen[bytes]]) -> Iterator[None]:
     try:
         yield
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop_processes(procs.values())
 
 
 def group_ready(bootstrap: str, group: str, timeout_s: float) -> bool:

@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from rich.console import Console
 from collectors.sim import load_scenario
 from fleetwatch import kafka_io, topics
 from fleetwatch.demo_plot import plot_fleet
+from fleetwatch.runtime import stop_processes
 from pipeline.scorecard import busy_spans, format_table, score
 
 log = logging.getLogger(__name__)
@@ -278,14 +278,7 @@ def run(args: argparse.Namespace) -> int:
             view.poll()
         view.close()
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs.values())
 
     end = epoch + sc.duration_s
     card = score(

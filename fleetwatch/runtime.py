@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import signal
+import subprocess
 import sys
 import threading
+from collections.abc import Iterable, Iterator
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -40,3 +44,34 @@ class StopFlag:
     def wait(self, seconds: float) -> bool:
         """Sleep up to `seconds`; True if asked to stop meanwhile."""
         return self._event.wait(seconds)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a batch of work (and only that).
+
+    A batch of decoded messages is ~10^5 acyclic dicts; the cyclic collector scanning them again
+    and again cost ~30-40% of a batch in the worker and the simulator. Refcounting still frees
+    them as usual."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], grace_s: float = 20.0) -> None:
+    """SIGTERM every child still running (fleetwatch commands stop cleanly on it), then SIGKILL
+    what has not exited after grace_s."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)

@@ -17,7 +17,6 @@ the healthy noise of every other node.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +28,7 @@ from collectors.sim.faults import ACTIVE, ENDED, PENDING, Fault, make_fault, tic
 from collectors.sim.jobs import Message, Scheduler
 from collectors.sim.scenario import DEFAULT_EPOCH, Scenario
 from fleetwatch import schemas, topics
+from fleetwatch.runtime import gc_paused
 
 
 class Simulation:
@@ -91,13 +91,8 @@ class Simulation:
             raise RuntimeError("the simulation has finished; it runs once")
         # A tick allocates ~10^5 acyclic dicts at 1024 nodes; the cyclic collector scanning them
         # again and again cost ~40% of the tick, so it is paused for the tick (and only that).
-        paused = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             return self._step()
-        finally:
-            if paused:
-                gc.enable()
 
     def _step(self) -> list[Message]:
         k, st, sched = self.k, self.state, self.scheduler
