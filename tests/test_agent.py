@@ -176,29 +176,20 @@ def test_broker_restart_loses_no_sample(private_broker: PrivateBroker, tmp_path:
     assert first_seen == list(range(total))
 
 
+def _collect_argv(
+    bootstrap: str, node: str, sources: str, interval: float, spool: Path, *extra: str
+) -> list[str]:
+    """`fleetwatch collect` as a node would run it, with its spool in a test directory."""
+    return [sys.executable, "-m", "fleetwatch.cli", "collect", "--bootstrap", bootstrap, "--source", sources,
+            "--node", node, "--interval", str(interval), "--spool-dir", str(spool), *extra]  # fmt: skip
+
+
 def test_collect_cli_end_to_end(kafka_bootstrap: str, topic_tail: Any, tmp_path: Path) -> None:
     """The real `fleetwatch collect` with this machine's host and net sources."""
     tail = topic_tail(topics.TELEMETRY)
     node = "agent-cli"
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleetwatch.cli",
-            "collect",
-            "--bootstrap",
-            kafka_bootstrap,
-            "--source",
-            "host,net",
-            "--node",
-            node,
-            "--interval",
-            "0.2",
-            "--count",
-            "5",
-            "--spool-dir",
-            str(tmp_path),
-        ],
+        _collect_argv(kafka_bootstrap, node, "host,net", 0.2, tmp_path, "--count", "5"),
         capture_output=True,
         text=True,
         timeout=60,
@@ -284,22 +275,7 @@ def test_collect_stops_cleanly_on_sigterm(kafka_bootstrap: str, topic_tail: Any,
     tail = topic_tail(topics.TELEMETRY)
     node = "agent-sigterm"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleetwatch.cli",
-            "collect",
-            "--bootstrap",
-            kafka_bootstrap,
-            "--source",
-            "host",
-            "--node",
-            node,
-            "--interval",
-            "0.1",
-            "--spool-dir",
-            str(tmp_path),
-        ],
+        _collect_argv(kafka_bootstrap, node, "host", 0.1, tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=REPO,

@@ -28,6 +28,7 @@ from typing import Any
 from kafka.partitioner.default import murmur2
 
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.runtime import stop_processes
 from tests.conftest import REPO, TopicTail
 from tests.test_scale_out import (
     Member,
@@ -153,15 +154,24 @@ def _wait_stable(bootstrap: str, group: str, n: int, procs: list[Any], timeout_s
     raise AssertionError(f"group {group} not stable with {n} members: {state} {members}")
 
 
-def test_killed_worker_loses_no_finding(kafka_bootstrap: str, tmp_path: Path) -> None:
+def _plan(
+    tag: str, name: str, duration_s: int, event_s: int
+) -> tuple[str, str, Any, float, Any, dict[str, Any]]:
+    """A test run's node prefix, group, scenario (faults around event_s), epoch, ticks and the
+    finding ids the clock-free path gives for them."""
     run = uuid.uuid4().hex[:6]
-    prefix, group = f"ftk{run}-", f"test-kill-{run}"
-    kill_s = 30
-    sc = scenario(prefix, NODES, 60, faults_around(prefix, kill_s))
+    prefix, group = f"{tag}{run}-", f"test-{name}-{run}"
+    sc = scenario(prefix, NODES, duration_s, faults_around(prefix, event_s))
     epoch = float(int(time.time()))
     ticks = sim_ticks(sc, epoch)
     expected = expected_ids(sc, epoch)
     assert {f["node"] for f in expected.values()} == fault_nodes(sc), describe(expected)
+    return prefix, group, sc, epoch, ticks, expected
+
+
+def test_killed_worker_loses_no_finding(kafka_bootstrap: str, tmp_path: Path) -> None:
+    kill_s = 30
+    prefix, group, sc, _epoch, ticks, expected = _plan("ftk", "kill", 60, kill_s)
 
     commit_start(kafka_bootstrap, group)
     tail = TopicTail(kafka_bootstrap, topics.FINDINGS)
@@ -189,14 +199,7 @@ def test_killed_worker_loses_no_finding(kafka_bootstrap: str, tmp_path: Path) ->
         assert survivor.poll() is None, "the surviving detect process exited"
         records += drain_tail(tail)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         tail.close()
     found = mine(records, prefix)
     assert_no_conflicting_duplicates(found)
@@ -212,14 +215,8 @@ def test_killed_worker_loses_no_finding(kafka_bootstrap: str, tmp_path: Path) ->
 
 
 def test_restarted_worker_resumes_from_snapshot_without_false_findings(kafka_bootstrap: str) -> None:
-    run = uuid.uuid4().hex[:6]
-    prefix, group = f"ftr{run}-", f"test-restart-{run}"
     restart_s = 40
-    sc = scenario(prefix, NODES, 80, faults_around(prefix, restart_s))
-    epoch = float(int(time.time()))
-    ticks = sim_ticks(sc, epoch)
-    expected = expected_ids(sc, epoch)
-    assert {f["node"] for f in expected.values()} == fault_nodes(sc), describe(expected)
+    prefix, group, sc, epoch, ticks, expected = _plan("ftr", "restart", 80, restart_s)
 
     commit_start(kafka_bootstrap, group)
     tail = TopicTail(kafka_bootstrap, topics.FINDINGS)
@@ -259,13 +256,8 @@ def test_restarted_worker_resumes_from_snapshot_without_false_findings(kafka_boo
 
 def test_broker_restart_during_a_run(private_broker: Any) -> None:
     bootstrap = private_broker.bootstrap
-    run = uuid.uuid4().hex[:6]
-    prefix, group = f"ftb{run}-", f"test-broker-{run}"
     outage_s = 20
-    sc = scenario(prefix, NODES, 45, faults_around(prefix, outage_s))
-    epoch = float(int(time.time()))
-    ticks = sim_ticks(sc, epoch)
-    expected = expected_ids(sc, epoch)
+    prefix, group, sc, _epoch, ticks, expected = _plan("ftb", "broker", 45, outage_s)
 
     commit_start(bootstrap, group)
     # Findings are read after the run by a consumer made then: one that lived through the outage
