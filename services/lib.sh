@@ -8,6 +8,13 @@ svc_running_pid() {
   kill -0 "$pid" 2>/dev/null && grep -qa -- "$2" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
 }
 
+# svc_http_ready PORT: exit 0 if http://127.0.0.1:PORT/-/ready answers (Prometheus, Alertmanager).
+svc_http_ready() { python3 - "$1" <<'PY' 2>/dev/null
+import sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/-/ready", timeout=1).read()
+PY
+}
+
 # svc_wait_ready NAME PIDFILE LOGFILE SECONDS READY_COMMAND...: wait until READY_COMMAND succeeds;
 # fail (exit 1, with the log's tail) if the process dies first or the time runs out.
 svc_wait_ready() {

@@ -21,11 +21,7 @@ bin="$(command -v prometheus-alertmanager || command -v alertmanager || true)"
 source "$here/../lib.sh"
 log() { echo "alertmanager.sh: $*" >&2; }
 
-ready() { python3 - "$port" <<'PY' 2>/dev/null
-import sys, urllib.request
-urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/-/ready", timeout=1).read()
-PY
-}
+ready() { svc_http_ready "$port"; }
 
 running_pid() { svc_running_pid "$pidfile" alertmanager; }
 
