@@ -124,6 +124,7 @@ def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str) -> dict[str, float]:
         schemas={topic: schemas.TELEMETRY},
         new_task=lambda _p: NodeTask(jobs),
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs),
+        telemetry_structs=True,
     )
     worker = Worker(bootstrap, f"bench-{run}", [stage], snapshot_every_s=3600)
     stop = StopFlag(install=False)

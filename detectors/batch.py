@@ -29,14 +29,16 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from fleetwatch.schemas import GPU_FIELDS, HOST_FIELDS, IB_FIELDS
 
 NAN = math.nan
+UNSET = msgspec.UNSET
 
 # Numeric GPU columns: every GPU_FIELDS entry except the identity string and the event list.
 GPU_NUMERIC: tuple[str, ...] = tuple(f for f in GPU_FIELDS if f not in ("uuid", "xids"))
@@ -50,6 +52,11 @@ _GPU_KEYS = ("index", *GPU_NUMERIC)
 _GPU_GET = itemgetter(*_GPU_KEYS)
 _HOST_GET = itemgetter(*HOST_NUMERIC)
 _IB_GET = itemgetter(*IB_NUMERIC)
+# The same columns read from fleetwatch.fast_schema's decoded structs, where absent numbers are NaN.
+_GPU_ATTR = attrgetter(*_GPU_KEYS)
+_HOST_ATTR = attrgetter(*HOST_NUMERIC)
+_IB_ATTR = attrgetter(*IB_NUMERIC)
+_HOST_ABSENT = (NAN,) * len(HOST_NUMERIC)
 
 
 class NodeRegistry:
@@ -134,6 +141,58 @@ class TelemetryBatch:
         return [names[i] for i in self.node_idx.tolist()]
 
     @classmethod
+    def from_any(cls, msgs: Sequence[Any]) -> TelemetryBatch:
+        """From validated messages as dicts, as fast_schema structs (the worker's hot path), or a mix
+        (a message only the Python validator accepted comes as a dict among structs)."""
+        if all(type(x) is dict for x in msgs):
+            return cls.from_messages(msgs)
+        if not any(type(x) is dict for x in msgs):
+            return cls.from_structs(msgs)
+        return cls.from_messages([x if type(x) is dict else _struct_dict(x) for x in msgs])  # rare
+
+    @classmethod
+    def from_structs(cls, msgs: Sequence[Any]) -> TelemetryBatch:
+        """Build the columnar batch from fleetwatch.fast_schema telemetry structs."""
+        m = len(msgs)
+        name_ix: dict[str, int] = {}
+        node_idx = np.fromiter((name_ix.setdefault(x.node, len(name_ix)) for x in msgs), np.int64, count=m)
+        ts = np.fromiter((x.ts for x in msgs), dtype=np.float64, count=m)
+        seq = np.fromiter((x.seq for x in msgs), dtype=np.int64, count=m)
+        counts = np.fromiter((len(x.gpus) for x in msgs), dtype=np.int64, count=m)
+        entries = [g for x in msgs for g in x.gpus]
+        k = len(_GPU_KEYS)
+        table = np.fromiter(chain.from_iterable(map(_GPU_ATTR, entries)), np.float64, count=len(entries) * k)
+        flagged = [i for i, g in enumerate(entries) if g.lost is True]
+        xids = [(e, g.index, c) for e, g in enumerate(entries) if g.xids for c in g.xids]
+        host = np.fromiter(
+            chain.from_iterable(_HOST_ABSENT if x.host is UNSET else _HOST_ATTR(x.host) for x in msgs),
+            np.float64,
+            count=m * len(HOST_NUMERIC),
+        ).reshape(m, len(HOST_NUMERIC))
+        ports = [(i, p) for i, x in enumerate(msgs) if x.net is not UNSET and x.net.ib for p in x.net.ib]
+        plist = [p for _, p in ports]
+        ib = np.fromiter(
+            chain.from_iterable(map(_IB_ATTR, plist)), np.float64, count=len(plist) * len(IB_NUMERIC)
+        ).reshape(len(plist), len(IB_NUMERIC))
+        ib_key = [f"{p.device}/{p.port}" for p in plist]  # absent parts decode to ""
+        ib_state: list[str | None] = [None if p.state is UNSET else p.state for p in plist]
+        return cls._assemble(
+            name_ix,
+            node_idx,
+            ts,
+            seq,
+            counts,
+            table.reshape(len(entries), k),
+            flagged,
+            xids,
+            host,
+            [i for i, _ in ports],
+            ib_key,
+            ib,
+            ib_state,
+        )
+
+    @classmethod
     def from_messages(cls, msgs: Sequence[dict[str, Any]]) -> TelemetryBatch:
         """Build the columnar batch from validated telemetry/1 dicts (see fleetwatch.schemas)."""
         m = len(msgs)
@@ -148,6 +207,50 @@ class TelemetryBatch:
         counts = np.fromiter((len(x["gpus"]) for x in msgs), dtype=np.int64, count=m)
         entries = [g for x in msgs for g in x["gpus"]]
         table = _table(entries, _GPU_GET, _GPU_KEYS)
+        flagged = [i for i, g in enumerate(entries) if "lost" in g and g["lost"] is True]
+        xids = [(e, g["index"], c) for e, g in enumerate(entries) if (xl := g.get("xids")) for c in xl]
+        host = _table([x.get("host") or {} for x in msgs], _HOST_GET, HOST_NUMERIC)
+        ports = [(i, p) for i, x in enumerate(msgs) if (net := x.get("net")) for p in net.get("ib", ())]
+        plist = [p for _, p in ports]
+        ib_key = [f"{p.get('device', '')}/{p.get('port', '')}" for p in plist]
+        ib = _table(plist, _IB_GET, IB_NUMERIC)
+        ib_state: list[str | None] = [p.get("state") for p in plist]
+        return cls._assemble(
+            name_ix,
+            node_idx,
+            ts,
+            seq,
+            counts,
+            table,
+            flagged,
+            xids,
+            host,
+            [i for i, _ in ports],
+            ib_key,
+            ib,
+            ib_state,
+        )
+
+    @classmethod
+    def _assemble(
+        cls,
+        name_ix: dict[str, int],
+        node_idx: np.ndarray,
+        ts: np.ndarray,
+        seq: np.ndarray,
+        counts: np.ndarray,
+        table: np.ndarray,
+        flagged: list[int],
+        xids: list[tuple[int, int, int]],
+        host: np.ndarray,
+        port_msg: list[int],
+        ib_key: list[str],
+        ib: np.ndarray,
+        ib_state: list[str | None],
+    ) -> TelemetryBatch:
+        """The parts both constructors share: `table` holds one row per GPU entry (index first,
+        then GPU_NUMERIC), `counts` the entries per message, `flagged` the entries that say lost."""
+        m = len(ts)
         e_msg = np.repeat(np.arange(m, dtype=np.int64), counts)
         e_gpu = table[:, 0].astype(np.int64)
         g_max = int(e_gpu.max()) + 1 if len(e_gpu) else 0
@@ -159,30 +262,18 @@ class TelemetryBatch:
         # An entry with no metric at all is a GPU the driver cannot read; an explicit flag also counts.
         no_metrics = np.isnan(table[:, 1:]).all(axis=1)
         lost[e_msg[no_metrics], e_gpu[no_metrics]] = True
-        flagged = [i for i, g in enumerate(entries) if "lost" in g and g["lost"] is True]
         if flagged:
             lost[e_msg[flagged], e_gpu[flagged]] = True
-
-        xids = [(e, g["index"], c) for e, g in enumerate(entries) if (xl := g.get("xids")) for c in xl]
         if xids:
             xa = np.array(xids, dtype=np.int64)
             xid_msg, xid_gpu, xid_code = e_msg[xa[:, 0]], xa[:, 1], xa[:, 2]
         else:
             xid_msg = xid_gpu = xid_code = np.empty(0, dtype=np.int64)
-
-        host = _table([x.get("host") or {} for x in msgs], _HOST_GET, HOST_NUMERIC)
-
-        ports = [(i, p) for i, x in enumerate(msgs) if (net := x.get("net")) for p in net.get("ib", ())]
-        ib_msg = np.fromiter((i for i, _ in ports), dtype=np.int64, count=len(ports))
-        plist = [p for _, p in ports]
-        ib_key = [f"{p.get('device', '')}/{p.get('port', '')}" for p in plist]
-        ib = _table(plist, _IB_GET, IB_NUMERIC)
-        ib_state: list[str | None] = [p.get("state") for p in plist]
         # sysfs says "4: ACTIVE", ibstat says "Active": accept both spellings.
         ib_active = np.fromiter(
             (NAN if s is None else float("ACTIVE" in s.upper()) for s in ib_state),
             dtype=np.float64,
-            count=len(plist),
+            count=len(ib_state),
         )
         return cls(
             node_names=list(name_ix),
@@ -196,9 +287,23 @@ class TelemetryBatch:
             xid_gpu=xid_gpu,
             xid_code=xid_code,
             host=host,
-            ib_msg=ib_msg,
+            ib_msg=np.array(port_msg, dtype=np.int64),
             ib_key=ib_key,
             ib=ib,
             ib_active=ib_active,
             ib_state=ib_state,
         )
+
+
+def _struct_dict(struct: Any) -> dict[str, Any]:
+    """A fast_schema struct as the dict the Python validator would have returned (absent stays absent)."""
+    d = msgspec.to_builtins(struct)  # drops UNSET; NaN defaults must go too
+
+    def strip(o: Any) -> Any:
+        if isinstance(o, dict):
+            return {k: strip(v) for k, v in o.items() if not (isinstance(v, float) and v != v)}
+        if isinstance(o, list):
+            return [strip(v) for v in o]
+        return o
+
+    return strip(d)

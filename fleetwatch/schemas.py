@@ -384,8 +384,14 @@ def decode(
     now: float | None = None,
     max_skew_s: float | None = None,
     max_bytes: int = MAX_MESSAGE_BYTES,
-) -> dict[str, Any]:
-    """Raw Kafka value -> validated message dict, or MessageError naming what is wrong."""
+    struct: bool = False,
+) -> Any:
+    """Raw Kafka value -> validated message dict, or MessageError naming what is wrong.
+
+    struct=True: a valid telemetry/1 message comes back as fleetwatch.fast_schema's decoded struct
+    (attributes, NaN for absent numbers) instead of a dict, parsed once; every other message, and
+    one that only the Python validator accepts, still comes back as a dict.
+    """
     if raw is None:
         raise MessageError("not_json", "empty message (tombstone)")
     if len(raw) > max_bytes:
@@ -394,19 +400,22 @@ def decode(
         raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise MessageError("not_utf8", f"invalid UTF-8 at byte {e.start}") from None
+    wants_telemetry = (
+        expected is None or expected == TELEMETRY or (not isinstance(expected, str) and TELEMETRY in expected)
+    )
+    if struct and wants_telemetry:
+        t = _fast_schema().decode_telemetry(raw)
+        if t is not None:
+            if max_skew_s is not None:
+                check_clock(
+                    {"schema": TELEMETRY, "ts": t.ts}, time.time() if now is None else now, max_skew_s
+                )
+            return t
     try:
         m = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise MessageError("not_json", str(e)[:200]) from None
-    fast = (
-        type(m) is dict
-        and m.get("schema") == TELEMETRY
-        and (
-            expected is None
-            or expected == TELEMETRY
-            or (not isinstance(expected, str) and TELEMETRY in expected)
-        )
-    )
+    fast = not struct and type(m) is dict and m.get("schema") == TELEMETRY and wants_telemetry
     if not (fast and _fast_schema().telemetry_ok(raw)):
         validate(m, expected)  # the slow path names what is wrong (or accepts what the fast one may not)
     if max_skew_s is not None:

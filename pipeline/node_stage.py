@@ -86,11 +86,11 @@ class NodeTask:
             self.stats = GpuStats(self.config.stats)
         fleet_metrics.COLLECTOR.add_nodes(self)
 
-    def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
+    def process(self, topic: str, msgs: Sequence[Any]) -> list[Output]:
         fresh = self._drop_stale(msgs)
         if not fresh:
             return []
-        batch = TelemetryBatch.from_messages(fresh)
+        batch = TelemetryBatch.from_any(fresh)
         findings = self.hardware.process(batch)
         nodes = batch.nodes()
         jobs = self.jobs.jobs_of(nodes)
@@ -128,11 +128,12 @@ class NodeTask:
         """The partition moved away: stop exporting its nodes."""
         fleet_metrics.COLLECTOR.remove(self)
 
-    def _drop_stale(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _drop_stale(self, msgs: Sequence[Any]) -> list[Any]:
         last = self.last_ts
         fresh = []
         for m in msgs:
-            node, ts = m["node"], m["ts"]
+            # dicts (evaluator, tests) or fleetwatch.fast_schema structs (the worker's hot path)
+            node, ts = (m["node"], m["ts"]) if type(m) is dict else (m.node, m.ts)
             if ts > last.get(node, -1.0):
                 last[node] = ts
                 fresh.append(m)

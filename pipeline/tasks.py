@@ -34,3 +34,6 @@ class Stage:
     new_task: Callable[[int], Task]  # partition -> fresh task
     load_task: Callable[[int, bytes], Task]  # partition, snapshot -> restored task
     max_skew_s: float | None = None  # reject messages whose timestamp is this far from now
+    # Hand the tasks telemetry as fleetwatch.fast_schema structs rather than dicts (parsed once;
+    # see schemas.decode). Only for tasks that read both, such as the node stage.
+    telemetry_structs: bool = False

@@ -176,7 +176,15 @@ class Worker(ConsumerRebalanceListener):
             expected = stage.schemas[tp.topic]
             for r in records:
                 try:
-                    msgs.append(schemas.decode(r.value, expected, now=now, max_skew_s=stage.max_skew_s))
+                    msgs.append(
+                        schemas.decode(
+                            r.value,
+                            expected,
+                            now=now,
+                            max_skew_s=stage.max_skew_s,
+                            struct=stage.telemetry_structs,
+                        )
+                    )
                 except schemas.MessageError as e:
                     REJECTED.labels(self.group, tp.topic, e.reason).inc()
                     send_deadletter(

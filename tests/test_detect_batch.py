@@ -183,3 +183,55 @@ def test_matches_per_field_reference(drops: list[list[set[str]]]) -> None:
             want = [float(g.get(f, math.nan)) for f in GPU_NUMERIC]
             got = b.gpu[k, g["index"]].tolist()
             assert np.array_equal(np.array(got), np.array(want), equal_nan=True)
+
+
+# ---------------------------------------------------------------- the worker's struct path
+
+
+def assert_same_batch(a: TelemetryBatch, b: TelemetryBatch) -> None:
+    """Every column of two batches equal (NaN equal to NaN)."""
+    for name in TelemetryBatch.__slots__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+        else:
+            assert x == y, name
+
+
+def _structs(msgs: list[dict[str, Any]]) -> list[Any]:
+    return [schemas.decode(schemas.encode(m), schemas.TELEMETRY, struct=True) for m in msgs]
+
+
+def test_structs_give_the_same_batch_as_dicts_on_simulated_telemetry() -> None:
+    """The worker decodes telemetry to compiled structs; the evaluator hands dicts: same columns.
+    Simulated telemetry of a faulty cluster has XIDs, lost GPUs, IB ports down, missing fields."""
+    from collectors.sim import Simulation, load_scenario, packaged_path
+    from fleetwatch import topics
+
+    sim = Simulation(load_scenario(str(packaged_path("default.yaml")), {"nodes": 16, "duration_s": 240}))
+    msgs = [m for ms in sim.ticks() for t, _k, m in ms if t == topics.TELEMETRY]
+    structs = _structs(msgs)
+    assert all(type(s) is not dict for s in structs)
+    for i in range(0, len(msgs), 500):
+        assert_same_batch(
+            TelemetryBatch.from_messages(msgs[i : i + 500]), TelemetryBatch.from_any(structs[i : i + 500])
+        )
+    assert any(
+        len(TelemetryBatch.from_messages(msgs[i : i + 500]).xid_code) for i in range(0, len(msgs), 500)
+    )
+
+
+def test_structs_and_dicts_mixed_and_edge_cases() -> None:
+    gpus = [gpu_entry(0, temp_c=None, xids=[79]), {"index": 3, "uuid": "GPU-3"}, {"index": 5, "lost": True}]
+    msgs = [
+        telemetry("n1", 1.0, gpus, host={"cpu_util": 5.0}),
+        telemetry("n2", 1.0, ib=[ib_port("mlx5_1", 1, state="1: DOWN", symbol_errors=7)]),
+        telemetry("n3", 1.0, [gpu_entry(0)], ib=[]),
+    ]
+    del msgs[2]["host"], msgs[2]["net"]
+    want = TelemetryBatch.from_messages(msgs)
+    structs = _structs(msgs)
+    assert_same_batch(want, TelemetryBatch.from_structs(structs))
+    assert_same_batch(want, TelemetryBatch.from_any([structs[0], msgs[1], structs[2]]))
+    assert_same_batch(TelemetryBatch.from_messages([]), TelemetryBatch.from_structs([]))

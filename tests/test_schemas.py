@@ -288,4 +288,14 @@ def test_fast_validator_agrees_with_the_python_one(data: st.DataObject) -> None:
         else:
             target[key] = data.draw(field_values)
     raw = json.dumps(m).encode()
-    assert fast_schema.telemetry_ok(raw) == _python_accepts(json.loads(raw)), raw[:300]
+    accepted = _python_accepts(json.loads(raw))
+    assert fast_schema.telemetry_ok(raw) == accepted, raw[:300]
+    if accepted:  # and the struct the worker's node stage reads holds what the dict holds
+        from detectors.batch import TelemetryBatch
+        from tests.test_detect_batch import assert_same_batch
+
+        struct = schemas.decode(raw, schemas.TELEMETRY, struct=True)
+        assert type(struct) is not dict
+        assert_same_batch(
+            TelemetryBatch.from_messages([json.loads(raw)]), TelemetryBatch.from_structs([struct])
+        )
