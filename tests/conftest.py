@@ -84,12 +84,22 @@ def topic_tail(kafka_bootstrap: str) -> Iterator[Callable[[str], TopicTail]]:
 
 class PrivateBroker:
     """A second local broker on its own ports, for tests that stop and restart Kafka without
-    disturbing the shared one."""
+    disturbing the shared one. It also listens with SASL_PLAINTEXT (PLAIN, user "fleetwatch",
+    password SASL_PASSWORD) on port + 2, for the tests of authenticated clients."""
+
+    SASL_PASSWORD = "fleetwatch-test-only"
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.bootstrap = f"127.0.0.1:{port}"
-        self.env = {**os.environ, "KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(port + 1)}
+        self.sasl_bootstrap = f"127.0.0.1:{port + 2}"
+        self.env = {
+            **os.environ,
+            "KAFKA_PORT": str(port),
+            "KAFKA_CONTROLLER_PORT": str(port + 1),
+            "KAFKA_SASL_PORT": str(port + 2),
+            "KAFKA_SASL_PASSWORD": self.SASL_PASSWORD,
+        }
 
     def _sh(self, verb: str) -> None:
         r = subprocess.run(

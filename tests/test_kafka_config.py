@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from fleetwatch import kafka_io
+from fleetwatch import kafka_io, schemas, topics
 
 
 def test_security_settings_from_the_environment() -> None:
@@ -49,3 +58,71 @@ def test_every_client_is_built_with_them(kafka_bootstrap: str, monkeypatch: pyte
     for make in makers:
         with pytest.raises(kafka_io.BrokerUnavailable):
             make()
+
+
+def _sasl_env(monkeypatch: pytest.MonkeyPatch, password: str) -> dict[str, str]:
+    env = {
+        "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "FLEETWATCH_KAFKA_SASL_MECHANISM": "PLAIN",
+        "FLEETWATCH_KAFKA_SASL_USERNAME": "fleetwatch",
+        "FLEETWATCH_KAFKA_SASL_PASSWORD": password,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def test_clients_authenticate_to_a_real_sasl_listener(
+    private_broker: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The private broker also listens with SASL_PLAINTEXT (PLAIN). With the settings in the
+    environment, the admin, producer and consumer, and the `fleetwatch replay` CLI as a process,
+    all work through it; with a wrong password nothing connects, and the password is never logged."""
+    env = _sasl_env(monkeypatch, private_broker.SASL_PASSWORD)
+    bootstrap = private_broker.sasl_bootstrap
+    topic = f"sasl.check.{uuid.uuid4().hex[:8]}"
+    kafka_io.ensure_topics(bootstrap, [topic, topics.TELEMETRY])
+    producer = kafka_io.make_producer(bootstrap)
+    for i in range(5):
+        producer.send(topic, key=b"k", value=str(i).encode())
+    producer.flush()
+    producer.close()
+
+    node = f"sasl-node-{uuid.uuid4().hex[:6]}"
+    sample = {"schema": schemas.TELEMETRY, "node": node, "ts": time.time(), "seq": 0, "gpus": []}
+    recording = tmp_path / "rec.jsonl"
+    recording.write_text(json.dumps(sample) + "\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetwatch.cli", "replay", str(recording), "--bootstrap", bootstrap],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert private_broker.SASL_PASSWORD not in r.stderr + r.stdout
+
+    consumer = kafka_io.make_consumer(bootstrap, topic, topics.TELEMETRY, group_id=f"sasl-{uuid.uuid4().hex}")
+    got: list[bytes] = []
+    replayed = False
+    deadline = time.monotonic() + 60
+    while (len(got) < 5 or not replayed) and time.monotonic() < deadline:
+        for tp, records in consumer.poll(timeout_ms=500).items():
+            for rec in records:
+                if tp.topic == topic:
+                    got.append(rec.value)
+                elif node.encode() in rec.value:
+                    replayed = True
+    consumer.close()
+    assert sorted(got) == [str(i).encode() for i in range(5)]
+    assert replayed, "the replayed sample did not arrive through the SASL listener"
+
+    _sasl_env(monkeypatch, "wrong-password")
+    for make in (
+        lambda: kafka_io.make_producer(bootstrap, bootstrap_timeout_ms=3000),
+        lambda: kafka_io.make_consumer(bootstrap, bootstrap_timeout_ms=3000),
+        lambda: kafka_io.make_admin(bootstrap, timeout_ms=3000),
+    ):
+        with pytest.raises(kafka_io.BrokerUnavailable) as err:
+            make().close()
+        assert "wrong-password" not in str(err.value)

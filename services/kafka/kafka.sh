@@ -5,7 +5,9 @@
 #   kafka.sh stop    stop the broker started here (by pid)
 #   kafka.sh status  exit 0 if the broker answers on its port
 # Environment: FLEETWATCH_HOME (default <repo>/.fleetwatch), KAFKA_PORT (19092),
-#              KAFKA_CONTROLLER_PORT (19093), KAFKA_HEAP (512m).
+#              KAFKA_CONTROLLER_PORT (19093), KAFKA_HEAP (512m);
+#              KAFKA_SASL_PORT + KAFKA_SASL_PASSWORD: also a SASL_PLAINTEXT listener (mechanism PLAIN,
+#              user "fleetwatch") on that port, for the tests of clients that authenticate.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,6 +16,7 @@ home="${FLEETWATCH_HOME:-$repo/.fleetwatch}"
 port="${KAFKA_PORT:-19092}"
 cport="${KAFKA_CONTROLLER_PORT:-19093}"
 heap="${KAFKA_HEAP:-512m}"
+sasl_port="${KAFKA_SASL_PORT:-}"
 kafka_version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")"
 lib="$home/kafka-lib-$kafka_version"
 data="$home/kafka-$port"
@@ -41,14 +44,23 @@ fetch() {
 
 write_props() {
   mkdir -p "$data/logs"
+  local listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
+  local advertised="PLAINTEXT://127.0.0.1:$port"
+  local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+  if [[ -n "$sasl_port" ]]; then
+    [[ -n "${KAFKA_SASL_PASSWORD:-}" ]] || { log "KAFKA_SASL_PORT needs KAFKA_SASL_PASSWORD"; exit 2; }
+    listeners+=",SASL_PLAINTEXT://127.0.0.1:$sasl_port"
+    advertised+=",SASL_PLAINTEXT://127.0.0.1:$sasl_port"
+    protocols+=",SASL_PLAINTEXT:SASL_PLAINTEXT"
+  fi
   cat > "$props" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$protocols
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$data/logs
 num.partitions=4
@@ -63,6 +75,15 @@ group.initial.rebalance.delay.ms=0
 log.retention.hours=24
 log.segment.bytes=67108864
 PROPS
+  if [[ -n "$sasl_port" ]]; then
+    local pw="$KAFKA_SASL_PASSWORD"
+    cat >> "$props" <<PROPS
+sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="fleetwatch" password="$pw" user_fleetwatch="$pw";
+PROPS
+    chmod 600 "$props"  # it holds the password
+  fi
 }
 
 start() {
