@@ -135,9 +135,14 @@ class CounterUpdate:
     accepted: np.ndarray  # (n,) bool: in order and new; rejected elements have NaN everywhere
     delta: np.ndarray  # (n, C) events since the previous valid value (NaN: first sample/absent)
     dt: np.ndarray  # (n, C) seconds since that previous value
-    rate: np.ndarray  # (n, C) delta / dt, per second
     reset: np.ndarray  # (n, C) bool: the counter went down (reset), delta = new value
     saturated: np.ndarray  # (n, C) bool: value at the saturation maximum
+
+    @property
+    def rate(self) -> np.ndarray:
+        """(n, C) delta / dt, per second (computed on demand: the rules use decayed counts)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.dt > 0, self.delta / self.dt, NAN)
 
 
 class CounterTracker:
@@ -158,6 +163,8 @@ class CounterTracker:
                 (sat if mode == "saturate" else wrap)[i] = float(2**bits - 1)
         self._sat = sat
         self._wrap = wrap
+        self._has_sat = bool(np.isfinite(sat).any())
+        self._has_wrap = bool(np.isfinite(wrap).any())
 
     def _ensure(self, n: int) -> None:
         if len(self.row_ts) < n:
@@ -173,19 +180,68 @@ class CounterTracker:
         out_sat = np.zeros((n, c), dtype=bool)
         accepted = np.zeros(n, dtype=bool)
         if n == 0:
-            return CounterUpdate(accepted, out_delta, out_dt, out_delta.copy(), out_reset, out_sat)
+            return CounterUpdate(accepted, out_delta, out_dt, out_reset, out_sat)
         self._ensure(int(rows.max()) + 1)
         seg = Segments.of(rows)
         ok = increasing_in_group(seg, ts[seg.order], self.row_ts[seg.rows])
         a = seg.subset(ok)
         na = len(a.order)
         if na == 0:
-            return CounterUpdate(accepted, out_delta, out_dt, out_delta.copy(), out_reset, out_sat)
+            return CounterUpdate(accepted, out_delta, out_dt, out_reset, out_sat)
         r, t, v = a.rows, ts[a.order], values[a.order]
 
-        # Previous valid value of each column: the last non-NaN earlier in the group, else state.
-        pos = np.arange(na)
         valid = ~np.isnan(v)
+        if valid.all():
+            prev_val, prev_ts = self._previous_dense(a, r, t, v)
+        else:
+            prev_val, prev_ts = self._previous_sparse(a, r, t, v, valid)
+
+        delta = v - prev_val
+        down = delta < 0  # NaN compares False: first samples and absent values are never resets
+        if self._has_wrap:
+            wrapped = down & (prev_val > 0.75 * self._wrap) & (v < 0.25 * self._wrap)
+            delta = np.where(wrapped, delta + self._wrap + 1.0, delta)
+            reset = down & ~wrapped
+        else:
+            reset = down
+        delta = np.where(reset, v, delta)
+        dt = t[:, None] - prev_ts
+        saturated = valid & (v >= self._sat) if self._has_sat else np.zeros_like(valid)
+        self.row_ts[r[a.last]] = t[a.last]
+
+        o = a.order
+        accepted[o] = True
+        out_delta[o] = delta
+        out_dt[o] = dt
+        out_reset[o] = reset
+        out_sat[o] = saturated
+        return CounterUpdate(accepted, out_delta, out_dt, out_reset, out_sat)
+
+    def _previous_dense(
+        self, a: Segments, r: np.ndarray, t: np.ndarray, v: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Previous value and time per element when every value is present (the usual batch): the
+        element before it in its group, or the stored state for a group's first. Stores the state."""
+        n, c = v.shape
+        prev = np.arange(-1, n - 1)
+        prev_val = v[prev]
+        prev_ts = np.broadcast_to(t[prev][:, None], (n, c)).copy()
+        first = a.first
+        prev_val[first] = self.last_val[r[first]]
+        prev_ts[first] = self.last_ts[r[first]]
+        lr = r[a.last]
+        self.last_val[lr] = v[a.last]
+        self.last_ts[lr] = t[a.last][:, None]
+        return prev_val, prev_ts
+
+    def _previous_sparse(
+        self, a: Segments, r: np.ndarray, t: np.ndarray, v: np.ndarray, valid: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """As _previous_dense, where some values are absent (NaN): the previous *valid* value of each
+        column is the last non-NaN earlier in the group, else the state; the state keeps the group's
+        last valid value per column (only where the group had one)."""
+        na, c = v.shape
+        pos = np.arange(na)
         last_incl = np.maximum.accumulate(np.where(valid, pos[:, None], -1), axis=0)
         prev = np.empty_like(last_incl)
         prev[0] = -1
@@ -195,34 +251,13 @@ class CounterTracker:
         cols = np.arange(c)[None, :]
         prev_val = np.where(in_group, v[pc, cols], self.last_val[r])
         prev_ts = np.where(in_group, t[pc], self.last_ts[r])
-
-        delta = v - prev_val
-        down = delta < 0  # NaN compares False: first samples and absent values are never resets
-        wrapped = down & (prev_val > 0.75 * self._wrap) & (v < 0.25 * self._wrap)
-        delta = np.where(wrapped, delta + self._wrap + 1.0, delta)
-        reset = down & ~wrapped
-        delta = np.where(reset, v, delta)
-        dt = t[:, None] - prev_ts
-        saturated = valid & (v >= self._sat)
-
-        # State: the group's last valid value per column (only where the group had one).
         li = last_incl[a.last]
         lr = r[a.last]
         has = li >= a.start[a.last][:, None]
         lic = np.maximum(li, 0)
         self.last_val[lr] = np.where(has, v[lic, cols], self.last_val[lr])
         self.last_ts[lr] = np.where(has, t[lic], self.last_ts[lr])
-        self.row_ts[lr] = t[a.last]
-
-        o = a.order
-        accepted[o] = True
-        out_delta[o] = delta
-        out_dt[o] = dt
-        out_reset[o] = reset
-        out_sat[o] = saturated
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rate = np.where(out_dt > 0, out_delta / out_dt, NAN)
-        return CounterUpdate(accepted, out_delta, out_dt, rate, out_reset, out_sat)
+        return prev_val, prev_ts
 
     def to_state(self) -> dict[str, Any]:
         return {

@@ -110,11 +110,15 @@ def _stream(spec):
     return np.array(rows), np.array(ts), np.array(vals)
 
 
-@settings(max_examples=150, deadline=None)
-@given(samples, st.integers(1, 60))
-def test_batched_equals_one_at_a_time(spec, cut) -> None:
+# Saturating, wrapping and unlimited counters take different code paths (as do batches with and
+# without absent values), so each shape is checked.
+LIMITS = st.sampled_from([{"a": (16, "saturate")}, {"a": (16, "wrap"), "b": (2, "saturate")}, {}])
+
+
+@settings(max_examples=200, deadline=None)
+@given(samples, st.integers(1, 60), LIMITS)
+def test_batched_equals_one_at_a_time(spec, cut, limits) -> None:
     rows, ts, vals = _stream(spec)
-    limits = {"a": (16, "saturate")}
     seq = CounterTracker(("a", "b"), limits)
     singles = [seq.update(rows[i : i + 1], ts[i : i + 1], vals[i : i + 1]) for i in range(len(rows))]
     bat = CounterTracker(("a", "b"), limits)
