@@ -15,7 +15,9 @@ Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
   bus is still listed by index, maybe with uuid, but the driver cannot read anything from it).
 - XID events flattened: `xid_msg`, `xid_gpu`, `xid_code` (X,).
 - `host` (M, H) float64 in HOST_NUMERIC order.
-- IB ports flattened: `ib_msg` (P,), `ib_key` (P,) "device/port", `ib` (P, K) in IB_NUMERIC order,
+- IB ports flattened: `ib_msg` (P,), `ib_key_idx` (P,) index into `ib_key_names`, the batch's
+  distinct "device/port" names (a node has a handful of ports, so detectors map names once per
+  batch, not once per port; `ib_key` spells them out per port); `ib` (P, K) in IB_NUMERIC order,
   `ib_active` (P,) 1.0 if the port state is ACTIVE, 0.0 if another state, NaN if not reported;
   `ib_state` (P,) the state string as reported (for evidence).
 
@@ -126,7 +128,8 @@ class TelemetryBatch:
     xid_code: np.ndarray
     host: np.ndarray
     ib_msg: np.ndarray
-    ib_key: list[str]
+    ib_key_names: list[str]
+    ib_key_idx: np.ndarray
     ib: np.ndarray
     ib_active: np.ndarray
     ib_state: list[str | None]
@@ -134,6 +137,12 @@ class TelemetryBatch:
     @property
     def size(self) -> int:
         return len(self.ts)
+
+    @property
+    def ib_key(self) -> list[str]:
+        """The "device/port" name of every port (P,)."""
+        names = self.ib_key_names
+        return [names[i] for i in self.ib_key_idx.tolist()]
 
     def nodes(self) -> list[str]:
         """Node name of every message (M,)."""
@@ -174,7 +183,10 @@ class TelemetryBatch:
         ib = np.fromiter(
             chain.from_iterable(map(_IB_ATTR, plist)), np.float64, count=len(plist) * len(IB_NUMERIC)
         ).reshape(len(plist), len(IB_NUMERIC))
-        ib_key = [f"{p.device}/{p.port}" for p in plist]  # absent parts decode to ""
+        key_ix: dict[tuple[Any, Any], int] = {}  # absent parts decode to ""
+        ib_key_idx = np.fromiter(
+            (key_ix.setdefault((p.device, p.port), len(key_ix)) for p in plist), np.int64, count=len(plist)
+        )
         ib_state: list[str | None] = [None if p.state is UNSET else p.state for p in plist]
         return cls._assemble(
             name_ix,
@@ -187,7 +199,8 @@ class TelemetryBatch:
             xids,
             host,
             [i for i, _ in ports],
-            ib_key,
+            key_ix,
+            ib_key_idx,
             ib,
             ib_state,
         )
@@ -212,7 +225,12 @@ class TelemetryBatch:
         host = _table([x.get("host") or {} for x in msgs], _HOST_GET, HOST_NUMERIC)
         ports = [(i, p) for i, x in enumerate(msgs) if (net := x.get("net")) for p in net.get("ib", ())]
         plist = [p for _, p in ports]
-        ib_key = [f"{p.get('device', '')}/{p.get('port', '')}" for p in plist]
+        key_ix: dict[tuple[Any, Any], int] = {}
+        ib_key_idx = np.fromiter(
+            (key_ix.setdefault((p.get("device", ""), p.get("port", "")), len(key_ix)) for p in plist),
+            np.int64,
+            count=len(plist),
+        )
         ib = _table(plist, _IB_GET, IB_NUMERIC)
         ib_state: list[str | None] = [p.get("state") for p in plist]
         return cls._assemble(
@@ -226,7 +244,8 @@ class TelemetryBatch:
             xids,
             host,
             [i for i, _ in ports],
-            ib_key,
+            key_ix,
+            ib_key_idx,
             ib,
             ib_state,
         )
@@ -244,7 +263,8 @@ class TelemetryBatch:
         xids: list[tuple[int, int, int]],
         host: np.ndarray,
         port_msg: list[int],
-        ib_key: list[str],
+        key_ix: dict[tuple[Any, Any], int],
+        ib_key_idx: np.ndarray,
         ib: np.ndarray,
         ib_state: list[str | None],
     ) -> TelemetryBatch:
@@ -269,12 +289,14 @@ class TelemetryBatch:
             xid_msg, xid_gpu, xid_code = e_msg[xa[:, 0]], xa[:, 1], xa[:, 2]
         else:
             xid_msg = xid_gpu = xid_code = np.empty(0, dtype=np.int64)
-        # sysfs says "4: ACTIVE", ibstat says "Active": accept both spellings.
-        ib_active = np.fromiter(
-            (NAN if s is None else float("ACTIVE" in s.upper()) for s in ib_state),
-            dtype=np.float64,
-            count=len(ib_state),
+        # sysfs says "4: ACTIVE", ibstat says "Active": accept both spellings. A fleet reports a few
+        # distinct states, so each is judged once per batch.
+        state_ix: dict[str | None, int] = {}
+        codes = np.fromiter(
+            (state_ix.setdefault(s, len(state_ix)) for s in ib_state), np.int64, len(ib_state)
         )
+        judged = np.array([NAN if s is None else float("ACTIVE" in s.upper()) for s in state_ix])
+        ib_active = judged[codes] if len(codes) else np.empty(0, dtype=np.float64)
         return cls(
             node_names=list(name_ix),
             node_idx=node_idx,
@@ -288,7 +310,8 @@ class TelemetryBatch:
             xid_code=xid_code,
             host=host,
             ib_msg=np.array(port_msg, dtype=np.int64),
-            ib_key=ib_key,
+            ib_key_names=[f"{d}/{p}" for d, p in key_ix],
+            ib_key_idx=ib_key_idx,
             ib=ib,
             ib_active=ib_active,
             ib_state=ib_state,

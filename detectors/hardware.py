@@ -135,7 +135,11 @@ class HardwareDetector:
         # columns: sbe (1 h), nvlink crc, nvlink replay, pcie replay (rate window)
         self.gpu_decay = DecayingCount((3600.0, w, w, w))
         self.gpu_runs = RunLength(2)  # thermal, power brake
+        # IB port entities: (node row, "device/port") -> entity row, the form snapshots keep; the
+        # same as a node row x port code table (-1 = never seen) for vectorised lookups.
         self.ib_rows: dict[tuple[int, str], int] = {}
+        self.ib_ports = NodeRegistry()  # "device/port" -> port code
+        self.ib_table = np.full((0, 0), -1, dtype=np.int64)
         self.ib_counters = CounterTracker(IB_COUNTERS, IB_LIMITS)
         iw = self.cfg.ib_window_s
         self.ib_decay = DecayingCount((iw, iw, iw))  # symbol, rcv, xmit_discards
@@ -176,6 +180,8 @@ class HardwareDetector:
         self.gpu_decay = DecayingCount.from_state(d["gpu_decay"])
         self.gpu_runs = RunLength.from_state(d["gpu_runs"])
         self.ib_rows = {(int(r), str(k)): int(e) for r, k, e in d["ib_rows"]}
+        for (r, k), e in self.ib_rows.items():
+            self._ib_table_set(np.array([r]), self.ib_ports.lookup([k]), np.array([e]))
         self.ib_counters = CounterTracker.from_state(d["ib_counters"])
         self.ib_decay = DecayingCount.from_state(d["ib_decay"])
         self.book = IncidentBook.from_state(d["incidents"])
@@ -525,6 +531,36 @@ class HardwareDetector:
 
     # ------------------------------------------------------------ InfiniBand
 
+    def _ib_table_set(self, rows: np.ndarray, codes: np.ndarray, ents: np.ndarray) -> None:
+        need_r, need_c = int(rows.max()) + 1, int(codes.max()) + 1
+        h, w = self.ib_table.shape
+        if need_r > h or need_c > w:
+            table = np.full((max(need_r, 2 * h, 16), max(need_c, w, 8)), -1, dtype=np.int64)
+            table[:h, :w] = self.ib_table
+            self.ib_table = table
+        self.ib_table[rows, codes] = ents
+
+    def _ib_entities(self, rows: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """Entity row of each (node row, port code), allocating new ones in order of appearance."""
+        h, w = self.ib_table.shape
+        ent = np.full(len(rows), -1, dtype=np.int64)
+        known = (rows < h) & (codes < w)
+        ent[known] = self.ib_table[rows[known], codes[known]]
+        new = ent < 0
+        if new.any():
+            key = rows[new] * (int(codes.max()) + 1) + codes[new]
+            _, first_ix, inverse = np.unique(key, return_index=True, return_inverse=True)
+            rank = np.empty(len(first_ix), dtype=np.int64)
+            rank[np.argsort(first_ix, kind="stable")] = np.arange(len(first_ix))
+            base = len(self.ib_rows)
+            ent[new] = base + rank[inverse.ravel()]
+            nr, nc, ne = rows[new][first_ix], codes[new][first_ix], base + rank
+            self._ib_table_set(nr, nc, ne)
+            names = self.ib_ports.names
+            for r, c, e in zip(nr.tolist(), nc.tolist(), ne.tolist(), strict=True):
+                self.ib_rows[(r, names[c])] = e
+        return ent
+
     def _ib_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
         if len(batch.ib_msg) == 0:
             return []
@@ -536,12 +572,9 @@ class HardwareDetector:
         if len(sel) == 0:
             return []
         pos = pos[sel]
-        keys = [batch.ib_key[i] for i in sel.tolist()]
-        rows = self.ib_rows
-        nrow = ctx.mrow[pos].tolist()
-        ent = np.fromiter(
-            (rows.setdefault((r, k), len(rows)) for r, k in zip(nrow, keys, strict=True)), np.int64, len(keys)
-        )
+        code = self.ib_ports.lookup(batch.ib_key_names)[batch.ib_key_idx[sel]]
+        ent = self._ib_entities(ctx.mrow[pos], code)
+        keys = _Names(self.ib_ports.names, code)
         vals = batch.ib[sel]
         active = batch.ib_active[sel]
         te = ctx.mts[pos]
@@ -624,6 +657,18 @@ class HardwareDetector:
                     },
                 )
         return out
+
+
+class _Names:
+    """names[codes[i]] on demand: rules name the few ports they report, not every port."""
+
+    __slots__ = ("codes", "names")
+
+    def __init__(self, names: list[str], codes: np.ndarray) -> None:
+        self.names, self.codes = names, codes
+
+    def __getitem__(self, i: Any) -> str:
+        return self.names[int(self.codes[i])]
 
 
 @dataclass(slots=True)
