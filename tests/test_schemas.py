@@ -6,12 +6,15 @@ import copy
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetwatch import schemas
+from detectors.batch import TelemetryBatch
+from fleetwatch import fast_schema, schemas
 from fleetwatch.schemas import MessageError
+from tests.test_detect_batch import assert_same_batch
 
 
 def telemetry(**over: Any) -> dict[str, Any]:
@@ -276,8 +279,6 @@ def _containers(m: dict[str, Any]) -> list[dict[str, Any]]:
 @given(st.data())
 def test_fast_validator_agrees_with_the_python_one(data: st.DataObject) -> None:
     """fleetwatch/fast_schema.py (the hot path) must accept exactly what schemas.validate accepts."""
-    from fleetwatch import fast_schema
-
     m = copy.deepcopy(telemetry())
     m["agent"] = {"version": "0.1", "source_errors": {}}
     for _ in range(data.draw(st.integers(1, 3))):
@@ -291,11 +292,54 @@ def test_fast_validator_agrees_with_the_python_one(data: st.DataObject) -> None:
     accepted = _python_accepts(json.loads(raw))
     assert fast_schema.telemetry_ok(raw) == accepted, raw[:300]
     if accepted:  # and the struct the worker's node stage reads holds what the dict holds
-        from detectors.batch import TelemetryBatch
-        from tests.test_detect_batch import assert_same_batch
-
         struct = schemas.decode(raw, schemas.TELEMETRY, struct=True)
         assert type(struct) is not dict
         assert_same_batch(
             TelemetryBatch.from_messages([json.loads(raw)]), TelemetryBatch.from_structs([struct])
+        )
+
+
+def _outcome(raw: Any, struct: bool) -> tuple[str, Any]:
+    try:
+        m = schemas.decode(raw, schemas.TELEMETRY, now=1_764_000_000.0, max_skew_s=3600, struct=struct)
+    except MessageError as e:
+        return "error", (e.reason, e.detail)
+    return "ok", m
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                schemas.encode(telemetry()),
+                schemas.encode(telemetry(ts=1.0)),  # clock skew
+                schemas.encode(telemetry(node="", seq=-1)),
+                schemas.encode(GOOD["job/1"]),  # wrong topic
+                b"\xff\xfe{}",
+                b'{"schema": "telemetry/1"',
+                b"x" * (schemas.MAX_MESSAGE_BYTES + 1),
+                None,
+            ]
+        )
+        | st.binary(max_size=60),
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_decode_batch_equals_decode_one_by_one(raws: list[Any], struct: bool) -> None:
+    """The worker decodes a polled batch at once: same messages, same errors, same order."""
+    ok, bad = schemas.decode_batch(
+        raws, schemas.TELEMETRY, now=1_764_000_000.0, max_skew_s=3600, struct=struct
+    )
+    want = [_outcome(r, struct) for r in raws]
+    assert [(i, (e.reason, e.detail)) for i, e in bad] == [
+        (i, v) for i, (k, v) in enumerate(want) if k == "error"
+    ]
+    wanted_ok = [v for k, v in want if k == "ok"]
+    assert len(ok) == len(wanted_ok)
+    for got, exp in zip(ok, wanted_ok, strict=True):
+        assert type(got) is type(exp)
+        assert (got if type(got) is dict else msgspec.to_builtins(got)) == (
+            exp if type(exp) is dict else msgspec.to_builtins(exp)
         )
