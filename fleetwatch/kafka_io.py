@@ -48,6 +48,21 @@ def client_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict[
     return cfg
 
 
+def unavailable(bootstrap: str, cfg: Mapping[str, Any]) -> str:
+    """The one-line reason for a bootstrap that failed. kafka-python reports a refused SASL login or
+    TLS handshake as the same timeout as a broker that is down, so where security is configured
+    the message says which settings to check (never their values)."""
+    msg = f"no Kafka broker answered at {bootstrap}"
+    protocol = cfg.get("security_protocol", "PLAINTEXT")
+    if protocol == "PLAINTEXT":
+        return msg
+    what = {
+        "SSL": "the CA, certificate and key (FLEETWATCH_KAFKA_SSL_*)",
+        "SASL_PLAINTEXT": "the SASL mechanism, user and password (FLEETWATCH_KAFKA_SASL_*)",
+    }.get(protocol, "the SASL credentials and TLS files (FLEETWATCH_KAFKA_SASL_*, FLEETWATCH_KAFKA_SSL_*)")
+    return f"{msg} over {protocol}: it may be down, or it refused the connection; check {what}"
+
+
 def make_producer(bootstrap: str, **overrides: Any) -> KafkaProducer:
     cfg = client_config(bootstrap)
     # acks=all + idempotence: a sample acknowledged by the broker is on every in-sync replica once.
@@ -56,7 +71,7 @@ def make_producer(bootstrap: str, **overrides: Any) -> KafkaProducer:
     try:
         return KafkaProducer(**cfg)
     except KafkaTimeoutError as e:
-        raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
+        raise BrokerUnavailable(unavailable(bootstrap, cfg)) from e
 
 
 def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaConsumer:
@@ -66,7 +81,7 @@ def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaCon
     try:
         consumer = KafkaConsumer(**cfg)
     except KafkaTimeoutError as e:
-        raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
+        raise BrokerUnavailable(unavailable(bootstrap, cfg)) from e
     if subscribe:
         consumer.subscribe(list(subscribe))
     return consumer
@@ -78,7 +93,7 @@ def make_admin(bootstrap: str, timeout_ms: int = 10000) -> KafkaAdminClient:
     try:
         return KafkaAdminClient(**cfg, request_timeout_ms=10000)
     except KafkaTimeoutError as e:
-        raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap}") from e
+        raise BrokerUnavailable(unavailable(bootstrap, cfg)) from e
 
 
 def connect_timeout_s(default: float = 30.0) -> float:

@@ -6,7 +6,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
-debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge prometheus)
+debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge prometheus openssl)
 # A JDK or Maven from elsewhere (e.g. the image's own) also does; only install them when absent.
 command -v java >/dev/null || debian_packages+=(default-jre-headless)
 command -v mvn >/dev/null || debian_packages+=(maven)

@@ -84,8 +84,9 @@ def topic_tail(kafka_bootstrap: str) -> Iterator[Callable[[str], TopicTail]]:
 
 class PrivateBroker:
     """A second local broker on its own ports, for tests that stop and restart Kafka without
-    disturbing the shared one. It also listens with SASL_PLAINTEXT (PLAIN, user "fleetwatch",
-    password SASL_PASSWORD) on port + 2, for the tests of authenticated clients."""
+    disturbing the shared one. For the tests of authenticated clients it also listens with
+    SASL_PLAINTEXT (PLAIN, user "fleetwatch", password SASL_PASSWORD) on port + 2, and with SSL
+    requiring a client certificate on port + 3 (CA and client certificate in tls_dir)."""
 
     SASL_PASSWORD = "fleetwatch-test-only"
 
@@ -93,12 +94,16 @@ class PrivateBroker:
         self.port = port
         self.bootstrap = f"127.0.0.1:{port}"
         self.sasl_bootstrap = f"127.0.0.1:{port + 2}"
+        self.ssl_bootstrap = f"127.0.0.1:{port + 3}"
+        home = Path(os.environ.get("FLEETWATCH_HOME", REPO / ".fleetwatch"))
+        self.tls_dir = home / f"kafka-{port}" / "tls"
         self.env = {
             **os.environ,
             "KAFKA_PORT": str(port),
             "KAFKA_CONTROLLER_PORT": str(port + 1),
             "KAFKA_SASL_PORT": str(port + 2),
             "KAFKA_SASL_PASSWORD": self.SASL_PASSWORD,
+            "KAFKA_SSL_PORT": str(port + 3),
         }
 
     def _sh(self, verb: str) -> None:

@@ -7,7 +7,10 @@
 # Environment: FLEETWATCH_HOME (default <repo>/.fleetwatch), KAFKA_PORT (19092),
 #              KAFKA_CONTROLLER_PORT (19093), KAFKA_HEAP (512m);
 #              KAFKA_SASL_PORT + KAFKA_SASL_PASSWORD: also a SASL_PLAINTEXT listener (mechanism PLAIN,
-#              user "fleetwatch") on that port, for the tests of clients that authenticate.
+#              user "fleetwatch") on that port, for the tests of clients that authenticate;
+#              KAFKA_SSL_PORT: also an SSL listener that requires a client certificate (mutual TLS),
+#              with a private CA made here once by openssl/keytool: the CA (ca.pem) and a client
+#              certificate and key (client.pem, client.key) for clients are in <data>/tls.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,11 +20,13 @@ port="${KAFKA_PORT:-19092}"
 cport="${KAFKA_CONTROLLER_PORT:-19093}"
 heap="${KAFKA_HEAP:-512m}"
 sasl_port="${KAFKA_SASL_PORT:-}"
+ssl_port="${KAFKA_SSL_PORT:-}"
 kafka_version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")"
 lib="$home/kafka-lib-$kafka_version"
 data="$home/kafka-$port"
 pidfile="$data/kafka.pid"
 props="$data/server.properties"
+tls="$data/tls"
 
 log() { echo "kafka.sh: $*" >&2; }
 # shellcheck source=../lib.sh
@@ -42,6 +47,34 @@ fetch() {
   rm -rf "$lib"; mv "$lib.tmp" "$lib"
 }
 
+# A private CA, the broker's certificate (for 127.0.0.1/localhost) in a PKCS12 keystore, the CA
+# in a PKCS12 truststore (client certificates must chain to it), and a client certificate. Test
+# material only: made once per data directory, never leaves it.
+make_tls() {
+  [[ -f "$tls/.complete" ]] && return 0
+  command -v openssl >/dev/null || { log "openssl not found (apt-get install openssl)"; exit 1; }
+  command -v keytool >/dev/null || { log "keytool not found (it ships with the JRE)"; exit 1; }
+  rm -rf "$tls"; mkdir -p "$tls"; chmod 700 "$tls"
+  local pass; pass="$(openssl rand -hex 16)"
+  printf '%s' "$pass" > "$tls/store.pass"
+  ( cd "$tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 3650 \
+        -subj "/CN=fleetwatch local test CA" 2>/dev/null
+    for who in server client; do
+      openssl req -newkey rsa:2048 -nodes -keyout "$who.key" -out "$who.csr" -subj "/CN=fleetwatch-$who" 2>/dev/null
+      printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$who.ext"
+      openssl x509 -req -in "$who.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -out "$who.pem" \
+          -days 3650 -extfile "$who.ext" 2>/dev/null
+    done
+    openssl pkcs12 -export -in server.pem -inkey server.key -certfile ca.pem -name broker \
+        -out server.p12 -passout "pass:$pass"
+    keytool -importcert -noprompt -alias ca -file ca.pem -keystore trust.p12 -storetype PKCS12 \
+        -storepass "$pass" >/dev/null 2>&1
+    rm -f ./*.csr ./*.ext ./*.srl
+    chmod 600 ./*.key store.pass server.p12 trust.p12 )
+  touch "$tls/.complete"
+}
+
 write_props() {
   mkdir -p "$data/logs"
   local listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
@@ -52,6 +85,12 @@ write_props() {
     listeners+=",SASL_PLAINTEXT://127.0.0.1:$sasl_port"
     advertised+=",SASL_PLAINTEXT://127.0.0.1:$sasl_port"
     protocols+=",SASL_PLAINTEXT:SASL_PLAINTEXT"
+  fi
+  if [[ -n "$ssl_port" ]]; then
+    make_tls
+    listeners+=",SSL://127.0.0.1:$ssl_port"
+    advertised+=",SSL://127.0.0.1:$ssl_port"
+    protocols+=",SSL:SSL"
   fi
   cat > "$props" <<PROPS
 process.roles=broker,controller
@@ -82,8 +121,20 @@ sasl.enabled.mechanisms=PLAIN
 listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="fleetwatch" password="$pw" user_fleetwatch="$pw";
 PROPS
-    chmod 600 "$props"  # it holds the password
   fi
+  if [[ -n "$ssl_port" ]]; then
+    local sp; sp="$(cat "$tls/store.pass")"
+    cat >> "$props" <<PROPS
+listener.name.ssl.ssl.keystore.type=PKCS12
+listener.name.ssl.ssl.keystore.location=$tls/server.p12
+listener.name.ssl.ssl.keystore.password=$sp
+listener.name.ssl.ssl.truststore.type=PKCS12
+listener.name.ssl.ssl.truststore.location=$tls/trust.p12
+listener.name.ssl.ssl.truststore.password=$sp
+listener.name.ssl.ssl.client.auth=required
+PROPS
+  fi
+  [[ -z "$sasl_port$ssl_port" ]] || chmod 600 "$props"  # it holds passwords
 }
 
 start() {
