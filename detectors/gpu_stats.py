@@ -29,7 +29,7 @@ import numpy as np
 from detectors.batch import GPU_COL, TelemetryBatch
 from detectors.counters import decode_array, encode_array
 from detectors.findings import IncidentBook, severity_score
-from detectors.statistical import RobustScorer, fleet_robust_z
+from detectors.statistical import RobustScorer, sibling_robust_z
 
 # signal -> resolution below which peers count as equal (no MAD = 0 blow-ups on quantised values)
 SIGNALS: dict[str, float] = {"temp_c": 1.0, "power_w": 10.0, "sm_clock_mhz": 15.0}
@@ -109,19 +109,14 @@ class GpuStats:
         g = min(batch.gpu.shape[1], 8)
         values = batch.gpu[:, :g, :][:, :, _COLS]  # (M, G, S)
         series = self._series(rows, g)
-        # peer group of each (message, gpu, signal): the same sample's GPUs x signal
-        msg_ids = np.arange(batch.size, dtype=np.int64)
-        peer = (msg_ids[:, None, None] * len(SIGNALS) + np.arange(len(SIGNALS))[None, None, :]).repeat(
-            g, axis=1
-        )
-        floors = np.broadcast_to(_RES, values.shape)
+        # each (message, gpu, signal) against the same sample's GPUs for that signal
+        z_all = sibling_robust_z(values, min_peers=self.cfg.min_peers, min_scale=_RES)
 
         out: list[dict[str, Any]] = []
         occ = _rounds(rows)
         for r in range(int(occ.max()) + 1):
             m = np.flatnonzero(occ == r)
-            v, p, f = values[m].ravel(), peer[m].ravel(), floors[m].ravel()
-            z = fleet_robust_z(v, p, min_peers=self.cfg.min_peers, min_scale=f)
+            v, z = values[m].ravel(), z_all[m].ravel()
             ids = series[m].ravel()
             sc = self.scorer.update_ids(ids, z)  # only this batch's series: O(batch), not O(cluster)
             # Unusual for this series AND clearly apart from its siblings now: an idle node's

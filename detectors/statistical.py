@@ -115,11 +115,38 @@ def fleet_robust_z(
     mad = np.repeat(group_medians(dev[np.lexsort((dev, gs))], starts, counts), counts)
     floor = min_scale[idx] if isinstance(min_scale, np.ndarray) else min_scale
     scale = np.maximum(MAD_TO_SIGMA * mad, floor)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         z = np.where(dev > 0, (vs - med) / scale, 0.0)
     z[np.repeat(counts < min_peers, counts)] = NAN
     out[idx] = z
     return out
+
+
+def sibling_robust_z(x: np.ndarray, *, min_peers: int = 5, min_scale: float | np.ndarray = 0.0) -> np.ndarray:
+    """fleet_robust_z for the dense layout where each row's peers sit along axis 1: ``x`` (M, G, S),
+    the peer group of ``x[m, :, s]`` is that row's G values of signal s (a sample's sibling GPUs).
+    ``min_scale`` broadcasts against (M, G, S). The same numbers as fleet_robust_z with those
+    groups, without its two global sorts: each group is sorted in place along its short axis."""
+    v = np.moveaxis(x, 1, 2)  # (M, S, G): each group contiguous
+    present = ~np.isnan(v)
+    counts = present.sum(axis=2, keepdims=True)
+    lo_i, hi_i = np.maximum((counts - 1) // 2, 0), counts // 2
+
+    def medians(a: np.ndarray) -> np.ndarray:
+        srt = np.sort(a, axis=2)  # NaN sorts last, so the present values lead
+        lo = np.take_along_axis(srt, lo_i, axis=2)
+        hi = np.take_along_axis(srt, np.minimum(hi_i, srt.shape[2] - 1), axis=2)
+        return 0.5 * (lo + hi)
+
+    med = medians(v)
+    dev = np.abs(v - med)
+    mad = medians(dev)
+    floor = np.moveaxis(np.broadcast_to(min_scale, x.shape), 1, 2)
+    scale = np.maximum(MAD_TO_SIGMA * mad, floor)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        z = np.where(dev > 0, (v - med) / scale, 0.0)
+    z[~present | (counts < min_peers)] = NAN
+    return np.moveaxis(z, 2, 1)
 
 
 def _combine(*scores: np.ndarray) -> np.ndarray:

@@ -4,12 +4,21 @@ snapshot/restore, vectorised == separate runs, fleet-relative scoring, memory.""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detectors.calibration import ScalarTailCalibrator, TailCalibrator
-from detectors.statistical import NodeCombiner, RobustScorer, UnivariateScorer, fleet_robust_z
+from detectors.statistical import (
+    NodeCombiner,
+    RobustScorer,
+    UnivariateScorer,
+    fleet_robust_z,
+    sibling_robust_z,
+)
 
 
 def run(scorer: RobustScorer, xs: np.ndarray) -> np.ndarray:
@@ -147,6 +156,27 @@ def test_fleet_robust_z_against_explicit_median() -> None:
     np.testing.assert_allclose(z[5:10], [0, 0, 0, 0, 2.0])
     assert math.isnan(z[10])
     assert np.isnan(fleet_robust_z(x, g, min_peers=6)[:5]).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 6),  # messages
+    st.integers(1, 8),  # GPUs
+    st.integers(1, 3),  # signals
+    st.integers(1, 9),  # min_peers
+    st.data(),
+)
+def test_sibling_robust_z_equals_fleet_robust_z(m: int, g: int, s: int, min_peers: int, data: Any) -> None:
+    """The gpu detector's dense form gives exactly the grouped form's numbers, gaps and ties included."""
+    cell = st.one_of(st.just(math.nan), st.sampled_from([0.0, 1.0, 5.0]), st.floats(-1e6, 1e6))
+    x = np.array(data.draw(st.lists(cell, min_size=m * g * s, max_size=m * g * s))).reshape(m, g, s)
+    floor = np.array(data.draw(st.lists(st.floats(0.0, 10.0), min_size=s, max_size=s)))
+    groups = (np.arange(m)[:, None, None] * s + np.arange(s)[None, None, :]).repeat(g, axis=1)
+    want = fleet_robust_z(
+        x.ravel(), groups.ravel(), min_peers=min_peers, min_scale=np.broadcast_to(floor, x.shape).ravel()
+    )
+    got = sibling_robust_z(x, min_peers=min_peers, min_scale=floor)
+    np.testing.assert_array_equal(got.ravel(), want)
 
 
 @pytest.mark.parametrize("method", ["fisher", "tippett"])
