@@ -19,7 +19,8 @@ Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
   distinct "device/port" names (a node has a handful of ports, so detectors map names once per
   batch, not once per port; `ib_key` spells them out per port); `ib` (P, K) in IB_NUMERIC order,
   `ib_active` (P,) 1.0 if the port state is ACTIVE, 0.0 if another state, NaN if not reported;
-  `ib_state` (P,) the state string as reported (for evidence).
+  `ib_state_idx` (P,) index into `ib_state_names`, the distinct states as reported (None: not
+  reported), for evidence; `ib_state` spells them out per port.
 
 Counters become float64: exact up to 2**53, far above any ECC/XID/link-error count; byte counters
 lose sub-byte precision only beyond ~9 PB, which rates do not care about.
@@ -59,6 +60,17 @@ _GPU_ATTR = attrgetter(*_GPU_KEYS)
 _HOST_ATTR = attrgetter(*HOST_NUMERIC)
 _IB_ATTR = attrgetter(*IB_NUMERIC)
 _HOST_ABSENT = (NAN,) * len(HOST_NUMERIC)
+_NODE, _TS, _SEQ, _GPUS, _HOST, _NET = (attrgetter(a) for a in ("node", "ts", "seq", "gpus", "host", "net"))
+_LOST, _XIDS = attrgetter("lost"), attrgetter("xids")
+_IB_KEY, _IB_STATE = attrgetter("device", "port"), attrgetter("state")
+
+
+def _codes_of(values: list[Any]) -> dict[Any, int]:
+    """Each distinct value -> its code, in order of first appearance (C-level: dict.fromkeys)."""
+    codes = dict.fromkeys(values, 0)
+    for i, v in enumerate(codes):
+        codes[v] = i
+    return codes
 
 
 class NodeRegistry:
@@ -132,7 +144,8 @@ class TelemetryBatch:
     ib_key_idx: np.ndarray
     ib: np.ndarray
     ib_active: np.ndarray
-    ib_state: list[str | None]
+    ib_state_names: list[str | None]
+    ib_state_idx: np.ndarray
 
     @property
     def size(self) -> int:
@@ -143,6 +156,12 @@ class TelemetryBatch:
         """The "device/port" name of every port (P,)."""
         names = self.ib_key_names
         return [names[i] for i in self.ib_key_idx.tolist()]
+
+    @property
+    def ib_state(self) -> list[str | None]:
+        """The state of every port as reported (None: not reported) (P,)."""
+        names = self.ib_state_names
+        return [names[i] for i in self.ib_state_idx.tolist()]
 
     def nodes(self) -> list[str]:
         """Node name of every message (M,)."""
@@ -161,33 +180,50 @@ class TelemetryBatch:
 
     @classmethod
     def from_structs(cls, msgs: Sequence[Any]) -> TelemetryBatch:
-        """Build the columnar batch from fleetwatch.fast_schema telemetry structs."""
+        """Build the columnar batch from fleetwatch.fast_schema telemetry structs.
+
+        Every pass over messages, GPUs or ports is a C-level map() of an attrgetter (or of a dict's
+        __getitem__), not a Python loop: this runs on every sample the worker reads, and the
+        Python-level loops used to cost as much as the detectors."""
         m = len(msgs)
-        name_ix: dict[str, int] = {}
-        node_idx = np.fromiter((name_ix.setdefault(x.node, len(name_ix)) for x in msgs), np.int64, count=m)
-        ts = np.fromiter((x.ts for x in msgs), dtype=np.float64, count=m)
-        seq = np.fromiter((x.seq for x in msgs), dtype=np.int64, count=m)
-        counts = np.fromiter((len(x.gpus) for x in msgs), dtype=np.int64, count=m)
-        entries = [g for x in msgs for g in x.gpus]
+        nodes = list(map(_NODE, msgs))
+        name_ix = _codes_of(nodes)
+        node_idx = np.fromiter(map(name_ix.__getitem__, nodes), np.int64, count=m)
+        ts = np.fromiter(map(_TS, msgs), dtype=np.float64, count=m)
+        seq = np.fromiter(map(_SEQ, msgs), dtype=np.int64, count=m)
+        gpu_lists = list(map(_GPUS, msgs))
+        counts = np.fromiter(map(len, gpu_lists), dtype=np.int64, count=m)
+        entries = list(chain.from_iterable(gpu_lists))
         k = len(_GPU_KEYS)
         table = np.fromiter(chain.from_iterable(map(_GPU_ATTR, entries)), np.float64, count=len(entries) * k)
-        flagged = [i for i, g in enumerate(entries) if g.lost is True]
-        xids = [(e, g.index, c) for e, g in enumerate(entries) if g.xids for c in g.xids]
-        host = np.fromiter(
-            chain.from_iterable(_HOST_ABSENT if x.host is UNSET else _HOST_ATTR(x.host) for x in msgs),
-            np.float64,
-            count=m * len(HOST_NUMERIC),
-        ).reshape(m, len(HOST_NUMERIC))
-        ports = [(i, p) for i, x in enumerate(msgs) if x.net is not UNSET and x.net.ib for p in x.net.ib]
-        plist = [p for _, p in ports]
+        lost_flags = list(map(_LOST, entries))
+        # `in` compares with ==, so 1 or 1.0 also lead to the exact `is True` test
+        flagged = [i for i, f in enumerate(lost_flags) if f is True] if True in lost_flags else []
+        xid_lists = list(map(_XIDS, entries))  # UNSET and [] are both false
+        xids = (
+            [(e, entries[e].index, c) for e, xl in enumerate(xid_lists) if xl for c in xl]
+            if any(xid_lists)
+            else []
+        )
+        hosts = list(map(_HOST, msgs))
+        host_rows = (
+            map(_HOST_ATTR, hosts)
+            if UNSET not in hosts
+            else (_HOST_ABSENT if h is UNSET else _HOST_ATTR(h) for h in hosts)
+        )
+        host = np.fromiter(chain.from_iterable(host_rows), np.float64, count=m * len(HOST_NUMERIC)).reshape(
+            m, len(HOST_NUMERIC)
+        )
+        port_lists = [() if n is UNSET else (n.ib or ()) for n in map(_NET, msgs)]
+        plist = list(chain.from_iterable(port_lists))
+        port_msg = np.repeat(np.arange(m, dtype=np.int64), np.fromiter(map(len, port_lists), np.int64, m))
         ib = np.fromiter(
             chain.from_iterable(map(_IB_ATTR, plist)), np.float64, count=len(plist) * len(IB_NUMERIC)
         ).reshape(len(plist), len(IB_NUMERIC))
-        key_ix: dict[tuple[Any, Any], int] = {}  # absent parts decode to ""
-        ib_key_idx = np.fromiter(
-            (key_ix.setdefault((p.device, p.port), len(key_ix)) for p in plist), np.int64, count=len(plist)
-        )
-        ib_state: list[str | None] = [None if p.state is UNSET else p.state for p in plist]
+        port_keys = list(map(_IB_KEY, plist))  # absent parts decode to ""
+        key_ix = _codes_of(port_keys)
+        states = list(map(_IB_STATE, plist))
+        state_ix = _codes_of(states)
         return cls._assemble(
             name_ix,
             node_idx,
@@ -198,11 +234,12 @@ class TelemetryBatch:
             flagged,
             xids,
             host,
-            [i for i, _ in ports],
+            port_msg,
             key_ix,
-            ib_key_idx,
+            np.fromiter(map(key_ix.__getitem__, port_keys), np.int64, count=len(plist)),
             ib,
-            ib_state,
+            [None if st is UNSET else st for st in state_ix],
+            np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
         )
 
     @classmethod
@@ -225,14 +262,11 @@ class TelemetryBatch:
         host = _table([x.get("host") or {} for x in msgs], _HOST_GET, HOST_NUMERIC)
         ports = [(i, p) for i, x in enumerate(msgs) if (net := x.get("net")) for p in net.get("ib", ())]
         plist = [p for _, p in ports]
-        key_ix: dict[tuple[Any, Any], int] = {}
-        ib_key_idx = np.fromiter(
-            (key_ix.setdefault((p.get("device", ""), p.get("port", "")), len(key_ix)) for p in plist),
-            np.int64,
-            count=len(plist),
-        )
         ib = _table(plist, _IB_GET, IB_NUMERIC)
-        ib_state: list[str | None] = [p.get("state") for p in plist]
+        port_keys = [(p.get("device", ""), p.get("port", "")) for p in plist]
+        key_ix = _codes_of(port_keys)
+        states: list[str | None] = [p.get("state") for p in plist]
+        state_ix = _codes_of(states)
         return cls._assemble(
             name_ix,
             node_idx,
@@ -243,11 +277,12 @@ class TelemetryBatch:
             flagged,
             xids,
             host,
-            [i for i, _ in ports],
+            np.array([i for i, _ in ports], dtype=np.int64),
             key_ix,
-            ib_key_idx,
+            np.fromiter(map(key_ix.__getitem__, port_keys), np.int64, count=len(plist)),
             ib,
-            ib_state,
+            list(state_ix),
+            np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
         )
 
     @classmethod
@@ -262,11 +297,12 @@ class TelemetryBatch:
         flagged: list[int],
         xids: list[tuple[int, int, int]],
         host: np.ndarray,
-        port_msg: list[int],
+        port_msg: np.ndarray,
         key_ix: dict[tuple[Any, Any], int],
         ib_key_idx: np.ndarray,
         ib: np.ndarray,
-        ib_state: list[str | None],
+        state_names: list[str | None],
+        state_idx: np.ndarray,
     ) -> TelemetryBatch:
         """The parts both constructors share: `table` holds one row per GPU entry (index first,
         then GPU_NUMERIC), `counts` the entries per message, `flagged` the entries that say lost."""
@@ -291,12 +327,8 @@ class TelemetryBatch:
             xid_msg = xid_gpu = xid_code = np.empty(0, dtype=np.int64)
         # sysfs says "4: ACTIVE", ibstat says "Active": accept both spellings. A fleet reports a few
         # distinct states, so each is judged once per batch.
-        state_ix: dict[str | None, int] = {}
-        codes = np.fromiter(
-            (state_ix.setdefault(s, len(state_ix)) for s in ib_state), np.int64, len(ib_state)
-        )
-        judged = np.array([NAN if s is None else float("ACTIVE" in s.upper()) for s in state_ix])
-        ib_active = judged[codes] if len(codes) else np.empty(0, dtype=np.float64)
+        judged = np.array([NAN if s is None else float("ACTIVE" in s.upper()) for s in state_names])
+        ib_active = judged[state_idx] if len(state_idx) else np.empty(0, dtype=np.float64)
         return cls(
             node_names=list(name_ix),
             node_idx=node_idx,
@@ -309,12 +341,13 @@ class TelemetryBatch:
             xid_gpu=xid_gpu,
             xid_code=xid_code,
             host=host,
-            ib_msg=np.array(port_msg, dtype=np.int64),
+            ib_msg=port_msg,
             ib_key_names=[f"{d}/{p}" for d, p in key_ix],
             ib_key_idx=ib_key_idx,
             ib=ib,
             ib_active=ib_active,
-            ib_state=ib_state,
+            ib_state_names=state_names,
+            ib_state_idx=state_idx,
         )
 
 

@@ -588,16 +588,17 @@ class HardwareDetector:
         hit = _Hits(self, ctx, pos, None, out)
         rate_unit = cfg.ib_window_s / 3600.0  # thresholds are per hour; the window may differ
         for i in np.flatnonzero(active == 0):
+            state = batch.ib_state_names[int(batch.ib_state_idx[sel[i]])]
             hit(
                 i,
                 "ib_link",
                 f"ib_port_state:{keys[i]}",
                 "critical",
                 1.0,
-                f"IB port {keys[i]} is {batch.ib_state[sel[i]]}, not ACTIVE (drain node)",
+                f"IB port {keys[i]} is {state}, not ACTIVE (drain node)",
                 {
                     "port": keys[i],
-                    "state": batch.ib_state[sel[i]],
+                    "state": state,
                     "rate_gbps": _f(vals[i, IB_COL["rate_gbps"]]),
                 },
             )
