@@ -172,7 +172,18 @@ class CounterTracker:
             self.last_ts = grow(self.last_ts, n, NAN)
             self.row_ts = grow(self.row_ts, n, -np.inf)
 
-    def update(self, rows: np.ndarray, ts: np.ndarray, values: np.ndarray) -> CounterUpdate:
+    def update(
+        self,
+        rows: np.ndarray,
+        ts: np.ndarray,
+        values: np.ndarray,
+        *,
+        seg: Segments | None = None,
+        in_order: bool = False,
+    ) -> CounterUpdate:
+        """seg: Segments.of(rows), if the caller already has it. in_order: the caller guarantees
+        every element is new (ts above its row's state and increasing within the batch), as the
+        hardware detector does after dropping stale messages; the check is then skipped."""
         n, c = values.shape
         out_delta = np.full((n, c), NAN)
         out_dt = np.full((n, c), NAN)
@@ -182,9 +193,9 @@ class CounterTracker:
         if n == 0:
             return CounterUpdate(accepted, out_delta, out_dt, out_reset, out_sat)
         self._ensure(int(rows.max()) + 1)
-        seg = Segments.of(rows)
-        ok = increasing_in_group(seg, ts[seg.order], self.row_ts[seg.rows])
-        a = seg.subset(ok)
+        seg = seg if seg is not None else Segments.of(rows)
+        fresh = None if in_order else increasing_in_group(seg, ts[seg.order], self.row_ts[seg.rows])
+        a = seg if fresh is None else seg.subset(fresh)
         na = len(a.order)
         if na == 0:
             return CounterUpdate(accepted, out_delta, out_dt, out_reset, out_sat)
@@ -300,7 +311,13 @@ class DecayingCount:
             self.t = grow(self.t, n, NAN)
 
     def update(
-        self, rows: np.ndarray, ts: np.ndarray, deltas: np.ndarray, spread: np.ndarray | None = None
+        self,
+        rows: np.ndarray,
+        ts: np.ndarray,
+        deltas: np.ndarray,
+        spread: np.ndarray | None = None,
+        *,
+        seg: Segments | None = None,
     ) -> np.ndarray:
         """Decayed counts after each element (original order), shape (n, K).
 
@@ -315,7 +332,7 @@ class DecayingCount:
         if n == 0:
             return out
         self._ensure(int(rows.max()) + 1)
-        seg = Segments.of(rows)
+        seg = seg if seg is not None else Segments.of(rows)
         r, t = seg.rows, ts[seg.order]
         d = np.nan_to_num(deltas[seg.order], nan=0.0)
         if spread is not None:
@@ -379,14 +396,14 @@ class RunLength:
         self.k = k
         self.run = np.zeros((0, k), dtype=np.int64)
 
-    def update(self, rows: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    def update(self, rows: np.ndarray, flags: np.ndarray, *, seg: Segments | None = None) -> np.ndarray:
         """Run length ending at each element (0 where the flag is False), original order, (n, K)."""
         n = len(rows)
         out = np.zeros((n, self.k), dtype=np.int64)
         if n == 0:
             return out
         self.run = grow(self.run, int(rows.max()) + 1, 0)
-        seg = Segments.of(rows)
+        seg = seg if seg is not None else Segments.of(rows)
         f = flags[seg.order]
         pos = np.arange(n)[:, None]
         last_false = np.maximum.accumulate(np.where(f, -1, pos), axis=0)

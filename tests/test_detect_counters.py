@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.counters import CounterTracker, DecayingCount, RunLength
+from detectors.counters import CounterTracker, DecayingCount, RunLength, Segments
 
 
 def one(tracker: CounterTracker, row: int, ts: float, *values: float):
@@ -236,3 +236,48 @@ def test_state_is_small_per_gpu() -> None:
     r.update(np.arange(n), np.zeros((n, 2), dtype=bool))
     per_gpu = sum(a.nbytes for a in (c.last_val, c.last_ts, c.row_ts, d.s, d.t, r.run)) / n
     assert per_gpu < 2048
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.floats(0.1, 50.0),
+            st.one_of(st.integers(0, 70000).map(float), st.just(math.nan)),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 40),
+)
+def test_in_order_with_shared_segments_equals_checked_path(spec, cut) -> None:
+    """The hardware detector hands its trackers new, in-order elements and one shared grouping:
+    they must then compute exactly what the self-checking, self-grouping path computes."""
+    clock = dict.fromkeys(range(6), 100.0)
+    rows, ts, vals, flags = [], [], [], []
+    for r, step, v, f in spec:
+        clock[r] += step
+        rows.append(r)
+        ts.append(clock[r])
+        vals.append([v, 2.0 * v])
+        flags.append([f])
+    rows_a, ts_a, vals_a, flags_a = np.array(rows), np.array(ts), np.array(vals), np.array(flags)
+    checked = (CounterTracker(("a", "b"), {"a": (16, "saturate")}), DecayingCount((30.0, 60.0)), RunLength(1))
+    trusted = (CounterTracker(("a", "b"), {"a": (16, "saturate")}), DecayingCount((30.0, 60.0)), RunLength(1))
+    for part in (slice(0, cut), slice(cut, None)):
+        r, t, v, f = rows_a[part], ts_a[part], vals_a[part], flags_a[part]
+        if len(r) == 0:
+            continue
+        seg = Segments.of(r)
+        want_c = checked[0].update(r, t, v)
+        got_c = trusted[0].update(r, t, v, seg=seg, in_order=True)
+        for field in ("accepted", "delta", "dt", "reset", "saturated"):
+            a, b = getattr(want_c, field), getattr(got_c, field)
+            assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), field
+        np.testing.assert_array_equal(
+            checked[1].update(r, t, want_c.delta, want_c.dt),
+            trusted[1].update(r, t, got_c.delta, got_c.dt, seg=seg),
+        )
+        np.testing.assert_array_equal(checked[2].update(r, f), trusted[2].update(r, f, seg=seg))
