@@ -6,10 +6,15 @@ last sample is more than `silent_after_s` older than the newest samples of its p
 reported (kind host, critical), and the finding resolves when the node reports again. "Newest"
 is the 90th percentile of the nodes' latest sample times, so one node with a clock running ahead
 cannot make the others look silent.
+
+A worker catching up on a backlog sees a silence and its end in one batch: the gaps inside the
+batch are judged by the same rule, at the moment the node reported again, so a silence is found
+(with the same finding id and times) however the stream was cut into batches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,14 +35,34 @@ class SilenceDetector:
         self.cfg = config or SilenceConfig()
         self.book = IncidentBook()
 
-    def process(self, last_ts: dict[str, float], seen: set[str], now: float) -> list[dict[str, Any]]:
-        """last_ts: every node's latest sample time; seen: the nodes that reported in this batch."""
+    def process(
+        self,
+        last_ts: dict[str, float],
+        seen: set[str],
+        now: float,
+        *,
+        batch_nodes: Sequence[str] | None = None,
+        batch_ts: np.ndarray | None = None,
+        prev_ts: Mapping[str, float] | None = None,
+    ) -> list[dict[str, Any]]:
+        """last_ts: every node's latest sample time; seen: the nodes that reported in this batch.
+        With the batch's samples (node and ts of each, and each node's latest ts before the batch,
+        NaN or absent for a new node), silences that began and ended inside the batch are found too."""
         out: list[dict[str, Any]] = []
-        for key in [k for k in self.book.open if k[0] in seen]:
+        reporting = [k for k in self.book.open if k[0] in seen]
+        first = _first_sample(batch_nodes, batch_ts) if reporting and batch_nodes is not None else {}
+        for key in reporting:
             inc = self.book.open.pop(key)
-            out.append(inc.finding(max(last_ts[key[0]], inc.last_bad), resolved=True))
+            back = first.get(key[0], last_ts[key[0]])  # the node's first sample after the silence
+            out.append(inc.finding(max(back, inc.last_bad), resolved=True))
         if len(last_ts) < self.cfg.min_nodes:
             return out
+        if batch_nodes is not None and batch_ts is not None and prev_ts is not None and len(batch_ts):
+            # No gap can exceed the span from the oldest previous sample to the newest one here:
+            # the usual batch (a second or two of a live stream) stops at this test.
+            lo = min(float(batch_ts.min()), min(prev_ts.values(), default=np.inf))
+            if float(batch_ts.max()) - lo > self.cfg.silent_after_s:
+                out += self._backlog(last_ts, batch_nodes, batch_ts, prev_ts, {k[0] for k in reporting})
         names = list(last_ts)
         ts = np.fromiter(last_ts.values(), dtype=float, count=len(names))
         # The clock to judge by is the 90th percentile of the nodes' latest samples, not the newest
@@ -49,20 +74,75 @@ class SilenceDetector:
             gap = float(now - ts[i])
             if (node, None, None, "host", "silent") in self.book.open:
                 continue  # one finding per silence; it resolves when the node reports again
-            out.extend(
-                self.book.observe(
-                    node=node,
-                    kind="host",
-                    rule="silent",
-                    ts=float(ts[i]) + self.cfg.silent_after_s,
-                    severity="critical",
-                    score=0.9,
-                    summary=f"{node} stopped reporting: no telemetry for {gap:.0f} s",
-                    evidence={"last_sample_ts": float(ts[i]), "silent_for_s": round(gap, 1)},
-                    clear_after=self.cfg.silent_after_s,
-                    next_ts=lambda _n, _t: None,
-                )
+            out.extend(self._open(node, float(ts[i]), f"no telemetry for {gap:.0f} s", round(gap, 1)))
+        return out
+
+    def _open(self, node: str, last: float, what: str, silent_for: float) -> list[dict[str, Any]]:
+        return self.book.observe(
+            node=node,
+            kind="host",
+            rule="silent",
+            ts=last + self.cfg.silent_after_s,
+            severity="critical",
+            score=0.9,
+            summary=f"{node} stopped reporting: {what}",
+            evidence={"last_sample_ts": last, "silent_for_s": silent_for},
+            clear_after=self.cfg.silent_after_s,
+            next_ts=lambda _n, _t: None,
+        )
+
+    def _backlog(
+        self,
+        last_ts: dict[str, float],
+        batch_nodes: Sequence[str],
+        batch_ts: np.ndarray,
+        prev_ts: Mapping[str, float],
+        resolved: set[str],
+    ) -> list[dict[str, Any]]:
+        """Silences inside the batch: a node's gap between two of its samples (or from its sample
+        before the batch to its first in it) longer than silent_after_s, at a time when the
+        reference clock (the same 90th percentile, of every node's latest sample before the node
+        reported again) had moved on by that much. Gaps are rare; only they cost more than a sort."""
+        sa = self.cfg.silent_after_s
+        codes = dict.fromkeys(batch_nodes, 0)
+        for i, n in enumerate(codes):
+            codes[n] = i
+        uniq = list(codes)
+        idx = np.fromiter(map(codes.__getitem__, batch_nodes), np.int64, count=len(batch_nodes))
+        order = np.lexsort((batch_ts, idx))
+        si, st = idx[order], batch_ts[order]
+        start = np.r_[True, si[1:] != si[:-1]]
+        starts = np.flatnonzero(start)
+        before_batch = np.array([prev_ts.get(n, np.nan) for n in uniq], dtype=float)
+        prev = np.empty(len(st))
+        prev[1:] = st[:-1]
+        prev[starts] = before_batch[si[starts]]
+        with np.errstate(invalid="ignore"):
+            cand = np.flatnonzero(st - prev > sa)
+        if len(cand) == 0:
+            return []
+        others = np.array([t for n, t in last_ts.items() if n not in codes], dtype=float)
+        floor = np.nan_to_num(before_batch, nan=-np.inf)
+        refs: dict[float, float] = {}  # reference clock by return time (a paused fleet returns at once)
+        out: list[dict[str, Any]] = []
+        for c in cand.tolist():
+            node, p, back = uniq[si[c]], float(prev[c]), float(st[c])
+            if start[c] and node in resolved:
+                continue  # the silence already open before this batch, resolved above
+            ref = refs.get(back)
+            if ref is None:
+                latest = np.maximum(np.maximum.reduceat(np.where(st < back, st, -np.inf), starts), floor)
+                known = np.r_[latest[np.isfinite(latest)], others]
+                ref = refs[back] = float(np.percentile(known, self.cfg.reference_percentile))
+            if ref - p <= sa:
+                continue  # the whole partition paused: not this node's silence
+            gap = back - p
+            out += self._open(
+                node, p, f"no telemetry for {gap:.0f} s (reported again at {back:.0f})", round(gap, 1)
             )
+            inc = self.book.open.pop((node, None, None, "host", "silent"), None)
+            if inc is not None:
+                out.append(inc.finding(back, resolved=True))
         return out
 
     def to_state(self) -> list[dict[str, Any]]:
@@ -73,3 +153,14 @@ class SilenceDetector:
         self = cls(config)
         self.book = IncidentBook.from_state(items)
         return self
+
+
+def _first_sample(nodes: Sequence[str], ts: np.ndarray | None) -> dict[str, float]:
+    """Each node's earliest sample time in the batch."""
+    first: dict[str, float] = {}
+    if ts is None:
+        return first
+    for n, t in zip(nodes, ts.tolist(), strict=True):
+        if t < first.get(n, np.inf):
+            first[n] = t
+    return first

@@ -87,14 +87,21 @@ class NodeTask:
         fleet_metrics.COLLECTOR.add_nodes(self)
 
     def process(self, topic: str, msgs: Sequence[Any]) -> list[Output]:
-        fresh = self._drop_stale(msgs)
+        fresh, prev_ts = self._drop_stale(msgs)
         if not fresh:
             return []
         batch = TelemetryBatch.from_any(fresh)
         findings = self.hardware.process(batch)
         nodes = batch.nodes()
         jobs = self.jobs.jobs_of(nodes)
-        findings += self.silence.process(self.last_ts, set(nodes), float(batch.ts.max()))
+        findings += self.silence.process(
+            self.last_ts,
+            set(nodes),
+            float(batch.ts.max()),
+            batch_nodes=nodes,
+            batch_ts=batch.ts,
+            prev_ts=prev_ts,
+        )
         findings += self.stats.process(batch, nodes)
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
         out += self._lemon(batch, nodes, findings)
@@ -128,18 +135,24 @@ class NodeTask:
         """The partition moved away: stop exporting its nodes."""
         fleet_metrics.COLLECTOR.remove(self)
 
-    def _drop_stale(self, msgs: Sequence[Any]) -> list[Any]:
+    def _drop_stale(self, msgs: Sequence[Any]) -> tuple[list[Any], dict[str, float]]:
+        """The new samples, and each of their nodes' latest sample time before this batch (for the
+        silence detector; a node seen for the first time is absent)."""
         last = self.last_ts
         fresh = []
+        prev: dict[str, float] = {}
         for m in msgs:
             # dicts (evaluator, tests) or fleetwatch.fast_schema structs (the worker's hot path)
             node, ts = (m["node"], m["ts"]) if type(m) is dict else (m.node, m.ts)
-            if ts > last.get(node, -1.0):
+            old = last.get(node)
+            if old is None or ts > old:
+                if old is not None and node not in prev:
+                    prev[node] = old
                 last[node] = ts
                 fresh.append(m)
         if len(fresh) < len(msgs):
             STALE.inc(len(msgs) - len(fresh))
-        return fresh
+        return fresh, prev
 
     def _lemon(self, batch: TelemetryBatch, nodes: list[str], findings: list[dict[str, Any]]) -> list[Output]:
         lemon, ts = self.lemon, batch.ts
