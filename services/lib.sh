@@ -1,4 +1,4 @@
-# Shared by the local service scripts (kafka.sh, alertmanager.sh, prometheus.sh); sourced, not run.
+# Shared by the local service scripts (kafka.sh, alertmanager.sh, prometheus.sh, slurm.sh); sourced, not run.
 # Each script defines `log` (with its own prefix) before using these.
 
 # svc_running_pid PIDFILE CMDLINE_PATTERN: print the pid if that process is alive and is ours.

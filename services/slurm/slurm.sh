@@ -19,8 +19,11 @@ conf="$state/slurm.conf"
 host="$(hostname -s)"
 
 log() { echo "slurm.sh: $*" >&2; }
+# shellcheck source=../lib.sh
+source "$here/../lib.sh"
 
-pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+ctld_pid() { svc_running_pid "$state/slurmctld.pid" slurmctld; }
+slurmd_pid() { svc_running_pid "$state/slurmd-$1.pid" slurmd; }
 
 node_name() { printf 'gpu-node-%02d' "$1"; }
 
@@ -77,7 +80,7 @@ start() {
   command -v slurmctld >/dev/null || { log "slurmctld not found (apt-get install slurmctld slurmd slurm-client munge)"; exit 1; }
   write_conf
   start_munge
-  if ! pid_alive "$state/slurmctld.pid" || ! ping_ctld; then
+  if ! ctld_pid >/dev/null || ! ping_ctld; then
     log "starting slurmctld on 127.0.0.1:$ctld_port (state in $state)"
     # -D foreground (setsid detaches it from this shell), -i ignore saved state errors.
     SLURM_CONF="$conf" setsid slurmctld -D -i -f "$conf" >"$state/slurmctld.out" 2>&1 </dev/null &
@@ -85,7 +88,7 @@ start() {
   fi
   for i in $(seq 1 "$nnodes"); do
     local n; n="$(node_name "$i")"
-    if pid_alive "$state/slurmd-$n.pid"; then continue; fi
+    if slurmd_pid "$n" >/dev/null; then continue; fi
     mkdir -p "$state/spool/slurmd-$n"
     SLURM_CONF="$conf" setsid slurmd -D -N "$n" -f "$conf" >"$state/slurmd-$n.out" 2>&1 </dev/null &
     echo $! > "$state/slurmd-$n.pid"
@@ -94,7 +97,7 @@ start() {
     if ping_ctld && [[ "$(SLURM_CONF="$conf" sinfo -h -N -o '%N %T' 2>/dev/null | grep -cvE 'unknown|down|not_responding')" -ge "$nnodes" ]]; then
       log "ready: $nnodes nodes; export SLURM_CONF=$conf"; return 0
     fi
-    if ! pid_alive "$state/slurmctld.pid"; then
+    if ! ctld_pid >/dev/null; then
       log "slurmctld exited during start; see $state/slurmctld.log"; tail -20 "$state/slurmctld.out" "$state/slurmctld.log" >&2 || true
       exit 1
     fi
@@ -105,19 +108,10 @@ start() {
   exit 1
 }
 
-stop_pid() {
-  local f="$1"
-  pid_alive "$f" || { rm -f "$f"; return 0; }
-  local pid; pid="$(cat "$f")"
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || { rm -f "$f"; return 0; }; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true; rm -f "$f"
-}
-
 stop() {
-  for f in "$state"/slurmd-*.pid; do [[ -e "$f" ]] && stop_pid "$f"; done
-  stop_pid "$state/slurmctld.pid"
-  log "stopped"
+  local f
+  for f in "$state"/slurmd-*.pid; do [[ -e "$f" ]] && svc_stop slurmd "$f" slurmd 5; done
+  svc_stop slurmctld "$state/slurmctld.pid" slurmctld 5
 }
 
 case "${1:-}" in
