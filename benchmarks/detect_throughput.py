@@ -8,11 +8,12 @@ A node-sample is one telemetry/1 message of 8 GPUs. The messages come from the s
   rules, silence, lemon, node features) on batches of --batch messages.
 - baseline: the naive design, per sample and per metric, one river anomaly model per
   (node, GPU, metric) with score_one + learn_one (river.anomaly.StandardAbsoluteDeviation).
-- kafka (with --kafka): the same messages produced to a fresh topic; a plain kafka-python
-  consumer's raw consume rate (before and after the workers), then for each --workers count a
-  consumer group of that many detect Worker processes (decode + validate + detect + produce
-  findings + commit) over the same messages, timed from the group's last rebalance. Prints
-  each group's rate over the mean raw consume rate.
+- kafka (with --kafka): the same messages produced to a fresh topic; the raw consume rate of 1
+  and of n plain kafka-python consumers (processes splitting the partitions; before and after
+  the workers), then for each --workers count n a consumer group of n detect Worker processes
+  (decode + validate + detect + produce findings + commit) over the same messages, timed from the
+  group's last rebalance. Prints each group's rate over the mean raw rate of n consumers (like
+  for like) and of one.
 
     python benchmarks/detect_throughput.py [--nodes 1024] [--ticks 40] [--batch 1000] [--kafka]
 """
@@ -102,37 +103,63 @@ def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) 
     producer.flush()
     producer.close()
 
-    # The raw rate is measured before and after the workers: this shared machine's speed drifts,
-    # and the ratio is taken against the mean of the two.
-    raw_before = _raw_rate(bootstrap, topic, len(msgs))
+    # The raw rates are measured before and after the workers: this shared machine's speed drifts,
+    # and each ratio is taken against the mean of the two. A group of n workers is compared with n
+    # raw consumers reading the same partitions in parallel (like for like), and with one.
+    counts = sorted({1, *workers})
+    before = {n: _raw_rate(bootstrap, topic, n) for n in counts}
     rates = {n: _group_rate(bootstrap, topic, len(msgs), n, f"bench-{run}-{n}w") for n in workers}
-    raw_after = _raw_rate(bootstrap, topic, len(msgs))
-    raw_rate = (raw_before + raw_after) / 2
-    result = {"raw_consume_before_per_s": raw_before, "raw_consume_after_per_s": raw_after}
+    after = {n: _raw_rate(bootstrap, topic, n) for n in counts}
+    raw = {n: (before[n] + after[n]) / 2 for n in counts}
+    result = {"raw_consume_before_per_s": before[1], "raw_consume_after_per_s": after[1]}
+    for n in counts:
+        if n > 1:
+            result[f"raw_{n}_consumers_per_s"] = raw[n]
     for n, rate in rates.items():
         result[f"workers_{n}_per_s"] = rate
-        result[f"workers_{n}_ratio"] = rate / raw_rate
+        result[f"workers_{n}_ratio"] = rate / raw[n]
+        result[f"workers_{n}_ratio_to_1_consumer"] = rate / raw[1]
     return result
 
 
-def _raw_rate(bootstrap: str, topic: str, total: int) -> float:
-    """A plain kafka-python consumer reading the topic once: records per second, nothing done with them."""
+def _raw_rate(bootstrap: str, topic: str, n: int) -> float:
+    """n plain kafka-python consumers (processes), each assigned every n-th partition, reading the
+    topic once: records per second over the span from the first start to the last finish."""
+    from kafka import KafkaConsumer
+
+    from fleetwatch import kafka_io
+
+    probe = KafkaConsumer(**kafka_io.client_config(bootstrap), enable_auto_commit=False)
+    parts = sorted(probe.partitions_for_topic(topic) or ())
+    probe.close()
+    ctx = multiprocessing.get_context("fork")
+    reports = ctx.Queue()
+    procs = [ctx.Process(target=_raw_proc, args=(bootstrap, topic, parts[i::n], reports)) for i in range(n)]
+    for p in procs:
+        p.start()
+    got = [reports.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return sum(k for k, _t0, _t1 in got) / (max(t1 for _k, _t0, t1 in got) - min(t0 for _k, t0, _t1 in got))
+
+
+def _raw_proc(bootstrap: str, topic: str, parts: list[int], reports: Any) -> None:
     from kafka import KafkaConsumer, TopicPartition
 
     from fleetwatch import kafka_io
 
     consumer = KafkaConsumer(**kafka_io.client_config(bootstrap), enable_auto_commit=False)
-    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    tps = [TopicPartition(topic, p) for p in parts]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
-    n = 0
+    total = sum(consumer.end_offsets(tps).values())
+    k = 0
     t0 = time.perf_counter()
-    while n < total:
+    while k < total:
         for batch in consumer.poll(timeout_ms=500, max_records=2000).values():
-            n += len(batch)
-    rate = n / (time.perf_counter() - t0)
+            k += len(batch)
+    reports.put((k, t0, time.perf_counter()))
     consumer.close()
-    return rate
 
 
 def _group_rate(bootstrap: str, topic: str, total: int, n: int, group: str) -> float:
@@ -234,11 +261,17 @@ def main() -> int:
                 f"{k['raw_consume_after_per_s']:,.0f} after"
             )
             for key, v in k.items():
+                if key.startswith("raw_") and key.endswith("_consumers_per_s"):
+                    print(
+                        f"  kafka raw consume, {key.split('_')[1]} consumers: {v:>8,.0f} msgs/s "
+                        "(mean of before and after)"
+                    )
+            for key, v in k.items():
                 if key.endswith("_per_s") and key.startswith("workers_"):
                     w = key.split("_")[1]
                     print(
-                        f"  detect, {w} worker process(es): {v:>10,.0f} msgs/s  ratio to raw consume "
-                        f"{k[f'workers_{w}_ratio']:.2f}"
+                        f"  detect, {w} worker process(es): {v:>10,.0f} msgs/s  ratio to {w} raw consumer(s) "
+                        f"{k[f'workers_{w}_ratio']:.2f} (to one: {k[f'workers_{w}_ratio_to_1_consumer']:.2f})"
                     )
     return 0
 

@@ -91,15 +91,13 @@ class Worker(ConsumerRebalanceListener):
             # A crashed member's partitions wait this long for a new owner (kafka-python's default
             # is 45 s); heartbeats go every 3 s.
             session_timeout_ms=session_timeout_ms,
+            # A member whose metadata is not loaded yet when the group assigns gets nothing, and
+            # kafka-python notices only at its next metadata refresh (the race of KAFKA-3949; once
+            # seen here as a detect worker with no partitions for 30 s): refresh every 10 s, not 5 min.
+            # (The other cure, partitions_for_topic() on each input before subscribing, cost two
+            # workers a third of their throughput in benchmarks/detect_throughput.py.)
             metadata_max_age_ms=10_000,
         )
-        # Know the inputs' partitions before joining: a member whose metadata is not loaded yet when
-        # the group assigns gets nothing, and kafka-python notices only at a metadata refresh (the
-        # race of KAFKA-3949; once seen here as a worker with no partitions for 30 s). The refresh
-        # interval is also cut from 5 minutes to 10 s (metadata_max_age_ms), so a member that still
-        # loses the race rejoins within seconds.
-        for topic in sorted(self.topic_stage):
-            self.consumer.partitions_for_topic(topic)
         self.consumer.subscribe(sorted(self.topic_stage), listener=self)
 
     # ------------------------------------------------------------ rebalance
