@@ -79,6 +79,7 @@ class Worker(ConsumerRebalanceListener):
         self._unanchored: set[TopicPartition] = set()
         self.offsets: dict[TopicPartition, int] = {}  # next offset to process, per owned partition
         self._last_snapshot = time.monotonic()
+        self._rebalanced_at = time.monotonic()  # when partitions were last assigned
         self.producer = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
         self.consumer = kafka_io.make_consumer(
             bootstrap,
@@ -91,12 +92,6 @@ class Worker(ConsumerRebalanceListener):
             # A crashed member's partitions wait this long for a new owner (kafka-python's default
             # is 45 s); heartbeats go every 3 s.
             session_timeout_ms=session_timeout_ms,
-            # A member whose metadata is not loaded yet when the group assigns gets nothing, and
-            # kafka-python notices only at its next metadata refresh (the race of KAFKA-3949; once
-            # seen here as a detect worker with no partitions for 30 s): refresh every 10 s, not 5 min.
-            # (The other cure, partitions_for_topic() on each input before subscribing, cost two
-            # workers a third of their throughput in benchmarks/detect_throughput.py.)
-            metadata_max_age_ms=10_000,
         )
         self.consumer.subscribe(sorted(self.topic_stage), listener=self)
 
@@ -151,6 +146,7 @@ class Worker(ConsumerRebalanceListener):
                 close()
         self._parked = {}
         self._parked_offsets = {}
+        self._rebalanced_at = time.monotonic()
         log.info("assigned %s", sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
@@ -158,7 +154,8 @@ class Worker(ConsumerRebalanceListener):
         # thread, where a blocking commit is not allowed: the commit goes out asynchronously, and
         # no owner depends on it landing (a new one resumes from the snapshot's offsets, this one
         # from the offsets it remembers for its parked tasks).
-        self.consumer.commit_async(self._commit_offsets(), callback=self._on_commit)
+        if self.offsets:  # nothing to commit on joining (and no member id to commit with yet)
+            self.consumer.commit_async(self._commit_offsets(), callback=self._on_commit)
         keys = {(self.topic_stage[tp.topic].name, tp.partition) for tp in revoked}
         self._snapshot(keys)
         self.producer.flush(timeout=30)
@@ -324,12 +321,17 @@ class Worker(ConsumerRebalanceListener):
             SNAPSHOTS.labels(self.group, key[0]).inc()
 
     def run(self, stop: StopFlag, idle_exit_s: float | None = None) -> None:
-        """Loop until stopped (or, for tests and eval, until idle for idle_exit_s)."""
+        """Loop until stopped (or, for tests and eval, until idle for idle_exit_s). Idle time
+        counts from the last record or the last rebalance, whichever is later: joining the group
+        and restoring snapshots can take longer than idle_exit_s, and is not idleness."""
         idle_since = time.monotonic()
         while not stop:
             if self.step():
                 idle_since = time.monotonic()
-            elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+            elif (
+                idle_exit_s is not None
+                and time.monotonic() - max(idle_since, self._rebalanced_at) > idle_exit_s
+            ):
                 break
 
     def close(self) -> None:
