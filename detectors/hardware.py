@@ -180,8 +180,12 @@ class HardwareDetector:
         self.gpu_decay = DecayingCount.from_state(d["gpu_decay"])
         self.gpu_runs = RunLength.from_state(d["gpu_runs"])
         self.ib_rows = {(int(r), str(k)): int(e) for r, k, e in d["ib_rows"]}
-        for (r, k), e in self.ib_rows.items():
-            self._ib_table_set(np.array([r]), self.ib_ports.lookup([k]), np.array([e]))
+        if self.ib_rows:
+            self._ib_table_set(
+                np.fromiter((r for r, _k in self.ib_rows), np.int64, len(self.ib_rows)),
+                self.ib_ports.lookup([k for _r, k in self.ib_rows]),
+                np.fromiter(self.ib_rows.values(), np.int64, len(self.ib_rows)),
+            )
         self.ib_counters = CounterTracker.from_state(d["ib_counters"])
         self.ib_decay = DecayingCount.from_state(d["ib_decay"])
         self.book = IncidentBook.from_state(d["incidents"])
@@ -245,15 +249,14 @@ class HardwareDetector:
         first_pos = np.full(self.n_gpu, -1, dtype=np.int64)
         if new.any():
             key = mrow[mi[new]] * self.gpu_rows.shape[1] + gi[new]
-            uniq, first_ix = np.unique(key, return_index=True)
-            order = np.argsort(first_ix, kind="stable")  # allocate in order of appearance
-            uniq = uniq[order]
+            first_ix = _first_appearances(key)  # allocate in order of appearance
+            uniq = key[first_ix]
             rows = np.arange(self.n_gpu, self.n_gpu + len(uniq))
             self.gpu_rows[uniq // self.gpu_rows.shape[1], uniq % self.gpu_rows.shape[1]] = rows
             self.n_gpu += len(uniq)
             ent = self.gpu_rows[mrow[mi], gi]
             first_pos = np.full(self.n_gpu, -1, dtype=np.int64)
-            first_pos[rows] = mi[new][first_ix[order]]
+            first_pos[rows] = mi[new][first_ix]
         return mi, gi, ent, first_pos
 
     def _gpu_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
@@ -551,17 +554,14 @@ class HardwareDetector:
         ent[known] = self.ib_table[rows[known], codes[known]]
         new = ent < 0
         if new.any():
-            key = rows[new] * (int(codes.max()) + 1) + codes[new]
-            _, first_ix, inverse = np.unique(key, return_index=True, return_inverse=True)
-            rank = np.empty(len(first_ix), dtype=np.int64)
-            rank[np.argsort(first_ix, kind="stable")] = np.arange(len(first_ix))
-            base = len(self.ib_rows)
-            ent[new] = base + rank[inverse.ravel()]
-            nr, nc, ne = rows[new][first_ix], codes[new][first_ix], base + rank
+            first_ix = _first_appearances(rows[new] * (int(codes.max()) + 1) + codes[new])
+            nr, nc = rows[new][first_ix], codes[new][first_ix]
+            ne = np.arange(len(self.ib_rows), len(self.ib_rows) + len(first_ix))
             self._ib_table_set(nr, nc, ne)
             names = self.ib_ports.names
             for r, c, e in zip(nr.tolist(), nc.tolist(), ne.tolist(), strict=True):
                 self.ib_rows[(r, names[c])] = e
+            ent = self.ib_table[rows, codes]
         return ent
 
     def _ib_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
@@ -662,6 +662,12 @@ class HardwareDetector:
                     },
                 )
         return out
+
+
+def _first_appearances(key: np.ndarray) -> np.ndarray:
+    """Index of each distinct key's first occurrence, in order of first occurrence."""
+    _, first_ix = np.unique(key, return_index=True)
+    return np.sort(first_ix)
 
 
 class _Names:
