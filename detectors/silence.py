@@ -14,12 +14,13 @@ batch are judged by the same rule, at the moment the node reported again, so a s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from detectors.batch import TelemetryBatch
 from detectors.findings import IncidentBook
 
 
@@ -41,28 +42,27 @@ class SilenceDetector:
         seen: set[str],
         now: float,
         *,
-        batch_nodes: Sequence[str] | None = None,
-        batch_ts: np.ndarray | None = None,
+        batch: TelemetryBatch | None = None,
         prev_ts: Mapping[str, float] | None = None,
     ) -> list[dict[str, Any]]:
         """last_ts: every node's latest sample time; seen: the nodes that reported in this batch.
-        With the batch's samples (node and ts of each, and each node's latest ts before the batch,
-        NaN or absent for a new node), silences that began and ended inside the batch are found too."""
+        With the batch (its new samples) and each of its nodes' latest ts before it (absent for a
+        new node), silences that began and ended inside the batch are found too."""
         out: list[dict[str, Any]] = []
         reporting = [k for k in self.book.open if k[0] in seen]
-        first = _first_sample(batch_nodes, batch_ts) if reporting and batch_nodes is not None else {}
+        first = _first_sample(batch) if reporting and batch is not None else {}
         for key in reporting:
             inc = self.book.open.pop(key)
             back = first.get(key[0], last_ts[key[0]])  # the node's first sample after the silence
             out.append(inc.finding(max(back, inc.last_bad), resolved=True))
         if len(last_ts) < self.cfg.min_nodes:
             return out
-        if batch_nodes is not None and batch_ts is not None and prev_ts is not None and len(batch_ts):
+        if batch is not None and prev_ts is not None and batch.size:
             # No gap can exceed the span from the oldest previous sample to the newest one here:
             # the usual batch (a second or two of a live stream) stops at this test.
-            lo = min(float(batch_ts.min()), min(prev_ts.values(), default=np.inf))
-            if float(batch_ts.max()) - lo > self.cfg.silent_after_s:
-                out += self._backlog(last_ts, batch_nodes, batch_ts, prev_ts, {k[0] for k in reporting})
+            lo = min(float(batch.ts.min()), min(prev_ts.values(), default=np.inf))
+            if float(batch.ts.max()) - lo > self.cfg.silent_after_s:
+                out += self._backlog(last_ts, batch, prev_ts, {k[0] for k in reporting})
         names = list(last_ts)
         ts = np.fromiter(last_ts.values(), dtype=float, count=len(names))
         # The clock to judge by is the 90th percentile of the nodes' latest samples, not the newest
@@ -94,8 +94,7 @@ class SilenceDetector:
     def _backlog(
         self,
         last_ts: dict[str, float],
-        batch_nodes: Sequence[str],
-        batch_ts: np.ndarray,
+        batch: TelemetryBatch,
         prev_ts: Mapping[str, float],
         resolved: set[str],
     ) -> list[dict[str, Any]]:
@@ -104,13 +103,9 @@ class SilenceDetector:
         reference clock (the same 90th percentile, of every node's latest sample before the node
         reported again) had moved on by that much. Gaps are rare; only they cost more than a sort."""
         sa = self.cfg.silent_after_s
-        codes = dict.fromkeys(batch_nodes, 0)
-        for i, n in enumerate(codes):
-            codes[n] = i
-        uniq = list(codes)
-        idx = np.fromiter(map(codes.__getitem__, batch_nodes), np.int64, count=len(batch_nodes))
-        order = np.lexsort((batch_ts, idx))
-        si, st = idx[order], batch_ts[order]
+        uniq = batch.node_names
+        order = np.lexsort((batch.ts, batch.node_idx))
+        si, st = batch.node_idx[order], batch.ts[order]
         start = np.r_[True, si[1:] != si[:-1]]
         starts = np.flatnonzero(start)
         before_batch = np.array([prev_ts.get(n, np.nan) for n in uniq], dtype=float)
@@ -121,7 +116,8 @@ class SilenceDetector:
             cand = np.flatnonzero(st - prev > sa)
         if len(cand) == 0:
             return []
-        others = np.array([t for n, t in last_ts.items() if n not in codes], dtype=float)
+        in_batch = set(uniq)
+        others = np.array([t for n, t in last_ts.items() if n not in in_batch], dtype=float)
         floor = np.nan_to_num(before_batch, nan=-np.inf)
         refs: dict[float, float] = {}  # reference clock by return time (a paused fleet returns at once)
         out: list[dict[str, Any]] = []
@@ -155,12 +151,8 @@ class SilenceDetector:
         return self
 
 
-def _first_sample(nodes: Sequence[str], ts: np.ndarray | None) -> dict[str, float]:
+def _first_sample(batch: TelemetryBatch) -> dict[str, float]:
     """Each node's earliest sample time in the batch."""
-    first: dict[str, float] = {}
-    if ts is None:
-        return first
-    for n, t in zip(nodes, ts.tolist(), strict=True):
-        if t < first.get(n, np.inf):
-            first[n] = t
-    return first
+    first = np.full(len(batch.node_names), np.inf)
+    np.minimum.at(first, batch.node_idx, batch.ts)
+    return dict(zip(batch.node_names, first.tolist(), strict=True))

@@ -98,8 +98,7 @@ class NodeTask:
             self.last_ts,
             set(nodes),
             float(batch.ts.max()),
-            batch_nodes=nodes,
-            batch_ts=batch.ts,
+            batch=batch,
             prev_ts=prev_ts,
         )
         findings += self.stats.process(batch, nodes)

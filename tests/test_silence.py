@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from detectors.batch import TelemetryBatch
 from detectors.silence import SilenceDetector
 
 T0 = 1_764_000_000.0
@@ -94,7 +93,11 @@ def test_a_partition_that_pauses_as_a_whole_is_not_a_silence() -> None:
     det = SilenceDetector()
     nodes = [f"n{i}" for i in range(10)]
     prev = dict.fromkeys(nodes, T0)
-    batch_nodes = nodes * 2
-    ts = np.array([T0 + 1.0] * 10 + [T0 + 60.0] * 10)  # one sample each, then 59 s of nothing
+    samples = [  # one sample each, then 59 s of nothing
+        {"schema": "telemetry/1", "node": n, "ts": t, "seq": 0, "gpus": []}
+        for t in (T0 + 1, T0 + 60)
+        for n in nodes
+    ]
+    batch = TelemetryBatch.from_messages(samples)
     last = dict.fromkeys(nodes, T0 + 60.0)
-    assert det.process(last, set(nodes), T0 + 60, batch_nodes=batch_nodes, batch_ts=ts, prev_ts=prev) == []
+    assert det.process(last, set(nodes), T0 + 60, batch=batch, prev_ts=prev) == []
