@@ -80,7 +80,7 @@ class ActWorker(Worker):
             session_timeout_ms=int(session_timeout_s * 1000),
             heartbeat_interval_ms=max(500, int(session_timeout_s * 1000 / 4)),
         )
-        self.consumer.subscribe(sorted(self.topic_stage), listener=self)
+        kafka_io.subscribe_with_metadata(self.consumer, sorted(self.topic_stage), listener=self)
         self._on_poll = on_poll
         self._consumer_poll = self.consumer.poll
         self.consumer.poll = self._poll  # type: ignore[method-assign]

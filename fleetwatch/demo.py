@@ -22,11 +22,13 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import orjson
 from kafka import TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from collectors.sim import load_scenario
@@ -75,23 +77,25 @@ def _spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.P
     )
 
 
-def _group_ready(bootstrap: str, group: str, timeout_s: float) -> bool:
-    """True once the consumer group has a member with partitions (so no sample is missed)."""
-    admin = kafka_io.make_admin(bootstrap)
+def _worker_ready(proc: subprocess.Popen[bytes], metrics_port: int, group: str, timeout_s: float) -> bool:
+    """True once the worker itself reports input partitions (its fleetwatch_worker_partitions).
+
+    The broker's view of the group is not enough: a member can be assigned there and still be
+    restoring state, or stuck in its join, so the simulation would start before anyone reads."""
     deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            try:
-                desc = admin.describe_groups([group]).get(group) or {}
-                members = desc.get("members") or []
-                assigned = any((m.get("member_assignment") or {}).get("assigned_partitions") for m in members)
-                if desc.get("group_state") == "Stable" and assigned:
-                    return True
-            except Exception:  # the group does not exist yet
-                log.debug("group %s not ready", group, exc_info=True)
-            time.sleep(0.3)
-    finally:
-        admin.close()
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:  # not serving yet
+            text = ""
+        for family in text_string_to_metric_families(text):
+            if family.name == "fleetwatch_worker_partitions" and any(
+                s.labels.get("group") == group and s.value > 0 for s in family.samples
+            ):
+                return True
+        time.sleep(0.3)
     return False
 
 
@@ -242,11 +246,12 @@ def run(args: argparse.Namespace) -> int:
         out_dir / "act.log",
     )
     try:
-        for name, group in (("detect", detect_group), ("act", act_group)):
-            if not _group_ready(bootstrap, group, 60):
-                raise RuntimeError(
-                    f"fleetwatch {name} did not join its consumer group; see {out_dir}/{name}.log"
-                )
+        for name, group, port in (
+            ("detect", detect_group, DETECT_METRICS),
+            ("act", act_group, ACT_METRICS),
+        ):
+            if not _worker_ready(procs[name], port, group, 60):
+                raise RuntimeError(f"fleetwatch {name} did not get its partitions; see {out_dir}/{name}.log")
         epoch = time.time()
         wall = sc.duration_s / args.speed if args.speed else 0
         console.print(

@@ -83,8 +83,24 @@ def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaCon
     except KafkaTimeoutError as e:
         raise BrokerUnavailable(unavailable(bootstrap, cfg)) from e
     if subscribe:
-        consumer.subscribe(list(subscribe))
+        subscribe_with_metadata(consumer, list(subscribe))
     return consumer
+
+
+def subscribe_with_metadata(consumer: KafkaConsumer, topic_names: list[str], listener: Any = None) -> None:
+    """Subscribe `consumer` to `topic_names` and load their metadata before it joins the group.
+
+    kafka-python 3 tracks the subscribed topics' partitions from metadata responses that arrive
+    after subscribe(). A join before the first one gets an empty assignment (or one the leader
+    thinks stale) and rejoins at once when the response lands; that quick second join sometimes
+    never completed (4 of 16 fresh groups started as the demo starts them had no partitions after
+    10 s, the member waiting on its SyncGroup; 0 of 20 with this). The join starts at the first
+    poll(), so one blocking metadata fetch here, after subscribe(), gives it the partitions."""
+    if listener is None:
+        consumer.subscribe(topic_names)
+    else:
+        consumer.subscribe(topic_names, listener=listener)
+    consumer.topics()  # always a metadata round trip (partitions_for_topic would use the cache)
 
 
 def make_admin(bootstrap: str, timeout_ms: int = 10000) -> KafkaAdminClient:

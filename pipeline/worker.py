@@ -18,7 +18,7 @@ from typing import Any
 
 from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.runtime import StopFlag, gc_paused
@@ -43,6 +43,11 @@ BATCH_SECONDS = Histogram(
 COMMIT_FAILURES = Counter(
     "fleetwatch_worker_commit_failures_total",
     "offset commits that failed (their input is replayed)",
+    ["group"],
+)
+PARTITIONS = Gauge(
+    "fleetwatch_worker_partitions",
+    "input partitions this worker owns (0 while joining, or with more workers than partitions)",
     ["group"],
 )
 SNAPSHOTS = Counter("fleetwatch_worker_snapshots_total", "state snapshots written", ["group", "stage"])
@@ -93,7 +98,7 @@ class Worker(ConsumerRebalanceListener):
             # is 45 s); heartbeats go every 3 s.
             session_timeout_ms=session_timeout_ms,
         )
-        self.consumer.subscribe(sorted(self.topic_stage), listener=self)
+        kafka_io.subscribe_with_metadata(self.consumer, sorted(self.topic_stage), listener=self)
 
     # ------------------------------------------------------------ rebalance
 
@@ -147,6 +152,7 @@ class Worker(ConsumerRebalanceListener):
         self._parked = {}
         self._parked_offsets = {}
         self._rebalanced_at = time.monotonic()
+        PARTITIONS.labels(self.group).inc(len(assigned))
         log.info("assigned %s", sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
@@ -168,6 +174,7 @@ class Worker(ConsumerRebalanceListener):
             off = self.offsets.pop(tp, None)
             if off is not None:
                 self._parked_offsets[tp] = off
+        PARTITIONS.labels(self.group).dec(len(revoked))
         if revoked:
             log.info("revoked %s", sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 from kafka import KafkaProducer
+from prometheus_client import REGISTRY
 
 from fleetwatch import kafka_io, schemas
 from fleetwatch.runtime import StopFlag
@@ -76,7 +77,12 @@ def test_worker_dead_letters_commits_and_resumes_from_snapshot(kafka_bootstrap: 
     dlq = TopicTail(kafka_bootstrap, "fleet.deadletter.v1")
     a = Worker(kafka_bootstrap, group, [_stage(stage, in_topic, out_topic)], snapshot_every_s=3600)
     a.run(StopFlag(install=False), idle_exit_s=3)
+    admin = kafka_io.make_admin(kafka_bootstrap)
+    n_partitions = len(admin.describe_topics([in_topic])[0]["partitions"])
+    admin.close()
+    assert REGISTRY.get_sample_value("fleetwatch_worker_partitions", {"group": group}) == n_partitions
     a.close()  # snapshots every task it holds, then leaves the group
+    assert REGISTRY.get_sample_value("fleetwatch_worker_partitions", {"group": group}) == 0
 
     recs = out.collect(lambda rs: len(rs) >= 160, 30)
     assert len(recs) == 160
