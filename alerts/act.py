@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kafka import TopicPartition
 from kafka.partitioner.default import murmur2
 from prometheus_client import start_http_server
 
@@ -43,12 +42,10 @@ TICK_S = 1.0
 
 
 class ActWorker(Worker):
-    """Worker that snapshots a partition's fresh task at its start offset before processing it.
+    """Worker with static group membership, telling the actor which partitions each poll holds.
 
-    A fresh partition (no snapshot yet) is paused in the rebalance callback, where blocking calls
-    are not allowed; the next step() looks its position up, writes the empty snapshot there, and
-    resumes it. From then on a restart always seeks to a snapshot, never to a later commit.
-    """
+    Like every Worker, it snapshots a fresh task at its start offset before processing anything
+    (Worker._restore), so a restart always seeks to a snapshot, never to a later commit."""
 
     def __init__(
         self,
@@ -61,7 +58,6 @@ class ActWorker(Worker):
         on_poll: Callable[[set[int]], None] = lambda _p: None,
         **kwargs: Any,
     ) -> None:
-        self._fresh: list[TopicPartition] = []
         super().__init__(bootstrap, group, stages, **kwargs)
         # Static membership: a restarted act with the same instance id takes its partitions back at
         # once, instead of waiting out the dead member's session (45 s by default). The Worker
@@ -90,35 +86,6 @@ class ActWorker(Worker):
         polled = self._consumer_poll(*args, **kwargs)
         self._on_poll({tp.partition for tp in polled})
         return polled
-
-    def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        super().on_partitions_assigned(assigned)
-        for tp in assigned:
-            key = (self.topic_stage[tp.topic].name, tp.partition)
-            if key in self.tasks and not self._snap_offsets.get(key):
-                self._fresh.append(tp)
-        if self._fresh:
-            self.consumer.pause(*self._fresh)
-
-    def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        self._fresh = [tp for tp in self._fresh if tp not in set(revoked)]
-        super().on_partitions_revoked(revoked)
-
-    def step(self, timeout_ms: int = 200) -> int:
-        handled = super().step(timeout_ms)
-        fresh, self._fresh = self._fresh, []
-        keys = set()
-        for tp in fresh:
-            key = (self.topic_stage[tp.topic].name, tp.partition)
-            if key in self.tasks:
-                self._snap_offsets[key] = {tp.topic: self.consumer.position(tp)}
-                keys.add(key)
-        if keys:
-            self._snapshot(keys)
-            self.producer.flush(timeout=30)
-        if fresh:
-            self.consumer.resume(*fresh)
-        return handled
 
 
 def policy_config(args: argparse.Namespace) -> PolicyConfig:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,29 +63,46 @@ def write_snapshot(producer: Any, stage: str, partition: int, offsets: dict[str,
     )
 
 
-def read_snapshot(
-    consumer_factory: Any, stage: str, partition: int, timeout_s: float = 30.0
-) -> Snapshot | None:
-    """Read state partition `partition` to its end and return the newest complete snapshot."""
+def read_snapshots(
+    consumer_factory: Any, wanted: Iterable[tuple[str, int]], timeout_s: float = 60.0
+) -> dict[tuple[str, int], Snapshot | None]:
+    """The newest complete snapshot of each (stage, partition) in `wanted` (None: there is none).
+
+    One consumer reads every state partition involved to its end, once: a rebalance that hands a
+    worker many partitions costs one pass, not one consumer per partition."""
+    keys = set(wanted)
+    found: dict[tuple[str, int], Snapshot | None] = dict.fromkeys(keys)
+    if not keys:
+        return found
+    prefixes = {_key(stage, p, ""): (stage, p) for stage, p in keys}
+    records: dict[bytes, bytes] = {}
     consumer = consumer_factory()
     try:
-        stp = TopicPartition(topics.STATE, partition)
-        consumer.assign([stp])
-        consumer.seek_to_beginning(stp)
-        end = consumer.end_offsets([stp])[stp]
-        prefix = _key(stage, partition, "")
-        records: dict[bytes, bytes] = {}
+        tps = [TopicPartition(topics.STATE, p) for p in sorted({p for _s, p in keys})]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
         deadline = time.monotonic() + timeout_s
-        while consumer.position(stp) < end:
+        behind = [tp for tp in tps if consumer.position(tp) < ends[tp]]
+        while behind:
             if time.monotonic() > deadline:
-                log.warning("timed out reading state for %s %s; starting cold", stage, partition)
-                return None
+                late = {tp.partition for tp in behind}
+                log.warning("timed out reading state partitions %s; they start cold", sorted(late))
+                prefixes = {k: v for k, v in prefixes.items() if v[1] not in late}
+                break
             for batch in consumer.poll(timeout_ms=200).values():
                 for r in batch:
-                    if r.key and r.key.startswith(prefix):
+                    if r.key and r.key[: r.key.rfind(b"/") + 1] in prefixes:
                         records[r.key] = r.value
+            behind = [tp for tp in behind if consumer.position(tp) < ends[tp]]
     finally:
         consumer.close()
+    for prefix, key in prefixes.items():
+        found[key] = _assemble(records, prefix, key)
+    return found
+
+
+def _assemble(records: dict[bytes, bytes], prefix: bytes, key: tuple[str, int]) -> Snapshot | None:
     raw_manifest = records.get(prefix + b"manifest")
     if raw_manifest is None:
         return None
@@ -94,7 +112,7 @@ def read_snapshot(
     for i in range(manifest["chunks"]):
         chunk = records.get(prefix + f"chunk-{i:05d}".encode())
         if chunk is None or not chunk.startswith(gen):
-            log.warning("state for %s %s is incomplete (chunk %d); starting cold", stage, partition, i)
+            log.warning("state for %s %s is incomplete (chunk %d); starting cold", key[0], key[1], i)
             return None
         parts.append(chunk[len(gen) :])
     return Snapshot(offsets=manifest["offsets"], state=b"".join(parts), written_at=manifest["written_at"])

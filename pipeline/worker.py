@@ -6,7 +6,9 @@ every one is acknowledged, and only then commit the input offsets (asynchronousl
 on close): at-least-once, and outputs carry stable ids so a replayed batch
 yields duplicates that downstream drops. Task state is snapshotted to the
 compacted state topic every `snapshot_every_s` and when partitions are revoked; a worker
-that takes a partition over restores the snapshot and resumes from the offsets stored in it.
+that takes a partition over restores the snapshot and resumes from the offsets stored in it
+(on its own thread before its next poll, the partition paused until then: kafka-python runs the
+rebalance callbacks on the thread that heartbeats).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.runtime import StopFlag, gc_paused
 from pipeline import fleet_metrics
 from pipeline.deadletter import send_deadletter
-from pipeline.state_store import read_snapshot, write_snapshot
+from pipeline.state_store import read_snapshots, write_snapshot
 from pipeline.tasks import Stage, Task
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,8 @@ class Worker(ConsumerRebalanceListener):
         self._parked_offsets: dict[TopicPartition, int] = {}  # where each parked task's input resumes
         # assigned partitions whose task has no snapshot naming its start offset yet
         self._unanchored: set[TopicPartition] = set()
+        # assigned partitions, paused, whose tasks the worker's thread has yet to restore
+        self._restoring: set[TopicPartition] = set()
         self.offsets: dict[TopicPartition, int] = {}  # next offset to process, per owned partition
         self._last_snapshot = time.monotonic()
         self._rebalanced_at = time.monotonic()  # when partitions were last assigned
@@ -110,41 +114,29 @@ class Worker(ConsumerRebalanceListener):
         return kafka_io.make_consumer(self.bootstrap, enable_auto_commit=False)
 
     def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        # This runs on kafka-python's IO thread, which also sends the heartbeats: reading snapshots
+        # here would block them, and a restore longer than the session timeout would get this
+        # member expelled (and the next owner would restore again). New partitions are paused
+        # instead and restored by the worker's own thread before its next poll (_restore).
+        handed_back = {}
         for tp in assigned:
-            stage = self.topic_stage[tp.topic]
-            key = (stage.name, tp.partition)
+            key = (self.topic_stage[tp.topic].name, tp.partition)
             if key not in self.tasks and key in self._parked:
+                handed_back[key] = self._parked.pop(key)
+            if key in handed_back:
                 # Ours before the rebalance: resume exactly where its state ends (the asynchronous
                 # commit made at revocation may not have landed).
-                self.tasks[key] = self._parked.pop(key)
+                self.tasks[key] = handed_back[key]
                 off = self._parked_offsets.pop(tp, None)
                 if off is not None:
                     self.consumer.seek(tp, off)
                 self._unanchored.add(tp)
-                continue
-            if key not in self.tasks:
-                snap = read_snapshot(self._state_consumer, self._state_name(stage.name), tp.partition)
-                if snap is None:
-                    self.tasks[key] = stage.new_task(tp.partition)
-                    self._snap_offsets[key] = {}
-                else:
-                    self.tasks[key] = stage.load_task(tp.partition, snap.state)
-                    self._snap_offsets[key] = snap.offsets
-                    log.info(
-                        "restored %s partition %d from a snapshot of %.0f s ago",
-                        stage.name,
-                        tp.partition,
-                        time.time() - snap.written_at,
-                    )
-            resume = self._snap_offsets.get(key, {}).get(tp.topic)
-            if resume is not None:
-                # The state reflects input up to `resume`; reprocess from there (duplicates carry
-                # the same ids) rather than from a later committed offset, which would skip input.
-                self.consumer.seek(tp, resume)
-            else:
-                # No snapshot says where this state starts: anchor it at the first step (blocking
-                # calls such as position() are not allowed inside this callback).
+            elif key in self.tasks:  # kept through the rebalance (cooperative protocols)
                 self._unanchored.add(tp)
+            else:
+                self._restoring.add(tp)
+        if self._restoring:
+            self.consumer.pause(*self._restoring)
         for task in self._parked.values():  # revoked and not handed back: gone to another worker
             close = getattr(task, "close", None)
             if close:
@@ -152,8 +144,50 @@ class Worker(ConsumerRebalanceListener):
         self._parked = {}
         self._parked_offsets = {}
         self._rebalanced_at = time.monotonic()
-        PARTITIONS.labels(self.group).inc(len(assigned))
+        PARTITIONS.labels(self.group).inc(len([tp for tp in assigned if tp not in self._restoring]))
         log.info("assigned %s", sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+
+    def _restore(self) -> None:
+        """Build the tasks of newly assigned partitions from their snapshots (one pass over the
+        state topic), point each input at the offset its state ends, and resume fetching. A task
+        with no snapshot is anchored at once: a snapshot of its empty state and its start offset,
+        written before it processes anything."""
+        restoring = [tp for tp in self._restoring if tp in self.consumer.assignment()]
+        self._restoring = set()
+        keys = {(self.topic_stage[tp.topic].name, tp.partition) for tp in restoring}
+        snaps = read_snapshots(self._state_consumer, [(self._state_name(s), p) for s, p in keys])
+        for name, p in sorted(keys):
+            stage = self.stages[name]
+            snap = snaps[(self._state_name(name), p)]
+            if snap is None:
+                self.tasks[(name, p)] = stage.new_task(p)
+                self._snap_offsets[(name, p)] = {}
+            else:
+                self.tasks[(name, p)] = stage.load_task(p, snap.state)
+                self._snap_offsets[(name, p)] = snap.offsets
+                log.info(
+                    "restored %s partition %d from a snapshot of %.0f s ago",
+                    name,
+                    p,
+                    time.time() - snap.written_at,
+                )
+        anchor = set()
+        for tp in restoring:
+            key = (self.topic_stage[tp.topic].name, tp.partition)
+            resume = self._snap_offsets[key].get(tp.topic)
+            if resume is not None:
+                # The state reflects input up to `resume`; reprocess from there (duplicates carry
+                # the same ids) rather than from a later committed offset, which would skip input.
+                self.consumer.seek(tp, resume)
+            else:
+                self.offsets[tp] = self.consumer.position(tp)
+                anchor.add(key)
+        if anchor:
+            self._snapshot(anchor, reset_timer=False)
+            self.producer.flush(timeout=30)
+        self.consumer.resume(*restoring)
+        self._rebalanced_at = time.monotonic()
+        PARTITIONS.labels(self.group).inc(len(restoring))
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         # Everything processed is already produced (see step()). This runs on kafka-python's IO
@@ -174,7 +208,8 @@ class Worker(ConsumerRebalanceListener):
             off = self.offsets.pop(tp, None)
             if off is not None:
                 self._parked_offsets[tp] = off
-        PARTITIONS.labels(self.group).dec(len(revoked))
+        PARTITIONS.labels(self.group).dec(len([tp for tp in revoked if tp not in self._restoring]))
+        self._restoring.difference_update(revoked)
         if revoked:
             log.info("revoked %s", sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
 
@@ -186,6 +221,8 @@ class Worker(ConsumerRebalanceListener):
             return self._step(timeout_ms)
 
     def _step(self, timeout_ms: int) -> int:
+        if self._restoring:
+            self._restore()
         polled = self.consumer.poll(timeout_ms=timeout_ms)
         if not polled:
             self._anchor()

@@ -5,11 +5,14 @@ checked end to end in their own tests."""
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
+import pytest
 from kafka import KafkaProducer
 from prometheus_client import REGISTRY
 
@@ -108,3 +111,52 @@ def test_worker_dead_letters_commits_and_resumes_from_snapshot(kafka_bootstrap: 
     ]
     out.close()
     dlq.close()
+
+
+def test_a_restore_longer_than_the_session_timeout_keeps_the_member_in_its_group(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Snapshots are restored by the worker's own thread, not in the rebalance callback: that
+    callback runs on kafka-python's IO thread, which also heartbeats, so a restore there longer
+    than the session timeout got the member expelled and the group rebalanced under it."""
+    run = uuid.uuid4().hex[:8]
+    in_topic, out_topic, group, stage = (
+        f"test.worker.in.{run}",
+        f"test.worker.out.{run}",
+        f"g-{run}",
+        f"count-{run}",
+    )
+    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
+    nodes = [f"snode-{i}" for i in range(4)]
+    _produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=0))) for n in nodes])
+    a = Worker(kafka_bootstrap, group, [_stage(stage, in_topic, out_topic)], snapshot_every_s=3600)
+    a.run(StopFlag(install=False), idle_exit_s=3)
+    a.close()
+
+    session_s, restore_s = 6.0, 9.0  # 6 s is the broker's smallest session timeout
+
+    def slow_load(_p: int, raw: bytes) -> CountingTask:
+        time.sleep(restore_s)  # a big state
+        return CountingTask(out_topic, orjson.loads(raw))
+
+    slow = Stage(
+        name=stage,
+        inputs=(in_topic,),
+        schemas={in_topic: schemas.TELEMETRY},
+        new_task=lambda p: CountingTask(out_topic),
+        load_task=slow_load,
+    )
+    _produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=1))) for n in nodes])
+    out = TopicTail(kafka_bootstrap, out_topic)
+    caplog.set_level(logging.INFO, logger="pipeline.worker")
+    b = Worker(
+        kafka_bootstrap, group, [slow], snapshot_every_s=3600, session_timeout_ms=int(session_s * 1000)
+    )
+    b.run(StopFlag(install=False), idle_exit_s=session_s)  # outlives a session after the restore
+    assigned = [r for r in caplog.records if r.getMessage().startswith("assigned")]
+    revoked = [r for r in caplog.records if r.getMessage().startswith("revoked")]
+    b.close()
+    more = out.collect(lambda rs: len(rs) >= 4, 30)
+    out.close()
+    assert len(assigned) == 1 and not revoked, [r.getMessage() for r in caplog.records]
+    assert sorted(orjson.loads(r.value)["n"] for r in more) == [2, 2, 2, 2]  # restored, continued
