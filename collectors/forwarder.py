@@ -140,7 +140,7 @@ class SpoolForwarder:
         self._last_sent_id = 0  # resend from the oldest record still in the spool
         if self._producer is not None:
             try:
-                self._producer.close(timeout=0)
+                kafka_io.close_producer(self._producer, 0)
             except Exception:  # closing a producer whose broker is gone may raise anything
                 log.debug("error closing producer", exc_info=True)
             self._producer = None
@@ -155,7 +155,7 @@ class SpoolForwarder:
     def close(self) -> None:
         if self._producer is not None:
             try:
-                self._producer.close(timeout=5)
+                kafka_io.close_producer(self._producer, 5)
             except Exception:
                 log.debug("error closing producer", exc_info=True)
             self._producer = None

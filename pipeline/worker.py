@@ -318,7 +318,7 @@ class Worker(ConsumerRebalanceListener):
                 return
             log.warning("%d outputs were not acknowledged (attempt %d); resending", len(pending), attempt)
             try:
-                self.producer.close(timeout=5)
+                kafka_io.close_producer(self.producer, 5)
             except Exception:  # a producer whose broker went away may fail to close cleanly
                 log.debug("error closing producer", exc_info=True)
             time.sleep(min(5.0, float(attempt)))
@@ -388,7 +388,7 @@ class Worker(ConsumerRebalanceListener):
             if close:
                 close()
         self.consumer.close()
-        self.producer.close(timeout=10)
+        kafka_io.close_producer(self.producer, 10)
 
 
 class _Outbox:

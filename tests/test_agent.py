@@ -141,6 +141,10 @@ def test_agent_delivers_in_order(kafka_bootstrap: str, topic_tail: Any, tmp_path
     assert seqs == list(range(50))
 
 
+def _producer_senders() -> set[int | None]:
+    return {t.ident for t in threading.enumerate() if "producer" in t.name and t.is_alive()}
+
+
 def test_broker_restart_loses_no_sample(private_broker: PrivateBroker, tmp_path: Path) -> None:
     """Stop the broker mid-run for a few seconds: the agent spools, then replays in order."""
     gpu = CountingSource()
@@ -149,6 +153,7 @@ def test_broker_restart_loses_no_sample(private_broker: PrivateBroker, tmp_path:
         tmp_path, private_broker.bootstrap, [SourceRunner("nvml", lambda: gpu)], node=node, interval_s=0.05
     )
     tail = TopicTail(private_broker.bootstrap, topics.TELEMETRY)
+    senders_before = _producer_senders()
     stop = StopFlag(install=False)
     worker = threading.Thread(target=agent.run, args=(stop,))
     worker.start()
@@ -164,6 +169,8 @@ def test_broker_restart_loses_no_sample(private_broker: PrivateBroker, tmp_path:
         worker.join(30)
     agent.close(drain_timeout_s=60)
     assert spooled_during_outage > 20, "the agent should have spooled while the broker was down"
+    # The producer given up in the outage is closed too, its sender thread gone with it.
+    assert _producer_senders() <= senders_before
     total = agent.seq
     recs = tail.collect(
         lambda rs: len({schemas.decode(r.value)["seq"] for r in rs if r.key == node.encode()}) >= total, 60
