@@ -763,6 +763,19 @@ def pipeline() -> dict:
             ),
             desc="One hot partition means one hot key (a node or a job) or a stuck member.",
         ),
+        ts(
+            "Input partitions owned per worker",
+            targets(
+                (
+                    f"sum by (group, instance) (fleetwatch_worker_partitions{{{C}}})",
+                    "{{group}} {{instance}}",
+                )
+            ),
+            stack=True,
+            w=24,
+            desc="Each member's input partitions (0 while it joins or restores state). A group whose "
+            "members own none reads nothing: alert FleetwatchGroupOwnsNoPartitions.",
+        ),
         row("Latency"),
         ts(
             "Batch latency (poll to commit)",
