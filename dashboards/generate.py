@@ -843,14 +843,21 @@ def pipeline() -> dict:
             targets((f"sum(rate(fleetwatch_detect_stale_samples_total{{{C}}}[{RATE}]))", "stale")),
         ),
         ts(
-            "State snapshots written",
+            "State snapshots written and lost",
             targets(
                 (
                     f"sum by (group, stage) (increase(fleetwatch_worker_snapshots_total{{{C}}}[{RATE}]))",
                     "{{group}} {{stage}}",
-                )
+                ),
+                (
+                    f"sum by (group, stage, reason) "
+                    f"(increase(fleetwatch_worker_state_lost_total{{{C}}}[{RATE}]))",
+                    "lost: {{group}} {{stage}} ({{reason}})",
+                ),
             ),
             bars=True,
+            desc="Snapshots written, and restores that found a snapshot they could not use (the "
+            "partition started cold).",
         ),
         row("Node agents"),
         ts(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,12 +64,17 @@ def write_snapshot(producer: Any, stage: str, partition: int, offsets: dict[str,
 
 
 def read_snapshots(
-    consumer_factory: Any, wanted: Iterable[tuple[str, int]], timeout_s: float = 60.0
+    consumer_factory: Any,
+    wanted: Iterable[tuple[str, int]],
+    timeout_s: float = 60.0,
+    on_lost: Callable[[tuple[str, int], str], None] = lambda _key, _reason: None,
 ) -> dict[tuple[str, int], Snapshot | None]:
     """The newest complete snapshot of each (stage, partition) in `wanted` (None: there is none).
 
     One consumer reads every state partition involved to its end, once: a rebalance that hands a
-    worker many partitions costs one pass, not one consumer per partition."""
+    worker many partitions costs one pass, not one consumer per partition. A snapshot that exists
+    but cannot be used is reported to `on_lost(key, reason)`, reason "timeout" (its partition was
+    not read to the end in `timeout_s`) or "incomplete" (a chunk of its generation is missing)."""
     keys = set(wanted)
     found: dict[tuple[str, int], Snapshot | None] = dict.fromkeys(keys)
     if not keys:
@@ -88,6 +93,8 @@ def read_snapshots(
             if time.monotonic() > deadline:
                 late = {tp.partition for tp in behind}
                 log.warning("timed out reading state partitions %s; they start cold", sorted(late))
+                for key in sorted(k for k in keys if k[1] in late):
+                    on_lost(key, "timeout")
                 prefixes = {k: v for k, v in prefixes.items() if v[1] not in late}
                 break
             for batch in consumer.poll(timeout_ms=200).values():
@@ -98,11 +105,16 @@ def read_snapshots(
     finally:
         consumer.close()
     for prefix, key in prefixes.items():
-        found[key] = _assemble(records, prefix, key)
+        found[key] = _assemble(records, prefix, key, on_lost)
     return found
 
 
-def _assemble(records: dict[bytes, bytes], prefix: bytes, key: tuple[str, int]) -> Snapshot | None:
+def _assemble(
+    records: dict[bytes, bytes],
+    prefix: bytes,
+    key: tuple[str, int],
+    on_lost: Callable[[tuple[str, int], str], None],
+) -> Snapshot | None:
     raw_manifest = records.get(prefix + b"manifest")
     if raw_manifest is None:
         return None
@@ -113,6 +125,7 @@ def _assemble(records: dict[bytes, bytes], prefix: bytes, key: tuple[str, int]) 
         chunk = records.get(prefix + f"chunk-{i:05d}".encode())
         if chunk is None or not chunk.startswith(gen):
             log.warning("state for %s %s is incomplete (chunk %d); starting cold", key[0], key[1], i)
+            on_lost(key, "incomplete")
             return None
         parts.append(chunk[len(gen) :])
     return Snapshot(offsets=manifest["offsets"], state=b"".join(parts), written_at=manifest["written_at"])

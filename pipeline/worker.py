@@ -52,6 +52,11 @@ PARTITIONS = Gauge(
     "input partitions this worker owns (0 while joining, or with more workers than partitions)",
     ["group"],
 )
+STATE_LOST = Counter(
+    "fleetwatch_worker_state_lost_total",
+    "partitions whose snapshot existed but could not be restored (they start cold)",
+    ["group", "stage", "reason"],
+)
 SNAPSHOTS = Counter("fleetwatch_worker_snapshots_total", "state snapshots written", ["group", "stage"])
 
 
@@ -155,7 +160,12 @@ class Worker(ConsumerRebalanceListener):
         restoring = [tp for tp in self._restoring if tp in self.consumer.assignment()]
         self._restoring = set()
         keys = {(self.topic_stage[tp.topic].name, tp.partition) for tp in restoring}
-        snaps = read_snapshots(self._state_consumer, [(self._state_name(s), p) for s, p in keys])
+        names = {self._state_name(s): s for s, _p in keys}
+        snaps = read_snapshots(
+            self._state_consumer,
+            [(self._state_name(s), p) for s, p in keys],
+            on_lost=lambda key, why: STATE_LOST.labels(self.group, names[key[0]], why).inc(),
+        )
         for name, p in sorted(keys):
             stage = self.stages[name]
             snap = snaps[(self._state_name(name), p)]

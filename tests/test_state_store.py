@@ -40,7 +40,8 @@ def test_snapshots_of_several_stages_and_partitions_come_back_from_one_consumer(
         return kafka_io.make_consumer(kafka_bootstrap, enable_auto_commit=False)
 
     missing = (f"g-{run}/none", 0)
-    got = read_snapshots(factory, [*states, (job, 1), missing])
+    lost: list[tuple[tuple[str, int], str]] = []
+    got = read_snapshots(factory, [*states, (job, 1), missing], on_lost=lambda k, why: lost.append((k, why)))
     assert len(made) == 1
     for (stage, p), state in states.items():
         snap = got[(stage, p)]
@@ -48,4 +49,11 @@ def test_snapshots_of_several_stages_and_partitions_come_back_from_one_consumer(
         assert snap.state == state and snap.offsets == {"in.topic": 200 + p}
     assert got[(job, 1)] is None
     assert got[missing] is None
+    assert lost == [((job, 1), "incomplete")]  # a missing snapshot is not a lost one
     assert read_snapshots(factory, []) == {} and len(made) == 1  # nothing wanted, nothing read
+
+    # A state partition not read to its end in time starts cold, and says so.
+    lost.clear()
+    late = read_snapshots(factory, list(states), timeout_s=0, on_lost=lambda k, why: lost.append((k, why)))
+    assert late == dict.fromkeys(states)
+    assert sorted(lost) == sorted((k, "timeout") for k in states)
