@@ -25,6 +25,7 @@ from fleetwatch import topics
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 512 * 1024
+LOST_REASONS = ("timeout", "incomplete")  # why a snapshot that exists could not be restored
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.runtime import StopFlag, gc_paused
 from pipeline import fleet_metrics
 from pipeline.deadletter import send_deadletter
-from pipeline.state_store import read_snapshots, write_snapshot
+from pipeline.state_store import LOST_REASONS, read_snapshots, write_snapshot
 from pipeline.tasks import Stage, Task
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,12 @@ class Worker(ConsumerRebalanceListener):
         self.offsets: dict[TopicPartition, int] = {}  # next offset to process, per owned partition
         self._last_snapshot = time.monotonic()
         self._rebalanced_at = time.monotonic()  # when partitions were last assigned
+        # Exported at 0 from the start: a member stuck in its first join shows 0 partitions (the
+        # rule FleetwatchGroupOwnsNoPartitions sees it), and increase() sees the first lost state.
+        PARTITIONS.labels(group)
+        for name in self.stages:
+            for reason in LOST_REASONS:
+                STATE_LOST.labels(group, name, reason)
         self.producer = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
         self.consumer = kafka_io.make_consumer(
             bootstrap,
