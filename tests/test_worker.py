@@ -44,13 +44,23 @@ class CountingTask:
         return orjson.dumps(self.counts)
 
 
-def _stage(name: str, in_topic: str, out_topic: str) -> Stage:
+def _names() -> tuple[str, str, str, str]:
+    """Input topic, output topic, group and stage of one test run."""
+    run = uuid.uuid4().hex[:8]
+    return f"test.worker.in.{run}", f"test.worker.out.{run}", f"g-{run}", f"count-{run}"
+
+
+def _stage(name: str, in_topic: str, out_topic: str, load_delay_s: float = 0.0) -> Stage:
+    def load(_p: int, raw: bytes) -> CountingTask:
+        time.sleep(load_delay_s)  # stands for a big state
+        return CountingTask(out_topic, orjson.loads(raw))
+
     return Stage(
         name=name,
         inputs=(in_topic,),
         schemas={in_topic: schemas.TELEMETRY},
         new_task=lambda p: CountingTask(out_topic),
-        load_task=lambda p, b: CountingTask(out_topic, orjson.loads(b)),
+        load_task=load,
     )
 
 
@@ -63,13 +73,7 @@ def _produce(bootstrap: str, topic: str, values: list[tuple[str, bytes]]) -> Non
 
 
 def test_worker_dead_letters_commits_and_resumes_from_snapshot(kafka_bootstrap: str) -> None:
-    run = uuid.uuid4().hex[:8]
-    in_topic, out_topic, group, stage = (
-        f"test.worker.in.{run}",
-        f"test.worker.out.{run}",
-        f"g-{run}",
-        f"count-{run}",
-    )
+    in_topic, out_topic, group, stage = _names()
     kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic])
     nodes = [f"wnode-{i:02d}" for i in range(8)]
     first = [(n, schemas.encode(telemetry(node=n, seq=s))) for s in range(20) for n in nodes]
@@ -119,13 +123,7 @@ def test_a_restore_longer_than_the_session_timeout_keeps_the_member_in_its_group
     """Snapshots are restored by the worker's own thread, not in the rebalance callback: that
     callback runs on kafka-python's IO thread, which also heartbeats, so a restore there longer
     than the session timeout got the member expelled and the group rebalanced under it."""
-    run = uuid.uuid4().hex[:8]
-    in_topic, out_topic, group, stage = (
-        f"test.worker.in.{run}",
-        f"test.worker.out.{run}",
-        f"g-{run}",
-        f"count-{run}",
-    )
+    in_topic, out_topic, group, stage = _names()
     kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
     nodes = [f"snode-{i}" for i in range(4)]
     _produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=0))) for n in nodes])
@@ -135,17 +133,7 @@ def test_a_restore_longer_than_the_session_timeout_keeps_the_member_in_its_group
 
     session_s, restore_s = 6.0, 9.0  # 6 s is the broker's smallest session timeout
 
-    def slow_load(_p: int, raw: bytes) -> CountingTask:
-        time.sleep(restore_s)  # a big state
-        return CountingTask(out_topic, orjson.loads(raw))
-
-    slow = Stage(
-        name=stage,
-        inputs=(in_topic,),
-        schemas={in_topic: schemas.TELEMETRY},
-        new_task=lambda p: CountingTask(out_topic),
-        load_task=slow_load,
-    )
+    slow = _stage(stage, in_topic, out_topic, load_delay_s=restore_s)
     _produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=1))) for n in nodes])
     out = TopicTail(kafka_bootstrap, out_topic)
     caplog.set_level(logging.INFO, logger="pipeline.worker")
