@@ -167,9 +167,10 @@ def _group_rate(bootstrap: str, topic: str, total: int, n: int, group: str) -> f
     after the group's last rebalance (every member owns its partitions) to the last message."""
     ctx = multiprocessing.get_context("fork")
     done = ctx.Value("q", 0)
+    started = ctx.Value("q", 0)  # workers subscribed and ready to join
     reports = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker_proc, args=(bootstrap, topic, total, group, done, reports))
+        ctx.Process(target=_worker_proc, args=(bootstrap, topic, total, group, n, started, done, reports))
         for _ in range(n)
     ]
     for p in procs:
@@ -180,10 +181,17 @@ def _group_rate(bootstrap: str, topic: str, total: int, n: int, group: str) -> f
     t0 = max(r["settled"] for r in got)  # the last member's last assignment change
     t_end = max(t for r in got for t, _k in r["steps"])
     after = sum(k for r in got for t, k in r["steps"] if t > t0)
+    if after < total / 2:  # a member joined late and the others had done most of the work alone
+        raise RuntimeError(
+            f"the group of {n} settled after {total - after} of {total} messages were processed; "
+            "this run does not measure the group: run it again"
+        )
     return after / (t_end - t0)
 
 
-def _worker_proc(bootstrap: str, topic: str, total: int, group: str, done: Any, reports: Any) -> None:
+def _worker_proc(
+    bootstrap: str, topic: str, total: int, group: str, n: int, started: Any, done: Any, reports: Any
+) -> None:
     from fleetwatch import schemas
     from pipeline.job_table import JobTable
     from pipeline.node_stage import NodeTask
@@ -200,6 +208,12 @@ def _worker_proc(bootstrap: str, topic: str, total: int, group: str, done: Any, 
         telemetry_structs=True,
     )
     worker = Worker(bootstrap, group, [stage], snapshot_every_s=3600)
+    # All members join together (their first poll): a member that starts polling alone takes every
+    # partition and works through the topic while the others are still starting up.
+    with started.get_lock():
+        started.value += 1
+    while started.value < n:
+        time.sleep(0.01)
     steps: list[tuple[float, int]] = []
     owned: set[Any] = set()
     settled = time.perf_counter()
