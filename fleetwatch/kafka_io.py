@@ -94,8 +94,10 @@ def subscribe_with_metadata(consumer: KafkaConsumer, topic_names: list[str], lis
     after subscribe(). A join before the first one gets an empty assignment (or one the leader
     thinks stale) and rejoins at once when the response lands; that quick second join sometimes
     never completed (4 of 16 fresh groups started as the demo starts them had no partitions after
-    10 s, the member waiting on its SyncGroup; 0 of 20 with this). The join starts at the first
-    poll(), so one blocking metadata fetch here, after subscribe(), gives it the partitions."""
+    10 s; one watched for 80 s never recovered, its poll() blocked in send_fetches with the IO
+    thread idle; 0 of 20 stalled with this). The join starts at the first poll(), so one blocking
+    metadata fetch here, after subscribe(), gives it the partitions. A member stuck like that
+    shows 0 in fleetwatch_worker_partitions (rule FleetwatchGroupOwnsNoPartitions)."""
     if listener is None:
         consumer.subscribe(topic_names)
     else:
