@@ -14,6 +14,8 @@ rebalance callbacks on the thread that heartbeats).
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -73,9 +75,18 @@ class Worker(ConsumerRebalanceListener):
         clock: Callable[[], float] = time.time,
         start_at: str = "earliest",
         session_timeout_ms: int = 10000,
+        poll_stall_s: float = 120.0,
+        on_poll_stall: Callable[[float], None] | None = None,
     ) -> None:
-        """start_at: where a group with no committed offset begins ("earliest" or "latest")."""
+        """start_at: where a group with no committed offset begins ("earliest" or "latest").
+
+        poll_stall_s: run() treats a consumer poll() that has not returned for this long as a
+        client stall and calls on_poll_stall(seconds), by default exiting the process (see
+        _watch_polls)."""
         self.bootstrap = bootstrap
+        self.poll_stall_s = poll_stall_s
+        self.on_poll_stall = on_poll_stall or _exit_for_restart
+        self._poll_started: float | None = None  # monotonic start of the poll() in progress
         self.group = group
         self.stages = {s.name: s for s in stages}
         self.topic_stage = {t: s for s in stages for t in s.inputs}
@@ -239,7 +250,9 @@ class Worker(ConsumerRebalanceListener):
     def _step(self, timeout_ms: int) -> int:
         if self._restoring:
             self._restore()
+        self._poll_started = time.monotonic()
         polled = self.consumer.poll(timeout_ms=timeout_ms)
+        self._poll_started = None
         if not polled:
             self._anchor()
             self._maybe_snapshot()
@@ -385,14 +398,41 @@ class Worker(ConsumerRebalanceListener):
         counts from the last record or the last rebalance, whichever is later: joining the group
         and restoring snapshots can take longer than idle_exit_s, and is not idleness."""
         idle_since = time.monotonic()
-        while not stop:
-            if self.step():
-                idle_since = time.monotonic()
-            elif (
-                idle_exit_s is not None
-                and time.monotonic() - max(idle_since, self._rebalanced_at) > idle_exit_s
-            ):
-                break
+        watching = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch_polls, args=(watching,), name="poll-watchdog", daemon=True
+        )
+        watcher.start()
+        try:
+            while not stop:
+                if self.step():
+                    idle_since = time.monotonic()
+                elif (
+                    idle_exit_s is not None
+                    and time.monotonic() - max(idle_since, self._rebalanced_at) > idle_exit_s
+                ):
+                    break
+        finally:
+            watching.set()
+            watcher.join(timeout=5)
+
+    def _watch_polls(self, done: threading.Event) -> None:
+        """Report a poll() that does not return. kafka-python 3 can block in poll() for good (a
+        rebalance whose join never completes, seen with poll() waiting in send_fetches and its IO
+        thread idle); nothing inside the process can unblock it, but a restarted process rejoins
+        cleanly, and input is replayed from the snapshots' offsets (at-least-once), so by default
+        the process exits for its supervisor to restart it. Our own slow work (a restore, resends
+        during a broker outage) runs outside poll() and is never mistaken for a stall."""
+        while not done.wait(min(5.0, self.poll_stall_s / 4)):
+            started = self._poll_started
+            if started is not None and (stalled := time.monotonic() - started) > self.poll_stall_s:
+                log.critical(
+                    "poll() has not returned for %.0f s: the Kafka client is stuck (group %s)",
+                    stalled,
+                    self.group,
+                )
+                self.on_poll_stall(stalled)
+                return
 
     def close(self) -> None:
         """Snapshot, flush and leave the group (partitions move to the other members at once)."""
@@ -405,6 +445,13 @@ class Worker(ConsumerRebalanceListener):
                 close()
         self.consumer.close()
         kafka_io.close_producer(self.producer, 10)
+
+
+def _exit_for_restart(stalled_s: float) -> None:
+    # os._exit: the main thread is blocked inside the client, so a clean shutdown cannot run.
+    log.critical("exiting so that the supervisor restarts this worker")
+    logging.shutdown()
+    os._exit(75)  # EX_TEMPFAIL
 
 
 class _Outbox:

@@ -6,6 +6,9 @@ checked end to end in their own tests."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,7 +23,7 @@ from fleetwatch import kafka_io, schemas
 from fleetwatch.runtime import StopFlag
 from pipeline.tasks import Output, Stage
 from pipeline.worker import Worker
-from tests.conftest import TopicTail
+from tests.conftest import REPO, TopicTail
 from tests.test_schemas import telemetry
 
 
@@ -148,3 +151,56 @@ def test_a_restore_longer_than_the_session_timeout_keeps_the_member_in_its_group
     out.close()
     assert len(assigned) == 1 and not revoked, [r.getMessage() for r in caplog.records]
     assert sorted(orjson.loads(r.value)["n"] for r in more) == [2, 2, 2, 2]  # restored, continued
+
+
+def test_a_poll_that_never_returns_is_reported_and_normal_polls_are_not(kafka_bootstrap: str) -> None:
+    """kafka-python 3 can block in poll() for good (a join that never completes). run() reports
+    a poll that has not returned within poll_stall_s (by default the process exits for its
+    supervisor to restart it); its own slow work and ordinary polls are not stalls."""
+    in_topic, out_topic, group, stage = _names()
+    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
+    nodes = [f"pnode-{i}" for i in range(4)]
+    _produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n))) for n in nodes])
+    stalls: list[float] = []
+    stop = StopFlag(install=False)
+    release = threading.Event()
+    w = Worker(
+        kafka_bootstrap,
+        group,
+        [_stage(stage, in_topic, out_topic)],
+        snapshot_every_s=3600,
+        poll_stall_s=1.0,
+        on_poll_stall=lambda s: (stalls.append(s), stop.set(), release.set()),
+    )
+    w.run(stop, idle_exit_s=3)  # joins, processes, idles: several seconds of 0.2 s polls
+    assert stalls == []
+
+    real_poll = w.consumer.poll
+
+    def stuck_poll(*args: Any, **kwargs: Any) -> Any:
+        release.wait(30)  # as kafka-python's poll() waiting on a join that never completes
+        return real_poll(*args, **kwargs)
+
+    w.consumer.poll = stuck_poll  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    w.run(stop)
+    w.close()
+    assert len(stalls) == 1 and 1.0 < stalls[0] < 10
+    assert time.monotonic() - t0 < 10
+
+
+def test_by_default_a_stalled_worker_process_exits_for_its_supervisor(kafka_bootstrap: str) -> None:
+    in_topic, out_topic, group, stage = _names()
+    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
+    script = f"""
+import threading
+from fleetwatch.runtime import StopFlag
+from pipeline.worker import Worker
+from tests.test_worker import _stage
+w = Worker({kafka_bootstrap!r}, {group!r}, [_stage({stage!r}, {in_topic!r}, {out_topic!r})], poll_stall_s=1.0)
+w.consumer.poll = lambda *a, **k: threading.Event().wait(60)  # a poll() that never returns
+w.run(StopFlag(install=False))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 75, r.stderr[-2000:]
+    assert "poll() has not returned" in r.stderr and "supervisor restarts" in r.stderr
