@@ -98,10 +98,7 @@ def subscribe_with_metadata(consumer: KafkaConsumer, topic_names: list[str], lis
     thread idle; 0 of 20 stalled with this). The join starts at the first poll(), so one blocking
     metadata fetch here, after subscribe(), gives it the partitions. A member stuck like that
     shows 0 in fleetwatch_worker_partitions (rule FleetwatchGroupOwnsNoPartitions)."""
-    if listener is None:
-        consumer.subscribe(topic_names)
-    else:
-        consumer.subscribe(topic_names, listener=listener)
+    consumer.subscribe(topic_names, listener=listener)
     consumer.topics()  # always a metadata round trip (partitions_for_topic would use the cache)
 
 

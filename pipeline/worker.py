@@ -132,6 +132,10 @@ class Worker(ConsumerRebalanceListener):
         # State belongs to a consumer group: two pipelines on one cluster must not share it.
         return f"{self.group}/{stage}"
 
+    def _task_key(self, tp: TopicPartition) -> tuple[str, int]:
+        """The task an input partition feeds: (stage name, partition number)."""
+        return (self.topic_stage[tp.topic].name, tp.partition)
+
     def _state_consumer(self) -> Any:
         return kafka_io.make_consumer(self.bootstrap, enable_auto_commit=False)
 
@@ -140,15 +144,15 @@ class Worker(ConsumerRebalanceListener):
         # here would block them, and a restore longer than the session timeout would get this
         # member expelled (and the next owner would restore again). New partitions are paused
         # instead and restored by the worker's own thread before its next poll (_restore).
-        handed_back = {}
+        handed_back: set[tuple[str, int]] = set()  # parked tasks this assignment gives back
         for tp in assigned:
-            key = (self.topic_stage[tp.topic].name, tp.partition)
-            if key not in self.tasks and key in self._parked:
-                handed_back[key] = self._parked.pop(key)
+            key = self._task_key(tp)
+            if key in self._parked:
+                self.tasks[key] = self._parked.pop(key)
+                handed_back.add(key)
             if key in handed_back:
-                # Ours before the rebalance: resume exactly where its state ends (the asynchronous
-                # commit made at revocation may not have landed).
-                self.tasks[key] = handed_back[key]
+                # Ours before the rebalance: resume each input exactly where its state ends (the
+                # asynchronous commit made at revocation may not have landed).
                 off = self._parked_offsets.pop(tp, None)
                 if off is not None:
                     self.consumer.seek(tp, off)
@@ -176,7 +180,7 @@ class Worker(ConsumerRebalanceListener):
         written before it processes anything."""
         restoring = [tp for tp in self._restoring if tp in self.consumer.assignment()]
         self._restoring = set()
-        keys = {(self.topic_stage[tp.topic].name, tp.partition) for tp in restoring}
+        keys = {self._task_key(tp) for tp in restoring}
         names = {self._state_name(s): s for s, _p in keys}
         snaps = read_snapshots(
             self._state_consumer,
@@ -200,7 +204,7 @@ class Worker(ConsumerRebalanceListener):
                 )
         anchor = set()
         for tp in restoring:
-            key = (self.topic_stage[tp.topic].name, tp.partition)
+            key = self._task_key(tp)
             resume = self._snap_offsets[key].get(tp.topic)
             if resume is not None:
                 # The state reflects input up to `resume`; reprocess from there (duplicates carry
@@ -223,7 +227,7 @@ class Worker(ConsumerRebalanceListener):
         # from the offsets it remembers for its parked tasks).
         if self.offsets:  # nothing to commit on joining (and no member id to commit with yet)
             self.consumer.commit_async(self._commit_offsets(), callback=self._on_commit)
-        keys = {(self.topic_stage[tp.topic].name, tp.partition) for tp in revoked}
+        keys = {self._task_key(tp) for tp in revoked}
         self._snapshot(keys)
         self.producer.flush(timeout=30)
         for key in keys:
@@ -367,7 +371,7 @@ class Worker(ConsumerRebalanceListener):
                 continue
             if tp not in self.offsets:  # nothing processed yet: it starts where the consumer stands
                 self.offsets[tp] = self.consumer.position(tp)
-            keys.add((self.topic_stage[tp.topic].name, tp.partition))
+            keys.add(self._task_key(tp))
             self._unanchored.discard(tp)
         self._snapshot(keys, reset_timer=False)
         self.producer.flush(timeout=30)

@@ -214,8 +214,8 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         # Both groups hold their partitions before anything is produced: a worker that is still
         # joining when the findings arrive would make this test slow, not wrong, but one that never
         # gets partitions is a bug to report, not to wait out.
-        # kafka-python's first assignment of a fresh group is often empty (its metadata race); the
-        # rejoin that follows took up to ~25 s on a broker loaded by a long session.
+        # 60 s: a join took up to ~25 s on a broker loaded by a long session, before consumers
+        # loaded their metadata ahead of joining (kafka_io.subscribe_with_metadata).
         for name, topic in (("detect", topics.TELEMETRY), ("act", topics.FINDINGS)):
             if not wait_for_log(st.logs[name], f"'{topic}:", 60.0):
                 pytest.fail(f"fleetwatch {name} got no {topic} partitions in 60 s:\n{st.log_tail()}")
