@@ -6,6 +6,9 @@ A node-sample is one telemetry/1 message of 8 GPUs. The messages come from the s
 
 - fleetwatch: the per-node stage (pipeline/node_stage.py: batch decode into numpy, hardware
   rules, silence, lemon, node features) on batches of --batch messages.
+- from raw bytes: the same stage fed from the encoded messages, decoded as the worker decodes
+  them (pipeline/telemetry_decode.py: the compiled scanner straight into columns) against the
+  previous path (msgspec into structs, then columns), both in the same run.
 - baseline: the naive design, per sample and per metric, one river anomaly model per
   (node, GPU, metric) with score_one + learn_one (river.anomaly.StandardAbsoluteDeviation).
 - kafka (with --kafka): the same messages produced to a fresh topic; the raw consume rate of 1
@@ -50,6 +53,29 @@ def bench_fleetwatch(msgs: list[dict[str, Any]], batch: int) -> float:
         for i in range(0, len(msgs), batch):
             task.process(topics.TELEMETRY, msgs[i : i + batch])
     return len(msgs) / (time.process_time() - t0)
+
+
+def bench_decode_and_stage(raws: list[bytes], batch: int, columnar: bool) -> float:
+    """Raw telemetry/1 bytes -> findings, as the worker runs it minus Kafka: decoded by the
+    compiled scanner straight into columns (columnar) or by msgspec into structs, then the
+    per-node stage. Node-samples per second of CPU time."""
+    from fleetwatch import schemas, telemetry_scan
+    from pipeline.job_table import JobTable
+    from pipeline.node_stage import NodeTask
+    from pipeline.telemetry_decode import decode_telemetry
+
+    telemetry_scan.warm_up()
+    task = NodeTask(JobTable())
+    t0 = time.process_time()
+    with gc_paused():
+        for i in range(0, len(raws), batch):
+            chunk = raws[i : i + batch]
+            if columnar:
+                msgs, _bad = decode_telemetry(chunk, now=0.0, max_skew_s=None)
+            else:
+                msgs, _bad = schemas.decode_batch(chunk, schemas.TELEMETRY, struct=True)
+            task.process(topics.TELEMETRY, msgs)
+    return len(raws) / (time.process_time() - t0)
 
 
 def bench_baseline(msgs: list[dict[str, Any]], nodes: int) -> float:
@@ -205,7 +231,7 @@ def _worker_proc(
         schemas={topic: schemas.TELEMETRY},
         new_task=lambda _p: NodeTask(jobs),
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs),
-        telemetry_structs=True,
+        columnar_telemetry=True,
     )
     worker = Worker(bootstrap, group, [stage], snapshot_every_s=3600)
     # All members join together (their first poll): a member that starts polling alone takes every
@@ -249,11 +275,18 @@ def main() -> int:
     msgs = generate(args.nodes, args.ticks, args.seed)
     fw = bench_fleetwatch(msgs, args.batch)
     base = bench_baseline(msgs, args.baseline_nodes)
+    from fleetwatch import schemas
+
+    raws = [schemas.encode(m) for m in msgs]
+    from_bytes = {c: bench_decode_and_stage(raws, args.batch, c) for c in (True, False)}
     result: dict[str, Any] = {
         "node_samples": len(msgs),
         "fleetwatch_per_core_per_s": round(fw),
         "naive_river_per_core_per_s": round(base),
         "speedup": round(fw / base, 1),
+        "from_bytes_scanner_per_core_per_s": round(from_bytes[True]),
+        "from_bytes_msgspec_per_core_per_s": round(from_bytes[False]),
+        "scanner_speedup": round(from_bytes[True] / from_bytes[False], 2),
     }
     if args.kafka:
         result["kafka"] = {
@@ -268,6 +301,10 @@ def main() -> int:
         print(f"  fleetwatch node stage : {fw:>10,.0f} node-samples/s per core (CPU time)")
         print(f"  naive per-metric river: {base:>10,.0f} node-samples/s per core (CPU time)")
         print(f"  ratio                 : {fw / base:>10.1f}x")
+        print(
+            f"  from raw bytes (decode + node stage), CPU time per core: scanner {from_bytes[True]:,.0f}/s, "
+            f"msgspec structs {from_bytes[False]:,.0f}/s, ratio {from_bytes[True] / from_bytes[False]:.2f}x"
+        )
         if args.kafka:
             k = result["kafka"]
             print(

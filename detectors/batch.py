@@ -33,12 +33,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
 from fleetwatch.schemas import GPU_FIELDS, HOST_FIELDS, IB_FIELDS
+
+if TYPE_CHECKING:
+    from fleetwatch.telemetry_scan import Scan
 
 NAN = math.nan
 UNSET = msgspec.UNSET
@@ -163,6 +166,43 @@ class TelemetryBatch:
         names = self.ib_state_names
         return [names[i] for i in self.ib_state_idx.tolist()]
 
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def select(self, keep: np.ndarray) -> TelemetryBatch:
+        """The messages where `keep` (M,) is True, in order; names no kept message uses are dropped."""
+        rows = np.flatnonzero(keep)
+        new_row = np.full(len(self.ts), -1, dtype=np.int64)
+        new_row[rows] = np.arange(len(rows))
+        codes = self.node_idx[rows]
+        uniq, first = np.unique(codes, return_index=True)
+        used = uniq[np.argsort(first)]  # names in order of first appearance, as the constructors do
+        remap = np.empty(len(self.node_names), dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        node_idx = remap[codes]
+        xk = keep[self.xid_msg]
+        pk = keep[self.ib_msg]
+        return TelemetryBatch(
+            node_names=[self.node_names[i] for i in used.tolist()],
+            node_idx=node_idx,
+            ts=self.ts[rows],
+            seq=self.seq[rows],
+            gpu=self.gpu[rows],
+            present=self.present[rows],
+            lost=self.lost[rows],
+            xid_msg=new_row[self.xid_msg[xk]],
+            xid_gpu=self.xid_gpu[xk],
+            xid_code=self.xid_code[xk],
+            host=self.host[rows],
+            ib_msg=new_row[self.ib_msg[pk]],
+            ib_key_names=self.ib_key_names,
+            ib_key_idx=self.ib_key_idx[pk],
+            ib=self.ib[pk],
+            ib_active=self.ib_active[pk],
+            ib_state_names=self.ib_state_names,
+            ib_state_idx=self.ib_state_idx[pk],
+        )
+
     def nodes(self) -> list[str]:
         """Node name of every message (M,)."""
         names = self.node_names
@@ -225,7 +265,7 @@ class TelemetryBatch:
         states = list(map(_IB_STATE, plist))
         state_ix = _codes_of(states)
         return cls._assemble(
-            name_ix,
+            list(name_ix),
             node_idx,
             ts,
             seq,
@@ -235,11 +275,39 @@ class TelemetryBatch:
             xids,
             host,
             port_msg,
-            key_ix,
+            [f"{d}/{p}" for d, p in key_ix],
             np.fromiter(map(key_ix.__getitem__, port_keys), np.int64, count=len(plist)),
             ib,
             [None if st is UNSET else st for st in state_ix],
             np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
+        )
+
+    @classmethod
+    def from_scan(cls, sc: Scan) -> TelemetryBatch:
+        """From fleetwatch.telemetry_scan's columns (the worker's hot path: no object per value)."""
+        m = len(sc.ts)
+        entries = sc.entries
+        xids = (
+            np.column_stack([sc.xid_entry, entries[sc.xid_entry, 0].astype(np.int64), sc.xid_code])
+            if len(sc.xid_code)
+            else []
+        )
+        return cls._assemble(
+            sc.node_names,
+            sc.node_idx,
+            sc.ts,
+            sc.seq,
+            np.bincount(sc.entry_msg, minlength=m),
+            entries,
+            np.flatnonzero(sc.entry_lost),
+            xids,
+            sc.host,
+            sc.ib_msg,
+            sc.ib_key_names,
+            sc.ib_key_idx,
+            sc.ib,
+            sc.ib_state_names,
+            sc.ib_state_idx,
         )
 
     @classmethod
@@ -268,7 +336,7 @@ class TelemetryBatch:
         states: list[str | None] = [p.get("state") for p in plist]
         state_ix = _codes_of(states)
         return cls._assemble(
-            name_ix,
+            list(name_ix),
             node_idx,
             ts,
             seq,
@@ -278,7 +346,7 @@ class TelemetryBatch:
             xids,
             host,
             np.array([i for i, _ in ports], dtype=np.int64),
-            key_ix,
+            [f"{d}/{p}" for d, p in key_ix],
             np.fromiter(map(key_ix.__getitem__, port_keys), np.int64, count=len(plist)),
             ib,
             list(state_ix),
@@ -288,17 +356,17 @@ class TelemetryBatch:
     @classmethod
     def _assemble(
         cls,
-        name_ix: dict[str, int],
+        node_names: list[str],
         node_idx: np.ndarray,
         ts: np.ndarray,
         seq: np.ndarray,
         counts: np.ndarray,
         table: np.ndarray,
-        flagged: list[int],
-        xids: list[tuple[int, int, int]],
+        flagged: list[int] | np.ndarray,
+        xids: list[tuple[int, int, int]] | np.ndarray,
         host: np.ndarray,
         port_msg: np.ndarray,
-        key_ix: dict[tuple[Any, Any], int],
+        ib_key_names: list[str],
         ib_key_idx: np.ndarray,
         ib: np.ndarray,
         state_names: list[str | None],
@@ -318,9 +386,9 @@ class TelemetryBatch:
         # An entry with no metric at all is a GPU the driver cannot read; an explicit flag also counts.
         no_metrics = np.isnan(table[:, 1:]).all(axis=1)
         lost[e_msg[no_metrics], e_gpu[no_metrics]] = True
-        if flagged:
+        if len(flagged):
             lost[e_msg[flagged], e_gpu[flagged]] = True
-        if xids:
+        if len(xids):
             xa = np.array(xids, dtype=np.int64)
             xid_msg, xid_gpu, xid_code = e_msg[xa[:, 0]], xa[:, 1], xa[:, 2]
         else:
@@ -330,7 +398,7 @@ class TelemetryBatch:
         judged = np.array([NAN if s is None else float("ACTIVE" in s.upper()) for s in state_names])
         ib_active = judged[state_idx] if len(state_idx) else np.empty(0, dtype=np.float64)
         return cls(
-            node_names=list(name_ix),
+            node_names=node_names,
             node_idx=node_idx,
             ts=ts,
             seq=seq,
@@ -342,7 +410,7 @@ class TelemetryBatch:
             xid_code=xid_code,
             host=host,
             ib_msg=port_msg,
-            ib_key_names=[f"{d}/{p}" for d, p in key_ix],
+            ib_key_names=ib_key_names,
             ib_key_idx=ib_key_idx,
             ib=ib,
             ib_active=ib_active,

@@ -41,7 +41,7 @@ def stages(jobs: JobTable, max_skew_s: float | None = MAX_SKEW_S, time_scale: fl
         new_task=lambda _p: NodeTask(jobs, cfg),
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs, cfg),
         max_skew_s=max_skew_s,
-        telemetry_structs=True,
+        columnar_telemetry=True,
     )
     job = Stage(
         name="detect-job",

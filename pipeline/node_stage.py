@@ -86,11 +86,23 @@ class NodeTask:
             self.stats = GpuStats(self.config.stats)
         fleet_metrics.COLLECTOR.add_nodes(self)
 
-    def process(self, topic: str, msgs: Sequence[Any]) -> list[Output]:
-        fresh, prev_ts = self._drop_stale(msgs)
-        if not fresh:
-            return []
-        batch = TelemetryBatch.from_any(fresh)
+    def process(self, topic: str, msgs: Sequence[Any] | TelemetryBatch) -> list[Output]:
+        """Telemetry as dicts (evaluator, tests), fleetwatch.fast_schema structs, or already a
+        columnar batch (the worker's hot path, pipeline/telemetry_decode.py)."""
+        if isinstance(msgs, TelemetryBatch):
+            keep, prev_ts = self._fresh(msgs.nodes(), msgs.ts.tolist())
+            if not any(keep):
+                return []
+            batch = msgs if all(keep) else msgs.select(np.array(keep))
+        else:
+            # dicts or structs
+            names = [m["node"] if type(m) is dict else m.node for m in msgs]
+            times = [m["ts"] if type(m) is dict else m.ts for m in msgs]
+            keep, prev_ts = self._fresh(names, times)
+            fresh = [m for m, k in zip(msgs, keep, strict=True) if k]
+            if not fresh:
+                return []
+            batch = TelemetryBatch.from_any(fresh)
         findings = self.hardware.process(batch)
         nodes = batch.nodes()
         jobs = self.jobs.jobs_of(nodes)
@@ -134,24 +146,25 @@ class NodeTask:
         """The partition moved away: stop exporting its nodes."""
         fleet_metrics.COLLECTOR.remove(self)
 
-    def _drop_stale(self, msgs: Sequence[Any]) -> tuple[list[Any], dict[str, float]]:
-        """The new samples, and each of their nodes' latest sample time before this batch (for the
-        silence detector; a node seen for the first time is absent)."""
+    def _fresh(self, nodes: list[str], times: list[float]) -> tuple[list[bool], dict[str, float]]:
+        """Which samples are new (the rest are duplicates or out of order, counted), and each of
+        their nodes' latest sample time before this batch (for the silence detector; a node seen
+        for the first time is absent)."""
         last = self.last_ts
-        fresh = []
+        keep = []
         prev: dict[str, float] = {}
-        for m in msgs:
-            # dicts (evaluator, tests) or fleetwatch.fast_schema structs (the worker's hot path)
-            node, ts = (m["node"], m["ts"]) if type(m) is dict else (m.node, m.ts)
+        for node, ts in zip(nodes, times, strict=True):
             old = last.get(node)
-            if old is None or ts > old:
+            new = old is None or ts > old
+            if new:
                 if old is not None and node not in prev:
                     prev[node] = old
                 last[node] = ts
-                fresh.append(m)
-        if len(fresh) < len(msgs):
-            STALE.inc(len(msgs) - len(fresh))
-        return fresh, prev
+            keep.append(new)
+        stale = len(keep) - sum(keep)
+        if stale:
+            STALE.inc(stale)
+        return keep, prev
 
     def _lemon(self, batch: TelemetryBatch, nodes: list[str], findings: list[dict[str, Any]]) -> list[Output]:
         lemon, ts = self.lemon, batch.ts

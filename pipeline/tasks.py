@@ -34,6 +34,7 @@ class Stage:
     new_task: Callable[[int], Task]  # partition -> fresh task
     load_task: Callable[[int, bytes], Task]  # partition, snapshot -> restored task
     max_skew_s: float | None = None  # reject messages whose timestamp is this far from now
-    # Hand the tasks telemetry as fleetwatch.fast_schema structs rather than dicts (parsed once;
-    # see schemas.decode). Only for tasks that read both, such as the node stage.
-    telemetry_structs: bool = False
+    # Hand the tasks telemetry as a detectors.batch.TelemetryBatch where the compiled scanner takes
+    # the messages, else as fleetwatch.fast_schema structs, rather than dicts
+    # (pipeline/telemetry_decode.py). Only for tasks that read all three, such as the node stage.
+    columnar_telemetry: bool = False

@@ -111,6 +111,12 @@ class Worker(ConsumerRebalanceListener):
         for name in self.stages:
             for reason in LOST_REASONS:
                 STATE_LOST.labels(group, name, reason)
+        if any(s.columnar_telemetry for s in stages):
+            # Load (or on a fresh install, compile: ~20 s) the telemetry scanner before joining the
+            # group, not inside the first batch, where it would hold up the member's partitions.
+            from fleetwatch import telemetry_scan
+
+            telemetry_scan.warm_up()
         self.producer = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
         self.consumer = kafka_io.make_consumer(
             bootstrap,
@@ -270,13 +276,15 @@ class Worker(ConsumerRebalanceListener):
             task = self.tasks.get((stage.name, tp.partition))
             if task is None:  # revoked between fetch and now
                 continue
-            msgs, bad = schemas.decode_batch(
-                [r.value for r in records],
-                stage.schemas[tp.topic],
-                now=now,
-                max_skew_s=stage.max_skew_s,
-                struct=stage.telemetry_structs,
-            )
+            values = [r.value for r in records]
+            if stage.columnar_telemetry and stage.schemas[tp.topic] == schemas.TELEMETRY:
+                from pipeline.telemetry_decode import decode_telemetry  # numba: only where used
+
+                msgs, bad = decode_telemetry(values, now=now, max_skew_s=stage.max_skew_s)
+            else:
+                msgs, bad = schemas.decode_batch(
+                    values, stage.schemas[tp.topic], now=now, max_skew_s=stage.max_skew_s
+                )
             for i, e in bad:
                 REJECTED.labels(self.group, tp.topic, e.reason).inc()
                 send_deadletter(
