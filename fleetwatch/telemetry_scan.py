@@ -820,7 +820,7 @@ def _message(  # type: ignore[no-untyped-def]
     return 0, ne, nx, npt
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, nogil=True)
 def _scan(  # type: ignore[no-untyped-def]
     buf, starts, ends,
     taken, node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg,
@@ -844,7 +844,7 @@ def _scan(  # type: ignore[no-untyped-def]
     return 0, m, ne, nx, npt
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _intern(buf, spans):  # type: ignore[no-untyped-def]
     """Distinct values of byte-span pairs spans[k] = (a0, b0, a1, b1) (a0 = -1: absent, a value of
     its own): (code of each, in order of first appearance; the first k of each code)."""
