@@ -462,22 +462,13 @@ def _numeric(buf, i, e, ctx, col):  # type: ignore[no-untyped-def]
 def _flat(buf, i, e, ctx, out, row, refs, pred):  # type: ignore[no-untyped-def]
     """A host, IB-port or Ethernet object at buf[i] ('{'): numbers into out[row], an IB port's
     device / port / state spans into refs[row] (-1: absent). The index after it, or -1."""
-    i = _ws(buf, i + 1, e)
-    if i < e and buf[i] == 125:
-        return i + 1
+    i, closed = _object_open(buf, i, e)  # the caller saw the '{'
     seen = 0
     prev = _START + ctx
-    while True:
-        kid, i = _key(buf, i, e, pred, prev)
-        if i < 0 or i >= e:
+    while not closed:
+        a, prev, i, seen = _member_of(buf, i, e, ctx, pred, prev, seen)
+        if i < 0:
             return -1
-        prev = kid if kid >= 0 else _AFTER_UNKNOWN
-        a = UNKNOWN
-        if kid >= 0:
-            if seen & (1 << kid):
-                return -1
-            seen |= 1 << kid
-            a = ACT[ctx, kid]
         if a >= 0:
             i, v = _numeric(buf, i, e, ctx, a)
             if i < 0:
@@ -517,32 +508,22 @@ def _flat(buf, i, e, ctx, out, row, refs, pred):  # type: ignore[no-untyped-def]
         i, closed = _next(buf, i, e, 125)
         if i < 0:
             return -1
-        if closed:
-            return i
+    return i
 
 
 @njit(cache=True, _nrt=False)
 def _gpu(buf, i, e, row, table, xe, xc, nx, pred):  # type: ignore[no-untyped-def]
     """A GPU object at buf[i] ('{') into table[row] (NaN-filled by the caller), its XIDs into
     xe/xc from nx: (end or -1, -2 when xe is full; new nx; lost: true; index)."""
-    i = _ws(buf, i + 1, e)
+    i, closed = _object_open(buf, i, e)  # the caller saw the '{'
     seen = 0
     index = -1
     lost = False
-    if i < e and buf[i] == 125:
-        return -1, nx, lost, index  # no index
     prev = _START + GPU
-    while True:
-        kid, i = _key(buf, i, e, pred, prev)
-        if i < 0 or i >= e:
+    while not closed:
+        a, prev, i, seen = _member_of(buf, i, e, GPU, pred, prev, seen)
+        if i < 0:
             return -1, nx, lost, index
-        prev = kid if kid >= 0 else _AFTER_UNKNOWN
-        a = UNKNOWN
-        if kid >= 0:
-            if seen & (1 << kid):
-                return -1, nx, lost, index
-            seen |= 1 << kid
-            a = ACT[GPU, kid]
         if a >= 0:
             i, v = _numeric(buf, i, e, GPU, a)
             if i < 0:
@@ -574,10 +555,10 @@ def _gpu(buf, i, e, row, table, xe, xc, nx, pred):  # type: ignore[no-untyped-de
                     xe[nx] = row
                     xc[nx] = iv
                     nx += 1
-                    i, closed = _next(buf, j, e, 93)
+                    i, xids_closed = _next(buf, j, e, 93)
                     if i < 0:
                         return -1, nx, lost, index
-                    if closed:
+                    if xids_closed:
                         break
         elif a == G_LOST:  # any value; only `true` says lost
             j, w = _literal(buf, i, e)
@@ -595,10 +576,9 @@ def _gpu(buf, i, e, row, table, xe, xc, nx, pred):  # type: ignore[no-untyped-de
         i, closed = _next(buf, i, e, 125)
         if i < 0:
             return -1, nx, lost, index
-        if closed:
-            if index < 0:
-                return -1, nx, lost, index
-            return i, nx, lost, index
+    if index < 0:  # required
+        return -1, nx, lost, index
+    return i, nx, lost, index
 
 
 @njit(cache=True, _nrt=False)
@@ -613,6 +593,32 @@ def _array_open(buf, i, e):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, _nrt=False)
+def _object_open(buf, i, e):  # type: ignore[no-untyped-def]
+    """buf[i] must be '{': (index of its first key or -1, 1 if the object is empty)."""
+    if i >= e or buf[i] != 123:
+        return -1, 0
+    i = _ws(buf, i + 1, e)
+    if i < e and buf[i] == 125:
+        return i + 1, 1
+    return i, 0
+
+
+@njit(cache=True, _nrt=False)
+def _member_of(buf, i, e, ctx, pred, prev, seen):  # type: ignore[no-untyped-def]
+    """The key of a member of a `ctx` object at buf[i]: (what ACT says it is; the key to predict
+    the next one from; the index of its value, -1 if malformed or a key seen before in this
+    object; `seen` with it)."""
+    kid, i = _key(buf, i, e, pred, prev)
+    if i < 0 or i >= e:
+        return UNKNOWN, prev, -1, seen
+    if kid < 0:
+        return UNKNOWN, _AFTER_UNKNOWN, i, seen
+    if seen & (1 << kid):
+        return UNKNOWN, kid, -1, seen
+    return ACT[ctx, kid], kid, i, seen | (1 << kid)
+
+
+@njit(cache=True, _nrt=False)
 def _message(  # type: ignore[no-untyped-def]
     buf, i, e, m, ne, nx, npt,
     node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg,
@@ -621,26 +627,18 @@ def _message(  # type: ignore[no-untyped-def]
     """One message buf[i:e] as row m, its GPU entries from ne, XIDs from nx, IB ports from npt:
     (status: 0 taken, _BAIL or _FULL_*; the new ne, nx, npt)."""
     ne0, nx0, np0 = ne, nx, npt
-    i = _ws(buf, i, e)
-    if i >= e or buf[i] != 123:
+    i, closed = _object_open(buf, _ws(buf, i, e), e)
+    if i < 0:
         return _BAIL, ne0, nx0, np0
-    i = _ws(buf, i + 1, e)
     for k in range(host.shape[1]):
         host[m, k] = np.nan
     seen = 0
     gpu_seen = 0  # bitmask of GPU indices
     prev = _START + TOP
-    while True:
-        kid, i = _key(buf, i, e, pred, prev)
-        if i < 0 or i >= e:
+    while not closed:
+        a, prev, i, seen = _member_of(buf, i, e, TOP, pred, prev, seen)
+        if i < 0:
             return _BAIL, ne0, nx0, np0
-        prev = kid if kid >= 0 else _AFTER_UNKNOWN
-        a = UNKNOWN
-        if kid >= 0:
-            if seen & (1 << kid):
-                return _BAIL, ne0, nx0, np0
-            seen |= 1 << kid
-            a = ACT[TOP, kid]
         if a in (T_SCHEMA, T_NODE):
             if buf[i] != 34:
                 return _BAIL, ne0, nx0, np0
@@ -702,26 +700,15 @@ def _message(  # type: ignore[no-untyped-def]
             if i < 0:
                 return _BAIL, ne0, nx0, np0
         elif a == T_NET:
-            if buf[i] != 123:
+            i, net_closed = _object_open(buf, i, e)
+            if i < 0:
                 return _BAIL, ne0, nx0, np0
-            i = _ws(buf, i + 1, e)
-            closed = 0
-            if i < e and buf[i] == 125:
-                i += 1
-                closed = 1
             net_seen = 0
             nprev = _START + NET
-            while not closed:
-                nkid, i = _key(buf, i, e, pred, nprev)
-                if i < 0 or i >= e:
+            while not net_closed:
+                na, nprev, i, net_seen = _member_of(buf, i, e, NET, pred, nprev, net_seen)
+                if i < 0:
                     return _BAIL, ne0, nx0, np0
-                nprev = nkid if nkid >= 0 else _AFTER_UNKNOWN
-                na = UNKNOWN
-                if nkid >= 0:
-                    if net_seen & (1 << nkid):
-                        return _BAIL, ne0, nx0, np0
-                    net_seen |= 1 << nkid
-                    na = ACT[NET, nkid]
                 if na in (N_IB, N_ETH):
                     i, empty = _array_open(buf, i, e)
                     if i < 0:
@@ -754,38 +741,23 @@ def _message(  # type: ignore[no-untyped-def]
                     i = _skip(buf, i, e)
                     if i < 0:
                         return _BAIL, ne0, nx0, np0
-                i, closed = _next(buf, i, e, 125)
+                i, net_closed = _next(buf, i, e, 125)
                 if i < 0:
                     return _BAIL, ne0, nx0, np0
         elif a == T_AGENT:
-            if buf[i] != 123:
+            i, agent_closed = _object_open(buf, i, e)
+            if i < 0:
                 return _BAIL, ne0, nx0, np0
-            i = _ws(buf, i + 1, e)
-            closed = 0
-            if i < e and buf[i] == 125:
-                i += 1
-                closed = 1
             agent_seen = 0
             aprev = _START + AGENT
-            while not closed:
-                akid, i = _key(buf, i, e, pred, aprev)
-                if i < 0 or i >= e:
+            while not agent_closed:
+                aa, aprev, i, agent_seen = _member_of(buf, i, e, AGENT, pred, aprev, agent_seen)
+                if i < 0:
                     return _BAIL, ne0, nx0, np0
-                aprev = akid if akid >= 0 else _AFTER_UNKNOWN
-                aa = UNKNOWN
-                if akid >= 0:
-                    if agent_seen & (1 << akid):
-                        return _BAIL, ne0, nx0, np0
-                    agent_seen |= 1 << akid
-                    aa = ACT[AGENT, akid]
                 if aa == A_SOURCE_ERRORS:  # an object of strings (its keys are free-form)
-                    if buf[i] != 123:
+                    i, done = _object_open(buf, i, e)
+                    if i < 0:
                         return _BAIL, ne0, nx0, np0
-                    i = _ws(buf, i + 1, e)
-                    done = 0
-                    if i < e and buf[i] == 125:
-                        i += 1
-                        done = 1
                     while not done:
                         i = _member(buf, i, e)
                         i = _ws(buf, i, e) if i >= 0 else -1
@@ -801,7 +773,7 @@ def _message(  # type: ignore[no-untyped-def]
                     i = _skip(buf, i, e)
                     if i < 0:
                         return _BAIL, ne0, nx0, np0
-                i, closed = _next(buf, i, e, 125)
+                i, agent_closed = _next(buf, i, e, 125)
                 if i < 0:
                     return _BAIL, ne0, nx0, np0
         else:
@@ -811,8 +783,6 @@ def _message(  # type: ignore[no-untyped-def]
         i, closed = _next(buf, i, e, 125)
         if i < 0:
             return _BAIL, ne0, nx0, np0
-        if closed:
-            break
     if _ws(buf, i, e) != e:
         return _BAIL, ne0, nx0, np0
     if seen & _REQUIRED != _REQUIRED:

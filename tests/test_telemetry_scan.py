@@ -25,6 +25,7 @@ from fleetwatch import fast_schema, schemas, telemetry_scan
 from pipeline.job_table import JobTable
 from pipeline.node_stage import NodeTask
 from pipeline.telemetry_decode import decode_telemetry
+from tests.test_detect_batch import assert_same_batch
 from tests.test_schemas import _containers, _python_accepts, telemetry
 
 NOW = 1_764_000_000.0
@@ -33,15 +34,7 @@ NOW = 1_764_000_000.0
 def assert_same_columns(a: TelemetryBatch, b: TelemetryBatch) -> None:
     """Every column equal (NaN equal to NaN); IB port and state names compared port by port (a
     port given as 1 and as "1" is one name to the scanner, two codes with one name to msgspec)."""
-    for name in TelemetryBatch.__slots__:
-        if name in ("ib_key_names", "ib_key_idx", "ib_state_names", "ib_state_idx"):
-            continue
-        x, y = getattr(a, name), getattr(b, name)
-        if isinstance(x, np.ndarray):
-            assert x.dtype == y.dtype and x.shape == y.shape, name
-            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
-        else:
-            assert x == y, name
+    assert_same_batch(a, b, skip=("ib_key_names", "ib_key_idx", "ib_state_names", "ib_state_idx"))
     assert a.ib_key == b.ib_key
     assert a.ib_state == b.ib_state
 
