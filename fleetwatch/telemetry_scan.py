@@ -621,7 +621,7 @@ def _member_of(buf, i, e, ctx, pred, prev, seen):  # type: ignore[no-untyped-def
 @njit(cache=True, _nrt=False)
 def _message(  # type: ignore[no-untyped-def]
     buf, i, e, m, ne, nx, npt,
-    node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg,
+    node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth,
     pred,
 ):  # fmt: skip
     """One message buf[i:e] as row m, its GPU entries from ne, XIDs from nx, IB ports from npt:
@@ -730,8 +730,8 @@ def _message(  # type: ignore[no-untyped-def]
                             i = _flat(buf, i, e, IB, ptable, npt, prefs, pred)  # fmt: skip
                             pmsg[npt] = m
                             npt += 1
-                        else:  # validated, not kept: no detector reads Ethernet counters yet
-                            i = _flat(buf, i, e, ETH, ptable, npt, prefs, pred)  # fmt: skip
+                        else:  # checked into a scratch row, not kept: no detector reads them yet
+                            i = _flat(buf, i, e, ETH, eth, 0, prefs, pred)
                         if i < 0:
                             return _BAIL, ne0, nx0, np0
                         i, empty = _next(buf, i, e, 93)
@@ -793,7 +793,7 @@ def _message(  # type: ignore[no-untyped-def]
 @njit(cache=True, _nrt=False, nogil=True)
 def _scan(  # type: ignore[no-untyped-def]
     buf, starts, ends,
-    taken, node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg,
+    taken, node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth,
     pred,
 ):  # fmt: skip
     """Every message buf[starts[k]:ends[k]]: taken ones get consecutive rows (taken[row] = k).
@@ -802,7 +802,7 @@ def _scan(  # type: ignore[no-untyped-def]
     for k in range(len(starts)):
         status, ne2, nx2, np2 = _message(
             buf, starts[k], ends[k], m, ne, nx, npt,
-            node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg,
+            node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth,
             pred,
         )  # fmt: skip
         if status > 0:
@@ -914,10 +914,11 @@ def scan(raws: list[bytes]) -> Scan:
         ptable = np.empty((cap_p, len(IB_COLUMNS)))
         prefs = np.empty((cap_p, 6), dtype=np.int64)
         pmsg = np.empty(cap_p, dtype=np.int64)
+        eth = np.empty((1, len(ETH_COLUMNS)))  # an Ethernet port's numbers, checked and dropped
         pred = np.full(_AFTER_UNKNOWN + 1, -1, dtype=np.int64)
         status, m, ne, nx, npt = _scan(
-            buf, starts, ends, taken, node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg,
-            pred,
+            buf, starts, ends, taken,
+            node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth, pred,
         )  # fmt: skip
         if status == 0:
             break

@@ -317,6 +317,13 @@ _BOUNDS_CHECKED = textwrap.dedent(
             assert fast_schema.decode_telemetry(raws[i + k]) is not None, raws[i + k]
         taken += len(sc.taken)
     print("taken", taken, "of", len(raws))
+    # 24 IB ports fill the first guess of room for one message exactly; an Ethernet port after them
+    # must not be written past it
+    m = telemetry()
+    m["net"]["ib"] = [dict(m["net"]["ib"][0], port=p) for p in range(24)]
+    full = schemas.encode(m)
+    assert telemetry_scan.scan([full]).taken.tolist() == [0]
+    assert fast_schema.decode_telemetry(full) is not None
     """
 )
 
@@ -324,7 +331,7 @@ _BOUNDS_CHECKED = textwrap.dedent(
 def test_mutated_messages_never_read_out_of_bounds(tmp_path: Any) -> None:
     """Every read is meant to be checked against the message's end; numba's own bounds checking
     (its own cache: the checks are compiled in) must find no index out of range on 20,000
-    mutated messages, truncations included."""
+    mutated messages, truncations included, nor on output arrays filled exactly."""
     env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(tmp_path))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run(
