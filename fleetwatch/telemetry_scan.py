@@ -12,8 +12,8 @@ values, and marks every other message for that decoder, which decides and names 
 - numbers must follow JSON's grammar; a value that is not exact in float64 (over 2**53 or a
   power of ten beyond 1e22) is converted by libc strtod (correctly rounded, as Python does);
   integers beyond 18 digits are left to the other decoder;
-- a duplicate key, a null, a nesting deeper than 64 or a list longer than the contract allows
-  marks the message;
+- a duplicate key, a null, an unknown value nested deeper than _MAX_NESTING or a list longer
+  than the contract allows marks the message;
 - the field tables, types and ranges come from fleetwatch/schemas.py (a key's column, kind and
   bounds are passed in as arrays), so the contract is still defined once.
 tests/test_telemetry_scan.py checks on generated and mutated messages that every message this
@@ -53,7 +53,6 @@ HOST_COLUMNS = tuple(s.HOST_FIELDS)
 IB_COLUMNS = tuple(f for f in s.IB_FIELDS if f not in ("device", "port", "state"))
 ETH_COLUMNS = tuple(f for f in s.ETH_FIELDS if f not in ("iface", "state"))
 MAX_COLS = 32
-MAX_DEPTH = 64
 SCHEMA_BYTES = np.frombuffer(s.TELEMETRY.encode(), dtype=np.uint8).copy()
 
 
@@ -124,7 +123,7 @@ def _key_table(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return slots, np.frombuffer(blob, dtype=np.uint8).copy(), offs
 
 
-def _hash_py(b: bytes) -> int:  # the same as _hash below
+def _hash_py(b: bytes) -> int:  # the same hash as _key computes
     h = 0
     for c in b:
         h = (h * 31 + c) & 0xFFFFFFFF
@@ -253,6 +252,7 @@ _AFTER_UNKNOWN = _START + 7
 _REQUIRED = sum(1 << KEY_NAMES.index(k) for k in ("schema", "node", "ts", "seq", "gpus"))
 _MAX_PORTS = s.MAX_PORTS
 _MAX_XIDS = s.MAX_XIDS
+_MAX_NESTING = 61  # containers open at once inside a skipped value (one bit each in an int64)
 _BAIL = -1  # the message is left to fast_schema
 _FULL_E, _FULL_P, _FULL_X = 1, 2, 3  # an output array is full: the caller retries with more room
 
@@ -292,7 +292,8 @@ def _member(buf, i, e):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, _nrt=False)
 def _skip(buf, i, e):  # type: ignore[no-untyped-def]
-    """Validate and skip any JSON value at buf[i] (nesting < 62): the index after it, or -1."""
+    """Validate and skip any JSON value at buf[i], nested at most _MAX_NESTING deep (a bitmask
+    holds the open containers): the index after it, or -1."""
     depth = 0
     objs = 0  # bit d set: the container at depth d is an object
     while True:
@@ -301,7 +302,7 @@ def _skip(buf, i, e):  # type: ignore[no-untyped-def]
             return -1
         c = buf[i]
         if c == 123 or c == 91:
-            if depth >= 61:
+            if depth >= _MAX_NESTING:
                 return -1
             if c == 123:
                 objs |= 1 << depth
@@ -869,10 +870,9 @@ def _same(buf, spans, p, q):  # type: ignore[no-untyped-def]
 
 @dataclass(slots=True)
 class Scan:
-    """The messages the scanner took, as columns (rows in input order), and those it left."""
+    """The messages the scanner took, as columns (rows in input order); it left every other."""
 
     taken: np.ndarray  # (M,) input index of each row
-    left: np.ndarray  # input indices left to fast_schema (not taken)
     node_names: list[str]  # distinct, in order of first appearance
     node_idx: np.ndarray  # (M,)
     ts: np.ndarray  # (M,)
@@ -892,7 +892,7 @@ class Scan:
 
 
 def scan(raws: list[bytes]) -> Scan:
-    """Scan raw telemetry/1 messages; every message not taken is in `left`."""
+    """Scan raw telemetry/1 messages; those not in `taken` are left to fast_schema."""
     lens = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
     ends = np.cumsum(lens)
     starts = ends - lens
@@ -926,7 +926,6 @@ def scan(raws: list[bytes]) -> Scan:
         cap_e *= 4 if status == _FULL_E else 1
         cap_p *= 4 if status == _FULL_P else 1
         cap_x *= 4 if status == _FULL_X else 1
-    left = np.setdiff1d(np.arange(n), taken[:m], assume_unique=True)
     node_codes, node_reps = _intern(buf, np.concatenate([node_ab[:m], np.zeros((m, 2), np.int64)], axis=1))
     refs = prefs[:npt]
     key_spans = np.where(refs[:, :4] < 0, 0, refs[:, :4])  # an absent device or port is ""
@@ -941,7 +940,6 @@ def scan(raws: list[bytes]) -> Scan:
 
     return Scan(
         taken=taken[:m],
-        left=left,
         node_names=[text(a, b) for a, b in node_spans],
         node_idx=node_codes,
         ts=ts[:m],

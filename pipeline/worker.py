@@ -273,7 +273,7 @@ class Worker(ConsumerRebalanceListener):
         out = _Outbox()
         for tp, records in polled.items():
             stage = self.topic_stage[tp.topic]
-            task = self.tasks.get((stage.name, tp.partition))
+            task = self.tasks.get(self._task_key(tp))
             if task is None:  # revoked between fetch and now
                 continue
             values = [r.value for r in records]
