@@ -275,19 +275,31 @@ def _containers(m: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def mutated_telemetry(
+    data: st.DataObject,
+    values: st.SearchStrategy[Any],
+    changes: tuple[int, int] = (1, 3),
+    extra_keys: tuple[str, ...] = ("extra_field",),
+) -> dict[str, Any]:
+    """telemetry() with an agent, then between changes[0] and changes[1] edits, each to one of its
+    containers: one of its keys (or of `extra_keys`) removed, or set to a value drawn from `values`."""
+    m = copy.deepcopy(telemetry())
+    m["agent"] = {"version": "0.1", "source_errors": {}}
+    for _ in range(data.draw(st.integers(*changes))):
+        target = data.draw(st.sampled_from(_containers(m)))
+        key = data.draw(st.sampled_from([*sorted(target), *extra_keys]))
+        if data.draw(st.booleans()):
+            target.pop(key, None)
+        else:
+            target[key] = data.draw(values)
+    return m
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.data())
 def test_fast_validator_agrees_with_the_python_one(data: st.DataObject) -> None:
     """fleetwatch/fast_schema.py (the hot path) must accept exactly what schemas.validate accepts."""
-    m = copy.deepcopy(telemetry())
-    m["agent"] = {"version": "0.1", "source_errors": {}}
-    for _ in range(data.draw(st.integers(1, 3))):
-        target = data.draw(st.sampled_from(_containers(m)))
-        key = data.draw(st.sampled_from([*sorted(target), "extra_field"]))
-        if data.draw(st.booleans()):
-            target.pop(key, None)
-        else:
-            target[key] = data.draw(field_values)
+    m = mutated_telemetry(data, field_values)
     raw = json.dumps(m).encode()
     accepted = _python_accepts(json.loads(raw))
     assert fast_schema.telemetry_ok(raw) == accepted, raw[:300]

@@ -4,7 +4,6 @@ same columns; what it leaves, the worker hands to the decoders (pipeline/telemet
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import random
@@ -26,7 +25,7 @@ from pipeline.job_table import JobTable
 from pipeline.node_stage import NodeTask
 from pipeline.telemetry_decode import decode_telemetry
 from tests.test_detect_batch import assert_same_batch
-from tests.test_schemas import _containers, _python_accepts, telemetry
+from tests.test_schemas import _python_accepts, mutated_telemetry, telemetry
 
 NOW = 1_764_000_000.0
 
@@ -201,15 +200,7 @@ def _must_take(raw: bytes) -> bool:
 @settings(max_examples=500, deadline=None)
 @given(st.data())
 def test_what_the_scanner_takes_fast_schema_takes_with_the_same_columns(data: st.DataObject) -> None:
-    m = copy.deepcopy(telemetry())
-    m["agent"] = {"version": "0.1", "source_errors": {}}
-    for _ in range(data.draw(st.integers(0, 3))):
-        target = data.draw(st.sampled_from(_containers(m)))
-        key = data.draw(st.sampled_from([*sorted(target), "extra_field", "lost"]))
-        if data.draw(st.booleans()):
-            target.pop(key, None)
-        else:
-            target[key] = data.draw(field_values)
+    m = mutated_telemetry(data, field_values, changes=(0, 3), extra_keys=("extra_field", "lost"))
     clean = _encode(m, data.draw(st.integers(0, 2)))
     raw = _mutate_bytes(clean, data)
     sc, batch = scanned([raw])
