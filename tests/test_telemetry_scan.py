@@ -158,7 +158,10 @@ field_values = st.one_of(
 
 def _encode(m: dict[str, Any], how: int) -> bytes:
     if how == 0:
-        return orjson.dumps(m)
+        try:
+            return orjson.dumps(m)
+        except TypeError:  # orjson refuses integers outside 64 bits; json writes them
+            return json.dumps(m, separators=(",", ":"), ensure_ascii=False).encode()
     if how == 1:
         return json.dumps(m).encode()  # spaces after separators, non-ASCII escaped
     return json.dumps(m, indent=1, ensure_ascii=False).encode()
