@@ -47,6 +47,7 @@ def bench_fleetwatch(msgs: list[dict[str, Any]], batch: int) -> float:
     from pipeline.job_table import JobTable
     from pipeline.node_stage import NodeTask
 
+    NodeTask.warm_up()
     task = NodeTask(JobTable())
     t0 = time.process_time()
     with gc_paused():  # as pipeline/worker.py runs each batch
@@ -59,12 +60,12 @@ def bench_decode_and_stage(raws: list[bytes], batch: int, columnar: bool) -> flo
     """Raw telemetry/1 bytes -> findings, as the worker runs it minus Kafka: decoded by the
     compiled scanner straight into columns (columnar) or by msgspec into structs, then the
     per-node stage. Node-samples per second of CPU time."""
-    from fleetwatch import schemas, telemetry_scan
+    from fleetwatch import schemas
     from pipeline.job_table import JobTable
     from pipeline.node_stage import NodeTask
     from pipeline.telemetry_decode import decode_telemetry
 
-    telemetry_scan.warm_up()
+    NodeTask.warm_up()
     task = NodeTask(JobTable())
     t0 = time.process_time()
     with gc_paused():
@@ -232,6 +233,7 @@ def _worker_proc(
         new_task=lambda _p: NodeTask(jobs),
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs),
         columnar_telemetry=True,
+        warm_up=NodeTask.warm_up,
     )
     worker = Worker(bootstrap, group, [stage], snapshot_every_s=3600)
     # All members join together (their first poll): a member that starts polling alone takes every

@@ -1,14 +1,15 @@
-"""Vectorised per-entity state over a batch: cumulative counters -> deltas/rates, decaying event
-counts, and run lengths of a boolean condition.
+"""Per-entity state over a batch: cumulative counters -> deltas/rates, decaying event counts, and
+run lengths of a boolean condition.
 
 An *entity* is whatever owns a counter (a GPU of a node, an IB port of a node) and has a dense row
 number; state lives in numpy arrays indexed by that row and grows as new entities appear.
 
-The tricky part of vectorising is that one batch can hold several samples of the same entity,
-which must be processed in order. Every update therefore groups the elements by row with a
-*stable* sort (arrival order kept inside a group), then uses cumulative ufuncs
-(`np.maximum.accumulate`, `np.cumsum`) with group boundaries, so the results are exactly those of
-feeding the samples one at a time (a property the tests check with hypothesis).
+One batch can hold several samples of the same entity, which must be processed in order. The
+updates run one compiled pass over the batch in arrival order (detectors/counter_kernels.py), so
+the results are by construction those of feeding the samples one at a time; the tests check them
+against plain-Python versions of the rules below. `Segments` and `increasing_in_group` group a
+batch by entity with whole-array numpy, for callers that need the grouping itself (the hardware
+detector keeps each node's newest messages in order with them).
 
 Counter semantics (CounterTracker):
 - first sample of an entity/counter: no delta, no rate (NaN).
@@ -35,6 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from detectors import counter_kernels as kernels
+
 NAN = np.nan
 
 
@@ -50,6 +53,15 @@ def encode_array(a: np.ndarray) -> dict[str, Any]:
 def decode_array(d: dict[str, Any]) -> np.ndarray:
     raw = base64.b64decode(d["b64"])
     return np.frombuffer(raw, dtype=np.dtype(d["dtype"])).reshape(d["shape"]).copy()
+
+
+def _ints(a: np.ndarray) -> np.ndarray:
+    """Entity rows as the kernels take them (one compiled signature: C-contiguous int64)."""
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _floats(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64)
 
 
 def grow(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
@@ -163,8 +175,6 @@ class CounterTracker:
                 (sat if mode == "saturate" else wrap)[i] = float(2**bits - 1)
         self._sat = sat
         self._wrap = wrap
-        self._has_sat = bool(np.isfinite(sat).any())
-        self._has_wrap = bool(np.isfinite(wrap).any())
 
     def _ensure(self, n: int) -> None:
         if len(self.row_ts) < n:
@@ -172,103 +182,24 @@ class CounterTracker:
             self.last_ts = grow(self.last_ts, n, NAN)
             self.row_ts = grow(self.row_ts, n, -np.inf)
 
-    def update(
-        self,
-        rows: np.ndarray,
-        ts: np.ndarray,
-        values: np.ndarray,
-        *,
-        seg: Segments | None = None,
-        in_order: bool = False,
-    ) -> CounterUpdate:
-        """seg: Segments.of(rows), if the caller already has it. in_order: the caller guarantees
-        every element is new (ts above its row's state and increasing within the batch), as the
-        hardware detector does after dropping stale messages; the check is then skipped."""
+    def update(self, rows: np.ndarray, ts: np.ndarray, values: np.ndarray) -> CounterUpdate:
+        rows, ts, values = _ints(rows), _floats(ts), _floats(values)
         n, c = values.shape
-        out_delta = np.full((n, c), NAN)
-        out_dt = np.full((n, c), NAN)
-        out_reset = np.zeros((n, c), dtype=bool)
-        out_sat = np.zeros((n, c), dtype=bool)
-        accepted = np.zeros(n, dtype=bool)
+        out = CounterUpdate(
+            np.zeros(n, dtype=bool),
+            np.full((n, c), NAN),
+            np.full((n, c), NAN),
+            np.zeros((n, c), dtype=bool),
+            np.zeros((n, c), dtype=bool),
+        )
         if n == 0:
-            return CounterUpdate(accepted, out_delta, out_dt, out_reset, out_sat)
+            return out
         self._ensure(int(rows.max()) + 1)
-        seg = seg if seg is not None else Segments.of(rows)
-        fresh = None if in_order else increasing_in_group(seg, ts[seg.order], self.row_ts[seg.rows])
-        a = seg if fresh is None else seg.subset(fresh)
-        na = len(a.order)
-        if na == 0:
-            return CounterUpdate(accepted, out_delta, out_dt, out_reset, out_sat)
-        r, t, v = a.rows, ts[a.order], values[a.order]
-
-        valid = ~np.isnan(v)
-        if valid.all():
-            prev_val, prev_ts = self._previous_dense(a, r, t, v)
-        else:
-            prev_val, prev_ts = self._previous_sparse(a, r, t, v, valid)
-
-        delta = v - prev_val
-        down = delta < 0  # NaN compares False: first samples and absent values are never resets
-        if self._has_wrap:
-            wrapped = down & (prev_val > 0.75 * self._wrap) & (v < 0.25 * self._wrap)
-            delta = np.where(wrapped, delta + self._wrap + 1.0, delta)
-            reset = down & ~wrapped
-        else:
-            reset = down
-        delta = np.where(reset, v, delta)
-        dt = t[:, None] - prev_ts
-        saturated = valid & (v >= self._sat) if self._has_sat else np.zeros_like(valid)
-        self.row_ts[r[a.last]] = t[a.last]
-
-        o = a.order
-        accepted[o] = True
-        out_delta[o] = delta
-        out_dt[o] = dt
-        out_reset[o] = reset
-        out_sat[o] = saturated
-        return CounterUpdate(accepted, out_delta, out_dt, out_reset, out_sat)
-
-    def _previous_dense(
-        self, a: Segments, r: np.ndarray, t: np.ndarray, v: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Previous value and time per element when every value is present (the usual batch): the
-        element before it in its group, or the stored state for a group's first. Stores the state."""
-        n, c = v.shape
-        prev = np.arange(-1, n - 1)
-        prev_val = v[prev]
-        prev_ts = np.broadcast_to(t[prev][:, None], (n, c)).copy()
-        first = a.first
-        prev_val[first] = self.last_val[r[first]]
-        prev_ts[first] = self.last_ts[r[first]]
-        lr = r[a.last]
-        self.last_val[lr] = v[a.last]
-        self.last_ts[lr] = t[a.last][:, None]
-        return prev_val, prev_ts
-
-    def _previous_sparse(
-        self, a: Segments, r: np.ndarray, t: np.ndarray, v: np.ndarray, valid: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """As _previous_dense, where some values are absent (NaN): the previous *valid* value of each
-        column is the last non-NaN earlier in the group, else the state; the state keeps the group's
-        last valid value per column (only where the group had one)."""
-        na, c = v.shape
-        pos = np.arange(na)
-        last_incl = np.maximum.accumulate(np.where(valid, pos[:, None], -1), axis=0)
-        prev = np.empty_like(last_incl)
-        prev[0] = -1
-        prev[1:] = last_incl[:-1]
-        in_group = prev >= a.start[:, None]
-        pc = np.maximum(prev, 0)
-        cols = np.arange(c)[None, :]
-        prev_val = np.where(in_group, v[pc, cols], self.last_val[r])
-        prev_ts = np.where(in_group, t[pc], self.last_ts[r])
-        li = last_incl[a.last]
-        lr = r[a.last]
-        has = li >= a.start[a.last][:, None]
-        lic = np.maximum(li, 0)
-        self.last_val[lr] = np.where(has, v[lic, cols], self.last_val[lr])
-        self.last_ts[lr] = np.where(has, t[lic], self.last_ts[lr])
-        return prev_val, prev_ts
+        kernels.counter_pass(
+            rows, ts, values, self._sat, self._wrap, self.last_val, self.last_ts, self.row_ts,
+            out.accepted, out.delta, out.dt, out.reset, out.saturated,
+        )  # fmt: skip
+        return out
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -311,13 +242,7 @@ class DecayingCount:
             self.t = grow(self.t, n, NAN)
 
     def update(
-        self,
-        rows: np.ndarray,
-        ts: np.ndarray,
-        deltas: np.ndarray,
-        spread: np.ndarray | None = None,
-        *,
-        seg: Segments | None = None,
+        self, rows: np.ndarray, ts: np.ndarray, deltas: np.ndarray, spread: np.ndarray | None = None
     ) -> np.ndarray:
         """Decayed counts after each element (original order), shape (n, K).
 
@@ -327,47 +252,14 @@ class DecayingCount:
         replays reported after a 10-minute collector gap would count as 50 in the last minute; with
         it, a steady rate r converges to exactly r * tau whatever the sampling interval.
         """
-        n, k = deltas.shape
-        out = np.zeros((n, k))
-        if n == 0:
+        rows, ts, deltas = _ints(rows), _floats(ts), _floats(deltas)
+        out = np.zeros(deltas.shape)
+        if len(rows) == 0:
             return out
         self._ensure(int(rows.max()) + 1)
-        seg = seg if seg is not None else Segments.of(rows)
-        r, t = seg.rows, ts[seg.order]
-        d = np.nan_to_num(deltas[seg.order], nan=0.0)
-        if spread is not None:
-            dt = spread[seg.order]
-            x = np.where(np.isfinite(dt) & (dt > 0), dt, 0.0) / self.tau[None, :]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                weight = np.where(x > 1e-9, -np.expm1(-x) / x, 1.0)
-            d = d * weight
-        # Each element is the affine map S -> A*S + B with A = exp(-dt/tau), B = delta. A group's
-        # first element folds in the stored state and gets A = 0, which cuts it off from the
-        # previous group. An inclusive scan of the maps (Hillis-Steele, log2(longest group) rounds
-        # of whole-array operations) then yields S at every element. Only products of factors <= 1
-        # and sums of non-negative terms appear: no overflow and no cancellation, whatever the span.
-        prev_t = np.empty(n)
-        prev_t[1:] = t[:-1]
-        t0 = self.t[r]
-        first = seg.first
-        prev_t[first] = np.where(np.isnan(t0[first]), t[first], t0[first])
-        a = np.exp(-(t - prev_t)[:, None] / self.tau[None, :])
-        s0 = np.where(np.isnan(t0)[:, None], 0.0, self.s[r])
-        b = np.where(first[:, None], s0 * a + d, d)
-        a[first] = 0.0
-        longest = int(np.max(np.diff(np.r_[np.flatnonzero(first), n])))
-        step = 1
-        while step < longest:
-            b_new = b.copy()
-            b_new[step:] += b[:-step] * a[step:]
-            a_new = a.copy()
-            a_new[step:] *= a[:-step]
-            a, b = a_new, b_new
-            step *= 2
-        lr = r[seg.last]
-        self.s[lr] = b[seg.last]
-        self.t[lr] = t[seg.last]
-        out[seg.order] = b
+        has_spread = spread is not None
+        spread = _floats(spread) if has_spread else deltas
+        kernels.decay_pass(rows, ts, deltas, spread, has_spread, self.tau, self.s, self.t, out)
         return out
 
     def current(self, rows: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -396,22 +288,14 @@ class RunLength:
         self.k = k
         self.run = np.zeros((0, k), dtype=np.int64)
 
-    def update(self, rows: np.ndarray, flags: np.ndarray, *, seg: Segments | None = None) -> np.ndarray:
+    def update(self, rows: np.ndarray, flags: np.ndarray) -> np.ndarray:
         """Run length ending at each element (0 where the flag is False), original order, (n, K)."""
-        n = len(rows)
-        out = np.zeros((n, self.k), dtype=np.int64)
-        if n == 0:
+        rows, flags = _ints(rows), np.ascontiguousarray(flags, dtype=np.bool_)
+        out = np.zeros((len(rows), self.k), dtype=np.int64)
+        if len(rows) == 0:
             return out
         self.run = grow(self.run, int(rows.max()) + 1, 0)
-        seg = seg if seg is not None else Segments.of(rows)
-        f = flags[seg.order]
-        pos = np.arange(n)[:, None]
-        last_false = np.maximum.accumulate(np.where(f, -1, pos), axis=0)
-        begun = last_false >= seg.start[:, None]  # a False earlier in this group broke the carry
-        run = np.where(begun, pos - last_false, pos - seg.start[:, None] + 1 + self.run[seg.rows])
-        run = np.where(f, run, 0)
-        self.run[seg.rows[seg.last]] = run[seg.last]
-        out[seg.order] = run
+        kernels.run_pass(rows, flags, self.run, out)
         return out
 
     def to_state(self) -> dict[str, Any]:

@@ -267,10 +267,7 @@ class HardwareDetector:
         mi, gi, ent, first_pos = self._gpu_entities(ctx.mrow, present)
         vals = batch.gpu[acc[mi], gi]  # (E, F)
         te = ctx.mts[mi]
-        # Messages reaching the rules are new and in order per node (process() dropped the rest), so
-        # per GPU too: one grouping serves every tracker, and the trackers skip their order check.
-        seg = Segments.of(ent)
-        cu = self.gpu_counters.update(ent, te, vals[:, _GPU_COUNTER_COLS], seg=seg, in_order=True)
+        cu = self.gpu_counters.update(ent, te, vals[:, _GPU_COUNTER_COLS])
         d = cu.delta
 
         def col(name: str) -> np.ndarray:
@@ -286,7 +283,7 @@ class HardwareDetector:
         dt = cu.dt
         sbe_dt = np.where(vol_missing, dt[:, _GC["ecc_sbe_aggregate"]], dt[:, _GC["ecc_sbe_volatile"]])
         spread = np.stack([sbe_dt, *(dt[:, _GC[c]] for c in windowed)], 1)
-        win = self.gpu_decay.update(ent, te, deltas, spread, seg=seg)
+        win = self.gpu_decay.update(ent, te, deltas, spread)
 
         tr = col("throttle_reasons")
         tri = np.where(np.isnan(tr), 0, tr).astype(np.int64)
@@ -294,7 +291,7 @@ class HardwareDetector:
         # HW slowdown (0x8) is also asserted while the power brake pulls; then it is a power event,
         # reported as power_brake, not as thermal throttling.
         thermal = ((tri & (THERMAL_MASK & ~HW_SLOWDOWN)) != 0) | (((tri & HW_SLOWDOWN) != 0) & ~brake)
-        runs = self.gpu_runs.update(ent, np.stack([thermal, brake], 1), seg=seg)
+        runs = self.gpu_runs.update(ent, np.stack([thermal, brake], 1))
 
         out: list[dict[str, Any]] = []
         hit = _Hits(self, ctx, mi, gi, out)
@@ -581,11 +578,10 @@ class HardwareDetector:
         vals = batch.ib[sel]
         active = batch.ib_active[sel]
         te = ctx.mts[pos]
-        seg = Segments.of(ent)  # new and in order per port, as per GPU (see _gpu_rules)
-        cu = self.ib_counters.update(ent, te, vals[:, _IB_COUNTER_COLS], seg=seg, in_order=True)
+        cu = self.ib_counters.update(ent, te, vals[:, _IB_COUNTER_COLS])
         d = cu.delta
         wcols = [_IC["symbol_errors"], _IC["rcv_errors"], _IC["xmit_discards"]]
-        win = self.ib_decay.update(ent, te, d[:, wcols], cu.dt[:, wcols], seg=seg)
+        win = self.ib_decay.update(ent, te, d[:, wcols], cu.dt[:, wcols])
 
         cfg = self.cfg
         out: list[dict[str, Any]] = []

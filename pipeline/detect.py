@@ -42,6 +42,7 @@ def stages(jobs: JobTable, max_skew_s: float | None = MAX_SKEW_S, time_scale: fl
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs, cfg),
         max_skew_s=max_skew_s,
         columnar_telemetry=True,
+        warm_up=NodeTask.warm_up,
     )
     job = Stage(
         name="detect-job",

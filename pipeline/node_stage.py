@@ -86,6 +86,16 @@ class NodeTask:
             self.stats = GpuStats(self.config.stats)
         fleet_metrics.COLLECTOR.add_nodes(self)
 
+    @staticmethod
+    def warm_up() -> None:
+        """Load the compiled code the stage runs (the telemetry scanner and the counter kernels)
+        from numba's cache, compiling it first on a fresh install (~30 s)."""
+        from detectors import counter_kernels
+        from fleetwatch import telemetry_scan
+
+        telemetry_scan.warm_up()
+        counter_kernels.warm_up()
+
     def process(self, topic: str, msgs: Sequence[Any] | TelemetryBatch) -> list[Output]:
         """Telemetry as dicts (evaluator, tests), fleetwatch.fast_schema structs, or already a
         columnar batch (the worker's hot path, pipeline/telemetry_decode.py)."""

@@ -38,3 +38,6 @@ class Stage:
     # the messages, else as fleetwatch.fast_schema structs, rather than dicts
     # (pipeline/telemetry_decode.py). Only for tasks that read all three, such as the node stage.
     columnar_telemetry: bool = False
+    # Loads what the tasks compile (numba) before the worker joins its group, so that a compile
+    # on a fresh install never holds up a member's first batch while it owns partitions.
+    warm_up: Callable[[], None] | None = None

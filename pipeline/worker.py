@@ -111,12 +111,9 @@ class Worker(ConsumerRebalanceListener):
         for name in self.stages:
             for reason in LOST_REASONS:
                 STATE_LOST.labels(group, name, reason)
-        if any(s.columnar_telemetry for s in stages):
-            # Load (or on a fresh install, compile: ~20 s) the telemetry scanner before joining the
-            # group, not inside the first batch, where it would hold up the member's partitions.
-            from fleetwatch import telemetry_scan
-
-            telemetry_scan.warm_up()
+        for stage in stages:  # before joining the group (Stage.warm_up)
+            if stage.warm_up is not None:
+                stage.warm_up()
         self.producer = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
         self.consumer = kafka_io.make_consumer(
             bootstrap,

@@ -22,9 +22,9 @@ if ((${#missing[@]})); then
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
-# Compile the telemetry scanner once (numba caches it beside its source: ~20 s on a fresh clone,
-# ~1 s after), rather than in the first detect worker or test.
-python3 -c "from fleetwatch import telemetry_scan; telemetry_scan.warm_up()"
+# Compile the telemetry scanner and the counter kernels once (numba caches them beside their
+# source: ~30 s on a fresh clone, ~1 s after), rather than in the first detect worker or test.
+python3 -c "from pipeline.node_stage import NodeTask; NodeTask.warm_up()"
 bash services/kafka/kafka.sh fetch
 # Dashboard and compose checks (tests/test_dashboards.py, tests/test_compose.py): Node.js for the
 # @grafana/schema type check (dashboards/package-lock.json), and the static Compose v2 binary that
