@@ -14,20 +14,23 @@ A node-sample is one telemetry/1 message of 8 GPUs. The messages come from the s
 - kafka (with --kafka): the same messages produced to a fresh topic; the raw consume rate of 1
   and of n plain kafka-python consumers (processes splitting the partitions; before and after
   the workers), then for each --workers count n a consumer group of n detect Worker processes
-  (decode + validate + detect + produce findings + commit) over the same messages, timed from the
-  group's last rebalance. Prints each group's rate over the mean raw rate of n consumers (like
-  for like) and of one.
+  (decode + validate + detect + produce findings + commit) over the same messages. Both are timed
+  while all n members work (for a group, from its last rebalance), up to the first member that
+  runs out of messages. Prints each group's rate over the mean raw rate of n consumers (like for
+  like) and of one, and the machine's idle CPU share in each timed span.
 
-    python benchmarks/detect_throughput.py [--nodes 1024] [--ticks 40] [--batch 1000] [--kafka]
+    python benchmarks/detect_throughput.py [--nodes 1024] [--ticks 80] [--batch 1000] [--kafka]
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -116,6 +119,46 @@ def _naive(
                 model.learn_one(None, y)
 
 
+class CpuIdle:
+    """Samples the machine's CPU counters (/proc/stat) every 50 ms in a thread, so that the share
+    of CPU time left idle can be read over any span timed by the child processes (time.perf_counter
+    is CLOCK_MONOTONIC, one clock for every process). Near 0 means the run was bound by this
+    machine's cores: broker, clients and workers all share them."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int, int]] = []  # (time, idle + iowait ticks, all ticks)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks[:8])  # user nice system idle iowait irq softirq steal
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), *self._read()))
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> CpuIdle:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def share(self, t0: float, t1: float) -> float:
+        """Idle share of all CPUs between the samples nearest inside [t0, t1] (NaN if too short)."""
+        times = [t for t, _i, _a in self.samples]
+        a, b = bisect.bisect_left(times, t0), bisect.bisect_right(times, t1) - 1
+        if b <= a:
+            return float("nan")
+        (_t, i0, n0), (_u, i1, n1) = self.samples[a], self.samples[b]
+        return (i1 - i0) / (n1 - n0) if n1 > n0 else float("nan")
+
+
 def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) -> dict[str, float]:
     from kafka import KafkaProducer
 
@@ -134,24 +177,36 @@ def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) 
     # and each ratio is taken against the mean of the two. A group of n workers is compared with n
     # raw consumers reading the same partitions in parallel (like for like), and with one.
     counts = sorted({1, *workers})
-    before = {n: _raw_rate(bootstrap, topic, n) for n in counts}
-    rates = {n: _group_rate(bootstrap, topic, len(msgs), n, f"bench-{run}-{n}w") for n in workers}
-    after = {n: _raw_rate(bootstrap, topic, n) for n in counts}
-    raw = {n: (before[n] + after[n]) / 2 for n in counts}
-    result = {"raw_consume_before_per_s": before[1], "raw_consume_after_per_s": after[1]}
+    with CpuIdle() as cpu:
+        before = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
+        rates = {n: _group_rate(bootstrap, topic, len(msgs), n, f"bench-{run}-{n}w", cpu) for n in workers}
+        after = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
+    raw = {n: (before[n][0] + after[n][0]) / 2 for n in counts}
+    result = {"raw_consume_before_per_s": before[1][0], "raw_consume_after_per_s": after[1][0]}
     for n in counts:
         if n > 1:
             result[f"raw_{n}_consumers_per_s"] = raw[n]
-    for n, rate in rates.items():
+        result[f"raw_{n}_consumers_cpu_idle"] = (before[n][1] + after[n][1]) / 2
+    for n, (rate, idle) in rates.items():
         result[f"workers_{n}_per_s"] = rate
         result[f"workers_{n}_ratio"] = rate / raw[n]
         result[f"workers_{n}_ratio_to_1_consumer"] = rate / raw[1]
+        result[f"workers_{n}_cpu_idle"] = idle
     return result
 
 
-def _raw_rate(bootstrap: str, topic: str, n: int) -> float:
-    """n plain kafka-python consumers (processes), each assigned every n-th partition, reading the
-    topic once: records per second over the span from the first start to the last finish."""
+def _while_all_work(members: list[list[tuple[float, int]]], start: float) -> tuple[float, int, float, float]:
+    """Records per second of a group of members over the span in which every one of them is
+    working: from `start` (all have begun) to the first member's last record. A member that ran
+    out of work early (its partitions held fewer messages, or others had read part of them before
+    the group settled) would otherwise leave the rest working alone and be counted as slowness.
+    Returns (rate, records in the span, span start, span end)."""
+    end = min(steps[-1][0] for steps in members)
+    k = sum(n for steps in members for t, n in steps if start < t <= end)
+    return (k / (end - start) if end > start else float("nan")), k, start, end
+
+
+def _partitions(bootstrap: str, topic: str) -> list[int]:
     from kafka import KafkaConsumer
 
     from fleetwatch import kafka_io
@@ -159,6 +214,15 @@ def _raw_rate(bootstrap: str, topic: str, n: int) -> float:
     probe = KafkaConsumer(**kafka_io.client_config(bootstrap), enable_auto_commit=False)
     parts = sorted(probe.partitions_for_topic(topic) or ())
     probe.close()
+    return parts
+
+
+def _raw_rate(bootstrap: str, topic: str, n: int, cpu: CpuIdle) -> tuple[float, float]:
+    """n plain kafka-python consumers (processes), each assigned every n-th partition, reading the
+    topic once: records per second while all of them read (_while_all_work), and the machine's
+    idle CPU share over that span."""
+
+    parts = _partitions(bootstrap, topic)
     ctx = multiprocessing.get_context("fork")
     reports = ctx.Queue()
     procs = [ctx.Process(target=_raw_proc, args=(bootstrap, topic, parts[i::n], reports)) for i in range(n)]
@@ -167,7 +231,8 @@ def _raw_rate(bootstrap: str, topic: str, n: int) -> float:
     got = [reports.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    return sum(k for k, _t0, _t1 in got) / (max(t1 for _k, _t0, t1 in got) - min(t0 for _k, t0, _t1 in got))
+    rate, _k, t0, t1 = _while_all_work([steps for _start, steps in got], max(start for start, _ in got))
+    return rate, cpu.share(t0, t1)
 
 
 def _raw_proc(bootstrap: str, topic: str, parts: list[int], reports: Any) -> None:
@@ -181,43 +246,75 @@ def _raw_proc(bootstrap: str, topic: str, parts: list[int], reports: Any) -> Non
     consumer.seek_to_beginning(*tps)
     total = sum(consumer.end_offsets(tps).values())
     k = 0
-    t0 = time.perf_counter()
+    steps: list[tuple[float, int]] = []
+    start = time.perf_counter()
     while k < total:
-        for batch in consumer.poll(timeout_ms=500, max_records=2000).values():
-            k += len(batch)
-    reports.put((k, t0, time.perf_counter()))
+        got = sum(len(batch) for batch in consumer.poll(timeout_ms=500, max_records=2000).values())
+        if got:
+            k += got
+            steps.append((time.perf_counter(), got))
+    reports.put((start, steps))
     consumer.close()
 
 
-def _group_rate(bootstrap: str, topic: str, total: int, n: int, group: str) -> float:
-    """Messages per second of `n` detect Worker processes in one consumer group, over the time
-    after the group's last rebalance (every member owns its partitions) to the last message."""
+def _group_rate(
+    bootstrap: str, topic: str, total: int, n: int, group: str, cpu: CpuIdle
+) -> tuple[float, float]:
+    """Messages per second of `n` detect Worker processes in one consumer group, from the group's
+    last rebalance (every member owns its partitions) while every member works (_while_all_work),
+    and the machine's idle CPU share over that span."""
     ctx = multiprocessing.get_context("fork")
     done = ctx.Value("q", 0)
     started = ctx.Value("q", 0)  # workers subscribed and ready to join
+    owned = ctx.Array("q", n)  # partitions each member owns while the group forms
+    changed = ctx.Value("d", time.perf_counter())  # when a member's share last changed
+    polled = ctx.Array("d", n)  # when each member last came back from a poll
+    go = ctx.Value("d", 0.0)  # when all members start reading
+    parts = len(_partitions(bootstrap, topic))
     reports = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker_proc, args=(bootstrap, topic, total, group, n, started, done, reports))
-        for _ in range(n)
+        ctx.Process(
+            target=_worker_proc,
+            args=(
+                bootstrap,
+                topic,
+                total,
+                group,
+                (i, n, parts),
+                started,
+                (owned, changed, polled, go),
+                done,
+                reports,
+            ),
+        )
+        for i in range(n)
     ]
     for p in procs:
         p.start()
     got = [reports.get(timeout=900) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    t0 = max(r["settled"] for r in got)  # the last member's last assignment change
-    t_end = max(t for r in got for t, _k in r["steps"])
-    after = sum(k for r in got for t, k in r["steps"] if t > t0)
-    if after < total / 2:  # a member joined late and the others had done most of the work alone
+    if not all(r["steps"] for r in got):
+        raise RuntimeError(f"a member of the group of {n} processed nothing: run it again")
+    rate, k, t0, t1 = _while_all_work([r["steps"] for r in got], max(r["settled"] for r in got))
+    if k < total / 2:  # the group was not settled after all (see _worker_proc): a late rebalance
         raise RuntimeError(
-            f"the group of {n} settled after {total - after} of {total} messages were processed; "
+            f"the group of {n} worked together on {k} of {total} messages only; "
             "this run does not measure the group: run it again"
         )
-    return after / (t_end - t0)
+    return rate, cpu.share(t0, t1)
 
 
 def _worker_proc(
-    bootstrap: str, topic: str, total: int, group: str, n: int, started: Any, done: Any, reports: Any
+    bootstrap: str,
+    topic: str,
+    total: int,
+    group: str,
+    member: tuple[int, int, int],
+    started: Any,
+    forming: tuple[Any, Any, Any, Any],
+    done: Any,
+    reports: Any,
 ) -> None:
     from fleetwatch import schemas
     from pipeline.job_table import JobTable
@@ -225,6 +322,8 @@ def _worker_proc(
     from pipeline.tasks import Stage
     from pipeline.worker import Worker
 
+    me, n, parts = member
+    owned, changed, polled, go = forming
     jobs = JobTable()
     stage = Stage(
         name=group,
@@ -236,23 +335,39 @@ def _worker_proc(
         warm_up=NodeTask.warm_up,
     )
     worker = Worker(bootstrap, group, [stage], snapshot_every_s=3600)
-    # All members join together (their first poll): a member that starts polling alone takes every
-    # partition and works through the topic while the others are still starting up.
     with started.get_lock():
         started.value += 1
     while started.value < n:
         time.sleep(0.01)
+    # The group forms with fetching paused: the first member to join owns every partition until
+    # the others' join reaches it (up to a heartbeat, 3 s, later), and reading then would leave
+    # the late members little to do. A start time is set for all once every partition has an
+    # owner, every member owns some, no share changed for a second, and every member is back
+    # from its last poll (a member inside a rebalance reports a stale share).
+    while True:
+        worker.consumer.pause(*worker.consumer.assignment())
+        k = worker.step(timeout_ms=50)  # joins and heartbeats; records fetched before the pause are processed
+        if k:
+            with done.get_lock():
+                done.value += k
+        mine, now = len(worker.consumer.assignment()), time.perf_counter()
+        with owned.get_lock():
+            if owned[me] != mine:
+                owned[me], changed.value = mine, now
+            polled[me] = now
+            counts, quiet, lag = list(owned), now - changed.value, now - min(polled)
+            if not go.value and sum(counts) == parts and min(counts) > 0 and quiet > 1.0 and lag < 0.2:
+                go.value = now + 0.2  # every member sees it within one 50 ms poll
+        if go.value and time.perf_counter() >= go.value:
+            break
+    worker.consumer.resume(*worker.consumer.assignment())
     steps: list[tuple[float, int]] = []
-    owned: set[Any] = set()
     settled = time.perf_counter()
     deadline = settled + 600
     while done.value < total and time.perf_counter() < deadline:
         k = worker.step()
-        now = time.perf_counter()
-        if set(worker.tasks) != owned:
-            owned, settled = set(worker.tasks), now
         if k:
-            steps.append((now, k))
+            steps.append((time.perf_counter(), k))
             with done.get_lock():
                 done.value += k
     reports.put({"settled": settled, "steps": steps})
@@ -262,7 +377,7 @@ def _worker_proc(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1024)
-    ap.add_argument("--ticks", type=int, default=40)
+    ap.add_argument("--ticks", type=int, default=80)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--baseline-nodes", type=int, default=64, help="nodes the slow baseline is timed on")
     ap.add_argument("--seed", type=int, default=1)
@@ -326,6 +441,13 @@ def main() -> int:
                         f"  detect, {w} worker process(es): {v:>10,.0f} msgs/s  ratio to {w} raw consumer(s) "
                         f"{k[f'workers_{w}_ratio']:.2f} (to one: {k[f'workers_{w}_ratio_to_1_consumer']:.2f})"
                     )
+            who = {"raw": "raw consumer(s)", "workers": "worker(s)"}
+            idle = ", ".join(
+                f"{key.split('_')[1]} {who[key.split('_')[0]]} {v:.0%}"
+                for key, v in k.items()
+                if key.endswith("_cpu_idle")
+            )
+            print(f"  machine CPU idle while timed ({os.cpu_count()} CPUs): {idle}")
     return 0
 
 
