@@ -101,10 +101,14 @@ class GpuStats:
         """nodes: per message. Returns findings; `self.last_score` holds each series' latest score."""
         if batch.size == 0 or batch.gpu.shape[1] == 0:
             return []
-        for n in batch.node_names:
-            if n not in self.nodes:
-                self.nodes[n] = len(self.nodes)
-        rows = np.fromiter((self.nodes[n] for n in batch.node_names), dtype=np.int64)[batch.node_idx]
+        names = batch.node_names
+        try:  # the usual batch: every node known, one C-level pass
+            rows = np.fromiter(map(self.nodes.__getitem__, names), dtype=np.int64, count=len(names))
+        except KeyError:
+            for n in names:
+                self.nodes.setdefault(n, len(self.nodes))
+            rows = np.fromiter(map(self.nodes.__getitem__, names), dtype=np.int64, count=len(names))
+        rows = rows[batch.node_idx]
         self._ensure(len(self.nodes))
         g = min(batch.gpu.shape[1], 8)
         values = batch.gpu[:, :g, :][:, :, _COLS]  # (M, G, S)

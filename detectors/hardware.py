@@ -216,12 +216,7 @@ class HardwareDetector:
         last[:-1] = mrow[1:] != mrow[:-1]
         self.node_ts[mrow[last]] = mts[last]
 
-        names = self.nodes.names
-        starts = np.flatnonzero(np.r_[True, last[:-1]])
-        per_node = {
-            names[int(mrow[s])]: mts[s:e] for s, e in zip(starts, np.r_[starts[1:], len(acc)], strict=True)
-        }
-        ctx = _Ctx(names, mrow, mts, per_node)
+        ctx = _Ctx(self.nodes.names, self.nodes.rows, mrow, mts)
 
         out: list[dict[str, Any]] = []
         out += self._gpu_rules(batch, acc, ctx)
@@ -682,20 +677,29 @@ class _Names:
 class _Ctx:
     """Per-batch facts shared by the rules: accepted messages and each node's sample times."""
 
-    names: list[str]
-    mrow: np.ndarray  # node row of each accepted message
-    mts: np.ndarray  # ts of each accepted message
-    per_node: dict[str, np.ndarray]  # node -> sorted ts of its accepted messages in this batch
+    names: list[str]  # node row -> name
+    rows: dict[str, int]  # name -> node row
+    mrow: np.ndarray  # node row of each accepted message, ascending (grouped by node)
+    mts: np.ndarray  # ts of each accepted message, increasing within a node
+
+    def _times(self, node: str) -> np.ndarray | None:
+        """Sorted ts of the node's accepted messages in this batch. Looked up when an incident
+        asks (a few per batch), not built for every node of every batch."""
+        row = self.rows.get(node)
+        if row is None:
+            return None
+        lo, hi = np.searchsorted(self.mrow, [row, row + 1])
+        return self.mts[lo:hi] if hi > lo else None
 
     def next_ts(self, node: str, t: float) -> float | None:
-        arr = self.per_node.get(node)
+        arr = self._times(node)
         if arr is None:
             return None
         i = int(np.searchsorted(arr, t, side="left"))
         return float(arr[i]) if i < len(arr) else None
 
     def latest(self, node: str) -> float | None:
-        arr = self.per_node.get(node)
+        arr = self._times(node)
         return None if arr is None else float(arr[-1])
 
 

@@ -75,7 +75,10 @@ class LemonScorer:
 
     def observe_samples(self, nodes: list[str], ts: np.ndarray) -> None:
         """Nodes seen at these times (telemetry): they accrue exposure."""
-        rows = np.fromiter((self._row(n) for n in nodes), dtype=np.int64, count=len(nodes))
+        try:  # the usual batch: every node known, one C-level pass
+            rows = np.fromiter(map(self.rows.__getitem__, nodes), dtype=np.int64, count=len(nodes))
+        except KeyError:
+            rows = np.fromiter((self._row(n) for n in nodes), dtype=np.int64, count=len(nodes))
         # keep the latest ts per node of this batch; np.maximum.at handles repeats
         latest = np.full(len(self.rows), -np.inf)
         np.maximum.at(latest, rows, ts)
