@@ -83,37 +83,16 @@ class Segments:
 
     order: np.ndarray
     rows: np.ndarray
-    start: np.ndarray  # per element: sorted position of its group's first element
     first: np.ndarray  # per element: is the first of its group
-    last: np.ndarray  # per element: is the last of its group
     gid: np.ndarray  # per element: group number 0..ngroups-1
 
     @classmethod
     def of(cls, rows: np.ndarray) -> Segments:
         order = np.argsort(rows, kind="stable")
         r = rows[order]
-        n = len(r)
-        first = np.ones(n, dtype=bool)
+        first = np.ones(len(r), dtype=bool)
         first[1:] = r[1:] != r[:-1]
-        last = np.ones(n, dtype=bool)
-        last[:-1] = first[1:]
-        pos = np.arange(n)
-        start = np.maximum.accumulate(np.where(first, pos, 0)) if n else pos
-        gid = np.cumsum(first) - 1
-        return cls(order, r, start, first, last, gid)
-
-    def subset(self, mask: np.ndarray) -> Segments:
-        """The sorted elements where mask holds (mask in sorted order), regrouped."""
-        sel = np.flatnonzero(mask)
-        r = self.rows[sel]
-        n = len(r)
-        first = np.ones(n, dtype=bool)
-        first[1:] = r[1:] != r[:-1]
-        last = np.ones(n, dtype=bool)
-        last[:-1] = first[1:]
-        pos = np.arange(n)
-        start = np.maximum.accumulate(np.where(first, pos, 0)) if n else pos
-        return Segments(self.order[sel], r, start, first, last, np.cumsum(first) - 1)
+        return cls(order, r, first, np.cumsum(first) - 1)
 
 
 def increasing_in_group(seg: Segments, ts_sorted: np.ndarray, floor: np.ndarray) -> np.ndarray:
