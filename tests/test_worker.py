@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -204,3 +205,37 @@ w.run(StopFlag(install=False))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 75, r.stderr[-2000:]
     assert "poll() has not returned" in r.stderr and "supervisor restarts" in r.stderr
+
+
+def test_stages_load_their_compiled_code_before_the_worker_joins(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compile (or a cache load) inside the first batch would hold up the member's partitions:
+    Stage.warm_up runs before the consumer that joins the group exists. The detect stage's
+    warm_up leaves the scanner and the counter kernels compiled."""
+    events: list[str] = []
+    make_consumer = kafka_io.make_consumer
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        events.append("consumer")
+        return make_consumer(*args, **kwargs)
+
+    monkeypatch.setattr(kafka_io, "make_consumer", recording)
+    in_topic, out_topic, group, stage = _names()
+    counting = replace(_stage(stage, in_topic, out_topic), warm_up=lambda: events.append("warm_up"))
+    Worker(kafka_bootstrap, group, [counting], snapshot_every_s=3600).close()
+    assert events == ["warm_up", "consumer"]
+
+    # In a fresh process (this one may have run the kernels already): nothing is loaded before.
+    check = """
+from detectors import counter_kernels as k
+from fleetwatch import telemetry_scan
+from pipeline import detect
+from pipeline.job_table import JobTable
+kernels = (telemetry_scan._scan, k.counter_pass, k.decay_pass, k.run_pass)
+before = [bool(f.signatures) for f in kernels]
+next(s for s in detect.stages(JobTable()) if s.columnar_telemetry).warm_up()
+print(before, [bool(f.signatures) for f in kernels])
+"""
+    out = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split("\n")[0] == f"{[False] * 4} {[True] * 4}", out.stderr[-2000:]
