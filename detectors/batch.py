@@ -76,6 +76,15 @@ def _codes_of(values: list[Any]) -> dict[Any, int]:
     return codes
 
 
+def known_rows(rows: dict[str, int], names: Sequence[str]) -> np.ndarray | None:
+    """Rows of `names` in a name -> row table if every one is in it (the usual batch: one C-level
+    pass), else None, for the caller to register the new names its own way."""
+    try:
+        return np.fromiter(map(rows.__getitem__, names), dtype=np.int64, count=len(names))
+    except KeyError:
+        return None
+
+
 class NodeRegistry:
     """Node name -> dense row number, append-only, so per-node state can live in numpy arrays."""
 
@@ -97,10 +106,10 @@ class NodeRegistry:
 
     def lookup(self, names: Sequence[str]) -> np.ndarray:
         """Rows of `names`, registering the new ones (in the order given, so replays agree)."""
-        try:  # the usual batch: every name known, one C-level pass
-            return np.fromiter(map(self.rows.__getitem__, names), dtype=np.int64, count=len(names))
-        except KeyError:
-            return np.fromiter((self.row(n) for n in names), dtype=np.int64, count=len(names))
+        known = known_rows(self.rows, names)
+        if known is not None:
+            return known
+        return np.fromiter((self.row(n) for n in names), dtype=np.int64, count=len(names))
 
 
 def _table(entries: list[dict[str, Any]], getter: itemgetter, keys: tuple[str, ...]) -> np.ndarray:

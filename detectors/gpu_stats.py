@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.batch import GPU_COL, TelemetryBatch
+from detectors.batch import GPU_COL, TelemetryBatch, known_rows
 from detectors.counters import decode_array, encode_array
 from detectors.findings import IncidentBook, severity_score
 from detectors.statistical import RobustScorer, sibling_robust_z
@@ -101,13 +101,11 @@ class GpuStats:
         """nodes: per message. Returns findings; `self.last_score` holds each series' latest score."""
         if batch.size == 0 or batch.gpu.shape[1] == 0:
             return []
-        names = batch.node_names
-        try:  # the usual batch: every node known, one C-level pass
-            rows = np.fromiter(map(self.nodes.__getitem__, names), dtype=np.int64, count=len(names))
-        except KeyError:
-            for n in names:
+        rows = known_rows(self.nodes, batch.node_names)
+        if rows is None:
+            for n in batch.node_names:
                 self.nodes.setdefault(n, len(self.nodes))
-            rows = np.fromiter(map(self.nodes.__getitem__, names), dtype=np.int64, count=len(names))
+            rows = np.fromiter(map(self.nodes.__getitem__, batch.node_names), dtype=np.int64)
         rows = rows[batch.node_idx]
         self._ensure(len(self.nodes))
         g = min(batch.gpu.shape[1], 8)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import poisson
 
+from detectors.batch import known_rows
 from detectors.findings import IncidentBook
 
 
@@ -75,9 +76,8 @@ class LemonScorer:
 
     def observe_samples(self, nodes: list[str], ts: np.ndarray) -> None:
         """Nodes seen at these times (telemetry): they accrue exposure."""
-        try:  # the usual batch: every node known, one C-level pass
-            rows = np.fromiter(map(self.rows.__getitem__, nodes), dtype=np.int64, count=len(nodes))
-        except KeyError:
+        rows = known_rows(self.rows, nodes)
+        if rows is None:
             rows = np.fromiter((self._row(n) for n in nodes), dtype=np.int64, count=len(nodes))
         # keep the latest ts per node of this batch; np.maximum.at handles repeats
         latest = np.full(len(self.rows), -np.inf)

@@ -29,10 +29,11 @@ def decode_telemetry(
     the rest), the same messages and errors as schemas.decode_batch(..., struct=True)."""
     if None not in raws and max(map(len, raws), default=0) <= max_bytes:  # type: ignore[arg-type]
         offered = np.arange(len(raws))
+        sc = telemetry_scan.scan(raws)  # type: ignore[arg-type]
     else:  # tombstones and oversized values: left to the decoders, which name them
         usable = [i for i, r in enumerate(raws) if r is not None and len(r) <= max_bytes]
         offered = np.array(usable, dtype=np.int64)
-    sc = telemetry_scan.scan([raws[i] for i in offered.tolist()])  # type: ignore[misc]
+        sc = telemetry_scan.scan([raws[i] for i in usable])  # type: ignore[misc]
     keep = np.ones(len(sc.ts), dtype=bool) if max_skew_s is None else np.abs(sc.ts - now) <= max_skew_s
     taken = offered[sc.taken[keep]]
     bad: list[tuple[int, schemas.MessageError]] = []
