@@ -119,29 +119,44 @@ def _naive(
                 model.learn_one(None, y)
 
 
-class CpuIdle:
-    """Samples the machine's CPU counters (/proc/stat) every 50 ms in a thread, so that the share
-    of CPU time left idle can be read over any span timed by the child processes (time.perf_counter
-    is CLOCK_MONOTONIC, one clock for every process). Near 0 means the run was bound by this
-    machine's cores: broker, clients and workers all share them."""
+_Sample = tuple[float, int, int, int]  # (time, idle + iowait ticks, all ticks, broker ticks)
 
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, int, int]] = []  # (time, idle + iowait ticks, all ticks)
+
+class CpuUse:
+    """Samples the machine's CPU counters (/proc/stat), and the local broker's own (its
+    /proc/<pid>/stat, where the broker runs on this machine), every 50 ms in a thread, so that CPU
+    use can be read over any span timed by the child processes (time.perf_counter is
+    CLOCK_MONOTONIC, one clock for every process). An idle share near 0 means the run was bound by
+    this machine's cores: broker, clients and workers all share them; the CPU time per message,
+    the whole machine's and the broker's, says where it went."""
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self.samples: list[_Sample] = []
+        self.broker_pid = broker_pid
+        self._hz = os.sysconf("SC_CLK_TCK")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @staticmethod
-    def _read() -> tuple[int, int]:
+    def _read(self) -> tuple[int, int, int]:
         with open("/proc/stat") as f:
             ticks = [int(x) for x in f.readline().split()[1:]]
-        return ticks[3] + ticks[4], sum(ticks[:8])  # user nice system idle iowait irq softirq steal
+        broker = 0
+        if self.broker_pid is not None:
+            try:
+                with open(f"/proc/{self.broker_pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                broker = int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15)
+            except OSError:
+                self.broker_pid = None
+        # user nice system idle iowait irq softirq steal
+        return ticks[3] + ticks[4], sum(ticks[:8]), broker
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append((time.perf_counter(), *self._read()))
             self._stop.wait(0.05)
 
-    def __enter__(self) -> CpuIdle:
+    def __enter__(self) -> CpuUse:
         self._thread.start()
         return self
 
@@ -149,14 +164,46 @@ class CpuIdle:
         self._stop.set()
         self._thread.join()
 
-    def share(self, t0: float, t1: float) -> float:
-        """Idle share of all CPUs between the samples nearest inside [t0, t1] (NaN if too short)."""
-        times = [t for t, _i, _a in self.samples]
+    def _span(self, t0: float, t1: float) -> tuple[_Sample, _Sample] | None:
+        """The samples nearest inside [t0, t1], None if the span holds fewer than two."""
+        times = [t for t, *_rest in self.samples]
         a, b = bisect.bisect_left(times, t0), bisect.bisect_right(times, t1) - 1
-        if b <= a:
-            return float("nan")
-        (_t, i0, n0), (_u, i1, n1) = self.samples[a], self.samples[b]
-        return (i1 - i0) / (n1 - n0) if n1 > n0 else float("nan")
+        if b <= a or self.samples[b][2] <= self.samples[a][2]:
+            return None
+        return self.samples[a], self.samples[b]
+
+    def over(self, t0: float, t1: float, records: int) -> dict[str, float]:
+        """Over [t0, t1], in which `records` were read: the idle share of all CPUs, and the CPU
+        time per record in microseconds of the whole machine (busy) and of the broker (NaN where
+        the span is too short or the broker is not local)."""
+        span = self._span(t0, t1)
+        if span is None or records <= 0:
+            return {"idle": float("nan"), "machine_us": float("nan"), "broker_us": float("nan")}
+        (ta, ia, na, ba), (tb, ib, nb, bb) = span
+        idle = (ib - ia) / (nb - na)
+        cpus = os.cpu_count() or 1
+        # the sampled span is within [t0, t1]: scale its records to it
+        k = records * (tb - ta) / (t1 - t0)
+        busy = (1 - idle) * cpus * (tb - ta)
+        broker = (bb - ba) / self._hz if self.broker_pid is not None else float("nan")
+        return {"idle": idle, "machine_us": busy / k * 1e6, "broker_us": broker / k * 1e6}
+
+
+def local_broker_pid(bootstrap: str) -> int | None:
+    """The pid of the broker services/kafka/kafka.sh started for this bootstrap's port, if it
+    runs on this machine (its command line names its data directory, kafka-<port>)."""
+    port = bootstrap.split(",")[0].rsplit(":", 1)[-1]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"kafka.Kafka" in cmd and f"kafka-{port}/".encode() in cmd:
+            return int(entry)
+    return None
 
 
 def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) -> dict[str, float]:
@@ -177,7 +224,7 @@ def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) 
     # and each ratio is taken against the mean of the two. A group of n workers is compared with n
     # raw consumers reading the same partitions in parallel (like for like), and with one.
     counts = sorted({1, *workers})
-    with CpuIdle() as cpu:
+    with CpuUse(local_broker_pid(bootstrap)) as cpu:
         before = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
         rates = {n: _group_rate(bootstrap, topic, len(msgs), n, f"bench-{run}-{n}w", cpu) for n in workers}
         after = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
@@ -186,12 +233,14 @@ def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) 
     for n in counts:
         if n > 1:
             result[f"raw_{n}_consumers_per_s"] = raw[n]
-        result[f"raw_{n}_consumers_cpu_idle"] = (before[n][1] + after[n][1]) / 2
-    for n, (rate, idle) in rates.items():
+        for what in ("idle", "machine_us", "broker_us"):
+            result[f"raw_{n}_consumers_cpu_{what}"] = (before[n][1][what] + after[n][1][what]) / 2
+    for n, (rate, use) in rates.items():
         result[f"workers_{n}_per_s"] = rate
         result[f"workers_{n}_ratio"] = rate / raw[n]
         result[f"workers_{n}_ratio_to_1_consumer"] = rate / raw[1]
-        result[f"workers_{n}_cpu_idle"] = idle
+        for what in ("idle", "machine_us", "broker_us"):
+            result[f"workers_{n}_cpu_{what}"] = use[what]
     return result
 
 
@@ -217,10 +266,10 @@ def _partitions(bootstrap: str, topic: str) -> list[int]:
     return parts
 
 
-def _raw_rate(bootstrap: str, topic: str, n: int, cpu: CpuIdle) -> tuple[float, float]:
+def _raw_rate(bootstrap: str, topic: str, n: int, cpu: CpuUse) -> tuple[float, dict[str, float]]:
     """n plain kafka-python consumers (processes), each assigned every n-th partition, reading the
-    topic once: records per second while all of them read (_while_all_work), and the machine's
-    idle CPU share over that span."""
+    topic once: records per second while all of them read (_while_all_work), and the CPU use over
+    that span (CpuUse.over)."""
 
     parts = _partitions(bootstrap, topic)
     ctx = multiprocessing.get_context("fork")
@@ -231,8 +280,8 @@ def _raw_rate(bootstrap: str, topic: str, n: int, cpu: CpuIdle) -> tuple[float, 
     got = [reports.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    rate, _k, t0, t1 = _while_all_work([steps for _start, steps in got], max(start for start, _ in got))
-    return rate, cpu.share(t0, t1)
+    rate, k, t0, t1 = _while_all_work([steps for _start, steps in got], max(start for start, _ in got))
+    return rate, cpu.over(t0, t1, k)
 
 
 def _raw_proc(bootstrap: str, topic: str, parts: list[int], reports: Any) -> None:
@@ -258,11 +307,11 @@ def _raw_proc(bootstrap: str, topic: str, parts: list[int], reports: Any) -> Non
 
 
 def _group_rate(
-    bootstrap: str, topic: str, total: int, n: int, group: str, cpu: CpuIdle
-) -> tuple[float, float]:
+    bootstrap: str, topic: str, total: int, n: int, group: str, cpu: CpuUse
+) -> tuple[float, dict[str, float]]:
     """Messages per second of `n` detect Worker processes in one consumer group, from the group's
     last rebalance (every member owns its partitions) while every member works (_while_all_work),
-    and the machine's idle CPU share over that span."""
+    and the CPU use over that span (CpuUse.over)."""
     ctx = multiprocessing.get_context("fork")
     done = ctx.Value("q", 0)
     started = ctx.Value("q", 0)  # workers subscribed and ready to join
@@ -302,7 +351,7 @@ def _group_rate(
             f"the group of {n} worked together on {k} of {total} messages only; "
             "this run does not measure the group: run it again"
         )
-    return rate, cpu.share(t0, t1)
+    return rate, cpu.over(t0, t1, k)
 
 
 def _worker_proc(
@@ -442,12 +491,17 @@ def main() -> int:
                         f"{k[f'workers_{w}_ratio']:.2f} (to one: {k[f'workers_{w}_ratio_to_1_consumer']:.2f})"
                     )
             who = {"raw": "raw consumer(s)", "workers": "worker(s)"}
-            idle = ", ".join(
-                f"{key.split('_')[1]} {who[key.split('_')[0]]} {v:.0%}"
-                for key, v in k.items()
-                if key.endswith("_cpu_idle")
+            print(
+                f"  while timed ({os.cpu_count()} CPUs): CPU idle; CPU time per message, machine and broker"
             )
-            print(f"  machine CPU idle while timed ({os.cpu_count()} CPUs): {idle}")
+            for key, v in k.items():
+                if key.endswith("_cpu_idle"):
+                    stem = key.removesuffix("_idle")
+                    print(
+                        f"    {key.split('_')[1]} {who[key.split('_')[0]]:<16} idle {v:>4.0%}  "
+                        f"machine {k[stem + '_machine_us']:>5.1f} us, "
+                        f"broker {k[stem + '_broker_us']:>5.1f} us"
+                    )
     return 0
 
 
