@@ -89,7 +89,7 @@ class NodeTask:
     @staticmethod
     def warm_up() -> None:
         """Load the compiled code the stage runs (the telemetry scanner and the counter kernels)
-        from numba's cache, compiling it first on a fresh install (~30 s)."""
+        from numba's cache, compiling it first on a fresh install (~2 min on 2 cores)."""
         from detectors import counter_kernels
         from fleetwatch import telemetry_scan
 
