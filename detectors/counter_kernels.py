@@ -75,9 +75,15 @@ def decay_pass(
     s: np.ndarray,
     last_t: np.ndarray,
     out: np.ndarray,
+    memo: np.ndarray,
 ) -> None:
     """DecayingCount.update: S <- S * exp(-dt / tau) + weight * delta per element, in order.
-    NaN deltas count as zero; an entity's first element starts from S = 0."""
+    NaN deltas count as zero; an entity's first element starts from S = 0.
+
+    Nodes sample on one interval, so consecutive elements of a column nearly always decay over
+    the same dt and spread: memo (4, k; NaN-filled by the caller) keeps each column's last dt and
+    exp factor, last spread ratio and weight, and reuses them when the input is the same (the
+    same value, computed once: ~1 us a message of exp/expm1 saved at 8 GPUs)."""
     n, k = deltas.shape
     for i in range(n):
         r = rows[i]
@@ -92,8 +98,18 @@ def decay_pass(
                 x = spread[i, j]
                 x = x / tau[j] if x > 0.0 and x < math.inf else 0.0
                 if x > 1e-9:  # mean of exp decay over the interval the delta accumulated in
-                    d *= -math.expm1(-x) / x
-            total = d if first else s[r, j] * math.exp(-(t - t0) / tau[j]) + d
+                    if x != memo[2, j]:
+                        memo[2, j] = x
+                        memo[3, j] = -math.expm1(-x) / x
+                    d *= memo[3, j]
+            if first:
+                total = d
+            else:
+                dt = t - t0
+                if dt != memo[0, j]:
+                    memo[0, j] = dt
+                    memo[1, j] = math.exp(-dt / tau[j])
+                total = s[r, j] * memo[1, j] + d
             s[r, j] = total
             out[i, j] = total
         last_t[r] = t

@@ -205,9 +205,11 @@ def test_increasing_in_group_keeps_what_a_loop_keeps(spec, floor_row) -> None:
     st.lists(
         st.tuples(
             st.integers(0, 3),
-            st.floats(0.1, 500.0),
+            # whole steps and spreads repeat, as a fleet's sampling interval does: the kernel
+            # reuses a column's decay factors while dt and spread stay the same
+            st.one_of(st.floats(0.1, 500.0), st.sampled_from([10.0, 30.0])),
             st.one_of(st.integers(0, 20).map(float), st.just(math.nan)),
-            st.one_of(st.floats(1e-3, 5000.0), st.sampled_from([0.0, -1.0, math.nan, math.inf])),
+            st.one_of(st.floats(1e-3, 5000.0), st.sampled_from([0.0, -1.0, math.nan, math.inf, 10.0, 30.0])),
         ),
         min_size=1,
         max_size=50,
