@@ -54,9 +54,9 @@ from typing import Literal
 import numpy as np
 
 from detectors.calibration import DEFAULT_BINS, DEFAULT_HI, DEFAULT_LO, ScalarTailCalibrator, TailCalibrator
+from detectors.peer_kernels import MAD_TO_SIGMA, sibling_z_pass
 
 NAN = math.nan
-MAD_TO_SIGMA = 1.4826  # sigma of a Gaussian per median absolute deviation
 
 # Parameters that go into the snapshot as 0-d arrays (name -> constructor argument).
 _PARAMS = (
@@ -126,27 +126,13 @@ def sibling_robust_z(x: np.ndarray, *, min_peers: int = 5, min_scale: float | np
     """fleet_robust_z for the dense layout where each row's peers sit along axis 1: ``x`` (M, G, S),
     the peer group of ``x[m, :, s]`` is that row's G values of signal s (a sample's sibling GPUs).
     ``min_scale`` broadcasts against (M, G, S). The same numbers as fleet_robust_z with those
-    groups, without its two global sorts: each group is sorted in place along its short axis."""
-    v = np.moveaxis(x, 1, 2)  # (M, S, G): each group contiguous
-    present = ~np.isnan(v)
-    counts = present.sum(axis=2, keepdims=True)
-    lo_i, hi_i = np.maximum((counts - 1) // 2, 0), counts // 2
-
-    def medians(a: np.ndarray) -> np.ndarray:
-        srt = np.sort(a, axis=2)  # NaN sorts last, so the present values lead
-        lo = np.take_along_axis(srt, lo_i, axis=2)
-        hi = np.take_along_axis(srt, np.minimum(hi_i, srt.shape[2] - 1), axis=2)
-        return 0.5 * (lo + hi)
-
-    med = medians(v)
-    dev = np.abs(v - med)
-    mad = medians(dev)
-    floor = np.moveaxis(np.broadcast_to(min_scale, x.shape), 1, 2)
-    scale = np.maximum(MAD_TO_SIGMA * mad, floor)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        z = np.where(dev > 0, (v - med) / scale, 0.0)
-    z[~present | (counts < min_peers)] = NAN
-    return np.moveaxis(z, 2, 1)
+    groups, without its two global sorts: each small group is sorted on its own, in compiled
+    code (detectors/peer_kernels.py)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty(x.shape)
+    floor = np.broadcast_to(np.asarray(min_scale, dtype=np.float64), x.shape)
+    sibling_z_pass(x, floor, min_peers, out)
+    return out
 
 
 def _combine(*scores: np.ndarray) -> np.ndarray:
