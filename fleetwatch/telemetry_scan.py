@@ -874,6 +874,26 @@ def _same(buf, spans, p, q):  # type: ignore[no-untyped-def]
     return True
 
 
+@njit(cache=True, nogil=True)
+def _joined(buf, spans):  # type: ignore[no-untyped-def]
+    """The byte spans buf[a:b] of spans (k, 2), one after another with a newline between: a
+    batch's distinct node names become one Python string split once, not k slices decoded."""
+    k = spans.shape[0]
+    total = max(k - 1, 0)
+    for r in range(k):
+        total += spans[r, 1] - spans[r, 0]
+    out = np.empty(total, dtype=np.uint8)
+    j = 0
+    for r in range(k):
+        if r:
+            out[j] = 10
+            j += 1
+        for i in range(spans[r, 0], spans[r, 1]):
+            out[j] = buf[i]
+            j += 1
+    return out
+
+
 # ---------------------------------------------------------------- the Python face
 
 
@@ -945,11 +965,12 @@ def scan(raws: list[bytes]) -> Scan:
     def text(a: int, b: int) -> str:
         return joined[a:b].decode("ascii")
 
-    node_spans = node_ab[node_reps].tolist()  # one list, not a numpy row per name
+    # a node name is 1-253 of [A-Za-z0-9._:-] (_name_ok): never empty, never a newline
+    node_names = _joined(buf, node_ab[node_reps]).tobytes().decode("ascii").split("\n") if m else []
 
     return Scan(
         taken=taken[:m],
-        node_names=[text(a, b) for a, b in node_spans],
+        node_names=node_names,
         node_idx=node_codes,
         ts=ts[:m],
         seq=seq[:m],
