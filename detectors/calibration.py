@@ -33,7 +33,7 @@ Groups: one group per series is the most faithful ("this signal's own history") 
 ``(bins + 2) * 8`` bytes per series; the fleet scorer uses one group per metric (all GPUs' power
 draw share a histogram), which is what keeps its memory per GPU small.
 
-Everything is vectorised: one ``score`` + ``add`` per tick costs O(K + G * bins).
+Each ``score`` + ``add`` is one compiled pass over the batch (detectors/stat_kernels.py): O(K + G * bins).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from detectors.stat_kernels import calibrate_pass
 
 # ln(d) range of the histogram: d is in units of the series' own scale, so e^-5 (0.007 scales)
 # up to e^9 (8100 scales) covers every deviation worth telling apart; beyond it is "huge".
@@ -80,61 +82,31 @@ class TailCalibrator:
     def decay(self) -> float:
         return 0.5 ** (1.0 / self.halflife)
 
-    def locate(self, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Histogram column of every (non-NaN) statistic and its fractional position in that bin."""
+    def _pass(self, groups: np.ndarray, d: np.ndarray, score: bool, add: bool) -> np.ndarray:
+        """One compiled pass over the batch (detectors/stat_kernels.calibrate_pass)."""
+        groups = np.ascontiguousarray(groups, dtype=np.int64)
+        d = np.ascontiguousarray(d, dtype=np.float64)
+        if groups.shape != d.shape or d.ndim != 1:
+            raise ValueError(f"groups {groups.shape} and statistics {d.shape} must be the same 1-d shape")
+        if len(groups) and (groups.min() < 0 or groups.max() >= self.n_groups):
+            raise ValueError(f"calibration groups must be in 0..{self.n_groups - 1}")
+        out = np.full(d.shape, np.nan)
         width = (self.hi - self.lo) / self.bins
-        with np.errstate(divide="ignore"):
-            u = (np.log(d) - self.lo) / width  # -inf for d == 0 -> underflow column
-        col = (np.minimum(np.maximum(np.floor(u), -1.0), float(self.bins)) + 1.0).astype(np.int64)
-        frac = np.where((col >= 1) & (col <= self.bins), u - (col - 1), 0.0)
-        return col, frac
-
-    def _score_located(self, g: np.ndarray, col: np.ndarray, frac: np.ndarray) -> np.ndarray:
-        h = self.hist[g, col]
-        # suffix[:, c] = weight in columns >= c; one extra zero column for "above the overflow"
-        suffix = np.zeros((self.hist.shape[0], self.bins + 3))
-        suffix[:, :-1] = np.cumsum(self.hist[:, ::-1], axis=1)[:, ::-1]
-        total = suffix[g, 0]
-        above = suffix[g, col + 1]
-        # inside a regular bin, the part of its weight above d; under/overflow bins count as >= d
-        regular = (col >= 1) & (col <= self.bins)
-        tail = above + np.where(regular, h * (1.0 - frac), h)
-        s = 1.0 - (tail + 1.0) / (total + 1.0)
-        return np.where(total >= self.min_weight, np.maximum(s, 0.0), np.nan)
-
-    def _add_located(self, g: np.ndarray, col: np.ndarray) -> None:
-        present = np.bincount(g, minlength=self.hist.shape[0]) > 0
-        self.hist[present] *= self.decay
-        flat = np.bincount(g * (self.bins + 2) + col, minlength=self.hist.size)
-        self.hist += flat.reshape(self.hist.shape)
+        calibrate_pass(self.hist, groups, d, self.lo, width, self.min_weight, self.decay, score, add, out)
+        return out
 
     def score(self, groups: np.ndarray, d: np.ndarray) -> np.ndarray:
         """Scores in [0, 1] of statistics ``d`` in ``groups`` against the past; NaN where ``d``
         is NaN or the group has less than ``min_weight`` of history. Changes nothing."""
-        out = np.full(d.shape, np.nan)
-        ok = ~np.isnan(d)
-        if ok.any():
-            col, frac = self.locate(d[ok])
-            out[ok] = self._score_located(groups[ok], col, frac)
-        return out
+        return self._pass(groups, d, True, False)
 
     def add(self, groups: np.ndarray, d: np.ndarray) -> None:
         """Decay the groups present in this tick once, then add the non-NaN statistics."""
-        ok = ~np.isnan(d)
-        if ok.any():
-            col, _ = self.locate(d[ok])
-            self._add_located(groups[ok], col)
+        self._pass(groups, d, False, True)
 
     def score_add(self, groups: np.ndarray, d: np.ndarray) -> np.ndarray:
-        """``score`` then ``add`` (the online order), locating the statistics once."""
-        out = np.full(d.shape, np.nan)
-        ok = ~np.isnan(d)
-        if ok.any():
-            g = groups[ok]
-            col, frac = self.locate(d[ok])
-            out[ok] = self._score_located(g, col, frac)
-            self._add_located(g, col)
-        return out
+        """``score`` then ``add`` (the online order) in one pass."""
+        return self._pass(groups, d, True, True)
 
     def nbytes(self) -> int:
         return int(self.hist.nbytes)

@@ -54,7 +54,7 @@ from typing import Literal
 import numpy as np
 
 from detectors.calibration import DEFAULT_BINS, DEFAULT_HI, DEFAULT_LO, ScalarTailCalibrator, TailCalibrator
-from detectors.peer_kernels import MAD_TO_SIGMA, sibling_z_pass
+from detectors.stat_kernels import MAD_TO_SIGMA, sibling_z_pass
 
 NAN = math.nan
 
@@ -127,7 +127,7 @@ def sibling_robust_z(x: np.ndarray, *, min_peers: int = 5, min_scale: float | np
     the peer group of ``x[m, :, s]`` is that row's G values of signal s (a sample's sibling GPUs).
     ``min_scale`` broadcasts against (M, G, S). The same numbers as fleet_robust_z with those
     groups, without its two global sorts: each small group is sorted on its own, in compiled
-    code (detectors/peer_kernels.py)."""
+    code (detectors/stat_kernels.py)."""
     x = np.asarray(x, dtype=np.float64)
     out = np.empty(x.shape)
     floor = np.broadcast_to(np.asarray(min_scale, dtype=np.float64), x.shape)

@@ -90,12 +90,12 @@ class NodeTask:
     def warm_up() -> None:
         """Load the compiled code the stage runs (the telemetry scanner, the counter and peer
         kernels) from numba's cache, compiling it first on a fresh install (~2 min on 2 cores)."""
-        from detectors import counter_kernels, peer_kernels
+        from detectors import counter_kernels, stat_kernels
         from fleetwatch import telemetry_scan
 
         telemetry_scan.warm_up()
         counter_kernels.warm_up()
-        peer_kernels.warm_up()
+        stat_kernels.warm_up()
 
     def process(self, topic: str, msgs: Sequence[Any] | TelemetryBatch) -> list[Output]:
         """Telemetry as dicts (evaluator, tests), fleetwatch.fast_schema structs, or already a

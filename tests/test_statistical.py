@@ -127,6 +127,91 @@ def test_scalar_and_vector_calibrators_agree() -> None:
         assert (math.isnan(a) and math.isnan(b)) or abs(a - b) < 1e-9
 
 
+class _NumpyTailCalibrator:
+    """TailCalibrator's definition in whole-array numpy (what it computed before its compiled
+    pass): suffix sums of the decayed histogram, the fraction of a regular bin above d, groups
+    decayed once per batch and then given their counts."""
+
+    def __init__(self, n_groups: int, halflife: float, min_weight: float) -> None:
+        self.ref = TailCalibrator(n_groups, halflife=halflife, min_weight=min_weight)
+        self.hist = self.ref.hist.copy()
+
+    def score_add(self, g: np.ndarray, d: np.ndarray, score: bool = True, add: bool = True) -> np.ndarray:
+        c = self.ref
+        out = np.full(d.shape, np.nan)
+        ok = ~np.isnan(d)
+        g, d = g[ok], d[ok]
+        with np.errstate(divide="ignore"):
+            u = (np.log(d) - c.lo) / ((c.hi - c.lo) / c.bins)
+        col = (np.minimum(np.maximum(np.floor(u), -1.0), float(c.bins)) + 1.0).astype(np.int64)
+        regular = (col >= 1) & (col <= c.bins)
+        if score:
+            suffix = np.zeros((self.hist.shape[0], c.bins + 3))
+            suffix[:, :-1] = np.cumsum(self.hist[:, ::-1], axis=1)[:, ::-1]
+            h, total, above = self.hist[g, col], suffix[g, 0], suffix[g, col + 1]
+            tail = above + np.where(regular, h * (1.0 - np.where(regular, u - (col - 1), 0.0)), h)
+            s = 1.0 - (tail + 1.0) / (total + 1.0)
+            out[ok] = np.where(total >= c.min_weight, np.maximum(s, 0.0), np.nan)
+        if add:
+            present = np.bincount(g, minlength=self.hist.shape[0]) > 0
+            self.hist[present] *= c.decay
+            self.hist += np.bincount(g * (c.bins + 2) + col, minlength=self.hist.size).reshape(
+                self.hist.shape
+            )
+        return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 4),  # calibration groups
+    st.lists(
+        st.tuples(
+            st.sampled_from(["score", "add", "score_add"]),
+            st.lists(
+                st.tuples(
+                    st.integers(0, 3),
+                    st.one_of(
+                        st.floats(0.0, 1e5),  # statistics are >= 0
+                        st.sampled_from([0.0, math.nan, math.inf, 1.0, 2.5]),  # ties, gaps, overflow
+                    ),
+                ),
+                max_size=40,
+            ),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+)
+def test_tail_calibrator_keeps_its_numpy_definition(n_groups: int, calls: list[Any]) -> None:
+    """The compiled pass holds the same histograms as the whole-array definition, and scores to
+    within a few ulps (its ln may round differently in the last bit)."""
+    cal = TailCalibrator(n_groups, halflife=5.0, min_weight=3.0)
+    ref = _NumpyTailCalibrator(n_groups, halflife=5.0, min_weight=3.0)
+    for kind, pairs in calls:
+        g = np.array([p[0] % n_groups for p in pairs], dtype=np.int64)
+        d = np.array([p[1] for p in pairs], dtype=np.float64)
+        if kind == "score":
+            got, want = cal.score(g, d), ref.score_add(g, d, add=False)
+        elif kind == "add":
+            cal.add(g, d)
+            got = want = ref.score_add(g, d, score=False)
+        else:
+            got, want = cal.score_add(g, d), ref.score_add(g, d)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(cal.hist, ref.hist)
+
+
+def test_tail_calibrator_refuses_unknown_groups_and_skips_negative_statistics() -> None:
+    cal = TailCalibrator(2, min_weight=0.0)
+    with pytest.raises(ValueError, match="calibration groups"):
+        cal.score_add(np.array([2]), np.array([1.0]))
+    with pytest.raises(ValueError, match="same 1-d shape"):
+        cal.score_add(np.array([0, 1]), np.array([1.0]))
+    before = cal.hist.copy()
+    assert np.isnan(cal.score_add(np.array([0]), np.array([-1.0]))).all()  # no column: unscored
+    np.testing.assert_array_equal(cal.hist, before)
+
+
 def test_fleet_score_finds_gpu_unlike_its_peers() -> None:
     rng = np.random.default_rng(9)
     n_gpu, t = 256, 1500

@@ -228,14 +228,17 @@ def test_stages_load_their_compiled_code_before_the_worker_joins(
 
     # In a fresh process (this one may have run the kernels already): nothing is loaded before.
     check = """
-from detectors import counter_kernels as k, peer_kernels
+from detectors import counter_kernels as k, stat_kernels
 from fleetwatch import telemetry_scan
 from pipeline import detect
 from pipeline.job_table import JobTable
-kernels = (telemetry_scan._scan, k.counter_pass, k.decay_pass, k.run_pass, peer_kernels.sibling_z_pass)
+kernels = (
+    telemetry_scan._scan, k.counter_pass, k.decay_pass, k.run_pass,
+    stat_kernels.sibling_z_pass, stat_kernels.calibrate_pass,
+)
 before = [bool(f.signatures) for f in kernels]
 next(s for s in detect.stages(JobTable()) if s.columnar_telemetry).warm_up()
 print(before, [bool(f.signatures) for f in kernels])
 """
     out = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.stdout.split("\n")[0] == f"{[False] * 5} {[True] * 5}", out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == f"{[False] * 6} {[True] * 6}", out.stderr[-2000:]
