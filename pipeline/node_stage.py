@@ -13,6 +13,7 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -102,15 +103,15 @@ class NodeTask:
         columnar batch (the worker's hot path, pipeline/telemetry_decode.py)."""
         if isinstance(msgs, TelemetryBatch):
             keep, prev_ts = self._fresh(msgs.nodes(), msgs.ts.tolist())
-            if not any(keep):
+            if not keep.any():
                 return []
-            batch = msgs if all(keep) else msgs.select(np.array(keep))
+            batch = msgs if keep.all() else msgs.select(keep)
         else:
             # dicts or structs
             names = [m["node"] if type(m) is dict else m.node for m in msgs]
             times = [m["ts"] if type(m) is dict else m.ts for m in msgs]
             keep, prev_ts = self._fresh(names, times)
-            fresh = [m for m, k in zip(msgs, keep, strict=True) if k]
+            fresh = list(compress(msgs, keep.tolist()))
             if not fresh:
                 return []
             batch = TelemetryBatch.from_any(fresh)
@@ -157,22 +158,31 @@ class NodeTask:
         """The partition moved away: stop exporting its nodes."""
         fleet_metrics.COLLECTOR.remove(self)
 
-    def _fresh(self, nodes: list[str], times: list[float]) -> tuple[list[bool], dict[str, float]]:
+    def _fresh(self, nodes: list[str], times: list[float]) -> tuple[np.ndarray, dict[str, float]]:
         """Which samples are new (the rest are duplicates or out of order, counted), and each of
         their nodes' latest sample time before this batch (for the silence detector; a node seen
         for the first time is absent)."""
         last = self.last_ts
-        keep = []
-        prev: dict[str, float] = {}
-        for node, ts in zip(nodes, times, strict=True):
-            old = last.get(node)
-            new = old is None or ts > old
-            if new:
-                if old is not None and node not in prev:
-                    prev[node] = old
-                last[node] = ts
-            keep.append(new)
-        stale = len(keep) - sum(keep)
+        if len(set(nodes)) == len(nodes):  # one sample per node, as a batch nearly always has
+            old = np.fromiter(map(last.get, nodes, repeat(np.nan)), dtype=np.float64, count=len(nodes))
+            ts = np.asarray(times, dtype=np.float64)
+            seen = ~np.isnan(old)
+            keep = ~seen | (ts > old)
+            prev = dict(zip(compress(nodes, (keep & seen).tolist()), old[keep & seen].tolist(), strict=True))
+            last.update(zip(compress(nodes, keep.tolist()), ts[keep].tolist(), strict=True))
+        else:  # a node twice or more: each sample against the latest before it
+            kept = []
+            prev = {}
+            for node, t in zip(nodes, times, strict=True):
+                before = last.get(node)
+                new = before is None or t > before
+                if new:
+                    if before is not None and node not in prev:
+                        prev[node] = before
+                    last[node] = t
+                kept.append(new)
+            keep = np.array(kept, dtype=bool)
+        stale = len(keep) - int(keep.sum())
         if stale:
             STALE.inc(stale)
         return keep, prev
