@@ -9,6 +9,8 @@ whole-array temporaries each (~3 us a message of the worker's CPU between them):
 - calibrate_pass: TailCalibrator's score-then-add over a batch (conformal tail scores against
   decayed log-histograms). Sums run in numpy's order (suffix sums right to left, counts added
   per bin), so the histograms hold the same numbers.
+- robust_pass: RobustScorer's tick over a batch's series (baseline, statistics, both
+  calibrators, their combination), elementwise the same operations as numpy's.
 
 Compiled once, cached by numba beside this file (warm_up()); release the GIL.
 """
@@ -128,10 +130,91 @@ def calibrate_pass(  # the histogram is updated in place; scores go to out (NaN-
                     hist[g, c] = hist[g, c] * decay + counts[g, c]
 
 
+@njit(cache=True, inline="always")
+def _maximum(a: float, b: float) -> float:  # np.maximum: NaN if either is
+    if math.isnan(a) or math.isnan(b):
+        return np.nan
+    return a if a >= b else b
+
+
+@njit(cache=True, inline="always")
+def _minimum(a: float, b: float) -> float:  # np.minimum: NaN if either is
+    if math.isnan(a) or math.isnan(b):
+        return np.nan
+    return a if a <= b else b
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def robust_pass(  # the scorer's arrays are updated in place; outputs are NaN-filled by the caller
+    ids: np.ndarray,
+    x: np.ndarray,
+    state: tuple,  # (n, level, scale, cusum_pos, cusum_neg, groups, min_scale (K,) or (1,))
+    params: tuple,  # (warmup, alpha, beta, clip, cusum_k)
+    calibration: tuple,  # (hist_point, hist_drift, lo, width, min_weight, decay)
+    z: np.ndarray,
+    point: np.ndarray,
+    drift: np.ndarray,
+    combined: np.ndarray,
+) -> None:
+    """RobustScorer's tick over the distinct series `ids` with values x (NaN: no sample): the
+    warm-up's running mean and mean absolute deviation, then the live statistics against the
+    baseline as it was and the guarded baseline update, the point and drift statistics scored
+    by their calibrators (calibrate_pass), and their Bonferroni combination."""
+    n, level, scale, cusum_pos, cusum_neg, groups, min_scale = state
+    warmup, alpha, beta, clip, cusum_k = params
+    hist_point, hist_drift, lo, width, min_weight, decay = calibration
+    k = len(ids)
+    d_point = np.full(k, np.nan)
+    d_drift = np.full(k, np.nan)
+    g = np.empty(k, dtype=np.int64)
+    for j in range(k):
+        i = ids[j]
+        g[j] = groups[i]
+        v = x[j]
+        if math.isnan(v):
+            continue
+        if n[i] < warmup:
+            c = float(n[i])
+            if c == 0.0:
+                level[i] = v
+                scale[i] = 0.0
+            else:
+                e = v - level[i]
+                level[i] = level[i] + e / (c + 1.0)
+                scale[i] = scale[i] + (abs(e) - scale[i]) / c
+        else:
+            s_eff = _maximum(scale[i], min_scale[i] if len(min_scale) > 1 else min_scale[0])
+            zi = (v - level[i]) / s_eff
+            zc = _minimum(_maximum(zi, -clip), clip)
+            cp = _maximum(0.0, cusum_pos[i] + zc - cusum_k)
+            cn = _maximum(0.0, cusum_neg[i] - zc - cusum_k)
+            cusum_pos[i] = cp
+            cusum_neg[i] = cn
+            # clipped update: an anomaly moves the baseline by at most alpha * clip scales per tick
+            ec = zc * s_eff
+            level[i] += alpha * ec
+            scale[i] += beta * (abs(ec) - scale[i])
+            z[j] = zi
+            d_point[j] = abs(zi)
+            d_drift[j] = _maximum(cp, cn)
+        n[i] += 1
+    calibrate_pass(hist_point, g, d_point, lo, width, min_weight, decay, True, True, point)
+    calibrate_pass(hist_drift, g, d_drift, lo, width, min_weight, decay, True, True, drift)
+    for j in range(k):
+        m = 0
+        best = 0.0
+        for p in (point[j], drift[j]):
+            if not math.isnan(p):
+                m += 1
+                best = p if p > best else best
+        if m:
+            combined[j] = 1.0 - min(1.0, m * (1.0 - best))
+
+
 def warm_up() -> None:
-    """Load the kernels from numba's cache, compiling them first if there is none (~10 s)."""
+    """Load the kernels from numba's cache, compiling them first if there is none (~20 s)."""
     x = np.ones((1, 1, 1))
     sibling_z_pass(x, np.broadcast_to(np.zeros(1), x.shape), 1, np.empty_like(x))
-    from detectors.calibration import TailCalibrator
+    from detectors.statistical import RobustScorer
 
-    TailCalibrator(1).score_add(np.zeros(1, dtype=np.int64), np.ones(1))
+    RobustScorer(1).update_ids(np.zeros(1, dtype=np.int64), np.ones(1))  # robust_pass, calibrate_pass

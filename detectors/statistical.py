@@ -4,7 +4,7 @@ One ``RobustScorer`` holds K parallel series (in production K = nodes x GPUs x s
 16,384 x 8 x 8 = 1M) as numpy arrays of shape (K,) and is fed one tick at a time: ``update(x)``
 with ``x`` of shape (K,), NaN = missing (no update, no score for that series).
 
-Per series (all vectorised, O(K) per tick):
+Per series (one compiled pass over the series of a tick or batch, detectors/stat_kernels.py):
 - *baseline*: an EWMA of the level (``alpha``) and an EW mean absolute deviation as the scale
   (``beta``); the first ``warmup`` samples only build the baseline (plain running mean / mean
   absolute deviation, no score).
@@ -16,7 +16,7 @@ Per series (all vectorised, O(K) per tick):
   clipped ``z`` with allowance ``cusum_k``: it grows on a sustained one-sided deviation such as a
   ramp or a small shift that a point test misses, and a single spike adds at most ``clip``.
   river's ADWIN/PageHinkley are per-value Python calls (~µs each) and do not belong in a loop
-  over 1M series; this CUSUM is the same idea in three array operations.
+  over 1M series; this CUSUM is the same idea in a few operations per value.
 - *fleet statistic* (optional, ``peer_groups``): robust z of the value against the median/MAD of
   its peers at the same tick (e.g. all GPUs' power draw within one job): a GPU unlike its peers
   right now, whatever its own history says. ``fleet_robust_z`` does this for any grouping.
@@ -54,7 +54,7 @@ from typing import Literal
 import numpy as np
 
 from detectors.calibration import DEFAULT_BINS, DEFAULT_HI, DEFAULT_LO, ScalarTailCalibrator, TailCalibrator
-from detectors.stat_kernels import MAD_TO_SIGMA, sibling_z_pass
+from detectors.stat_kernels import MAD_TO_SIGMA, robust_pass, sibling_z_pass
 
 NAN = math.nan
 
@@ -218,61 +218,35 @@ class RobustScorer:
         x = np.asarray(x, dtype=np.float64)
         if x.shape != (self.k,):
             raise ValueError(f"expected shape ({self.k},), got {x.shape}")
-        valid = ~np.isnan(x)
-        warm = valid & (self.n < self.warmup)
-        live = valid & ~warm
-
         fleet = np.full(self.k, NAN)
         if self.peer_groups is not None:
             zf = fleet_robust_z(x, self.peer_groups, min_peers=self.min_peers, min_scale=self.min_scale)
             df = np.abs(zf)
             fleet = self.cal_fleet.score_add(self.groups, df)
+        ids = np.flatnonzero(~np.isnan(x))
+        z, point, drift = np.full(self.k, NAN), np.full(self.k, NAN), np.full(self.k, NAN)
+        z[ids], point[ids], drift[ids], combined = self._pass(ids, x[ids])
+        if self.peer_groups is None:
+            score = np.full(self.k, NAN)
+            score[ids] = combined
+        else:
+            score = _combine(point, drift, fleet)
+        return ScoreBreakdown(score, point, drift, fleet, z)
 
-        self._warm_update(x, warm)
-        z, d_point, d_drift = self._live_update(x, live)
-        point = self.cal_point.score_add(self.groups, d_point)
-        drift = self.cal_drift.score_add(self.groups, d_drift)
-        self.n[valid] += 1
-        return ScoreBreakdown(_combine(point, drift, fleet), point, drift, fleet, z)
-
-    def _warm_update(self, x: np.ndarray, warm: np.ndarray) -> None:
-        """Running mean and mean absolute deviation over the first ``warmup`` samples."""
-        if warm.any():
-            i = np.flatnonzero(warm)
-            self._warm_at(i, x[i])
-
-    def _warm_at(self, i: np.ndarray, xi: np.ndarray) -> None:
-        n = self.n[i].astype(np.float64)
-        first = n == 0
-        e = np.where(first, 0.0, xi - self.level[i])
-        self.level[i] = np.where(first, xi, self.level[i] + e / (n + 1.0))
-        self.scale[i] = np.where(first, 0.0, self.scale[i] + (np.abs(e) - self.scale[i]) / np.maximum(n, 1.0))
-
-    def _live_update(self, x: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Statistics against the baseline as it was, then the guarded baseline update."""
-        z = np.full(self.k, NAN)
-        d_point = np.full(self.k, NAN)
-        d_drift = np.full(self.k, NAN)
-        if not live.any():
-            return z, d_point, d_drift
-        i = np.flatnonzero(live)
-        z[i], d_point[i], d_drift[i] = self._live_at(i, x[i])
-        return z, d_point, d_drift
-
-    def _live_at(self, i: np.ndarray, xi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        floor = self.min_scale[i] if isinstance(self.min_scale, np.ndarray) else self.min_scale
-        s_eff = np.maximum(self.scale[i], floor)
-        e = xi - self.level[i]
-        zi = e / s_eff
-        zc = np.minimum(np.maximum(zi, -self.clip), self.clip)
-        cp = np.maximum(0.0, self.cusum_pos[i] + zc - self.cusum_k)
-        cn = np.maximum(0.0, self.cusum_neg[i] - zc - self.cusum_k)
-        self.cusum_pos[i], self.cusum_neg[i] = cp, cn
-        # clipped update: an anomaly moves the baseline by at most alpha * clip scales per tick
-        ec = zc * s_eff
-        self.level[i] += self.alpha * ec
-        self.scale[i] += self.beta * (np.abs(ec) - self.scale[i])
-        return zi, np.abs(zi), np.maximum(cp, cn)
+    def _pass(self, ids: np.ndarray, xv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(z, point, drift, combined) of the distinct series ``ids`` at values ``xv``, the state
+        updated: warm-up, live statistics and the guarded baseline, calibration (one compiled
+        pass, detectors/stat_kernels.robust_pass)."""
+        k = len(ids)
+        z, point, drift, combined = (np.full(k, NAN) for _ in range(4))
+        floor = np.asarray(self.min_scale, dtype=np.float64).reshape(-1)
+        state = (self.n, self.level, self.scale, self.cusum_pos, self.cusum_neg, self.groups, floor)
+        params = (self.warmup, self.alpha, self.beta, self.clip, self.cusum_k)
+        cp, cd = self.cal_point, self.cal_drift
+        width = (cp.hi - cp.lo) / cp.bins
+        calibration = (cp.hist, cd.hist, cp.lo, width, cp.min_weight, cp.decay)
+        robust_pass(ids, xv, state, params, calibration, z, point, drift, combined)
+        return z, point, drift, combined
 
     def update_ids(self, ids: np.ndarray, xv: np.ndarray) -> np.ndarray:
         """``update`` with x NaN everywhere but at the (unique) series ``ids``, in O(len(ids))
@@ -281,21 +255,13 @@ class RobustScorer:
         whole tick)."""
         if self.peer_groups is not None:
             raise ValueError("update_ids cannot compute the fleet statistic; use update()")
-        ids = np.asarray(ids, dtype=np.int64)
-        xv = np.asarray(xv, dtype=np.float64)
-        out = np.full(len(ids), NAN)
-        valid = ~np.isnan(xv)
-        iv, xs = ids[valid], xv[valid]
-        warm = self.n[iv] < self.warmup
-        self._warm_at(iv[warm], xs[warm])
-        li = iv[~warm]
-        _z, d_point, d_drift = self._live_at(li, xs[~warm])
-        g = self.groups[li]
-        combined = np.full(len(iv), NAN)
-        combined[~warm] = _combine(self.cal_point.score_add(g, d_point), self.cal_drift.score_add(g, d_drift))
-        self.n[iv] += 1
-        out[valid] = combined
-        return out
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        xv = np.ascontiguousarray(xv, dtype=np.float64)
+        if ids.shape != xv.shape or ids.ndim != 1:
+            raise ValueError(f"ids {ids.shape} and values {xv.shape} must be the same 1-d shape")
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.k):
+            raise ValueError(f"series ids must be in 0..{self.k - 1}")
+        return self._pass(ids, xv)[3]
 
     # -- state ------------------------------------------------------------------------------
     def to_state(self) -> dict[str, np.ndarray]:

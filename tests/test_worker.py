@@ -234,11 +234,11 @@ from pipeline import detect
 from pipeline.job_table import JobTable
 kernels = (
     telemetry_scan._scan, k.counter_pass, k.decay_pass, k.run_pass,
-    stat_kernels.sibling_z_pass, stat_kernels.calibrate_pass,
+    stat_kernels.sibling_z_pass, stat_kernels.calibrate_pass, stat_kernels.robust_pass,
 )
 before = [bool(f.signatures) for f in kernels]
 next(s for s in detect.stages(JobTable()) if s.columnar_telemetry).warm_up()
 print(before, [bool(f.signatures) for f in kernels])
 """
     out = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.stdout.split("\n")[0] == f"{[False] * 6} {[True] * 6}", out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == f"{[False] * 7} {[True] * 7}", out.stderr[-2000:]
