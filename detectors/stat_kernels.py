@@ -215,6 +215,9 @@ def warm_up() -> None:
     """Load the kernels from numba's cache, compiling them first if there is none (~20 s)."""
     x = np.ones((1, 1, 1))
     sibling_z_pass(x, np.broadcast_to(np.zeros(1), x.shape), 1, np.empty_like(x))
+    from detectors.calibration import TailCalibrator
     from detectors.statistical import RobustScorer
 
-    RobustScorer(1).update_ids(np.zeros(1, dtype=np.int64), np.ones(1))  # robust_pass, calibrate_pass
+    one = np.zeros(1, dtype=np.int64)
+    RobustScorer(1).update_ids(one, np.ones(1))
+    TailCalibrator(1).score_add(one, np.ones(1))  # alone too: inside robust_pass it is compiled inline
