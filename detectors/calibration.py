@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from detectors.stat_kernels import calibrate_pass
+from detectors.stat_kernels import calibrate_pass, indexed_values
 
 # ln(d) range of the histogram: d is in units of the series' own scale, so e^-5 (0.007 scales)
 # up to e^9 (8100 scales) covers every deviation worth telling apart; beyond it is "huge".
@@ -84,12 +84,7 @@ class TailCalibrator:
 
     def _pass(self, groups: np.ndarray, d: np.ndarray, score: bool, add: bool) -> np.ndarray:
         """One compiled pass over the batch (detectors/stat_kernels.calibrate_pass)."""
-        groups = np.ascontiguousarray(groups, dtype=np.int64)
-        d = np.ascontiguousarray(d, dtype=np.float64)
-        if groups.shape != d.shape or d.ndim != 1:
-            raise ValueError(f"groups {groups.shape} and statistics {d.shape} must be the same 1-d shape")
-        if len(groups) and (groups.min() < 0 or groups.max() >= self.n_groups):
-            raise ValueError(f"calibration groups must be in 0..{self.n_groups - 1}")
+        groups, d = indexed_values(groups, d, self.n_groups, "calibration groups")
         out = np.full(d.shape, np.nan)
         width = (self.hi - self.lo) / self.bins
         calibrate_pass(self.hist, groups, d, self.lo, width, self.min_weight, self.decay, score, add, out)

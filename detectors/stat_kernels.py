@@ -25,6 +25,20 @@ from numba import njit
 MAD_TO_SIGMA = 1.4826  # the MAD of a normal distribution is 0.6745 sigma
 
 
+def indexed_values(
+    index: np.ndarray, values: np.ndarray, size: int, what: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """index and values as the kernels take them: C-contiguous int64 and float64 of one 1-d
+    shape, every index in 0..size - 1 (a compiled loop does not check its bounds)."""
+    index = np.ascontiguousarray(index, dtype=np.int64)
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    if index.shape != values.shape or index.ndim != 1:
+        raise ValueError(f"{what} {index.shape} and values {values.shape} must be the same 1-d shape")
+    if len(index) and (index.min() < 0 or index.max() >= size):
+        raise ValueError(f"{what} must be in 0..{size - 1}")
+    return index, values
+
+
 @njit(cache=True, inline="always")
 def _sort_prefix(a: np.ndarray, n: int) -> None:
     for i in range(1, n):

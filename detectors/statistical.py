@@ -54,7 +54,7 @@ from typing import Literal
 import numpy as np
 
 from detectors.calibration import DEFAULT_BINS, DEFAULT_HI, DEFAULT_LO, ScalarTailCalibrator, TailCalibrator
-from detectors.stat_kernels import MAD_TO_SIGMA, robust_pass, sibling_z_pass
+from detectors.stat_kernels import MAD_TO_SIGMA, indexed_values, robust_pass, sibling_z_pass
 
 NAN = math.nan
 
@@ -255,13 +255,7 @@ class RobustScorer:
         whole tick)."""
         if self.peer_groups is not None:
             raise ValueError("update_ids cannot compute the fleet statistic; use update()")
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        xv = np.ascontiguousarray(xv, dtype=np.float64)
-        if ids.shape != xv.shape or ids.ndim != 1:
-            raise ValueError(f"ids {ids.shape} and values {xv.shape} must be the same 1-d shape")
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.k):
-            raise ValueError(f"series ids must be in 0..{self.k - 1}")
-        return self._pass(ids, xv)[3]
+        return self._pass(*indexed_values(ids, xv, self.k, "series ids"))[3]
 
     # -- state ------------------------------------------------------------------------------
     def to_state(self) -> dict[str, np.ndarray]:

@@ -212,6 +212,15 @@ def test_tail_calibrator_refuses_unknown_groups_and_skips_negative_statistics() 
     np.testing.assert_array_equal(cal.hist, before)
 
 
+def test_update_ids_refuses_series_outside_the_scorer() -> None:
+    sc = RobustScorer(4)
+    with pytest.raises(ValueError, match=r"series ids must be in 0\.\.3"):
+        sc.update_ids(np.array([4]), np.array([1.0]))
+    with pytest.raises(ValueError, match="same 1-d shape"):
+        sc.update_ids(np.array([0, 1]), np.array([1.0]))
+    assert (sc.n == 0).all()  # nothing was applied
+
+
 def test_fleet_score_finds_gpu_unlike_its_peers() -> None:
     rng = np.random.default_rng(9)
     n_gpu, t = 256, 1500
