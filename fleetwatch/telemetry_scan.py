@@ -247,7 +247,8 @@ def _number(buf, i, e):  # type: ignore[no-untyped-def]
 
 # Every numeric field of a GPU, host or port object (~9 in 10 of a message's values) goes through
 # inlined copies of _number, _member_of and _next (the same code): a call each cost ~25% of the
-# scanner's time. Inlining them everywhere would triple the time numba takes to compile this.
+# scanner's time. They are inlined there only: numba then compiles this in ~1.5 min (~15 s with
+# no inlining); at every call site it took ~2 min for ~0.2 us a message more.
 _number_inline = njit(cache=True, _nrt=False, inline="always")(_number.py_func)
 
 _MAX_GPUS = s.MAX_GPUS
