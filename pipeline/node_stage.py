@@ -89,7 +89,7 @@ class NodeTask:
 
     @staticmethod
     def warm_up() -> None:
-        """Load the compiled code the stage runs (the telemetry scanner, the counter and peer
+        """Load the compiled code the stage runs (the telemetry scanner, the counter and statistical
         kernels) from numba's cache, compiling it first on a fresh install (~2 min on 2 cores)."""
         from detectors import counter_kernels, stat_kernels
         from fleetwatch import telemetry_scan
@@ -168,7 +168,8 @@ class NodeTask:
             ts = np.asarray(times, dtype=np.float64)
             seen = ~np.isnan(old)
             keep = ~seen | (ts > old)
-            prev = dict(zip(compress(nodes, (keep & seen).tolist()), old[keep & seen].tolist(), strict=True))
+            again = keep & seen  # kept, and seen before: their previous time goes to `prev`
+            prev = dict(zip(compress(nodes, again.tolist()), old[again].tolist(), strict=True))
             last.update(zip(compress(nodes, keep.tolist()), ts[keep].tolist(), strict=True))
         else:  # a node twice or more: each sample against the latest before it
             kept = []

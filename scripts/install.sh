@@ -22,8 +22,9 @@ if ((${#missing[@]})); then
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
-# Compile the telemetry scanner and the counter kernels once (numba caches them beside their
-# source: ~30 s on a fresh clone, ~1 s after), rather than in the first detect worker or test.
+# Compile the telemetry scanner and the counter and statistical kernels once (numba caches them
+# beside their source: ~2 min on a fresh clone, ~1 s after), rather than in the first detect
+# worker or test.
 python3 -c "from pipeline.node_stage import NodeTask; NodeTask.warm_up()"
 bash services/kafka/kafka.sh fetch
 # Dashboard and compose checks (tests/test_dashboards.py, tests/test_compose.py): Node.js for the
