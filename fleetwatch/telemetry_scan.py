@@ -925,10 +925,13 @@ def scan(raws: list[bytes]) -> Scan:
     """Scan raw telemetry/1 messages; those not in `taken` are left to fast_schema."""
     lens = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
     ends = np.cumsum(lens)
-    starts = ends - lens
-    joined = b"".join(raws)
-    buf = np.frombuffer(joined, dtype=np.uint8)
-    n = len(raws)
+    return scan_spans(np.frombuffer(b"".join(raws), dtype=np.uint8), ends - lens, ends)
+
+
+def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
+    """scan() of the messages buf[starts[k]:ends[k]] (buf: read-only uint8, the flavour numba's
+    cached build takes; starts and ends: int64). `taken` indexes these spans."""
+    n = len(starts)
     cap_e, cap_p, cap_x = 8 * n + 16, 8 * n + 16, n + 16
     while True:
         taken = np.empty(n, dtype=np.int64)
@@ -964,7 +967,7 @@ def scan(raws: list[bytes]) -> Scan:
     state_codes, state_reps = _intern(buf, state_spans)
 
     def text(a: int, b: int) -> str:
-        return joined[a:b].decode("ascii")
+        return buf[a:b].tobytes().decode("ascii")
 
     # a node name is 1-253 of [A-Za-z0-9._:-] (_name_ok): never empty, never a newline
     node_names = _joined(buf, node_ab[node_reps]).tobytes().decode("ascii").split("\n") if m else []

@@ -16,31 +16,36 @@ import numpy as np
 
 from detectors.batch import TelemetryBatch
 from fleetwatch import schemas, telemetry_scan
+from fleetwatch.record_blocks import RecordBlock
 
 
 def decode_telemetry(
-    raws: Sequence[bytes | None],
+    records: RecordBlock | Sequence[bytes | None],
     *,
     now: float,
     max_skew_s: float | None,
     max_bytes: int = schemas.MAX_MESSAGE_BYTES,
 ) -> tuple[TelemetryBatch | list[Any], list[tuple[int, schemas.MessageError]]]:
     """(the valid messages: a TelemetryBatch, or a list of decoded messages; [(index, error)] of
-    the rest), the same messages and errors as schemas.decode_batch(..., struct=True)."""
-    if None not in raws and max(map(len, raws), default=0) <= max_bytes:  # type: ignore[arg-type]
-        offered = np.arange(len(raws))
-        sc = telemetry_scan.scan(raws)  # type: ignore[arg-type]
-    else:  # tombstones and oversized values: left to the decoders, which name them
-        usable = [i for i, r in enumerate(raws) if r is not None and len(r) <= max_bytes]
-        offered = np.array(usable, dtype=np.int64)
-        sc = telemetry_scan.scan([raws[i] for i in usable])  # type: ignore[misc]
+    the rest), the same messages and errors as schemas.decode_batch(..., struct=True) of the
+    records' values."""
+    block = records if isinstance(records, RecordBlock) else RecordBlock.from_values(records)
+    n = len(block)
+    # tombstones and oversized values are left to the decoders, which name them
+    usable = (block.starts >= 0) & (block.ends - block.starts <= max_bytes)
+    if usable.all():
+        offered = np.arange(n)
+        sc = telemetry_scan.scan_spans(block.buf, block.starts, block.ends)
+    else:
+        offered = np.flatnonzero(usable)
+        sc = telemetry_scan.scan_spans(block.buf, block.starts[offered], block.ends[offered])
     keep = np.ones(len(sc.ts), dtype=bool) if max_skew_s is None else np.abs(sc.ts - now) <= max_skew_s
     taken = offered[sc.taken[keep]]
     bad: list[tuple[int, schemas.MessageError]] = []
-    if len(taken) < len(raws):
-        left = np.setdiff1d(np.arange(len(raws)), taken, assume_unique=True).tolist()
+    if len(taken) < n:
+        left = np.setdiff1d(np.arange(n), taken, assume_unique=True).tolist()
         ok, refused = schemas.decode_batch(
-            [raws[i] for i in left],
+            [block.value(i) for i in left],
             schemas.TELEMETRY,
             now=now,
             max_skew_s=max_skew_s,
@@ -48,8 +53,9 @@ def decode_telemetry(
             struct=True,
         )
         if ok:
+            values = block.values()
             return schemas.decode_batch(
-                raws, schemas.TELEMETRY, now=now, max_skew_s=max_skew_s, max_bytes=max_bytes, struct=True
+                values, schemas.TELEMETRY, now=now, max_skew_s=max_skew_s, max_bytes=max_bytes, struct=True
             )
         bad = [(left[j], e) for j, e in refused]
     if not len(taken):

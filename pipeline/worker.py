@@ -24,7 +24,7 @@ from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter, Gauge, Histogram
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import kafka_io, record_blocks, schemas, topics
 from fleetwatch.runtime import StopFlag, gc_paused
 from pipeline import fleet_metrics
 from pipeline.deadletter import send_deadletter
@@ -111,7 +111,8 @@ class Worker(ConsumerRebalanceListener):
         for name in self.stages:
             for reason in LOST_REASONS:
                 STATE_LOST.labels(group, name, reason)
-        for stage in stages:  # before joining the group (Stage.warm_up)
+        record_blocks.warm_up()  # before joining the group, as Stage.warm_up
+        for stage in stages:
             if stage.warm_up is not None:
                 stage.warm_up()
         self.producer = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
@@ -127,6 +128,8 @@ class Worker(ConsumerRebalanceListener):
             # is 45 s); heartbeats go every 3 s.
             session_timeout_ms=session_timeout_ms,
         )
+        # poll() returns each partition's plain records as one block, parsed in one compiled pass
+        record_blocks.install(self.consumer)
         kafka_io.subscribe_with_metadata(self.consumer, sorted(self.topic_stage), listener=self)
 
     # ------------------------------------------------------------ rebalance
@@ -273,23 +276,23 @@ class Worker(ConsumerRebalanceListener):
             task = self.tasks.get(self._task_key(tp))
             if task is None:  # revoked between fetch and now
                 continue
-            values = [r.value for r in records]
+            block = record_blocks.gather(records)
             if stage.columnar_telemetry and stage.schemas[tp.topic] == schemas.TELEMETRY:
                 from pipeline.telemetry_decode import decode_telemetry  # numba: only where used
 
-                msgs, bad = decode_telemetry(values, now=now, max_skew_s=stage.max_skew_s)
+                msgs, bad = decode_telemetry(block, now=now, max_skew_s=stage.max_skew_s)
             else:
                 msgs, bad = schemas.decode_batch(
-                    values, stage.schemas[tp.topic], now=now, max_skew_s=stage.max_skew_s
+                    block.values(), stage.schemas[tp.topic], now=now, max_skew_s=stage.max_skew_s
                 )
             for i, e in bad:
                 REJECTED.labels(self.group, tp.topic, e.reason).inc()
                 send_deadletter(
                     out,
-                    records[i].value,
+                    block.value(i),
                     e.reason,
                     e.detail,
-                    f"{tp.topic}:{tp.partition}:{records[i].offset}",
+                    f"{tp.topic}:{tp.partition}:{block.offsets[i]}",
                     tp.topic,
                 )
             outputs = task.process(tp.topic, msgs)
@@ -299,14 +302,15 @@ class Worker(ConsumerRebalanceListener):
             fleet_metrics.count_findings([m for t, _k, m in outputs if t == topics.FINDINGS], time.time())
             if tp.topic == topics.TELEMETRY:
                 fleet_metrics.SAMPLES.inc(len(msgs))
+            last = int(block.offsets[-1])
             high = self.consumer.highwater(tp)
             if high is not None:
                 fleet_metrics.CONSUMER_LAG.labels(self.group, tp.topic, str(tp.partition)).set(
-                    max(0, high - records[-1].offset - 1)
+                    max(0, high - last - 1)
                 )
-            CONSUMED.labels(self.group, tp.topic).inc(len(records))
-            self.offsets[tp] = records[-1].offset + 1
-            handled += len(records)
+            CONSUMED.labels(self.group, tp.topic).inc(len(block))
+            self.offsets[tp] = last + 1
+            handled += len(block)
         self._deliver(out.items)
         # Asynchronous: a synchronous commit is a coordinator round trip per batch (~10 us a
         # message here). Outputs are already acknowledged, so a commit that is lost (crash, failure)

@@ -20,7 +20,7 @@ import pytest
 from kafka import KafkaProducer
 from prometheus_client import REGISTRY
 
-from fleetwatch import kafka_io, schemas
+from fleetwatch import kafka_io, record_blocks, schemas
 from fleetwatch.runtime import StopFlag
 from pipeline.tasks import Output, Stage
 from pipeline.worker import Worker
@@ -211,20 +211,24 @@ def test_stages_load_their_compiled_code_before_the_worker_joins(
     kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A compile (or a cache load) inside the first batch would hold up the member's partitions:
-    Stage.warm_up runs before the consumer that joins the group exists. The detect stage's
-    warm_up leaves the scanner and the counter kernels compiled."""
+    the record-block reader and Stage.warm_up are loaded before the consumer that joins the group
+    exists, and the consumer reads blocks (fleetwatch/record_blocks.py). The detect stage's
+    warm_up leaves the scanner, the counter and the statistical kernels compiled."""
     events: list[str] = []
     make_consumer = kafka_io.make_consumer
+    blocks_warm_up, install = record_blocks.warm_up, record_blocks.install
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         events.append("consumer")
         return make_consumer(*args, **kwargs)
 
     monkeypatch.setattr(kafka_io, "make_consumer", recording)
+    monkeypatch.setattr(record_blocks, "warm_up", lambda: events.append("blocks") or blocks_warm_up())
+    monkeypatch.setattr(record_blocks, "install", lambda c: events.append(f"installed {install(c)}"))
     in_topic, out_topic, group, stage = _names()
     counting = replace(_stage(stage, in_topic, out_topic), warm_up=lambda: events.append("warm_up"))
     Worker(kafka_bootstrap, group, [counting], snapshot_every_s=3600).close()
-    assert events == ["warm_up", "consumer"]
+    assert events == ["blocks", "warm_up", "consumer", "installed True"]
 
     # In a fresh process (this one may have run the kernels already): nothing is loaded before.
     check = """

@@ -1,0 +1,297 @@
+"""A worker's fetched records as one block of spans, parsed by a compiled pass, not record by record.
+
+kafka-python turns each record of a fetch into a Python object (~7 us a 5 KB record, a third of
+what a detect worker spends on it: benchmarks/README.md). The worker needs only each record's
+offset and value, and its telemetry scanner reads values straight from a byte buffer. So for the
+worker's consumer, install() swaps in a partition reader that checks every batch's CRC-32C (in C,
+as kafka-python does) and returns the fetched bytes with (offset, value start, value end) arrays:
+a RecordBlock. kafka-python still does everything else (connections, fetch sessions, the group,
+positions, leader epochs, commits).
+
+Only plain data is read this way: message-format v2 batches, uncompressed, not control batches,
+without record headers, at isolation level read_uncommitted, with no deserializers. From the
+first batch that is anything else or does not parse (a bad CRC, a truncated record) to the end
+of the fetch, kafka-python's own reader reads on, returning ConsumerRecords or raising its usual
+error; gather() turns what poll() returns for a partition into one block.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from kafka.consumer.fetcher import Fetcher
+from kafka.record.memory_records import MemoryRecords
+from kafka.record.util import calc_crc32c
+from numba import njit
+
+log = logging.getLogger(__name__)
+
+_HEADER = 61  # bytes of a v2 batch header: base offset .. record count
+_CRC_FROM = 21  # the CRC covers the batch from its attributes on
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RecordBlock:
+    """Records of one partition in offset order: record k's value is buf[starts[k]:ends[k]]
+    (starts[k] = -1: a null value, a tombstone). buf is read-only."""
+
+    buf: np.ndarray  # uint8
+    offsets: np.ndarray  # int64
+    starts: np.ndarray  # int64
+    ends: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def value(self, k: int) -> bytes | None:
+        a = int(self.starts[k])
+        return None if a < 0 else self.buf[a : int(self.ends[k])].tobytes()
+
+    def values(self) -> list[bytes | None]:
+        return [self.value(k) for k in range(len(self))]
+
+    @classmethod
+    def from_values(cls, values: Sequence[bytes | None], offsets: Sequence[int] | None = None) -> RecordBlock:
+        """A block holding copies of `values` (offsets 0.. unless given)."""
+        lens = np.fromiter((-1 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
+        ends = np.cumsum(np.maximum(lens, 0))
+        starts = np.where(lens < 0, -1, ends - np.maximum(lens, 0))
+        buf = _read_only(np.frombuffer(b"".join(v for v in values if v is not None), dtype=np.uint8))
+        if offsets is None:
+            return cls(buf, np.arange(len(values), dtype=np.int64), starts, ends)
+        return cls(buf, np.asarray(offsets, dtype=np.int64), starts, ends)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    # numba compiles one copy of a kernel per array flavour: every block is read-only, so the
+    # scanner's cached read-only build serves them all (a writable one would be a ~1.5 min compile).
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def gather(items: Sequence[Any]) -> RecordBlock:
+    """One block from what poll() returned for a partition: RecordBlocks, kafka-python
+    ConsumerRecords (a fetch its own reader took), or a mix, in order."""
+    if len(items) == 1 and type(items[0]) is RecordBlock:
+        return items[0]
+    values: list[bytes | None] = []
+    offsets: list[int] = []
+    for item in items:
+        if type(item) is RecordBlock:
+            values += item.values()
+            offsets += item.offsets.tolist()
+        else:
+            values.append(item.value)
+            offsets.append(item.offset)
+    return RecordBlock.from_values(values, offsets)
+
+
+# ---------------------------------------------------------------- the compiled reader
+
+
+@njit(cache=True, nogil=True)
+def _varint(buf, pos, end):  # type: ignore[no-untyped-def]
+    """Kafka's zig-zag varint at buf[pos:end]: (value, next pos); next pos -1 when it runs past end
+    or past 64 bits."""
+    shift = 0
+    raw = 0
+    while pos < end and shift < 70:
+        b = buf[pos]
+        pos += 1
+        if shift == 63 and b > 1:  # past 64 bits (kafka-python reads these as Python ints)
+            return 0, -1
+        raw |= (np.int64(b) & 0x7F) << shift
+        if b < 0x80:
+            return (raw >> 1) ^ -(raw & 1), pos
+        shift += 7
+    return 0, -1
+
+
+@njit(cache=True, nogil=True)
+def _be(buf, pos, size):  # type: ignore[no-untyped-def]
+    """The signed big-endian integer of `size` bytes at buf[pos]."""
+    v = np.int64(0)
+    for j in range(size):
+        v = (v << 8) | np.int64(buf[pos + j])
+    bits = 8 * size
+    if bits < 64 and v >= (np.int64(1) << (bits - 1)):
+        v -= np.int64(1) << bits
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _parse(buf, fetch_offset):  # type: ignore[no-untyped-def]
+    """The leading run of plain batches in buf that parse (CRCs aside): up to the first batch that
+    is not plain (v2, uncompressed, not control, no record headers), does not parse, or is not
+    complete (a fetch may end in part of one). Returns (offsets, starts, ends of its records;
+    one row per batch: stored CRC, CRC span from, to (the batch's end), next fetch offset, leader
+    epoch, index of its first record)."""
+    n = len(buf)
+    # pass 1: the complete batches that may be plain, and the records they declare
+    nb = 0
+    total = 0
+    pos = 0
+    while n - pos >= 12:
+        size = 12 + _be(buf, pos + 8, 4)
+        if size > n - pos or size < _HEADER or buf[pos + 16] != 2:
+            break
+        attributes = _be(buf, pos + 21, 2)
+        count = _be(buf, pos + 57, 4)
+        if attributes & 0x07 or attributes & 0x20 or count < 0:  # compressed, control, corrupt
+            break
+        total += count
+        nb += 1
+        pos += size
+    offsets = np.empty(total, dtype=np.int64)
+    starts = np.empty(total, dtype=np.int64)
+    ends = np.empty(total, dtype=np.int64)
+    table = np.empty((nb, 6), dtype=np.int64)
+    m = 0
+    pos = 0
+    for b in range(nb):
+        end = pos + 12 + _be(buf, pos + 8, 4)
+        base = _be(buf, pos, 8)
+        first = m
+        p = pos + _HEADER
+        for _ in range(_be(buf, pos + 57, 4)):
+            length, p = _varint(buf, p, end)
+            if p < 0 or length < 0 or length > end - p:
+                p = -1
+                break
+            rec_end = p + length
+            _attrs, p = _varint(buf, p, rec_end)
+            if p < 0:
+                break
+            _ts_delta, p = _varint(buf, p, rec_end)
+            if p < 0:
+                break
+            offset_delta, p = _varint(buf, p, rec_end)
+            if p < 0:
+                break
+            key_len, p = _varint(buf, p, rec_end)
+            if p < 0 or key_len > rec_end - p:
+                p = -1
+                break
+            if key_len > 0:
+                p += key_len
+            value_len, p = _varint(buf, p, rec_end)
+            if p < 0 or value_len > rec_end - p:
+                p = -1
+                break
+            value_at = p if value_len >= 0 else -1
+            if value_len > 0:
+                p += value_len
+            value_end = p
+            # headers are left to kafka-python, which also checks that their keys are UTF-8
+            headers, p = _varint(buf, p, rec_end)
+            if p != rec_end or headers != 0:
+                p = -1
+                break
+            offset = base + offset_delta
+            # A fetch starts at the batch holding its offset: records before it are skipped, up to
+            # the first one kept (as kafka-python's reader skips them: itertools.dropwhile).
+            if m or offset >= fetch_offset:
+                offsets[m] = offset
+                starts[m] = value_at
+                ends[m] = value_end
+                m += 1
+        if p != end:  # this batch and what follows are left to kafka-python
+            return offsets[:first], starts[:first], ends[:first], table[:b]
+        table[b, 0] = _be(buf, pos + 17, 4) & 0xFFFFFFFF
+        table[b, 1] = pos + _CRC_FROM
+        table[b, 2] = end
+        table[b, 3] = base + _be(buf, pos + 23, 4) + 1
+        table[b, 4] = _be(buf, pos + 12, 4)
+        table[b, 5] = first
+        pos = end
+    return offsets[:m], starts[:m], ends[:m], table
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedFetch:
+    """The records parse_fetch() read, and where kafka-python's reader takes over."""
+
+    block: RecordBlock
+    read_to: int  # bytes of the fetch read (0: none; kafka-python's reader has all of it)
+    next_offset: int  # the next fetch offset after them (-1: no batch read)
+    leader_epoch: int  # of the last batch read (-1: none)
+
+
+def parse_fetch(data: bytes | memoryview, fetch_offset: int, check_crcs: bool = True) -> ParsedFetch:
+    """Read the leading plain batches of a fetch's records (see _parse), each batch's CRC checked
+    first where `check_crcs` (the batch that fails, and the rest, are left to kafka-python's
+    reader, which raises CorruptRecordError for it)."""
+    buf = _read_only(np.frombuffer(data, dtype=np.uint8))
+    offsets, starts, ends, table = _parse(buf, fetch_offset)
+    nb = len(table)
+    if check_crcs:
+        view = memoryview(data).cast("B")
+        for b, (stored, a, z) in enumerate(table[:, :3].tolist()):
+            if calc_crc32c(view[a:z]) != stored:
+                nb = b
+                break
+    if nb == 0:
+        return ParsedFetch(RecordBlock(buf, offsets[:0], starts[:0], ends[:0]), 0, -1, -1)
+    m = len(offsets) if nb == len(table) else int(table[nb, 5])
+    _crc, _from, read_to, next_offset, epoch, _first = table[nb - 1].tolist()
+    return ParsedFetch(RecordBlock(buf, offsets[:m], starts[:m], ends[:m]), read_to, next_offset, epoch)
+
+
+class _BlockPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
+    """kafka-python's reader of one fetched partition, returning one RecordBlock for plain data."""
+
+    def _maybe_skip_record(self, record: Any) -> bool:
+        # a block holds no record before the fetch offset (_parse skips them)
+        return type(record) is not RecordBlock and super()._maybe_skip_record(record)
+
+    def _unpack_records(self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any) -> Any:
+        data = getattr(records, "_buffer", None)
+        plain_reader = key_deserializer is None and value_deserializer is None
+        if data is None or not plain_reader or self.isolation_level != _READ_UNCOMMITTED:
+            yield from super()._unpack_records(tp, records, key_deserializer, value_deserializer)
+            return
+        parsed = parse_fetch(data, self.fetch_offset, self.check_crcs)
+        if parsed.read_to:  # what kafka-python's reader sets from the last batch it reads
+            self.leader_epoch = parsed.leader_epoch
+            self.next_fetch_offset = parsed.next_offset
+            self.records_read += len(parsed.block)
+            self.bytes_read += parsed.read_to
+        if len(parsed.block):
+            yield parsed.block
+        if parsed.read_to < len(data):  # the rest (often only part of a batch) is kafka-python's
+            rest = MemoryRecords(data[parsed.read_to :])
+            yield from super()._unpack_records(tp, rest, key_deserializer, value_deserializer)
+        else:
+            self.drain()
+
+
+def _read_uncommitted() -> Any:
+    from kafka.consumer.fetcher import IsolationLevel
+
+    return IsolationLevel.READ_UNCOMMITTED
+
+
+_READ_UNCOMMITTED = _read_uncommitted()
+
+
+def install(consumer: Any) -> bool:
+    """Make `consumer`'s poll() return RecordBlocks for plain data. False (and a warning) where
+    this kafka-python does not have the reader it replaces: poll() then returns ConsumerRecords,
+    which gather() takes too, only slower."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is None or getattr(fetcher, "PartitionRecords", None) is not Fetcher.PartitionRecords:
+        log.warning("this kafka-python's fetcher is not the one fleetwatch knows: records read one by one")
+        return False
+    fetcher.PartitionRecords = _BlockPartitionRecords
+    return True
+
+
+def warm_up() -> None:
+    """Load the compiled reader from numba's cache (compiling it on a fresh install, ~10 s)."""
+    _parse(_read_only(np.zeros(0, dtype=np.uint8)), 0)

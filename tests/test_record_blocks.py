@@ -1,0 +1,274 @@
+"""fleetwatch.record_blocks reads a fetch's records as kafka-python's own reader does: same
+offsets, values, next fetch offset and leader epoch; anything else is left to kafka-python."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka import KafkaProducer, TopicPartition
+from kafka.consumer.fetcher import Fetcher
+from kafka.errors import CorruptRecordError
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.legacy_records import LegacyRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
+from kafka.record.util import calc_crc32c
+
+from fleetwatch import kafka_io, record_blocks
+from fleetwatch.record_blocks import RecordBlock, gather, parse_fetch
+
+TP = TopicPartition("t", 0)
+
+
+def batch(
+    records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
+    *,
+    epoch: int = 0,
+    compression: int = 0,
+) -> bytearray:
+    """One v2 batch of (offset, key, value, headers), its base offset and leader epoch set."""
+    b = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=compression,
+        is_transactional=False,
+        producer_id=1000,
+        producer_epoch=0,
+        base_sequence=0,
+        batch_size=1 << 30,
+    )
+    for offset, key, value, headers in records:
+        assert b.append(offset - records[0][0], 1_700_000_000_000, key, value, headers) is not None
+    data = b.build()
+    data[0:8] = struct.pack(">q", records[0][0])  # neither field is under the CRC
+    data[12:16] = struct.pack(">i", epoch)
+    return data
+
+
+def read(cls: Any, data: bytes, fetch_offset: int, check_crcs: bool = True) -> tuple[list[Any], int, int]:
+    """What a partition reader of class `cls` returns for `data`, asked as the fetcher asks until
+    it is drained: (items, next fetch offset, leader epoch). Its errors are raised."""
+    reader = cls(fetch_offset, TP, MemoryRecords(data), check_crcs=check_crcs)
+    items: list[Any] = []
+    while reader:
+        items += reader.take()
+    return items, reader.next_fetch_offset, reader.leader_epoch
+
+
+def kafka_python(data: bytes, fetch_offset: int, check_crcs: bool = True) -> tuple[list[Any], int, int]:
+    return read(Fetcher.PartitionRecords, data, fetch_offset, check_crcs)
+
+
+def as_pairs(items: list[Any]) -> list[tuple[int, bytes | None]]:
+    block = gather(items) if items else RecordBlock.from_values([])
+    return list(zip(block.offsets.tolist(), block.values(), strict=True))
+
+
+def outcome(cls: Any, data: bytes, fetch_offset: int, check_crcs: bool) -> tuple[Any, ...]:
+    """("read", records, next fetch offset, leader epoch), or ("raised", error, records before)."""
+    reader = cls(fetch_offset, TP, MemoryRecords(data), check_crcs=check_crcs)
+    items: list[Any] = []
+    try:
+        while reader:
+            items += reader.take()
+    except Exception as e:  # the same error from both readers, whatever it is
+        return "raised", type(e).__name__, as_pairs(items)
+    return "read", as_pairs(items), reader.next_fetch_offset, reader.leader_epoch
+
+
+keys = st.one_of(st.none(), st.binary(max_size=20))
+values = st.one_of(st.none(), st.binary(max_size=300))
+batches = st.lists(
+    st.tuples(
+        st.lists(
+            st.tuples(st.integers(1, 3), st.one_of(st.none(), st.binary(max_size=20)), values),
+            min_size=1,
+            max_size=6,
+        ),
+        st.integers(0, 5),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=batches, gap=st.integers(0, 4), cut=st.integers(0, 400), at=st.integers(0, 40))
+def test_a_fetch_reads_as_kafka_python_reads_it(spec: Any, gap: int, cut: int, at: int) -> None:
+    """Offset gaps (compaction), null keys and values, several leader epochs, a fetch offset in
+    the middle of a batch, a partial batch at the end: the same records, next fetch offset and
+    leader epoch as kafka-python's reader."""
+    data = bytearray()
+    offset = 10
+    for recs, epoch in spec:
+        rows = []
+        for step, key, value in recs:
+            offset += step
+            rows.append((offset, key, value, []))
+        data += batch(rows, epoch=epoch)
+        offset += gap
+    last = batch([(offset + 1, None, b"x" * cut, [])])
+    data += last[: len(last) * at // 41]  # a trailing partial batch, or none
+    fetch_offset = 10 + at
+    want, want_next, want_epoch = kafka_python(bytes(data), fetch_offset)
+    got, got_next, got_epoch = read(record_blocks._BlockPartitionRecords, bytes(data), fetch_offset)
+    assert all(type(item) is RecordBlock for item in got) and len(got) <= 1
+    assert as_pairs(got) == [(r.offset, r.value) for r in want]
+    assert (got_next, got_epoch) == (want_next, want_epoch)
+
+
+def test_what_is_not_plain_is_left_to_kafka_python() -> None:
+    """Compressed, legacy (v1), control batches and records with headers: parse_fetch leaves
+    them, and the worker's reader returns exactly kafka-python's records for them."""
+    rows = [(5, b"k", b"v1", []), (6, None, b"v2", [])]
+    # kafka-python's builder sends a batch uncompressed when that is no larger
+    gzip = bytes(batch([(5, None, b"v1" * 100, []), (6, None, b"v2" * 100, [])], compression=1))
+    assert struct.unpack_from(">h", gzip, 21)[0] & 0x07 == 1
+    legacy = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+    legacy.append(5, 1_700_000_000_000, b"k", b"v1")
+    legacy.append(6, 1_700_000_000_000, None, b"v2")
+    control = batch(rows)
+    control[21:23] = struct.pack(">h", 0x20 | 0x10)  # a transactional control batch
+    control[17:21] = struct.pack(">I", calc_crc32c(memoryview(control)[21:]))
+    headers = bytes(batch([(5, b"k", b"v1", [("trace", b"1")]), (6, None, b"v2", [])]))
+    for data in (gzip, bytes(legacy.build()), bytes(control), headers):
+        assert parse_fetch(data, 5).read_to == 0
+        want, want_next, want_epoch = kafka_python(data, 5)
+        got, got_next, got_epoch = read(record_blocks._BlockPartitionRecords, data, 5)
+        assert [type(r).__name__ for r in got] == [type(r).__name__ for r in want]
+        assert as_pairs(got) == as_pairs(want)
+        assert (got_next, got_epoch) == (want_next, want_epoch)
+    assert as_pairs(kafka_python(gzip, 5)[0]) == [(5, b"v1" * 100), (6, b"v2" * 100)]  # something was read
+
+
+def test_a_bad_crc_or_record_raises_kafka_pythons_error() -> None:
+    good = batch([(0, None, b"value-0", []), (1, None, b"value-1", [])])
+    flipped = bytearray(good)
+    flipped[-3] ^= 0x01  # in a value: only the CRC tells
+    assert parse_fetch(bytes(good), 0).read_to == len(good)
+    assert parse_fetch(bytes(flipped), 0).read_to == 0
+    with pytest.raises(CorruptRecordError):
+        read(record_blocks._BlockPartitionRecords, bytes(flipped), 0)
+    unchecked, _, _ = read(record_blocks._BlockPartitionRecords, bytes(flipped), 0, check_crcs=False)
+    assert as_pairs(unchecked) == as_pairs(kafka_python(bytes(flipped), 0, check_crcs=False)[0])
+    short = bytearray(good)
+    short[61] = 2  # the first record says it is 1 byte long; its CRC is made to match
+    short[17:21] = struct.pack(">I", calc_crc32c(memoryview(short)[21:]))
+    assert parse_fetch(bytes(short), 0).read_to == 0
+    with pytest.raises(CorruptRecordError):
+        kafka_python(bytes(short), 0)
+    with pytest.raises(CorruptRecordError):
+        read(record_blocks._BlockPartitionRecords, bytes(short), 0)
+
+
+def test_gather_keeps_order_across_blocks_and_records() -> None:
+    first = parse_fetch(bytes(batch([(3, None, b"a", []), (4, None, None, [])])), 3).block
+    legacy = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+    legacy.append(5, 1_700_000_000_000, None, b"c")
+    records, _, _ = kafka_python(bytes(legacy.build()), 5)
+    block = gather([first, *records])
+    assert list(zip(block.offsets.tolist(), block.values(), strict=True)) == [(3, b"a"), (4, None), (5, b"c")]
+    assert not block.buf.flags.writeable and block.value(1) is None
+    assert gather([first]) is first
+
+
+_BOUNDS_CHECKED = textwrap.dedent(
+    """
+    import random
+    from kafka.consumer.fetcher import Fetcher
+    from fleetwatch import record_blocks
+    from tests.test_record_blocks import batch, outcome
+    rng = random.Random(11)
+    good = bytearray()
+    for b in range(4):
+        rows = [(10 * b + k, rng.choice([None, b"key"]), bytes(rng.randrange(200)), []) for k in range(5)]
+        good += batch(rows)
+    compiled = 0
+    for i in range(20000):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(data))
+            op = rng.randrange(3)
+            if op == 0:
+                data[at] = rng.randrange(256)
+            elif op == 1:
+                del data[at:]
+            else:
+                data.insert(at, rng.randrange(256))
+            if not data:
+                break
+        data = bytes(data)
+        fetch_offset = rng.choice([0, 0, 12, 25])
+        check_crcs = i % 4 == 0
+        compiled += record_blocks.parse_fetch(data, fetch_offset, check_crcs).read_to > 0
+        ours = outcome(record_blocks._BlockPartitionRecords, data, fetch_offset, check_crcs)
+        theirs = outcome(Fetcher.PartitionRecords, data, fetch_offset, check_crcs)
+        assert ours == theirs, (ours, theirs, data)
+    print("compiled", compiled, "of 20000")
+    """
+)
+
+
+def test_mutated_fetches_never_read_out_of_bounds(tmp_path: Any) -> None:
+    """numba's bounds checking (compiled into a cache of its own) finds no index out of range on
+    20,000 mutated fetches (flipped, cut, inserted bytes), and the worker's reader has the same
+    outcome as kafka-python's on each: the same records, next offset and leader epoch, or the
+    same error after the same records. CRCs are checked on one in four, so that the compiled
+    reader reads mutated fetches at all."""
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(tmp_path))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", _BOUNDS_CHECKED],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = done.stdout.split()
+    assert counts[0] == "compiled" and int(counts[1]) > 5000, done.stdout
+
+
+@pytest.mark.kafka
+def test_a_worker_consumer_polls_blocks_from_the_real_broker(kafka_bootstrap: str) -> None:
+    """install() takes on this kafka-python (a version that changed the reader fails here, not
+    silently slower); poll() then returns blocks for plain records and kafka-python's records for
+    compressed ones, and gather() gives every value once, in order, with its offset."""
+    topic = f"test-blocks-{uuid.uuid4().hex[:8]}"
+    kafka_io.ensure_topics(kafka_bootstrap, [topic], partitions=1)
+    sent: list[bytes | None] = [f"plain-{i}".encode() for i in range(300)] + [None]
+    producer = KafkaProducer(**kafka_io.client_config(kafka_bootstrap), linger_ms=5)
+    for v in sent:
+        producer.send(topic, key=b"k", value=v)
+    producer.flush()
+    gz = KafkaProducer(**kafka_io.client_config(kafka_bootstrap), compression_type="gzip")
+    zipped = [f"zipped-{i}".encode() for i in range(50)]
+    for v in zipped:
+        gz.send(topic, value=v)
+    gz.flush()
+    producer.close()
+    gz.close()
+    consumer = kafka_io.make_consumer(kafka_bootstrap)
+    assert record_blocks.install(consumer)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    kinds: set[str] = set()
+    got: list[tuple[int, bytes | None]] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(sent) + len(zipped) and time.monotonic() < deadline:
+        for items in consumer.poll(timeout_ms=500).values():
+            kinds |= {type(item).__name__ for item in items}
+            got += as_pairs(items)
+    consumer.close()
+    assert got == list(enumerate(sent + zipped))
+    assert kinds == {"RecordBlock", "ConsumerRecord"}
