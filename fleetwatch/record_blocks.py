@@ -18,6 +18,7 @@ error; gather() turns what poll() returns for a partition into one block.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,11 @@ class RecordBlock:
 
     def values(self) -> list[bytes | None]:
         return [self.value(k) for k in range(len(self))]
+
+    def split(self, k: int) -> tuple[RecordBlock, RecordBlock]:
+        """(the first k records, the rest), both over the same buffer."""
+        head = RecordBlock(self.buf, self.offsets[:k], self.starts[:k], self.ends[:k])
+        return head, RecordBlock(self.buf, self.offsets[k:], self.starts[k:], self.ends[k:])
 
     @classmethod
     def from_values(cls, values: Sequence[bytes | None], offsets: Sequence[int] | None = None) -> RecordBlock:
@@ -243,12 +249,63 @@ def parse_fetch(data: bytes | memoryview, fetch_offset: int, check_crcs: bool = 
     return ParsedFetch(RecordBlock(buf, offsets[:m], starts[:m], ends[:m]), read_to, next_offset, epoch)
 
 
+class _Taken(list):  # type: ignore[type-arg]
+    """What a reader's take() returns: blocks and records, whose len() is the number of records.
+    kafka-python's fetcher counts poll()'s max_records with len(), so a block counts as the
+    records it holds and poll() returns no more records than max_records, as before."""
+
+    records = 0
+
+    def add(self, item: Any) -> None:
+        self.append(item)
+        self.records += len(item) if type(item) is RecordBlock else 1
+
+    def __len__(self) -> int:
+        return self.records
+
+
 class _BlockPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
     """kafka-python's reader of one fetched partition, returning one RecordBlock for plain data."""
+
+    _rest: RecordBlock | None = None  # the part of a block that a take() had no room for
+    _after_rest = -1  # the next fetch offset once the rest is taken
 
     def _maybe_skip_record(self, record: Any) -> bool:
         # a block holds no record before the fetch offset (_parse skips them)
         return type(record) is not RecordBlock and super()._maybe_skip_record(record)
+
+    def take(self, n: int | None = None) -> _Taken:
+        """At most n records (all, for None), as blocks and records; a block larger than the room
+        left is split, and the next fetch offset is then the one after the last record taken."""
+        self._maybe_raise_next_inline_exception()
+        taken = _Taken()
+        room = sys.maxsize if n is None else n
+        try:
+            while room > 0:
+                if self._rest is not None:
+                    item, self._rest = self._rest, None
+                    self.next_fetch_offset = self._after_rest
+                elif self.record_iterator is None:
+                    break
+                else:
+                    item = next(self.record_iterator, None)
+                    if item is None:
+                        break
+                if type(item) is RecordBlock and len(item) > room:
+                    self._after_rest = self.next_fetch_offset
+                    item, self._rest = item.split(room)
+                    self.next_fetch_offset = int(item.offsets[-1]) + 1
+                taken.add(item)
+                room -= 1 if type(item) is not RecordBlock else len(item)
+        except Exception as e:  # as kafka-python's take(): raised now, or after what was taken
+            if not taken:
+                raise
+            self._next_inline_exception = e
+        return taken
+
+    def drain(self) -> None:
+        self._rest = None
+        super().drain()
 
     def _unpack_records(self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any) -> Any:
         data = getattr(records, "_buffer", None)

@@ -125,6 +125,48 @@ def test_a_fetch_reads_as_kafka_python_reads_it(spec: Any, gap: int, cut: int, a
     assert (got_next, got_epoch) == (want_next, want_epoch)
 
 
+def take_in_steps(cls: Any, data: bytes, fetch_offset: int, sizes: list[int]) -> tuple[list[Any], int, int]:
+    """take(n) until drained, n cycling through `sizes`: ([(records, next fetch offset)] of each
+    take that returned records, final next fetch offset, leader epoch)."""
+    reader = cls(fetch_offset, TP, MemoryRecords(data))
+    steps = []
+    for i in range(10_000):
+        if not reader:
+            break
+        n = sizes[i % len(sizes)]
+        part = reader.take(n)
+        assert len(part) <= n
+        if len(part):
+            steps.append((as_pairs(list(part)), reader.next_fetch_offset))
+    return steps, reader.next_fetch_offset, reader.leader_epoch
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=batches, at=st.integers(0, 20), sizes=st.lists(st.integers(1, 9), min_size=1, max_size=10))
+def test_poll_takes_at_most_max_records(spec: Any, at: int, sizes: list[int]) -> None:
+    """The fetcher takes at most poll()'s max_records from a reader (counted with len()): a block
+    is split to fit, each take returns what kafka-python's would, and the next fetch offset after
+    a take lies past its last record and not past the next take's first."""
+    data = bytearray()
+    offset = 10
+    for recs, epoch in spec:
+        rows = []
+        for step, key, value in recs:
+            offset += step
+            rows.append((offset, key, value, []))
+        data += batch(rows, epoch=epoch)
+    want, want_next, want_epoch = take_in_steps(Fetcher.PartitionRecords, bytes(data), 10 + at, sizes)
+    got, got_next, got_epoch = take_in_steps(
+        record_blocks._BlockPartitionRecords, bytes(data), 10 + at, sizes
+    )
+    assert [records for records, _ in got] == [records for records, _ in want]
+    assert (got_next, got_epoch) == (want_next, want_epoch)
+    for k, (records, next_offset) in enumerate(got):
+        assert next_offset > records[-1][0]
+        if k + 1 < len(got):
+            assert next_offset <= got[k + 1][0][0][0]
+
+
 def test_what_is_not_plain_is_left_to_kafka_python() -> None:
     """Compressed, legacy (v1), control batches and records with headers: parse_fetch leaves
     them, and the worker's reader returns exactly kafka-python's records for them."""
