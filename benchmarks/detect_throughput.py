@@ -224,10 +224,16 @@ def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) 
     # and each ratio is taken against the mean of the two. A group of n workers is compared with n
     # raw consumers reading the same partitions in parallel (like for like), and with one.
     counts = sorted({1, *workers})
-    with CpuUse(local_broker_pid(bootstrap)) as cpu:
-        before = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
-        rates = {n: _group_rate(bootstrap, topic, len(msgs), n, f"bench-{run}-{n}w", cpu) for n in workers}
-        after = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
+    try:
+        with CpuUse(local_broker_pid(bootstrap)) as cpu:
+            before = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
+            group = f"bench-{run}-{{}}w"
+            rates = {n: _group_rate(bootstrap, topic, len(msgs), n, group.format(n), cpu) for n in workers}
+            after = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
+    finally:  # ~400 MB a run: left behind, runs fill the broker's disk
+        admin = kafka_io.make_admin(bootstrap)
+        admin.delete_topics([topic])
+        admin.close()
     raw = {n: (before[n][0] + after[n][0]) / 2 for n in counts}
     result = {"raw_consume_before_per_s": before[1][0], "raw_consume_after_per_s": after[1][0]}
     for n in counts:
