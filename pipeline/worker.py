@@ -24,7 +24,7 @@ from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter, Gauge, Histogram
 
-from fleetwatch import kafka_io, record_blocks, schemas, topics
+from fleetwatch import kafka_io, record_blocks, schemas, socket_reads, topics
 from fleetwatch.runtime import StopFlag, gc_paused
 from pipeline import fleet_metrics
 from pipeline.deadletter import send_deadletter
@@ -112,6 +112,7 @@ class Worker(ConsumerRebalanceListener):
             for reason in LOST_REASONS:
                 STATE_LOST.labels(group, name, reason)
         record_blocks.warm_up()  # before joining the group, as Stage.warm_up
+        socket_reads.install()  # 256 KB socket reads, for the clients made next
         for stage in stages:
             if stage.warm_up is not None:
                 stage.warm_up()

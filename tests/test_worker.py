@@ -20,7 +20,7 @@ import pytest
 from kafka import KafkaProducer
 from prometheus_client import REGISTRY
 
-from fleetwatch import kafka_io, record_blocks, schemas
+from fleetwatch import kafka_io, record_blocks, schemas, socket_reads
 from fleetwatch.runtime import StopFlag
 from pipeline.tasks import Output, Stage
 from pipeline.worker import Worker
@@ -212,7 +212,8 @@ def test_stages_load_their_compiled_code_before_the_worker_joins(
 ) -> None:
     """A compile (or a cache load) inside the first batch would hold up the member's partitions:
     the record-block reader and Stage.warm_up are loaded before the consumer that joins the group
-    exists, and the consumer reads blocks (fleetwatch/record_blocks.py). The detect stage's
+    exists, and the consumer reads blocks (fleetwatch/record_blocks.py), 256 KB a socket read
+    (fleetwatch/socket_reads.py). The detect stage's
     warm_up leaves the scanner, the counter and the statistical kernels compiled."""
     events: list[str] = []
     make_consumer = kafka_io.make_consumer
@@ -225,10 +226,12 @@ def test_stages_load_their_compiled_code_before_the_worker_joins(
     monkeypatch.setattr(kafka_io, "make_consumer", recording)
     monkeypatch.setattr(record_blocks, "warm_up", lambda: events.append("blocks") or blocks_warm_up())
     monkeypatch.setattr(record_blocks, "install", lambda c: events.append(f"installed {install(c)}"))
+    reads = socket_reads.install
+    monkeypatch.setattr(socket_reads, "install", lambda: events.append(f"reads {reads()}"))
     in_topic, out_topic, group, stage = _names()
     counting = replace(_stage(stage, in_topic, out_topic), warm_up=lambda: events.append("warm_up"))
     Worker(kafka_bootstrap, group, [counting], snapshot_every_s=3600).close()
-    assert events == ["blocks", "warm_up", "consumer", "installed True"]
+    assert events == ["blocks", "reads True", "warm_up", "consumer", "installed True"]
 
     # In a fresh process (this one may have run the kernels already): nothing is loaded before.
     check = """
