@@ -350,5 +350,5 @@ def install(consumer: Any) -> bool:
 
 
 def warm_up() -> None:
-    """Load the compiled reader from numba's cache (compiling it on a fresh install, ~10 s)."""
+    """Load the compiled reader from numba's cache (compiling it on a fresh install, ~5 s)."""
     _parse(_read_only(np.zeros(0, dtype=np.uint8)), 0)
