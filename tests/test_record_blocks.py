@@ -3,10 +3,7 @@ offsets, values, next fetch offset and leader epoch; anything else is left to ka
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 import textwrap
 import time
 import uuid
@@ -25,6 +22,7 @@ from kafka.record.util import calc_crc32c
 
 from fleetwatch import kafka_io, record_blocks
 from fleetwatch.record_blocks import RecordBlock, gather, parse_fetch
+from tests.bounds_checked import run_bounds_checked
 
 TP = TopicPartition("t", 0)
 
@@ -100,12 +98,9 @@ batches = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(spec=batches, gap=st.integers(0, 4), cut=st.integers(0, 400), at=st.integers(0, 40))
-def test_a_fetch_reads_as_kafka_python_reads_it(spec: Any, gap: int, cut: int, at: int) -> None:
-    """Offset gaps (compaction), null keys and values, several leader epochs, a fetch offset in
-    the middle of a batch, a partial batch at the end: the same records, next fetch offset and
-    leader epoch as kafka-python's reader."""
+def fetch_of(spec: Any, gap: int = 0) -> tuple[bytearray, int]:
+    """The batches of `spec` ([([(offset step, key, value)], leader epoch)]), offsets from 11 on,
+    `gap` offsets skipped after each batch: (the fetch's bytes, the offset after the last gap)."""
     data = bytearray()
     offset = 10
     for recs, epoch in spec:
@@ -115,6 +110,16 @@ def test_a_fetch_reads_as_kafka_python_reads_it(spec: Any, gap: int, cut: int, a
             rows.append((offset, key, value, []))
         data += batch(rows, epoch=epoch)
         offset += gap
+    return data, offset
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=batches, gap=st.integers(0, 4), cut=st.integers(0, 400), at=st.integers(0, 40))
+def test_a_fetch_reads_as_kafka_python_reads_it(spec: Any, gap: int, cut: int, at: int) -> None:
+    """Offset gaps (compaction), null keys and values, several leader epochs, a fetch offset in
+    the middle of a batch, a partial batch at the end: the same records, next fetch offset and
+    leader epoch as kafka-python's reader."""
+    data, offset = fetch_of(spec, gap)
     last = batch([(offset + 1, None, b"x" * cut, [])])
     data += last[: len(last) * at // 41]  # a trailing partial batch, or none
     fetch_offset = 10 + at
@@ -147,14 +152,7 @@ def test_poll_takes_at_most_max_records(spec: Any, at: int, sizes: list[int]) ->
     """The fetcher takes at most poll()'s max_records from a reader (counted with len()): a block
     is split to fit, each take returns what kafka-python's would, and the next fetch offset after
     a take lies past its last record and not past the next take's first."""
-    data = bytearray()
-    offset = 10
-    for recs, epoch in spec:
-        rows = []
-        for step, key, value in recs:
-            offset += step
-            rows.append((offset, key, value, []))
-        data += batch(rows, epoch=epoch)
+    data, _ = fetch_of(spec)
     want, want_next, want_epoch = take_in_steps(Fetcher.PartitionRecords, bytes(data), 10 + at, sizes)
     got, got_next, got_epoch = take_in_steps(
         record_blocks._BlockPartitionRecords, bytes(data), 10 + at, sizes
@@ -265,16 +263,7 @@ def test_mutated_fetches_never_read_out_of_bounds(tmp_path: Any) -> None:
     outcome as kafka-python's on each: the same records, next offset and leader epoch, or the
     same error after the same records. CRCs are checked on one in four, so that the compiled
     reader reads mutated fetches at all."""
-    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(tmp_path))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(
-        [sys.executable, "-c", _BOUNDS_CHECKED],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_bounds_checked(_BOUNDS_CHECKED, tmp_path, timeout_s=240)
     assert done.returncode == 0, done.stderr[-3000:]
     counts = done.stdout.split()
     assert counts[0] == "compiled" and int(counts[1]) > 5000, done.stdout

@@ -5,11 +5,8 @@ same columns; what it leaves, the worker hands to the decoders (pipeline/telemet
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
@@ -24,6 +21,7 @@ from fleetwatch import fast_schema, schemas, telemetry_scan
 from pipeline.job_table import JobTable
 from pipeline.node_stage import NodeTask
 from pipeline.telemetry_decode import decode_telemetry
+from tests.bounds_checked import run_bounds_checked
 from tests.test_detect_batch import assert_same_batch
 from tests.test_schemas import _python_accepts, mutated_telemetry, telemetry
 
@@ -324,15 +322,6 @@ def test_mutated_messages_never_read_out_of_bounds(tmp_path: Any) -> None:
     """Every read is meant to be checked against the message's end; numba's own bounds checking
     (its own cache: the checks are compiled in) must find no index out of range on 20,000
     mutated messages, truncations included, nor on output arrays filled exactly."""
-    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(tmp_path))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(
-        [sys.executable, "-c", _BOUNDS_CHECKED],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    done = run_bounds_checked(_BOUNDS_CHECKED, tmp_path, timeout_s=280)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"taken \d+ of 20000", done.stdout)
