@@ -227,8 +227,8 @@ def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) 
     try:
         with CpuUse(local_broker_pid(bootstrap)) as cpu:
             before = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
-            group = f"bench-{run}-{{}}w"
-            rates = {n: _group_rate(bootstrap, topic, len(msgs), n, group.format(n), cpu) for n in workers}
+            group = f"bench-{run}"
+            rates = {n: _group_rate(bootstrap, topic, len(msgs), n, f"{group}-{n}w", cpu) for n in workers}
             after = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
     finally:  # ~400 MB a run: left behind, runs fill the broker's disk
         admin = kafka_io.make_admin(bootstrap)

@@ -82,12 +82,17 @@ class TailCalibrator:
     def decay(self) -> float:
         return 0.5 ** (1.0 / self.halflife)
 
+    @property
+    def width(self) -> float:
+        """Width of a regular bin, in ln d."""
+        return (self.hi - self.lo) / self.bins
+
     def _pass(self, groups: np.ndarray, d: np.ndarray, score: bool, add: bool) -> np.ndarray:
         """One compiled pass over the batch (detectors/stat_kernels.calibrate_pass)."""
         groups, d = indexed_values(groups, d, self.n_groups, "calibration groups")
         out = np.full(d.shape, np.nan)
-        width = (self.hi - self.lo) / self.bins
-        calibrate_pass(self.hist, groups, d, self.lo, width, self.min_weight, self.decay, score, add, out)
+        lo, width = self.lo, self.width
+        calibrate_pass(self.hist, groups, d, lo, width, self.min_weight, self.decay, score, add, out)
         return out
 
     def score(self, groups: np.ndarray, d: np.ndarray) -> np.ndarray:

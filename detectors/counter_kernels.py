@@ -75,16 +75,16 @@ def decay_pass(
     s: np.ndarray,
     last_t: np.ndarray,
     out: np.ndarray,
-    memo: np.ndarray,
 ) -> None:
     """DecayingCount.update: S <- S * exp(-dt / tau) + weight * delta per element, in order.
     NaN deltas count as zero; an entity's first element starts from S = 0.
 
     Nodes sample on one interval, so consecutive elements of a column nearly always decay over
-    the same dt and spread: memo (4, k; NaN-filled by the caller) keeps each column's last dt and
-    exp factor, last spread ratio and weight, and reuses them when the input is the same (the
-    same value, computed once: ~1 us a message of exp/expm1 saved at 8 GPUs)."""
+    the same dt and spread: memo (4, k) keeps each column's last dt and exp factor, last spread
+    ratio and weight, and reuses them when the input is the same (the same value, computed once:
+    ~1 us a message of exp/expm1 saved at 8 GPUs)."""
     n, k = deltas.shape
+    memo = np.full((4, k), np.nan)
     for i in range(n):
         r = rows[i]
         t = ts[i]

@@ -238,8 +238,7 @@ class DecayingCount:
         self._ensure(int(rows.max()) + 1)
         has_spread = spread is not None
         spread = _floats(spread) if has_spread else deltas
-        memo = np.full((4, len(self.tau)), np.nan)
-        kernels.decay_pass(rows, ts, deltas, spread, has_spread, self.tau, self.s, self.t, out, memo)
+        kernels.decay_pass(rows, ts, deltas, spread, has_spread, self.tau, self.s, self.t, out)
         return out
 
     def current(self, rows: np.ndarray, ts: np.ndarray) -> np.ndarray:

@@ -242,9 +242,8 @@ class RobustScorer:
         floor = np.asarray(self.min_scale, dtype=np.float64).reshape(-1)
         state = (self.n, self.level, self.scale, self.cusum_pos, self.cusum_neg, self.groups, floor)
         params = (self.warmup, self.alpha, self.beta, self.clip, self.cusum_k)
-        cp, cd = self.cal_point, self.cal_drift
-        width = (cp.hi - cp.lo) / cp.bins
-        calibration = (cp.hist, cd.hist, cp.lo, width, cp.min_weight, cp.decay)
+        cp, cd = self.cal_point, self.cal_drift  # made with the same parameters (__init__)
+        calibration = (cp.hist, cd.hist, cp.lo, cp.width, cp.min_weight, cp.decay)
         robust_pass(ids, xv, state, params, calibration, z, point, drift, combined)
         return z, point, drift, combined
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from kafka.consumer.fetcher import Fetcher
+from kafka.consumer.fetcher import Fetcher, IsolationLevel
 from kafka.record.memory_records import MemoryRecords
 from kafka.record.util import calc_crc32c
 from numba import njit
@@ -279,9 +279,9 @@ class _BlockPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
         left is split, and the next fetch offset is then the one after the last record taken."""
         self._maybe_raise_next_inline_exception()
         taken = _Taken()
-        room = sys.maxsize if n is None else n
+        limit = sys.maxsize if n is None else n
         try:
-            while room > 0:
+            while taken.records < limit:
                 if self._rest is not None:
                     item, self._rest = self._rest, None
                     self.next_fetch_offset = self._after_rest
@@ -291,12 +291,12 @@ class _BlockPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
                     item = next(self.record_iterator, None)
                     if item is None:
                         break
+                room = limit - taken.records
                 if type(item) is RecordBlock and len(item) > room:
                     self._after_rest = self.next_fetch_offset
                     item, self._rest = item.split(room)
                     self.next_fetch_offset = int(item.offsets[-1]) + 1
                 taken.add(item)
-                room -= 1 if type(item) is not RecordBlock else len(item)
         except Exception as e:  # as kafka-python's take(): raised now, or after what was taken
             if not taken:
                 raise
@@ -310,7 +310,7 @@ class _BlockPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
     def _unpack_records(self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any) -> Any:
         data = getattr(records, "_buffer", None)
         plain_reader = key_deserializer is None and value_deserializer is None
-        if data is None or not plain_reader or self.isolation_level != _READ_UNCOMMITTED:
+        if data is None or not plain_reader or self.isolation_level != IsolationLevel.READ_UNCOMMITTED:
             yield from super()._unpack_records(tp, records, key_deserializer, value_deserializer)
             return
         parsed = parse_fetch(data, self.fetch_offset, self.check_crcs)
@@ -326,15 +326,6 @@ class _BlockPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
             yield from super()._unpack_records(tp, rest, key_deserializer, value_deserializer)
         else:
             self.drain()
-
-
-def _read_uncommitted() -> Any:
-    from kafka.consumer.fetcher import IsolationLevel
-
-    return IsolationLevel.READ_UNCOMMITTED
-
-
-_READ_UNCOMMITTED = _read_uncommitted()
 
 
 def install(consumer: Any) -> bool:
