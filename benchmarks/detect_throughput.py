@@ -75,7 +75,7 @@ def bench_decode_and_stage(raws: list[bytes], batch: int, columnar: bool) -> flo
         for i in range(0, len(raws), batch):
             chunk = raws[i : i + batch]
             if columnar:
-                msgs, _bad = decode_telemetry(chunk, now=0.0, max_skew_s=None)
+                msgs, _bad = decode_telemetry(chunk, now=0.0, clock=None)
             else:
                 msgs, _bad = schemas.decode_batch(chunk, schemas.TELEMETRY, struct=True)
             task.process(topics.TELEMETRY, msgs)

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge
 
 from collectors.forwarder import SpoolForwarder
 from collectors.sources import Source, make_source
 from collectors.spool import Spool
 from fleetwatch import __version__, schemas, topics
-from fleetwatch.runtime import StopFlag
+from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,8 @@ class Agent:
             elif part:
                 body.update(part)
         msg.update(body)
+        # an error text longer than the contract allows would make the whole sample invalid
+        errors = {k: v[: schemas.MAX_ERROR_LEN] for k, v in errors.items()}
         msg["agent"] = {"version": __version__, "source_errors": errors}
         for name, err in errors.items():
             SOURCE_ERRORS.labels(name, err.split(":", 1)[0]).inc()
@@ -211,8 +213,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown source {name!r} (choose from nvml,host,net)")
     spool_dir = Path(args.spool_dir) if args.spool_dir else default_spool_dir()
     spool = Spool(spool_dir / f"{node}.sqlite", max_bytes=int(args.spool_max_mib * 2**20))
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    serve_metrics(args.metrics_port, args.metrics_addr)
     runners = [SourceRunner(n, lambda n=n: make_source(n)) for n in names]
     agent = Agent(
         node=node,

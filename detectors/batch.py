@@ -8,7 +8,8 @@ C-level iteration where possible (`operator.itemgetter` + `np.fromiter`).
 Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
 - `node_names` (U,) the distinct node names of the batch; `node_idx` (M,) index into it. A
   detector maps `node_names` to rows of its own `NodeRegistry` once per batch.
-- `ts`, `seq` (M,)
+- `ts`, `seq` (M,); `received` (M,) when each message reached the broker (its clock reference,
+  fleetwatch.record_blocks.RecordBlock.reference_times), NaN where not known (not from Kafka)
 - `gpu` (M, G, F) float64, NaN where a field or the whole GPU is absent ("missing fields are
   absent, never invented"); `present` (M, G) the message has an entry for that index;
   `lost` (M, G) the entry says `lost: true` or carries no metric at all (a GPU that fell off the
@@ -22,6 +23,7 @@ Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
   `ib_state_idx` (P,) index into `ib_state_names`, the distinct states as reported (None: not
   reported), for evidence; `ib_state` spells them out per port.
 
+NVML's "not available" values (fleetwatch.schemas.NVML_NOT_AVAILABLE) become NaN: absent.
 Counters become float64: exact up to 2**53, far above any ECC/XID/link-error count; byte counters
 lose sub-byte precision only beyond ~9 PB, which rates do not care about.
 """
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from fleetwatch.schemas import GPU_FIELDS, HOST_FIELDS, IB_FIELDS
+from fleetwatch.schemas import GPU_FIELDS, HOST_FIELDS, IB_FIELDS, NVML_NOT_AVAILABLE
 
 if TYPE_CHECKING:
     from fleetwatch.telemetry_scan import Scan
@@ -66,6 +68,9 @@ _HOST_ABSENT = (NAN,) * len(HOST_NUMERIC)
 _NODE, _TS, _SEQ, _GPUS, _HOST, _NET = (attrgetter(a) for a in ("node", "ts", "seq", "gpus", "host", "net"))
 _LOST, _XIDS = attrgetter("lost"), attrgetter("xids")
 _IB_KEY, _IB_STATE = attrgetter("device", "port"), attrgetter("state")
+# Each GPU column's NVML "not available" value as float64 (NaN: none); 2**64 - 1 rounds to 2**64,
+# as the value itself does when it becomes float64.
+_GPU_NOT_AVAILABLE = np.array([float(NVML_NOT_AVAILABLE.get(f, NAN)) for f in GPU_NUMERIC])
 
 
 def _codes_of(values: list[Any]) -> dict[Any, int]:
@@ -86,13 +91,12 @@ def known_rows(rows: dict[str, int], names: Sequence[str]) -> np.ndarray | None:
 
 
 class NodeRegistry:
-    """Node name -> dense row number, append-only, so per-node state can live in numpy arrays."""
+    """Node name -> dense row number, so per-node state can live in numpy arrays. Names are
+    appended as they arrive; forgetting nodes builds a new registry of the rest (HardwareDetector)."""
 
     def __init__(self, names: Iterable[str] = ()) -> None:
-        self.names: list[str] = []
-        self.rows: dict[str, int] = {}
-        for n in names:
-            self.row(n)
+        self.names: list[str] = list(dict.fromkeys(names))  # a name once, at its first place
+        self.rows: dict[str, int] = dict(zip(self.names, range(len(self.names)), strict=True))
 
     def __len__(self) -> int:
         return len(self.names)
@@ -161,6 +165,7 @@ class TelemetryBatch:
     ib_active: np.ndarray
     ib_state_names: list[str | None]
     ib_state_idx: np.ndarray
+    received: np.ndarray
 
     @property
     def size(self) -> int:
@@ -199,6 +204,7 @@ class TelemetryBatch:
             node_idx=node_idx,
             ts=self.ts[rows],
             seq=self.seq[rows],
+            received=self.received[rows],
             gpu=self.gpu[rows],
             present=self.present[rows],
             lost=self.lost[rows],
@@ -390,13 +396,15 @@ class TelemetryBatch:
         e_msg = np.repeat(np.arange(m, dtype=np.int64), counts)
         e_gpu = table[:, 0].astype(np.int64)
         g_max = int(e_gpu.max()) + 1 if len(e_gpu) else 0
+        values = table[:, 1:]
+        values[values == _GPU_NOT_AVAILABLE] = NAN  # NVML's "not available" is absent, not a count
         gpu = np.full((m, g_max, len(GPU_NUMERIC)), NAN, dtype=np.float64)
-        gpu[e_msg, e_gpu] = table[:, 1:]
+        gpu[e_msg, e_gpu] = values
         present = np.zeros((m, g_max), dtype=bool)
         present[e_msg, e_gpu] = True
         lost = np.zeros((m, g_max), dtype=bool)
         # An entry with no metric at all is a GPU the driver cannot read; an explicit flag also counts.
-        no_metrics = np.isnan(table[:, 1:]).all(axis=1)
+        no_metrics = np.isnan(values).all(axis=1)
         lost[e_msg[no_metrics], e_gpu[no_metrics]] = True
         if len(flagged):
             lost[e_msg[flagged], e_gpu[flagged]] = True
@@ -428,6 +436,7 @@ class TelemetryBatch:
             ib_active=ib_active,
             ib_state_names=state_names,
             ib_state_idx=state_idx,
+            received=np.full(m, NAN),
         )
 
 

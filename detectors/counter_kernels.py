@@ -55,9 +55,9 @@ def counter_pass(  # state and outputs are passed in, so that nothing is allocat
             if d < 0.0:
                 if prev > 0.75 * wrap[j] and v < 0.25 * wrap[j]:  # wrap is inf unless declared
                     d += wrap[j] + 1.0
-                else:
+                else:  # a reset: the new value is the new baseline, no delta
                     reset[i, j] = True
-                    d = v
+                    d = math.nan
             delta[i, j] = d
             saturated[i, j] = v >= sat[j]  # sat is inf unless declared
             last_val[r, j] = v

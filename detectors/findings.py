@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +43,11 @@ KINDS = frozenset(
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 _BASE_SCORE = {"info": 0.3, "warning": 0.6, "critical": 0.9}
+# A finding stays far below the broker's message limit whatever a sample held: its summary is cut
+# and its evidence keeps the entries that fit, naming how many it left out.
+MAX_SUMMARY = 500
+MAX_EVIDENCE_BYTES = 8192
+MAX_ID = 64
 
 
 def finding_id(node: str, gpu: int | None, job: str | None, kind: str, rule: str, first_seen: float) -> str:
@@ -94,14 +99,30 @@ def make_finding(
         kind=kind,
         severity=severity,
         score=float(score),
-        summary=summary,
-        evidence={"rule": rule, **evidence},
+        summary=summary[:MAX_SUMMARY],
+        evidence=bounded_evidence({"rule": rule, **evidence}),
         first_seen=float(first_seen),
         ts=float(ts),
         resolved=bool(resolved),
     )
     validate_finding(f)
     return f
+
+
+def bounded_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
+    """`evidence` if it encodes within MAX_EVIDENCE_BYTES, else the entries that fit, in order, and
+    `truncated`: how many entries were left out."""
+    if len(orjson.dumps(evidence, option=orjson.OPT_SERIALIZE_NUMPY)) <= MAX_EVIDENCE_BYTES:
+        return evidence
+    kept: dict[str, Any] = {}
+    size = 64  # room for the braces and the "truncated" entry
+    for k, v in evidence.items():
+        n = len(orjson.dumps({k: v}, option=orjson.OPT_SERIALIZE_NUMPY))
+        if size + n <= MAX_EVIDENCE_BYTES:
+            kept[k] = v
+            size += n
+    kept["truncated"] = len(evidence) - len(kept)
+    return kept
 
 
 def validate_finding(m: Mapping[str, Any]) -> None:
@@ -121,9 +142,10 @@ def validate_finding(m: Mapping[str, Any]) -> None:
             raise MessageError("missing_field", f"finding.{k} is required")
     if not isinstance(m["id"], str) or not m["id"]:
         raise MessageError("wrong_type", "finding.id must be a non-empty string")
+    schemas._string("finding.id", m["id"], MAX_ID)
     schemas._name("finding.node", m["node"])
     if m.get("gpu") is not None:
-        schemas._integer("finding.gpu", m["gpu"], 0)
+        schemas._integer("finding.gpu", m["gpu"], 0, schemas.MAX_GPU_INDEX)
     if m.get("job") is not None:
         schemas._name("finding.job", m["job"])
     if m["kind"] not in KINDS:
@@ -131,7 +153,7 @@ def validate_finding(m: Mapping[str, Any]) -> None:
     if m["severity"] not in SEVERITY_RANK:
         raise MessageError("out_of_range", f"finding.severity {m['severity']!r} is not one of {SEVERITIES}")
     schemas._number("finding.score", m["score"], 0, 1)
-    schemas._string("finding.summary", m["summary"])
+    schemas._string("finding.summary", m["summary"], MAX_SUMMARY)
     if not isinstance(m["evidence"], dict):
         raise MessageError("wrong_type", "finding.evidence must be an object")
     schemas._number("finding.first_seen", m["first_seen"], 0)
@@ -142,14 +164,43 @@ def validate_finding(m: Mapping[str, Any]) -> None:
         raise MessageError("wrong_type", "finding.resolved must be a boolean")
 
 
-schemas.register(FINDING, validate_finding, "ts")
+schemas.register(FINDING, validate_finding, "ts", key_field="node")
 
 
 # ---------------------------------------------------------------- incident lifecycle
 
 Key = tuple[str, int | None, str | None, str, str]  # (node, gpu, job, kind, rule)
 NextTs = Callable[[str, float], float | None]
+# (kind, rule) -> seconds healthy before an incident of that rule resolves: the detector's config
+ClearAfter = Callable[[str, str], float]
 """next_ts(node, t): the first observed sample time of `node` at or after t, or None if none yet."""
+
+
+FORGOTTEN = "forgotten"  # evidence["resolution"] of an incident resolved because its node was forgotten
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """Nodes a task forgets (pipeline/node_stage.py): each node's last sample time, and how long
+    it had been unseen when it was forgotten. Every per-node detector takes this in `forget`."""
+
+    last_seen: Mapping[str, float]
+    after_s: float
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.last_seen
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.last_seen)
+
+    def __len__(self) -> int:
+        return len(self.last_seen)
+
+    def at(self, node: str) -> float:
+        """The event time the node is forgotten at: its last sample + after_s. It depends on the
+        node alone, not on when a sweep ran, so the resolved findings are the same however the
+        stream was batched."""
+        return self.last_seen[node] + self.after_s
 
 
 @dataclass(slots=True)
@@ -173,10 +224,21 @@ class Incident:
     def key(self) -> Key:
         return (self.node, self.gpu, self.job, self.kind, self.rule)
 
-    def finding(self, ts: float, resolved: bool = False) -> dict[str, Any]:
+    def finding(self, ts: float, resolved: bool = False, unseen_for_s: float | None = None) -> dict[str, Any]:
+        """The finding/1 of this incident at `ts`. Resolved with `unseen_for_s`: not healthy but
+        forgotten (the node sent nothing for that long), which the evidence says, so that act
+        ends the alert without taking the node for repaired (alerts/policy.py)."""
         evidence = dict(self.evidence)
         summary = self.summary
-        if resolved:
+        if resolved and unseen_for_s is not None:
+            evidence.update(
+                last_bad_ts=self.last_bad,
+                bad_samples=self.count,
+                resolution=FORGOTTEN,
+                unseen_for_s=round(unseen_for_s, 3),
+            )
+            summary = f"resolved (node forgotten: no telemetry for {unseen_for_s:.0f} s): {summary}"
+        elif resolved:
             evidence.update(last_bad_ts=self.last_bad, healthy_for_s=self.clear_after, bad_samples=self.count)
             summary = f"resolved: {summary}"
         return make_finding(
@@ -275,6 +337,15 @@ class IncidentBook:
             out.append(inc.finding(ts))
         return out
 
+    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+        """Resolve every open incident of the `gone` nodes, saying they were forgotten."""
+        out: list[dict[str, Any]] = []
+        for key in [k for k in self.open if k[0] in gone]:
+            inc = self.open.pop(key)
+            ts = max(gone.at(inc.node), inc.last_bad)
+            out.append(inc.finding(ts, resolved=True, unseen_for_s=ts - gone.last_seen[inc.node]))
+        return out
+
     def sweep(self, next_ts: NextTs, upto: Callable[[str], float | None]) -> list[dict[str, Any]]:
         """Resolve every incident whose node has been healthy long enough (upto: node -> latest ts)."""
         out: list[dict[str, Any]] = []
@@ -288,12 +359,23 @@ class IncidentBook:
         return out
 
     def to_state(self) -> list[dict[str, Any]]:
-        return [asdict(i) for i in self.open.values()]
+        """The open incidents without their clear_after: that is configuration, which a restore
+        takes from the deployment (from_state), not from whatever config wrote the snapshot."""
+        out = []
+        for inc in self.open.values():
+            d = asdict(inc)
+            del d["clear_after"]
+            out.append(d)
+        return out
 
     @classmethod
-    def from_state(cls, items: list[dict[str, Any]]) -> IncidentBook:
+    def from_state(cls, items: list[dict[str, Any]], clear_after: float | ClearAfter) -> IncidentBook:
+        """clear_after: the deployment's period, one for every incident or per (kind, rule)."""
+        period = clear_after if callable(clear_after) else lambda _kind, _rule: float(clear_after)
         self = cls()
         for d in items:
-            inc = Incident(**d)
+            # Older snapshots carry the clear_after of the config that wrote them: ignored.
+            fields = {k: v for k, v in d.items() if k != "clear_after"}
+            inc = Incident(**fields, clear_after=period(fields["kind"], fields["rule"]))
             self.open[inc.key] = inc
         return self

@@ -39,13 +39,22 @@ Thresholds (HardwareConfig) and why:
   receive errors > 10/h and transmit discards > 100/h are warnings (the default thresholds of
   infiniband-diags' ibcheckerrs); an error counter stuck at its saturation maximum (16-bit fields
   saturate per the IB spec) is a warning, since its rate can no longer be measured.
+- Counter reset: a cumulative counter that goes down (driver reload, GPU reset, reboot, cleared IB
+  counters, or a garbled read) is re-baselined (counters.py) and reported as an info finding, rule
+  counter_reset, per GPU and counter family or per node for IB ports: a reset is maintenance to
+  know about, never a page or a drain (it used to count the new value as new errors, so 3 -> 2
+  uncorrectable errors read as 2 new ones).
+- IB rules are judged per port and reported per node and rule (the ports in the evidence, at most
+  MAX_LISTED, with their total): a node has a handful of ports, but one sample may list 256, and
+  one finding per port would let one sample flood the pipeline (and a drain request's id list).
 - Every incident resolves after `clear_after_s` = 300 s without a bad sample (XID bursts after
   `xid_quiet_s`), with one more finding carrying resolved=true.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -54,6 +63,7 @@ import orjson
 from detectors import xid_catalog
 from detectors.batch import GPU_COL, IB_COL, NodeRegistry, TelemetryBatch
 from detectors.counters import (
+    Compaction,
     CounterTracker,
     DecayingCount,
     RunLength,
@@ -63,7 +73,7 @@ from detectors.counters import (
     grow,
     increasing_in_group,
 )
-from detectors.findings import SEVERITIES, SEVERITY_RANK, IncidentBook, severity_score
+from detectors.findings import SEVERITIES, SEVERITY_RANK, Forgotten, IncidentBook, severity_score
 from fleetwatch.schemas import GPU_COUNTERS
 
 STATE_VERSION = 1
@@ -84,6 +94,22 @@ IB_LIMITS = {
     "xmit_discards": (16, "saturate"),
 }
 IB_ERROR_COUNTERS = ("symbol_errors", "link_downed", "rcv_errors", "xmit_discards")
+# The finding kind a reset of each GPU counter is reported under (the subsystem it counts).
+RESET_KIND = {
+    "ecc_sbe_volatile": "ecc",
+    "ecc_dbe_volatile": "ecc",
+    "ecc_sbe_aggregate": "ecc",
+    "ecc_dbe_aggregate": "ecc",
+    "retired_pages": "ecc",
+    "remapped_rows_pending": "row_remap",
+    "remapped_rows_failure": "row_remap",
+    "remapped_rows_correctable": "row_remap",
+    "remapped_rows_uncorrectable": "row_remap",
+    "nvlink_crc_errors": "nvlink",
+    "nvlink_replay_errors": "nvlink",
+    "pcie_replay": "pcie",
+}
+MAX_LISTED = 16  # ports (or XID codes) named in one finding's evidence; the rest are counted
 
 _GC = {name: i for i, name in enumerate(GPU_COUNTERS)}
 _GPU_COUNTER_COLS = np.array([GPU_COL[c] for c in GPU_COUNTERS])
@@ -135,11 +161,11 @@ class HardwareDetector:
         # columns: sbe (1 h), nvlink crc, nvlink replay, pcie replay (rate window)
         self.gpu_decay = DecayingCount((3600.0, w, w, w))
         self.gpu_runs = RunLength(2)  # thermal, power brake
-        # IB port entities: (node row, "device/port") -> entity row, the form snapshots keep; the
-        # same as a node row x port code table (-1 = never seen) for vectorised lookups.
-        self.ib_rows: dict[tuple[int, str], int] = {}
+        # IB port entities: a node row x port code table (-1 = never seen) of entity rows, for
+        # vectorised lookups; snapshots keep it as (node row, "device/port", entity row) triples.
         self.ib_ports = NodeRegistry()  # "device/port" -> port code
         self.ib_table = np.full((0, 0), -1, dtype=np.int64)
+        self.n_ib = 0
         self.ib_counters = CounterTracker(IB_COUNTERS, IB_LIMITS)
         iw = self.cfg.ib_window_s
         self.ib_decay = DecayingCount((iw, iw, iw))  # symbol, rcv, xmit_discards
@@ -150,17 +176,18 @@ class HardwareDetector:
     def to_state(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
-            "config": asdict(self.cfg),
+            # No "config": a restore takes its configuration from the deployment (from_state).
             "nodes": list(self.nodes.names),
             "node_ts": encode_array(self.node_ts[: len(self.nodes)]),
             "gpu_rows": encode_array(self.gpu_rows[: len(self.nodes)]),
             "n_gpu": self.n_gpu,
-            "gpu_counters": self.gpu_counters.to_state(),
-            "gpu_decay": self.gpu_decay.to_state(),
-            "gpu_runs": self.gpu_runs.to_state(),
-            "ib_rows": [[r, k, e] for (r, k), e in self.ib_rows.items()],
-            "ib_counters": self.ib_counters.to_state(),
-            "ib_decay": self.ib_decay.to_state(),
+            # entity rows in use only: the arrays' spare rows (they grow by doubling) are not state
+            "gpu_counters": self.gpu_counters.to_state(self.n_gpu),
+            "gpu_decay": self.gpu_decay.to_state(self.n_gpu),
+            "gpu_runs": self.gpu_runs.to_state(self.n_gpu),
+            "ib_rows": self._ib_triples(),
+            "ib_counters": self.ib_counters.to_state(self.n_ib),
+            "ib_decay": self.ib_decay.to_state(self.n_ib),
             "incidents": self.book.to_state(),
         }
 
@@ -168,32 +195,75 @@ class HardwareDetector:
         return orjson.dumps(self.to_state())
 
     @classmethod
-    def from_state(cls, d: dict[str, Any]) -> HardwareDetector:
+    def from_state(cls, d: dict[str, Any], config: HardwareConfig | None = None) -> HardwareDetector:
+        """State from the snapshot, thresholds and windows from `config` (the deployment's; an old
+        snapshot's "config" is ignored). The decaying counts are shaped by the rules, not by the
+        window lengths, so a changed window restores too (DecayingCount.from_state says what the
+        counts then mean)."""
         if d.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported hardware detector state version {d.get('version')!r}")
-        self = cls(HardwareConfig(**d["config"]))
+        self = cls(config)
         self.nodes = NodeRegistry(d["nodes"])
         self.node_ts = decode_array(d["node_ts"])
         self.gpu_rows = decode_array(d["gpu_rows"])
         self.n_gpu = int(d["n_gpu"])
-        self.gpu_counters = CounterTracker.from_state(d["gpu_counters"])
-        self.gpu_decay = DecayingCount.from_state(d["gpu_decay"])
+        self.gpu_counters = CounterTracker.from_state(d["gpu_counters"], GPU_COUNTERS)
+        self.gpu_decay = DecayingCount.from_state(d["gpu_decay"], tuple(self.gpu_decay.tau))
         self.gpu_runs = RunLength.from_state(d["gpu_runs"])
-        self.ib_rows = {(int(r), str(k)): int(e) for r, k, e in d["ib_rows"]}
-        if self.ib_rows:
+        triples = d["ib_rows"]
+        self.n_ib = len(triples)
+        if triples:
             self._ib_table_set(
-                np.fromiter((r for r, _k in self.ib_rows), np.int64, len(self.ib_rows)),
-                self.ib_ports.lookup([k for _r, k in self.ib_rows]),
-                np.fromiter(self.ib_rows.values(), np.int64, len(self.ib_rows)),
+                np.fromiter((r for r, _k, _e in triples), np.int64, len(triples)),
+                self.ib_ports.lookup([str(k) for _r, k, _e in triples]),
+                np.fromiter((e for _r, _k, e in triples), np.int64, len(triples)),
             )
-        self.ib_counters = CounterTracker.from_state(d["ib_counters"])
-        self.ib_decay = DecayingCount.from_state(d["ib_decay"])
-        self.book = IncidentBook.from_state(d["incidents"])
+        self.ib_counters = CounterTracker.from_state(d["ib_counters"], IB_COUNTERS)
+        self.ib_decay = DecayingCount.from_state(d["ib_decay"], tuple(self.ib_decay.tau))
+        self.book = IncidentBook.from_state(d["incidents"], self._clear_after)
         return self
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> HardwareDetector:
-        return cls.from_state(orjson.loads(raw))
+    def from_bytes(cls, raw: bytes, config: HardwareConfig | None = None) -> HardwareDetector:
+        return cls.from_state(orjson.loads(raw), config)
+
+    def _ib_triples(self) -> list[list[Any]]:
+        """[node row, "device/port", entity row] of every IB port entity, in entity order."""
+        rows, codes = np.nonzero(self.ib_table >= 0)
+        ents = self.ib_table[rows, codes]
+        order = np.argsort(ents, kind="stable")
+        names = self.ib_ports.names
+        return [
+            [r, names[c], e]
+            for r, c, e in zip(rows[order].tolist(), codes[order].tolist(), ents[order].tolist(), strict=True)
+        ]
+
+    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+        """Forgotten nodes (pipeline/node_stage.py): their open incidents resolve, saying so, and
+        their rows go from every table: node rows, then the entity rows of their GPUs and IB ports
+        (counters, decaying counts, runs), renumbered densely so that memory and snapshots shrink."""
+        out = self.book.forget(gone)
+        drop = [self.nodes.rows[n] for n in gone if n in self.nodes.rows]
+        if not drop:
+            return out
+        nodes = Compaction.dropping(len(self.nodes), np.array(drop, dtype=np.int64))
+        self.nodes = NodeRegistry(compress(self.nodes.names, nodes.new >= 0))
+        self.node_ts = nodes.take(self.node_ts, -np.inf)
+        grid = nodes.take(self.gpu_rows, -1)
+        gpus = Compaction.referenced(self.n_gpu, grid)
+        self.gpu_rows, self.n_gpu = gpus.renumber(grid), len(gpus.keep)
+        for gpu_state in (self.gpu_counters, self.gpu_decay, self.gpu_runs):
+            gpu_state.compact(gpus)
+        table = nodes.take(self.ib_table, -1)
+        ports = Compaction.referenced(self.n_ib, table)
+        self.ib_table, self.n_ib = ports.renumber(table), len(ports.keep)
+        for port_state in (self.ib_counters, self.ib_decay):
+            port_state.compact(ports)
+        return out
+
+    def _clear_after(self, kind: str, rule: str) -> float:
+        """An incident's healthy period before it resolves, as the rules below open it."""
+        return self.cfg.xid_quiet_s if (kind, rule) == ("xid", "xid_burst") else self.cfg.clear_after_s
 
     # ------------------------------------------------------------ main entry
 
@@ -434,8 +504,28 @@ class HardwareDetector:
                     },
                 )
 
+            self._gpu_resets(hit, cu.reset, vals)
         out += self._lost_rules(batch, acc, ctx, present, first_pos)
         return out
+
+    @staticmethod
+    def _gpu_resets(hit: _Hits, reset: np.ndarray, vals: np.ndarray) -> None:
+        """One info finding per GPU and counter family whose counters went down in this sample."""
+        for i in np.flatnonzero(reset.any(axis=1)):
+            by_kind: dict[str, dict[str, Any]] = {}
+            for j in np.flatnonzero(reset[i]).tolist():
+                name = GPU_COUNTERS[j]
+                by_kind.setdefault(RESET_KIND[name], {})[name] = _f(vals[i, GPU_COL[name]])
+            for kind, counters in by_kind.items():
+                hit(
+                    i,
+                    kind,
+                    "counter_reset",
+                    "info",
+                    1.0,
+                    f"{', '.join(counters)} went down (GPU reset, driver reload or reboot): re-baselined",
+                    {"counters": counters},
+                )
 
     def _lost_rules(
         self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx, present: np.ndarray, first_pos: np.ndarray
@@ -490,9 +580,12 @@ class HardwareDetector:
                 out.append(done)
             inc = self.book.get(key)
             counts: dict[str, int] = dict(inc.extra["counts"]) if inc else {}
-            counts[str(code)] = counts.get(str(code), 0) + 1
+            # at most MAX_LISTED distinct codes are named; a burst of many distinct ones counts the
+            # rest as "other", so an incident's evidence stays small however long it lasts
+            name = str(code) if str(code) in counts or len(counts) < MAX_LISTED else "other"
+            counts[name] = counts.get(name, 0) + 1
             total = sum(counts.values())
-            infos = [xid_catalog.lookup(int(c)) for c in counts]
+            infos = [xid_catalog.lookup(int(c)) for c in counts if c != "other"]
             worst = max(infos, key=lambda x: SEVERITY_RANK[x.severity])  # first-seen wins ties
             rank = SEVERITY_RANK[worst.severity]
             if total >= cfg.xid_burst_escalate:
@@ -548,11 +641,9 @@ class HardwareDetector:
         if new.any():
             first_ix = _first_appearances(rows[new] * (int(codes.max()) + 1) + codes[new])
             nr, nc = rows[new][first_ix], codes[new][first_ix]
-            ne = np.arange(len(self.ib_rows), len(self.ib_rows) + len(first_ix))
+            ne = np.arange(self.n_ib, self.n_ib + len(first_ix))
             self._ib_table_set(nr, nc, ne)
-            names = self.ib_ports.names
-            for r, c, e in zip(nr.tolist(), nc.tolist(), ne.tolist(), strict=True):
-                self.ib_rows[(r, names[c])] = e
+            self.n_ib += len(first_ix)
             ent = self.ib_table[rows, codes]
         return ent
 
@@ -581,33 +672,30 @@ class HardwareDetector:
         cfg = self.cfg
         out: list[dict[str, Any]] = []
         hit = _Hits(self, ctx, pos, None, out)
+        per_node = _PerMessage(pos)
         rate_unit = cfg.ib_window_s / 3600.0  # thresholds are per hour; the window may differ
-        for i in np.flatnonzero(active == 0):
-            state = batch.ib_state_names[int(batch.ib_state_idx[sel[i]])]
+        for i, ports in per_node(active == 0):
+            states = sorted({str(batch.ib_state_names[int(batch.ib_state_idx[sel[j]])]) for j in ports})
             hit(
                 i,
                 "ib_link",
-                f"ib_port_state:{keys[i]}",
+                "ib_port_state",
                 "critical",
                 1.0,
-                f"IB port {keys[i]} is {state}, not ACTIVE (drain node)",
-                {
-                    "port": keys[i],
-                    "state": state,
-                    "rate_gbps": _f(vals[i, IB_COL["rate_gbps"]]),
-                },
+                f"IB {_ports_text(keys, ports)} not ACTIVE ({', '.join(states)[:80]}) (drain node)",
+                {**_ports(keys, ports), "states": states[:MAX_LISTED]},
             )
         with np.errstate(invalid="ignore"):
             ld = d[:, _IC["link_downed"]]
-            for i in np.flatnonzero(ld > 0):
+            for i, ports in per_node(ld > 0):
                 hit(
                     i,
                     "ib_link",
-                    f"ib_link_downed:{keys[i]}",
+                    "ib_link_downed",
                     "critical",
                     1.0,
-                    f"IB port {keys[i]} link went down {_f(ld[i])}x (drain node)",
-                    {"port": keys[i], "link_downed": _f(vals[i, IB_COL["link_downed"]]), "delta": _f(ld[i])},
+                    f"IB {_ports_text(keys, ports)} link went down {_f(ld[ports].sum())}x (drain node)",
+                    {**_ports(keys, ports), "delta": _f(ld[ports].sum())},
                 )
             for c, name, per_hour in (
                 (0, "symbol_errors", cfg.ib_symbol_per_hour),
@@ -615,44 +703,86 @@ class HardwareDetector:
                 (2, "xmit_discards", cfg.ib_xmit_discards_per_hour),
             ):
                 limit = per_hour * rate_unit
-                for i in np.flatnonzero(win[:, c] > limit):
-                    ratio = win[i, c] / limit
+                for _i, ports in per_node(win[:, c] > limit):
+                    worst = ports[int(np.argmax(win[ports, c]))]
+                    ratio = win[worst, c] / limit
                     sev = "critical" if ratio > cfg.critical_factor else "warning"
                     hit(
-                        i,
+                        worst,
                         "ib_link",
-                        f"ib_{name}:{keys[i]}",
+                        f"ib_{name}",
                         sev,
                         ratio,
-                        f"IB port {keys[i]} {name.replace('_', ' ')} "
-                        f"{win[i, c] / rate_unit:.0f}/h above {per_hour:g}/h",
+                        f"IB {_ports_text(keys, ports)} {name.replace('_', ' ')} up to "
+                        f"{win[worst, c] / rate_unit:.0f}/h above {per_hour:g}/h",
                         {
-                            "port": keys[i],
-                            "per_window": _f(win[i, c]),
+                            **_ports(keys, ports),
+                            "worst_port": keys[worst],
+                            "per_window": _f(win[worst, c]),
                             "window_s": cfg.ib_window_s,
                             "threshold_per_window": limit,
-                            "counter": _f(vals[i, IB_COL[name]]),
-                            "delta": _f(d[i, _IC[name]]),
+                            "counter": _f(vals[worst, IB_COL[name]]),
+                            "delta": _f(d[worst, _IC[name]]),
                         },
                     )
             err_cols = [_IC[c] for c in IB_ERROR_COUNTERS]
             sat = cu.saturated[:, err_cols]
-            for i in np.flatnonzero(sat.any(axis=1)):
-                which = [IB_ERROR_COUNTERS[j] for j in np.flatnonzero(sat[i])]
+            for i, ports in per_node(sat.any(axis=1)):
+                which = sorted({IB_ERROR_COUNTERS[j] for p in ports for j in np.flatnonzero(sat[p])})
                 hit(
                     i,
                     "ib_link",
-                    f"ib_counter_saturated:{keys[i]}",
+                    "ib_counter_saturated",
                     "warning",
                     1.0,
-                    f"IB port {keys[i]} counters saturated ({', '.join(which)}); clear them (perfquery -x)",
-                    {
-                        "port": keys[i],
-                        "saturated": which,
-                        "values": {c: _f(vals[i, IB_COL[c]]) for c in which},
-                    },
+                    f"IB {_ports_text(keys, ports)} counters saturated ({', '.join(which)}); "
+                    "clear them (perfquery -x)",
+                    {**_ports(keys, ports), "saturated": which},
+                )
+            for i, ports in per_node(cu.reset.any(axis=1)):
+                hit(
+                    i,
+                    "ib_link",
+                    "counter_reset",
+                    "info",
+                    1.0,
+                    f"IB {_ports_text(keys, ports)} counters went down (cleared or reset): re-baselined",
+                    _ports(keys, ports),
                 )
         return out
+
+
+class _PerMessage:
+    """Groups a batch's flagged port elements by the message (node sample) they belong to, so a
+    rule yields one finding per node and sample, not one per port."""
+
+    def __init__(self, pos: np.ndarray) -> None:
+        self.pos = pos  # each element's message, ascending
+
+    def __call__(self, flagged: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(first flagged element, all flagged elements) per message, in message order."""
+        idx = np.flatnonzero(flagged)
+        if len(idx) == 0:
+            return []
+        starts = np.flatnonzero(np.r_[True, self.pos[idx][1:] != self.pos[idx][:-1]])
+        groups = np.split(idx, starts[1:])
+        return [(int(g[0]), g) for g in groups]
+
+
+def _ports(keys: _Names, ports: np.ndarray) -> dict[str, Any]:
+    """Evidence naming the ports (at most MAX_LISTED) and how many there are."""
+    names = sorted({keys[p] for p in ports.tolist()})
+    return {"ports": names[:MAX_LISTED], "ports_total": len(names)}
+
+
+def _ports_text(keys: _Names, ports: np.ndarray) -> str:
+    names = sorted({keys[p] for p in ports.tolist()})
+    shown = ", ".join(names[:3])
+    return (
+        f"port {shown}"
+        if len(names) == 1
+        else f"ports {shown}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    )
 
 
 def _first_appearances(key: np.ndarray) -> np.ndarray:

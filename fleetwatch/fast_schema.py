@@ -24,28 +24,28 @@ import msgspec
 from fleetwatch import schemas as s
 
 _UNSET = msgspec.UNSET
+_Ident = Annotated[str, msgspec.Meta(max_length=s.MAX_ID_LEN)]
 
 
 def _numeric(check: s.Check) -> Any:
     lo, hi, integer = s._RANGES[check]
-    if integer:  # an int cannot be infinite; the upper bound exists to reject inf floats
-        return (
-            Annotated[int, msgspec.Meta(ge=int(lo))]
-            if hi == s._BIG
-            else Annotated[int, msgspec.Meta(ge=int(lo), le=int(hi))]
-        )
+    if integer:
+        # msgspec's bounds stop at int64: a counter beyond it (up to 2**64 - 1) is refused here and
+        # taken by the Python validator, so decode() still accepts it (as a dict)
+        return Annotated[int, msgspec.Meta(ge=int(lo), le=min(int(hi), s.I64_MAX))]
     return Annotated[float, msgspec.Meta(ge=float(lo), le=float(hi))]
 
 
 def _field_type(check: s.Check) -> Any:
     if check in s._RANGES:
         return _numeric(check)
-    if check is s._string:
-        return str
-    if check is s._any_name:
-        return str | int
+    if check is s._ident:
+        return _Ident
+    if check is s._port:
+        return _Ident | Annotated[int, msgspec.Meta(ge=0, le=s.MAX_PORT_NUMBER)]
     if check is s._xids:
-        return Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=s.MAX_XIDS)]
+        xid = Annotated[int, msgspec.Meta(ge=0, le=s.MAX_XID)]
+        return Annotated[list[xid], msgspec.Meta(max_length=s.MAX_XIDS)]
     raise TypeError(f"no msgspec type for {check.__name__}")
 
 
@@ -87,14 +87,25 @@ _Net = msgspec.defstruct(
     ],
     gc=False,
 )
-_Agent = msgspec.defstruct("Agent", [("source_errors", dict[str, str] | msgspec.UnsetType, _UNSET)], gc=False)
+_SourceErrors = Annotated[
+    dict[_Ident, Annotated[str, msgspec.Meta(max_length=s.MAX_ERROR_LEN)]],
+    msgspec.Meta(max_length=s.MAX_SOURCE_ERRORS),
+]
+_Agent = msgspec.defstruct(
+    "Agent",
+    [
+        ("source_errors", _SourceErrors | msgspec.UnsetType, _UNSET),
+        ("version", _Ident | msgspec.UnsetType, _UNSET),
+    ],
+    gc=False,
+)
 _Telemetry = msgspec.defstruct(
     "Telemetry",
     [
         ("schema", Literal["telemetry/1"]),
-        ("node", Annotated[str, msgspec.Meta(pattern=s.NAME_RE.pattern)]),
+        ("node", Annotated[str, msgspec.Meta(pattern=s.NAME_PATTERN)]),
         ("ts", _numeric(s._nonneg)),
-        ("seq", Annotated[int, msgspec.Meta(ge=0)]),
+        ("seq", Annotated[int, msgspec.Meta(ge=0, le=s.I64_MAX)]),
         ("gpus", Annotated[list[_Gpu], msgspec.Meta(max_length=s.MAX_GPUS)]),
         ("host", _Host | msgspec.UnsetType, _UNSET),
         ("net", _Net | msgspec.UnsetType, _UNSET),
@@ -110,10 +121,11 @@ Telemetry = _Telemetry  # the decoded type, for isinstance checks
 
 def decode_telemetry(raw: bytes) -> Any | None:
     """The decoded struct if `raw` is a valid telemetry/1 message (GPU indices unique), else None:
-    ask the slow path, which names the problem."""
+    ask the slow path, which names the problem. Only the values: fleetwatch.strict_json checks the
+    JSON itself (msgspec keeps the last of duplicate keys and skips unread fields unchecked)."""
     try:
         t = _decoder.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):  # deep unknown values recurse
         return None
     if len(t.gpus) > 1 and len({g.index for g in t.gpus}) != len(t.gpus):
         return None

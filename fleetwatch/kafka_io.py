@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.admin import NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from fleetwatch import topics
@@ -155,13 +155,36 @@ def wait_for_broker(bootstrap: str, timeout_s: float | None = None) -> None:
     raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s ({last})")
 
 
+LOG_APPEND_TIME = 1  # ConsumerRecord.timestamp_type of a record the broker timestamped
+
+
+def topic_configs(name: str) -> dict[str, str]:
+    """The configuration fleetwatch creates a topic with."""
+    cfg: dict[str, str] = {}
+    if name in topics.COMPACTED:
+        cfg["cleanup.policy"] = "compact"
+    if name in topics.BROKER_TIMED:
+        cfg["message.timestamp.type"] = "LogAppendTime"
+    return cfg
+
+
+def reference_time(record: Any, now: float) -> float:
+    """A consumed record's reference time for clock checks (seconds): when the broker appended it,
+    or `now` where its topic keeps the producer's time (see topics.BROKER_TIMED)."""
+    if record.timestamp_type == LOG_APPEND_TIME:
+        return float(record.timestamp) / 1000.0
+    return now
+
+
 def ensure_topics(
     bootstrap: str, names: Iterable[str] = topics.ALL, partitions: int = 4, replication: int | None = None
 ) -> None:
-    """Create the topics that are missing (compacted ones with cleanup.policy=compact).
+    """Create the topics that are missing, with topic_configs(); and keep LogAppendTime on the
+    existing BROKER_TIMED ones (topics made before it was set, or by someone else).
 
     Replication defaults to FLEETWATCH_KAFKA_REPLICATION, else 1 (the local single-node broker).
     """
+    names = list(names)
     replication = replication or int(os.environ.get("FLEETWATCH_KAFKA_REPLICATION", "1"))
     admin = make_admin(bootstrap)
     try:
@@ -171,7 +194,7 @@ def ensure_topics(
                 name,
                 num_partitions=partitions,
                 replication_factor=replication,
-                topic_configs={"cleanup.policy": "compact"} if name in topics.COMPACTED else {},
+                topic_configs=topic_configs(name),
             )
             for name in names
             if name not in existing
@@ -180,5 +203,26 @@ def ensure_topics(
             with contextlib.suppress(TopicAlreadyExistsError):  # another process created them meanwhile
                 admin.create_topics(new)
             log.info("created topics %s", [t.name for t in new])
+        timed = [n for n in names if n in existing and n in topics.BROKER_TIMED]
+        if timed:
+            _keep_log_append_time(admin, timed)
     finally:
         admin.close()
+
+
+def _keep_log_append_time(admin: KafkaAdminClient, names: list[str]) -> None:
+    # An incremental SET (kafka-python uses IncrementalAlterConfigs where the broker has it, which
+    # every 2.3+ broker does): the topic's other settings stay as they are. Idempotent.
+    resources = [
+        ConfigResource(ConfigResourceType.TOPIC, n, configs={"message.timestamp.type": "LogAppendTime"})
+        for n in names
+    ]
+    try:
+        admin.alter_configs(resources)
+    except (KafkaError, ValueError) as e:
+        log.warning(
+            "could not set message.timestamp.type=LogAppendTime on %s (%s): clock checks of their "
+            "records use the reader's clock instead of the broker's",
+            names,
+            e,
+        )

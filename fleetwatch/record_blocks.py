@@ -33,17 +33,24 @@ log = logging.getLogger(__name__)
 
 _HEADER = 61  # bytes of a v2 batch header: base offset .. record count
 _CRC_FROM = 21  # the CRC covers the batch from its attributes on
+_LOG_APPEND_TIME = 1  # a record's timestamp type (ConsumerRecord.timestamp_type); attribute bit 0x08
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RecordBlock:
     """Records of one partition in offset order: record k's value is buf[starts[k]:ends[k]]
-    (starts[k] = -1: a null value, a tombstone). buf is read-only."""
+    (starts[k] = -1: a null value, a tombstone), its key buf[key_starts[k]:key_ends[k]] (-1: no
+    key), append_ms[k] the time the broker appended it in ms where the topic keeps LogAppendTime
+    (-1 where it keeps the producer's CreateTime, which says nothing the producer does not). buf is
+    read-only."""
 
     buf: np.ndarray  # uint8
     offsets: np.ndarray  # int64
     starts: np.ndarray  # int64
     ends: np.ndarray  # int64
+    key_starts: np.ndarray  # int64
+    key_ends: np.ndarray  # int64
+    append_ms: np.ndarray  # int64
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -55,21 +62,55 @@ class RecordBlock:
     def values(self) -> list[bytes | None]:
         return [self.value(k) for k in range(len(self))]
 
+    def key(self, k: int) -> bytes | None:
+        a = int(self.key_starts[k])
+        return None if a < 0 else self.buf[a : int(self.key_ends[k])].tobytes()
+
+    def keys(self) -> list[bytes | None]:
+        return [self.key(k) for k in range(len(self))]
+
+    def reference_times(self, now: float) -> np.ndarray:
+        """Each record's reference time for clock checks, in seconds: when the broker appended it,
+        or `now` (the reader's clock) where the topic does not keep append times."""
+        return np.where(self.append_ms >= 0, self.append_ms / 1000.0, now)
+
+    def subset(self, rows: Sequence[int] | np.ndarray) -> RecordBlock:
+        """The records at these positions, in the order given, over the same buffer."""
+        rows = np.asarray(rows, dtype=np.int64)
+        cols = (self.offsets, self.starts, self.ends, self.key_starts, self.key_ends, self.append_ms)
+        return RecordBlock(self.buf, *(c[rows] for c in cols))
+
     def split(self, k: int) -> tuple[RecordBlock, RecordBlock]:
         """(the first k records, the rest), both over the same buffer."""
-        head = RecordBlock(self.buf, self.offsets[:k], self.starts[:k], self.ends[:k])
-        return head, RecordBlock(self.buf, self.offsets[k:], self.starts[k:], self.ends[k:])
+        cols = (self.offsets, self.starts, self.ends, self.key_starts, self.key_ends, self.append_ms)
+        return RecordBlock(self.buf, *(c[:k] for c in cols)), RecordBlock(self.buf, *(c[k:] for c in cols))
 
     @classmethod
-    def from_values(cls, values: Sequence[bytes | None], offsets: Sequence[int] | None = None) -> RecordBlock:
-        """A block holding copies of `values` (offsets 0.. unless given)."""
-        lens = np.fromiter((-1 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
+    def from_values(
+        cls,
+        values: Sequence[bytes | None],
+        offsets: Sequence[int] | None = None,
+        keys: Sequence[bytes | None] | None = None,
+        append_ms: Sequence[int] | None = None,
+    ) -> RecordBlock:
+        """A block holding copies of `values` (offsets 0.. unless given; no keys and no append
+        times unless given)."""
+        n = len(values)
+        keys = [None] * n if keys is None else keys
+        parts = [*values, *keys]
+        lens = np.fromiter((-1 if v is None else len(v) for v in parts), dtype=np.int64, count=2 * n)
         ends = np.cumsum(np.maximum(lens, 0))
         starts = np.where(lens < 0, -1, ends - np.maximum(lens, 0))
-        buf = _read_only(np.frombuffer(b"".join(v for v in values if v is not None), dtype=np.uint8))
-        if offsets is None:
-            return cls(buf, np.arange(len(values), dtype=np.int64), starts, ends)
-        return cls(buf, np.asarray(offsets, dtype=np.int64), starts, ends)
+        buf = _read_only(np.frombuffer(b"".join(v for v in parts if v is not None), dtype=np.uint8))
+        return cls(
+            buf,
+            np.arange(n, dtype=np.int64) if offsets is None else np.asarray(offsets, dtype=np.int64),
+            starts[:n],
+            ends[:n],
+            starts[n:],
+            ends[n:],
+            np.full(n, -1, dtype=np.int64) if append_ms is None else np.asarray(append_ms, dtype=np.int64),
+        )
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
@@ -87,15 +128,21 @@ def gather(items: Sequence[Any]) -> RecordBlock:
     if len(items) == 1 and type(items[0]) is RecordBlock:
         return items[0]
     values: list[bytes | None] = []
+    keys: list[bytes | None] = []
     offsets: list[int] = []
+    append_ms: list[int] = []
     for item in items:
         if type(item) is RecordBlock:
             values += item.values()
+            keys += item.keys()
             offsets += item.offsets.tolist()
+            append_ms += item.append_ms.tolist()
         else:
             values.append(item.value)
+            keys.append(item.key)
             offsets.append(item.offset)
-    return RecordBlock.from_values(values, offsets)
+            append_ms.append(item.timestamp if item.timestamp_type == _LOG_APPEND_TIME else -1)
+    return RecordBlock.from_values(values, offsets, keys, append_ms)
 
 
 # ---------------------------------------------------------------- the compiled reader
@@ -135,9 +182,10 @@ def _be(buf, pos, size):  # type: ignore[no-untyped-def]
 def _parse(buf, fetch_offset):  # type: ignore[no-untyped-def]
     """The leading run of plain batches in buf that parse (CRCs aside): up to the first batch that
     is not plain (v2, uncompressed, not control, no record headers), does not parse, or is not
-    complete (a fetch may end in part of one). Returns (offsets, starts, ends of its records;
-    one row per batch: stored CRC, CRC span from, to (the batch's end), next fetch offset, leader
-    epoch, index of its first record)."""
+    complete (a fetch may end in part of one). Returns (offsets, value starts, value ends, key
+    starts, key ends, append times (ms, -1 for CreateTime batches) of its records; one row per
+    batch: stored CRC, CRC span from, to (the batch's end), next fetch offset, leader epoch, index
+    of its first record)."""
     n = len(buf)
     # pass 1: the complete batches that may be plain, and the records they declare
     nb = 0
@@ -157,12 +205,18 @@ def _parse(buf, fetch_offset):  # type: ignore[no-untyped-def]
     offsets = np.empty(total, dtype=np.int64)
     starts = np.empty(total, dtype=np.int64)
     ends = np.empty(total, dtype=np.int64)
+    key_starts = np.empty(total, dtype=np.int64)
+    key_ends = np.empty(total, dtype=np.int64)
+    append_ms = np.empty(total, dtype=np.int64)
     table = np.empty((nb, 6), dtype=np.int64)
     m = 0
     pos = 0
     for b in range(nb):
         end = pos + 12 + _be(buf, pos + 8, 4)
         base = _be(buf, pos, 8)
+        # LogAppendTime (attribute bit 0x08): every record's time is the batch's max timestamp,
+        # which the broker set when it appended the batch (as kafka-python reads it)
+        appended = _be(buf, pos + 35, 8) if _be(buf, pos + 21, 2) & 0x08 else -1
         first = m
         p = pos + _HEADER
         for _ in range(_be(buf, pos + 57, 4)):
@@ -184,8 +238,10 @@ def _parse(buf, fetch_offset):  # type: ignore[no-untyped-def]
             if p < 0 or key_len > rec_end - p:
                 p = -1
                 break
+            key_at = p if key_len >= 0 else -1
             if key_len > 0:
                 p += key_len
+            key_end = p
             value_len, p = _varint(buf, p, rec_end)
             if p < 0 or value_len > rec_end - p:
                 p = -1
@@ -206,9 +262,20 @@ def _parse(buf, fetch_offset):  # type: ignore[no-untyped-def]
                 offsets[m] = offset
                 starts[m] = value_at
                 ends[m] = value_end
+                key_starts[m] = key_at
+                key_ends[m] = key_end
+                append_ms[m] = appended
                 m += 1
         if p != end:  # this batch and what follows are left to kafka-python
-            return offsets[:first], starts[:first], ends[:first], table[:b]
+            return (
+                offsets[:first],
+                starts[:first],
+                ends[:first],
+                key_starts[:first],
+                key_ends[:first],
+                append_ms[:first],
+                table[:b],
+            )
         table[b, 0] = _be(buf, pos + 17, 4) & 0xFFFFFFFF
         table[b, 1] = pos + _CRC_FROM
         table[b, 2] = end
@@ -216,7 +283,7 @@ def _parse(buf, fetch_offset):  # type: ignore[no-untyped-def]
         table[b, 4] = _be(buf, pos + 12, 4)
         table[b, 5] = first
         pos = end
-    return offsets[:m], starts[:m], ends[:m], table
+    return offsets[:m], starts[:m], ends[:m], key_starts[:m], key_ends[:m], append_ms[:m], table
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +301,7 @@ def parse_fetch(data: bytes | memoryview, fetch_offset: int, check_crcs: bool = 
     first where `check_crcs` (the batch that fails, and the rest, are left to kafka-python's
     reader, which raises CorruptRecordError for it)."""
     buf = _read_only(np.frombuffer(data, dtype=np.uint8))
-    offsets, starts, ends, table = _parse(buf, fetch_offset)
+    *columns, table = _parse(buf, fetch_offset)
     nb = len(table)
     if check_crcs:
         view = memoryview(data).cast("B")
@@ -243,10 +310,10 @@ def parse_fetch(data: bytes | memoryview, fetch_offset: int, check_crcs: bool = 
                 nb = b
                 break
     if nb == 0:
-        return ParsedFetch(RecordBlock(buf, offsets[:0], starts[:0], ends[:0]), 0, -1, -1)
-    m = len(offsets) if nb == len(table) else int(table[nb, 5])
+        return ParsedFetch(RecordBlock(buf, *(c[:0] for c in columns)), 0, -1, -1)
+    m = len(columns[0]) if nb == len(table) else int(table[nb, 5])
     _crc, _from, read_to, next_offset, epoch, _first = table[nb - 1].tolist()
-    return ParsedFetch(RecordBlock(buf, offsets[:m], starts[:m], ends[:m]), read_to, next_offset, epoch)
+    return ParsedFetch(RecordBlock(buf, *(c[:m] for c in columns)), read_to, next_offset, epoch)
 
 
 class _Taken(list):  # type: ignore[type-arg]

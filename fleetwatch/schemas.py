@@ -12,9 +12,13 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
+
+from fleetwatch import strict_json
 
 TELEMETRY = "telemetry/1"
 JOB = "job/1"
@@ -29,6 +33,19 @@ MAX_GPU_INDEX = 63
 MAX_GPUS = 64
 MAX_PORTS = 256
 MAX_XIDS = 1024  # XID events of one GPU in one sample (the NVML collector drains at most 1024)
+# Integers have declared ranges: detectors hold them in int64/float64 arrays, and one value beyond
+# them must be refused here, not overflow there. Counters are unsigned 64-bit, as NVML reports them
+# (its "not available" sentinels are handled as absent: detectors.batch); seq and steps are int64.
+U64_MAX = 2**64 - 1
+I64_MAX = 2**63 - 1
+MAX_XID = 2**32 - 1  # XIDs are small numbers (1-160 today) in the driver's 32-bit field
+MAX_PORT_NUMBER = 65535
+MAX_RANK = 2**31 - 1
+MAX_JOB_NODES = 32768  # a job of 256k GPUs; the 1 MiB message cap bounds it anyway
+# Strings have lengths: a 400 KB port name must not become a 1.2 MB finding (evidence quotes it).
+MAX_ID_LEN = 128  # uuid, IB device/port/state, interface names: real ones are < 64 characters
+MAX_SOURCE_ERRORS = 16  # agent.source_errors entries (one per collector source)
+MAX_ERROR_LEN = 512  # one source error's text
 
 REASONS = (
     "oversized",
@@ -40,10 +57,15 @@ REASONS = (
     "wrong_type",
     "out_of_range",
     "clock_skew",
+    "duplicate_key",
+    "key_mismatch",
+    "internal_error",
 )
 
 # Node and job names end up in Kafka keys, Prometheus labels and scontrol argv: keep them plain.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+# \\Z, not $: "$" also matches before a final newline, so "node\\n" would pass.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}\Z"
+NAME_RE = re.compile(NAME_PATTERN)
 
 
 class MessageError(ValueError):
@@ -54,6 +76,7 @@ class MessageError(ValueError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.skew_s: float | None = None  # clock_skew: the message's time - its reference time
 
 
 # ---------------------------------------------------------------- field checks
@@ -70,22 +93,34 @@ def _number(where: str, value: Any, lo: float | None = None, hi: float | None = 
         raise MessageError("out_of_range", f"{where} must be <= {hi}, got {value}")
 
 
-def _integer(where: str, value: Any, lo: int | None = 0) -> None:
+def _integer(where: str, value: Any, lo: int = 0, hi: int = I64_MAX) -> None:
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 2**63:
+        # orjson reads an integer beyond 64 bits as a float: say what it was
+        raise MessageError("out_of_range", f"{where} must be in [{lo}, {hi}], got {value:.6g}")
     if isinstance(value, bool) or not isinstance(value, int):
         raise MessageError("wrong_type", f"{where} must be an integer, got {type(value).__name__}")
-    if lo is not None and value < lo:
-        raise MessageError("out_of_range", f"{where} must be >= {lo}, got {value}")
+    if value < lo:
+        raise MessageError("out_of_range", f"{where} must be >= {lo}, got {str(value)[:40]}")
+    if value > hi:
+        raise MessageError("out_of_range", f"{where} must be <= {hi}, got {str(value)[:40]}")
 
 
-def _string(where: str, value: Any) -> None:
+def _string(where: str, value: Any, max_len: int | None = None) -> None:
     if not isinstance(value, str):
         raise MessageError("wrong_type", f"{where} must be a string, got {type(value).__name__}")
+    if max_len is not None and len(value) > max_len:
+        raise MessageError("out_of_range", f"{where} has {len(value)} characters, more than {max_len}")
+
+
+def _ident(where: str, value: Any) -> None:
+    """An identifier a collector reports (uuid, IB device, port state, interface): a short string."""
+    _string(where, value, MAX_ID_LEN)
 
 
 def _name(where: str, value: Any) -> None:
     _string(where, value)
     if not NAME_RE.match(value):
-        raise MessageError("out_of_range", f"{where} {value!r} is not a valid name ({NAME_RE.pattern})")
+        raise MessageError("out_of_range", f"{where} {value[:64]!r} is not a valid name ({NAME_RE.pattern})")
 
 
 def _object(where: str, value: Any) -> Mapping[str, Any]:
@@ -122,15 +157,20 @@ def _nonneg(where: str, v: Any) -> None:
 
 
 def _counter(where: str, v: Any) -> None:
-    _integer(where, v, 0)
+    _integer(where, v, 0, U64_MAX)
 
 
 def _temp(where: str, v: Any) -> None:
     _number(where, v, -60, 250)
 
 
-def _any_name(where: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, str | int):
+def _port(where: str, v: Any) -> None:
+    """An IB port: its number (1, 2, ...) or its name as a string."""
+    if isinstance(v, str):
+        _ident(where, v)
+    elif isinstance(v, int | float) and not isinstance(v, bool):
+        _integer(where, v, 0, MAX_PORT_NUMBER)
+    else:
         raise MessageError("wrong_type", f"{where} must be a string or integer")
 
 
@@ -143,12 +183,12 @@ def _bounded_list(where: str, v: Any, max_len: int) -> list[Any]:
 
 def _xids(where: str, v: Any) -> None:
     for i, x in enumerate(_bounded_list(where, v, MAX_XIDS)):
-        _integer(f"{where}[{i}]", x, 0)
+        _integer(f"{where}[{i}]", x, 0, MAX_XID)
 
 
 # Optional fields: absent is fine ("missing fields are absent, never invented"); present must be valid.
 GPU_FIELDS: dict[str, Check] = {
-    "uuid": _string,
+    "uuid": _ident,
     "util": _pct,
     "mem_util": _pct,
     "mem_used_mib": _nonneg,
@@ -166,9 +206,46 @@ GPU_FIELDS: dict[str, Check] = {
     "nvlink_crc_errors": _counter,
     "nvlink_replay_errors": _counter,
     "pcie_replay": _counter,
+    # what the NVML collector reads beside (collectors/nvml.py): the remapped row counts behind the
+    # pending/failure flags, and the NVLinks up (a link going down drops out of the error sums)
+    "remapped_rows_correctable": _counter,
+    "remapped_rows_uncorrectable": _counter,
+    "nvlink_links_active": _counter,
     "xids": _xids,
 }
-GPU_COUNTERS = tuple(k for k, c in GPU_FIELDS.items() if c is _counter and k != "throttle_reasons")
+# Cumulative GPU counters (detectors derive deltas and rates); the bitmask and the link count are
+# integers too, but say what holds now.
+GPU_COUNTERS = tuple(
+    k for k, c in GPU_FIELDS.items() if c is _counter and k not in ("throttle_reasons", "nvlink_links_active")
+)
+# NVML's "not available" values (pynvml NVML_VALUE_NOT_AVAILABLE_ulonglong / _uint: -1 in the
+# field's C type), by the width of the NVML field each GPU counter is read from. They are valid
+# input and mean "absent" (detectors.batch turns them into NaN), never a count of 2**64 - 1.
+NVML_NOT_AVAILABLE: dict[str, int] = {
+    **dict.fromkeys(
+        (
+            "throttle_reasons",
+            "ecc_sbe_volatile",
+            "ecc_dbe_volatile",
+            "ecc_sbe_aggregate",
+            "ecc_dbe_aggregate",
+            "nvlink_crc_errors",
+            "nvlink_replay_errors",
+        ),
+        U64_MAX,
+    ),
+    **dict.fromkeys(
+        (
+            "retired_pages",
+            "remapped_rows_pending",
+            "remapped_rows_failure",
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            "pcie_replay",
+        ),
+        2**32 - 1,
+    ),
+}
 
 HOST_FIELDS: dict[str, Check] = {
     "cpu_util": _pct,
@@ -179,9 +256,9 @@ HOST_FIELDS: dict[str, Check] = {
 }
 
 IB_FIELDS: dict[str, Check] = {
-    "device": _string,
-    "port": _any_name,
-    "state": _string,
+    "device": _ident,
+    "port": _port,
+    "state": _ident,
     "rate_gbps": _nonneg,
     "symbol_errors": _counter,
     "link_downed": _counter,
@@ -192,8 +269,8 @@ IB_FIELDS: dict[str, Check] = {
 }
 
 ETH_FIELDS: dict[str, Check] = {
-    "iface": _string,
-    "state": _string,
+    "iface": _ident,
+    "state": _ident,
     "rx_bytes": _counter,
     "tx_bytes": _counter,
     "rx_errors": _counter,
@@ -209,7 +286,7 @@ _RANGES: dict[Check, tuple[float, float, bool]] = {
     _pct: (0, 100, False),
     _frac: (0, 1, False),
     _nonneg: (0, _BIG, False),
-    _counter: (0, _BIG, True),
+    _counter: (0, U64_MAX, True),  # an exact int bound: float(U64_MAX) would also pass 2**64
     _temp: (-60, 250, False),
 }
 _FAST: dict[int, dict[str, tuple[float, float, bool]]] = {}
@@ -244,7 +321,7 @@ def validate_telemetry(m: Mapping[str, Any]) -> None:
     _required(m, "telemetry", ("node", "ts", "seq", "gpus"))
     _name("telemetry.node", m["node"])
     _ts("telemetry.ts", m["ts"])
-    _integer("telemetry.seq", m["seq"], 0)
+    _integer("telemetry.seq", m["seq"])
     seen: set[int] = set()
     for i, g in enumerate(_bounded_list("telemetry.gpus", m["gpus"], MAX_GPUS)):
         where = f"telemetry.gpus[{i}]"
@@ -270,9 +347,17 @@ def validate_telemetry(m: Mapping[str, Any]) -> None:
                     _fields(where, _object(where, port), spec)
     if "agent" in m:
         agent = _object("telemetry.agent", m["agent"])
+        if "version" in agent:
+            _ident("telemetry.agent.version", agent["version"])
         if "source_errors" in agent:
-            for k, v in _object("telemetry.agent.source_errors", agent["source_errors"]).items():
-                _string(f"telemetry.agent.source_errors.{k}", v)
+            errors = _object("telemetry.agent.source_errors", agent["source_errors"])
+            if len(errors) > MAX_SOURCE_ERRORS:
+                raise MessageError(
+                    "out_of_range", f"telemetry.agent.source_errors has more than {MAX_SOURCE_ERRORS} entries"
+                )
+            for k, v in errors.items():
+                _string("telemetry.agent.source_errors key", k, MAX_ID_LEN)
+                _string(f"telemetry.agent.source_errors.{k}", v, MAX_ERROR_LEN)
 
 
 JOB_STATES = frozenset({"started", "running", "finished", "failed"})
@@ -281,7 +366,7 @@ JOB_STATES = frozenset({"started", "running", "finished", "failed"})
 def validate_job(m: Mapping[str, Any]) -> None:
     _required(m, "job", ("job", "nodes", "state", "ts"))
     _name("job.job", m["job"])
-    nodes = _list("job.nodes", m["nodes"])
+    nodes = _bounded_list("job.nodes", m["nodes"], MAX_JOB_NODES)
     for i, n in enumerate(nodes):
         _name(f"job.nodes[{i}]", n)
     _string("job.state", m["state"])
@@ -294,8 +379,8 @@ def validate_step(m: Mapping[str, Any]) -> None:
     _required(m, "step", ("job", "node", "rank", "step", "step_time_s", "ts"))
     _name("step.job", m["job"])
     _name("step.node", m["node"])
-    _integer("step.rank", m["rank"], 0)
-    _integer("step.step", m["step"], 0)
+    _integer("step.rank", m["rank"], 0, MAX_RANK)
+    _integer("step.step", m["step"])
     _number("step.step_time_s", m["step_time_s"], 0)
     if "wait_time_s" in m:  # optional: time spent waiting for peers (collective wait), see simulator
         _number("step.wait_time_s", m["wait_time_s"], 0)
@@ -306,7 +391,7 @@ def validate_truth(m: Mapping[str, Any]) -> None:
     _required(m, "truth", ("node", "fault", "onset_ts"))
     _name("truth.node", m["node"])
     if "gpu" in m and m["gpu"] is not None:
-        _integer("truth.gpu", m["gpu"], 0)
+        _integer("truth.gpu", m["gpu"], 0, MAX_GPU_INDEX)
     _string("truth.fault", m["fault"])
     _ts("truth.onset_ts", m["onset_ts"])
     if m.get("end_ts") is not None:
@@ -320,7 +405,7 @@ def validate_node_features(m: Mapping[str, Any]) -> None:
     _name("nodefeatures.node", m["node"])
     _name("nodefeatures.job", m["job"])
     _ts("nodefeatures.ts", m["ts"])
-    _integer("nodefeatures.seq", m["seq"], 0)
+    _integer("nodefeatures.seq", m["seq"])
     for k, check in (
         ("util", _pct),
         ("sm_clock_mhz", _nonneg),
@@ -341,13 +426,23 @@ VALIDATORS: dict[str, Callable[[Mapping[str, Any]], None]] = {
 
 # The timestamp field each schema is judged by for clock skew.
 TS_FIELD = {TELEMETRY: "ts", JOB: "ts", STEP: "ts", TRUTH: "onset_ts", NODE_FEATURES: "ts"}
+# The field a message's Kafka key must equal (DESIGN.md, "Data flow"): a key that names another
+# node than the message would put its state on one worker and its findings on another's node.
+KEY_FIELD = {TELEMETRY: "node", JOB: "job", STEP: "job", TRUTH: "node", NODE_FEATURES: "job"}
 
 
-def register(schema: str, validator: Callable[[Mapping[str, Any]], None], ts_field: str | None) -> None:
+def register(
+    schema: str,
+    validator: Callable[[Mapping[str, Any]], None],
+    ts_field: str | None,
+    key_field: str | None = None,
+) -> None:
     """Let later layers (findings, drains) add their schemas to the one decoder."""
     VALIDATORS[schema] = validator
     if ts_field:
         TS_FIELD[schema] = ts_field
+    if key_field:
+        KEY_FIELD[schema] = key_field
 
 
 def validate(m: Any, expected: str | frozenset[str] | None = None) -> dict[str, Any]:
@@ -363,91 +458,146 @@ def validate(m: Any, expected: str | frozenset[str] | None = None) -> dict[str, 
     if validator is None:
         raise MessageError("unknown_schema", f"unknown schema {schema[:64]!r} (known: {sorted(VALIDATORS)})")
     if expected is not None and schema != expected and (isinstance(expected, str) or schema not in expected):
-        raise MessageError("unknown_schema", f"schema {schema!r} does not belong on this topic ({expected})")
+        raise MessageError(
+            "unknown_schema", f"schema {schema[:64]!r} does not belong on this topic ({expected})"
+        )
     validator(m)
     return m
 
 
-def check_clock(m: Mapping[str, Any], now: float, max_skew_s: float) -> None:
-    """Reject a message whose timestamp lies more than max_skew_s from `now`, either way."""
-    ts = m[TS_FIELD[m["schema"]]]
-    if abs(ts - now) > max_skew_s:
-        raise MessageError(
-            "clock_skew", f"timestamp {ts:.3f} is {ts - now:+.0f} s from now (limit {max_skew_s:.0f} s)"
+@dataclass(frozen=True)
+class ClockLimits:
+    """How far a message's own timestamp may lie from its reference time: when it reached the broker
+    (topics fleetwatch creates keep LogAppendTime), or when it was read, where a topic keeps the
+    producers' times instead (fleetwatch.record_blocks.RecordBlock.reference_times).
+
+    Ahead is tight: a node whose clock runs ahead would otherwise move its event time forward and
+    make its next correct samples look stale. Behind is loose: an agent that spooled through a
+    broker outage delivers hours-old samples in order, and they still count."""
+
+    ahead_s: float = 60.0
+    behind_s: float = 86400.0
+
+
+DEFAULT_CLOCK = ClockLimits()
+
+
+def clock_error(ts: float, ref_ts: float, clock: ClockLimits) -> MessageError | None:
+    """Why a timestamp is outside the limits around its reference time, or None."""
+    skew = ts - ref_ts
+    if skew > clock.ahead_s or -skew > clock.behind_s:
+        e = MessageError(
+            "clock_skew",
+            f"timestamp {ts:.3f} is {skew:+.0f} s from the time the broker took it "
+            f"(limits +{clock.ahead_s:.0f} s / -{clock.behind_s:.0f} s)",
         )
+        e.skew_s = skew
+        return e
+    return None
+
+
+def clock_ok(ts: np.ndarray, ref_ts: np.ndarray, clock: ClockLimits) -> np.ndarray:
+    """clock_error(...) is None, for arrays (NaN times fail)."""
+    skew = ts - ref_ts
+    return (skew <= clock.ahead_s) & (-skew <= clock.behind_s)
+
+
+class _NoKey:
+    """decode()'s key when the message did not come from Kafka (a file, a test): nothing to match."""
+
+
+NO_KEY: Any = _NoKey()
+
+
+def key_error(schema: str, value: Any, key: bytes | None) -> MessageError | None:
+    """Why a record's Kafka key does not name what its message names (KEY_FIELD), or None."""
+    field = KEY_FIELD.get(schema)
+    if field is None or key is NO_KEY:
+        return None
+    if key is None or key != value.encode():
+        shown = "no key" if key is None else f"key {key[:64]!r}"
+        return MessageError("key_mismatch", f"{shown} but {field} {value[:64]!r}: the key must equal it")
+    return None
 
 
 def decode(
-    raw: bytes,
+    raw: bytes | None,
     expected: str | frozenset[str] | None = None,
     *,
-    now: float | None = None,
-    max_skew_s: float | None = None,
+    key: bytes | None = NO_KEY,
+    ref_ts: float | None = None,
+    clock: ClockLimits | None = None,
     max_bytes: int = MAX_MESSAGE_BYTES,
     struct: bool = False,
 ) -> Any:
     """Raw Kafka value -> validated message dict, or MessageError naming what is wrong.
 
+    The one validation of every reader: the JSON itself (fleetwatch.strict_json: UTF-8, no duplicate
+    keys, bounded nesting), the schema, the record's key (`key`: the Kafka key; NO_KEY when the
+    message did not come from Kafka), and with `clock` its timestamp against `ref_ts` (the time the
+    broker took it; now when None).
+
     struct=True: a valid telemetry/1 message comes back as fleetwatch.fast_schema's decoded struct
-    (attributes, NaN for absent numbers) instead of a dict, parsed once; every other message, and
-    one that only the Python validator accepts, still comes back as a dict.
+    (attributes, NaN for absent numbers) instead of a dict; every other message, and one that only
+    the Python validator accepts, still comes back as a dict.
     """
     if raw is None:
         raise MessageError("not_json", "empty message (tombstone)")
     if len(raw) > max_bytes:
         raise MessageError("oversized", f"{len(raw)} bytes exceeds the {max_bytes}-byte limit")
     try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise MessageError("not_utf8", f"invalid UTF-8 at byte {e.start}") from None
-    wants_telemetry = _wants_telemetry(expected)
-    if struct and wants_telemetry:
+        m = strict_json.loads(raw)
+    except strict_json.JSONRefused as e:
+        raise MessageError(e.reason, e.detail) from None
+    wants_telemetry = type(m) is dict and m.get("schema") == TELEMETRY and _wants_telemetry(expected)
+    out: Any = m
+    if wants_telemetry and struct:
         t = _fast_schema().decode_telemetry(raw)
-        if t is not None:
-            if max_skew_s is not None:
-                check_clock(
-                    {"schema": TELEMETRY, "ts": t.ts}, time.time() if now is None else now, max_skew_s
-                )
-            return t
-    try:
-        m = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise MessageError("not_json", str(e)[:200]) from None
-    fast = not struct and type(m) is dict and m.get("schema") == TELEMETRY and wants_telemetry
-    if not (fast and _fast_schema().telemetry_ok(raw)):
+        out = m if t is None else t
+        if t is None:
+            validate(m, expected)  # names what is wrong, or accepts what msgspec may not
+    elif not (wants_telemetry and _fast_schema().telemetry_ok(raw)):
         validate(m, expected)  # the slow path names what is wrong (or accepts what the fast one may not)
-    if max_skew_s is not None:
-        check_clock(m, time.time() if now is None else now, max_skew_s)
-    return m
+    schema = m["schema"]
+    field = KEY_FIELD.get(schema)
+    if field is not None and (e := key_error(schema, m[field], key)) is not None:
+        raise e
+    if clock is not None:
+        e = clock_error(m[TS_FIELD[schema]], time.time() if ref_ts is None else ref_ts, clock)
+        if e is not None:
+            raise e
+    return out
 
 
 def decode_batch(
     raws: Sequence[bytes | None],
     expected: str | frozenset[str] | None = None,
     *,
-    now: float | None = None,
-    max_skew_s: float | None = None,
+    keys: Sequence[bytes | None] | None = None,
+    ref_ts: float | Sequence[float] | np.ndarray | None = None,
+    clock: ClockLimits | None = None,
     max_bytes: int = MAX_MESSAGE_BYTES,
     struct: bool = False,
 ) -> tuple[list[Any], list[tuple[int, MessageError]]]:
-    """decode() over a batch of raw values: (the valid messages in order, [(index, error)] of the
-    rest). The same result as calling decode() on each; with struct=True, valid telemetry takes the
-    compiled decoder straight away (msgspec rejects invalid UTF-8 itself, so the separate UTF-8
-    pass is left to the few messages it refuses, which decode() then names)."""
-    if now is None:
-        now = time.time()
-    fast = _fast_schema().decode_telemetry if struct and _wants_telemetry(expected) else None
+    """decode() over a batch of raw values, with their keys (None: not from Kafka) and reference
+    times (one for all, one each, or None: now): (the valid messages in order, [(index, error)] of
+    the rest)."""
+    refs = np.broadcast_to(np.asarray(time.time() if ref_ts is None else ref_ts, dtype=np.float64), len(raws))
     ok: list[Any] = []
     bad: list[tuple[int, MessageError]] = []
     for i, raw in enumerate(raws):
-        if fast is not None and raw is not None and len(raw) <= max_bytes:
-            t = fast(raw)
-            if t is not None and (max_skew_s is None or abs(t.ts - now) <= max_skew_s):
-                ok.append(t)
-                continue
+        key = NO_KEY if keys is None else keys[i]
         try:
             ok.append(
-                decode(raw, expected, now=now, max_skew_s=max_skew_s, max_bytes=max_bytes, struct=struct)
+                decode(
+                    raw,
+                    expected,
+                    key=key,
+                    ref_ts=float(refs[i]),
+                    clock=clock,
+                    max_bytes=max_bytes,
+                    struct=struct,
+                )
             )
         except MessageError as e:
             bad.append((i, e))

@@ -8,12 +8,14 @@ object per value.
 It is a fast path, not a second definition of the contract. It accepts a message only when it
 is certain that the compiled decoder (fleetwatch/fast_schema.py) accepts it with the same
 values, and marks every other message for that decoder, which decides and names the problem:
-- strings must be plain ASCII without escapes or control characters;
+- strings must be plain ASCII without escapes or control characters, at most MAX_ID_LEN long;
 - numbers must follow JSON's grammar; a value that is not exact in float64 (over 2**53 or a
   power of ten beyond 1e22) is converted by libc strtod (correctly rounded, as Python does);
   integers beyond 18 digits are left to the other decoder;
-- a duplicate key, a null, an unknown value nested deeper than _MAX_NESTING or a list longer
-  than the contract allows marks the message;
+- a duplicate key, a null, a key the contract does not name in that object (the other decoder
+  checks such values, which may hold duplicate keys of their own: fleetwatch.strict_json), a
+  non-empty agent.source_errors (free-form keys) or a list longer than the contract allows marks
+  the message;
 - the field tables, types and ranges come from fleetwatch/schemas.py (a key's column, kind and
   bounds are passed in as arrays), so the contract is still defined once.
 tests/test_telemetry_scan.py checks on generated and mutated messages that every message this
@@ -25,8 +27,11 @@ the tests run the scanner with numba's bounds checking on as well.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from numba import njit, types
@@ -39,7 +44,7 @@ _strtod = types.ExternalFunction("strtod", types.float64(types.voidptr, types.vo
 
 # Contexts: one object kind each; ACT[ctx, key id] says what a key means there.
 TOP, GPU, HOST, NET, IB, ETH, AGENT = range(7)
-UNKNOWN = -1  # a key the contract does not name here: its value is skipped (msgspec does the same)
+UNKNOWN = -1  # a key the contract does not name here: the message is left to the other decoder
 # Non-numeric keys, by context (numeric keys are their column number, >= 0).
 T_SCHEMA, T_NODE, T_TS, T_SEQ, T_GPUS, T_HOST, T_NET, T_AGENT = (-2, -3, -4, -5, -6, -7, -8, -9)
 G_UUID, G_XIDS, G_LOST = -2, -3, -4
@@ -74,7 +79,7 @@ def _tables() -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray
         NET: {"ib": N_IB, "eth": N_ETH},
         IB: {"device": P_DEVICE, "port": P_PORT, "state": P_STATE},
         ETH: {"iface": STRING, "state": STRING},
-        AGENT: {"source_errors": A_SOURCE_ERRORS},
+        AGENT: {"source_errors": A_SOURCE_ERRORS, "version": STRING},
     }
     columns = {
         TOP: (),
@@ -137,6 +142,7 @@ assert len(KEY_NAMES) < 63, len(KEY_NAMES)
 # ---------------------------------------------------------------- compiled helpers
 
 _POW10 = np.array([10.0**k for k in range(23)])
+_MAX_STRING = s.MAX_ID_LEN
 _EXACT = float(2**53)
 
 
@@ -152,8 +158,10 @@ def _ws(buf, i, e):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, _nrt=False)
 def _string(buf, i, e):  # type: ignore[no-untyped-def]
-    """buf[i] is '"': the index after the closing quote, or -1 (escape, control, non-ASCII, open)."""
+    """buf[i] is '"': the index after the closing quote, or -1 (escape, control, non-ASCII, open,
+    or longer than the longest string the contract allows where the scanner reads strings)."""
     i += 1
+    e = min(e, i + _MAX_STRING + 1)
     while i < e:
         c = buf[i]
         if c == 34:
@@ -252,14 +260,47 @@ def _number(buf, i, e):  # type: ignore[no-untyped-def]
 _number_inline = njit(cache=True, _nrt=False, inline="always")(_number.py_func)
 
 _MAX_GPUS = s.MAX_GPUS
-# pred[] slots: one per key (the key after it), one per context (its first key), one after an unknown key
+# pred[] slots: one per key (the key after it), one per context (its first key)
 _START = len(KEY_NAMES)
-_AFTER_UNKNOWN = _START + 7
+_PRED_SLOTS = _START + 7
 _REQUIRED = sum(1 << KEY_NAMES.index(k) for k in ("schema", "node", "ts", "seq", "gpus"))
 _MAX_PORTS = s.MAX_PORTS
 _MAX_XIDS = s.MAX_XIDS
-_MAX_NESTING = 61  # containers open at once inside a skipped value (one bit each in an int64)
+_MAX_XID = s.MAX_XID
+_MAX_PORT_NUMBER = s.MAX_PORT_NUMBER
 _BAIL = -1  # the message is left to fast_schema
+
+
+def _drop_stale_cache() -> None:
+    """numba caches the compiled scanner by this file's source, but the code bakes in the contract's
+    tables and limits from fleetwatch/schemas.py (global arrays and numbers are compile-time
+    constants): a change there alone would leave a cached scanner that still reads the old
+    contract. A digest of everything it bakes in, kept beside the cache, says which contract the
+    cache was compiled for; on a mismatch the cached builds are removed before any is loaded.
+    (A NUMBA_CACHE_DIR of its own, as the bounds-checked tests use, starts empty anyway.)"""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    parts = [repr(KEY_NAMES).encode(), SCHEMA_BYTES.tobytes()]
+    parts += [a.tobytes() for a in (ACT, LO, HI, INTEGER, SLOTS, KEY_BLOB, KEY_OFFS)]
+    parts.append(repr((_MAX_STRING, _MAX_GPUS, _MAX_PORTS, _MAX_XIDS, _MAX_XID, _MAX_PORT_NUMBER)).encode())
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
+    cache = Path(__file__).parent / "__pycache__"
+    stamp = cache / f"{Path(__file__).stem}.contract"
+    try:
+        if stamp.read_text() == digest:
+            return
+    except OSError:
+        pass
+    try:
+        for built in cache.glob(f"{Path(__file__).stem}.*.nb[ci]"):
+            built.unlink(missing_ok=True)
+        cache.mkdir(exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # a read-only install: its cache was built with it, for its own contract
+        pass
+
+
+_drop_stale_cache()
 _FULL_E, _FULL_P, _FULL_X = 1, 2, 3  # an output array is full: the caller retries with more room
 
 
@@ -280,86 +321,6 @@ def _literal(buf, i, e):  # type: ignore[no-untyped-def]
     if i + 4 <= e and buf[i] == 110 and buf[i + 1] == 117 and buf[i + 2] == 108 and buf[i + 3] == 108:
         return i + 4, 2
     return -1, 0
-
-
-@njit(cache=True, _nrt=False)
-def _member(buf, i, e):  # type: ignore[no-untyped-def]
-    """A key string at buf[i] and its ':': the index after the colon, or -1."""
-    if i >= e or buf[i] != 34:
-        return -1
-    i = _string(buf, i, e)
-    if i < 0:
-        return -1
-    i = _ws(buf, i, e)
-    if i >= e or buf[i] != 58:
-        return -1
-    return i + 1
-
-
-@njit(cache=True, _nrt=False)
-def _skip(buf, i, e):  # type: ignore[no-untyped-def]
-    """Validate and skip any JSON value at buf[i], nested at most _MAX_NESTING deep (a bitmask
-    holds the open containers): the index after it, or -1."""
-    depth = 0
-    objs = 0  # bit d set: the container at depth d is an object
-    while True:
-        i = _ws(buf, i, e)
-        if i >= e:
-            return -1
-        c = buf[i]
-        if c == 123 or c == 91:
-            if depth >= _MAX_NESTING:
-                return -1
-            if c == 123:
-                objs |= 1 << depth
-            else:
-                objs &= ~(1 << depth)
-            depth += 1
-            i = _ws(buf, i + 1, e)
-            if i >= e:
-                return -1
-            if (c == 123 and buf[i] == 125) or (c == 91 and buf[i] == 93):
-                i += 1
-                depth -= 1
-            else:
-                if c == 123:
-                    i = _member(buf, i, e)
-                    if i < 0:
-                        return -1
-                continue  # the first value of the container
-        elif c == 34:
-            i = _string(buf, i, e)
-            if i < 0:
-                return -1
-        elif c == 116 or c == 102 or c == 110:
-            i, _w = _literal(buf, i, e)
-            if i < 0:
-                return -1
-        else:
-            i, kind, _iv, _fv = _number(buf, i, e)
-            if kind == 0:
-                return -1
-        # a value is complete: close containers, or go on to the next element
-        while True:
-            if depth == 0:
-                return i
-            i = _ws(buf, i, e)
-            if i >= e:
-                return -1
-            c = buf[i]
-            is_obj = (objs >> (depth - 1)) & 1
-            if c == 44:
-                i += 1
-                if is_obj == 1:
-                    i = _member(buf, _ws(buf, i, e), e)
-                    if i < 0:
-                        return -1
-                break
-            if (is_obj == 1 and c == 125) or (is_obj == 0 and c == 93):
-                i += 1
-                depth -= 1
-                continue
-            return -1
 
 
 @njit(cache=True, _nrt=False, inline="always")  # called by _member_of only
@@ -503,15 +464,11 @@ def _flat(buf, i, e, ctx, out, row, refs, pred):  # type: ignore[no-untyped-def]
                 refs[row, 3] = j - 1
             else:
                 j, kind, iv, _fv = _number(buf, i, e)
-                if kind != 1 or (iv == 0 and buf[i] == 45):  # str(-0) is "0", not the text
-                    return -1
+                if kind != 1 or iv < 0 or iv > _MAX_PORT_NUMBER or (iv == 0 and buf[i] == 45):
+                    return -1  # (str(-0) is "0", not the text)
                 refs[row, 2] = i
                 refs[row, 3] = j
             i = j
-        else:
-            i = _skip(buf, i, e)
-            if i < 0:
-                return -1
         i, closed = _next_inline(buf, i, e, 125)
         if i < 0:
             return -1
@@ -555,7 +512,7 @@ def _gpu(buf, i, e, row, table, xe, xc, nx, pred):  # type: ignore[no-untyped-de
                 while True:
                     j, kind, iv, _fv = _number(buf, i, e)
                     count += 1
-                    if kind != 1 or iv < 0 or count > _MAX_XIDS:
+                    if kind != 1 or iv < 0 or iv > _MAX_XID or count > _MAX_XIDS:
                         return -1, nx, lost, index
                     if nx >= len(xc):
                         return -2, nx, lost, index
@@ -567,19 +524,11 @@ def _gpu(buf, i, e, row, table, xe, xc, nx, pred):  # type: ignore[no-untyped-de
                         return -1, nx, lost, index
                     if xids_closed:
                         break
-        elif a == G_LOST:  # any value; only `true` says lost
-            j, w = _literal(buf, i, e)
-            if j >= 0 and w == 1:
-                lost = True
-                i = j
-            else:
-                i = _skip(buf, i, e)
-                if i < 0:
-                    return -1, nx, lost, index
-        else:
-            i = _skip(buf, i, e)
+        elif a == G_LOST:  # only `true` says lost; other literals say nothing, anything else bails
+            i, w = _literal(buf, i, e)
             if i < 0:
                 return -1, nx, lost, index
+            lost = w == 1
         i, closed = _next_inline(buf, i, e, 125)
         if i < 0:
             return -1, nx, lost, index
@@ -618,10 +567,8 @@ def _member_of(buf, i, e, ctx, pred, prev, seen):  # type: ignore[no-untyped-def
     kid, i = _key(buf, i, e, pred, prev)
     if i < 0 or i >= e:
         return UNKNOWN, prev, -1, seen
-    if kid < 0:
-        return UNKNOWN, _AFTER_UNKNOWN, i, seen
-    if seen & (1 << kid):
-        return UNKNOWN, kid, -1, seen
+    if kid < 0 or ACT[ctx, kid] == UNKNOWN or seen & (1 << kid):  # unnamed here, or seen before
+        return UNKNOWN, prev, -1, seen
     return ACT[ctx, kid], kid, i, seen | (1 << kid)
 
 
@@ -748,10 +695,6 @@ def _message(  # type: ignore[no-untyped-def]
                         i, empty = _next(buf, i, e, 93)
                         if i < 0:
                             return _BAIL, ne0, nx0, np0
-                else:
-                    i = _skip(buf, i, e)
-                    if i < 0:
-                        return _BAIL, ne0, nx0, np0
                 i, net_closed = _next(buf, i, e, 125)
                 if i < 0:
                     return _BAIL, ne0, nx0, np0
@@ -765,32 +708,20 @@ def _message(  # type: ignore[no-untyped-def]
                 aa, aprev, i, agent_seen = _member_of(buf, i, e, AGENT, pred, aprev, agent_seen)
                 if i < 0:
                     return _BAIL, ne0, nx0, np0
-                if aa == A_SOURCE_ERRORS:  # an object of strings (its keys are free-form)
+                if aa == STRING:  # the agent's version
+                    if buf[i] != 34:
+                        return _BAIL, ne0, nx0, np0
+                    i = _string(buf, i, e)
+                else:  # source_errors: empty, or left to the other decoder (its keys are free-form,
+                    # so only a decoder that can compare them finds a duplicate)
                     i, done = _object_open(buf, i, e)
-                    if i < 0:
-                        return _BAIL, ne0, nx0, np0
-                    while not done:
-                        i = _member(buf, i, e)
-                        i = _ws(buf, i, e) if i >= 0 else -1
-                        if i < 0 or i >= e or buf[i] != 34:
-                            return _BAIL, ne0, nx0, np0
-                        i = _string(buf, i, e)
-                        if i < 0:
-                            return _BAIL, ne0, nx0, np0
-                        i, done = _next(buf, i, e, 125)
-                        if i < 0:
-                            return _BAIL, ne0, nx0, np0
-                else:
-                    i = _skip(buf, i, e)
-                    if i < 0:
-                        return _BAIL, ne0, nx0, np0
+                    if i >= 0 and not done:
+                        i = -1
+                if i < 0:
+                    return _BAIL, ne0, nx0, np0
                 i, agent_closed = _next(buf, i, e, 125)
                 if i < 0:
                     return _BAIL, ne0, nx0, np0
-        else:
-            i = _skip(buf, i, e)
-            if i < 0:
-                return _BAIL, ne0, nx0, np0
         i, closed = _next(buf, i, e, 125)
         if i < 0:
             return _BAIL, ne0, nx0, np0
@@ -948,7 +879,7 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         prefs = np.empty((cap_p, 6), dtype=np.int64)
         pmsg = np.empty(cap_p, dtype=np.int64)
         eth = np.empty((1, len(ETH_COLUMNS)))  # an Ethernet port's numbers, checked and dropped
-        pred = np.full(_AFTER_UNKNOWN + 1, -1, dtype=np.int64)
+        pred = np.full(_PRED_SLOTS, -1, dtype=np.int64)
         status, m, ne, nx, npt = _scan(
             buf, starts, ends, taken,
             node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth, pred,

@@ -8,10 +8,29 @@ NODE_FEATURES = "fleet.nodefeatures.v1"  # key = job; repartition for peer compa
 STATE = "fleet.state.v1"  # compacted worker state snapshots
 FINDINGS = "fleet.findings.v1"  # key = node
 DRAIN = "scheduler.drain.v1"  # key = node
+DRAIN_RESULTS = "scheduler.drain.results.v1"  # key = node; drain_result/1 from the Slurm adapter
+NODES = "fleet.nodes.v1"  # key = node; compacted census of reporting nodes (node/1, null = forgotten)
 DEADLETTER = "fleet.deadletter.v1"
 
 DETECT_GROUP = "fleetwatch-detect"
 ACT_GROUP = "fleetwatch-act"
 
-ALL = (TELEMETRY, JOBS, STEPS, TRUTH, NODE_FEATURES, STATE, FINDINGS, DRAIN, DEADLETTER)
-COMPACTED = frozenset({STATE})
+ALL = (
+    TELEMETRY,
+    JOBS,
+    STEPS,
+    TRUTH,
+    NODE_FEATURES,
+    STATE,
+    FINDINGS,
+    DRAIN,
+    DRAIN_RESULTS,
+    NODES,
+    DEADLETTER,
+)
+COMPACTED = frozenset({STATE, NODES})
+# Topics written by nodes, the scheduler and training jobs, whose clocks fleetwatch does not own:
+# kept with LogAppendTime, so each record carries the time the broker took it, the reference its
+# message's own timestamp is checked against (fleetwatch.schemas.ClockLimits). A replay checks a
+# record against the same reference as the first reading did.
+BROKER_TIMED = frozenset({TELEMETRY, JOBS, STEPS})

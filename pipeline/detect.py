@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
-
-from prometheus_client import start_http_server
+from dataclasses import replace
 
 from fleetwatch import kafka_io, schemas, topics
-from fleetwatch.runtime import StopFlag
+from fleetwatch.runtime import StopFlag, serve_metrics
 from pipeline.job_stage import JobTask
 from pipeline.job_table import JobTable, JobTableFollower
 from pipeline.node_stage import NodeTask, NodeTaskConfig
@@ -25,22 +24,31 @@ from pipeline.worker import Worker
 
 log = logging.getLogger(__name__)
 
-# Telemetry far from the worker's clock is rejected (dead-lettered as clock_skew): a node with a
-# broken clock must not open or resolve incidents at nonsense times. An hour leaves room for
-# replays of recent recordings and for the simulator at --speed 0, whose clock runs ahead;
-# older recordings need --no-skew-check.
-MAX_SKEW_S = 3600.0
+# Telemetry, steps and jobs whose timestamps lie too far from their arrival at the broker are
+# rejected (dead-lettered as clock_skew): a node with a broken clock must not open or resolve
+# incidents at nonsense times, nor make its next correct samples look stale (ClockLimits). Node
+# features are produced by the pipeline itself from checked telemetry (and replays of an old
+# backlog produce old ones): they are not checked again. Recordings whose times are long past
+# replay with --no-skew-check.
 
 
-def stages(jobs: JobTable, max_skew_s: float | None = MAX_SKEW_S, time_scale: float = 1.0) -> list[Stage]:
-    cfg = NodeTaskConfig.for_time_scale(time_scale)
+def stages(
+    jobs: JobTable,
+    clock: schemas.ClockLimits | None = schemas.DEFAULT_CLOCK,
+    time_scale: float = 1.0,
+    forget_after_s: float = NodeTaskConfig.forget_after_s,
+) -> list[Stage]:
+    # forget_after_s is not shortened with the time scale: it bounds memory against node churn,
+    # which a compressed simulation does not compress
+    cfg = replace(NodeTaskConfig.for_time_scale(time_scale), forget_after_s=forget_after_s)
+    checked = {} if clock is None else {topics.TELEMETRY: clock, topics.STEPS: clock, topics.JOBS: clock}
     node = Stage(
         name="detect-node",
         inputs=(topics.TELEMETRY,),
         schemas={topics.TELEMETRY: schemas.TELEMETRY},
         new_task=lambda _p: NodeTask(jobs, cfg),
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs, cfg),
-        max_skew_s=max_skew_s,
+        clock={t: c for t, c in checked.items() if t == topics.TELEMETRY},
         columnar_telemetry=True,
         warm_up=NodeTask.warm_up,
     )
@@ -54,24 +62,29 @@ def stages(jobs: JobTable, max_skew_s: float | None = MAX_SKEW_S, time_scale: fl
         },
         new_task=lambda _p: JobTask(),
         load_task=lambda _p, raw: JobTask.from_bytes(raw),
-        max_skew_s=max_skew_s,
+        clock={t: c for t, c in checked.items() if t != topics.TELEMETRY},
     )
     return [node, job]
+
+
+def clock_limits(args: argparse.Namespace) -> schemas.ClockLimits | None:
+    if args.no_skew_check:
+        return None
+    return schemas.ClockLimits(ahead_s=args.max_clock_ahead, behind_s=args.max_clock_behind)
 
 
 def run(args: argparse.Namespace) -> int:
     kafka_io.wait_for_broker(args.bootstrap)
     kafka_io.ensure_topics(args.bootstrap)
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    serve_metrics(args.metrics_port, args.metrics_addr)
     jobs = JobTable()
-    follower = JobTableFollower(jobs, lambda: kafka_io.make_consumer(args.bootstrap))
+    follower = JobTableFollower(jobs, lambda: kafka_io.make_consumer(args.bootstrap), clock_limits(args))
     follower.start()
     follower.caught_up.wait(30)  # node features need job membership; do not start blind
     worker = Worker(
         args.bootstrap,
         args.group,
-        stages(jobs, None if args.no_skew_check else MAX_SKEW_S, args.time_scale),
+        stages(jobs, clock_limits(args), args.time_scale, args.forget_after),
         snapshot_every_s=args.snapshot_every,
         client_id=f"detect-{socket.gethostname()}",
         start_at=args.start_at,

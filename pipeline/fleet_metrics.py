@@ -6,8 +6,9 @@ a custom collector reads them when Prometheus scrapes.
 
 Label cardinality is bounded and chosen for a 16k-GPU cluster (2,048 nodes x 8 GPUs): each
 worker exports only the nodes of the partitions it owns (a task leaves the registry when its
-partition is revoked), so fleet-wide:
-- per node (node): health score + one state series          ~4k series
+partition is revoked) and only nodes heard from within the node stage's forget_after_s (a
+forgotten node's series go with its state, pipeline/node_stage.py), so fleet-wide:
+- per node (node): health score + one state series + clock skew          ~6k series
 - per GPU and signal (node, gpu, signal), 3 signals: value + anomaly score   ~98k series
 - per job and node (job, node): step-time median and slowdown, nodes in running jobs  <= ~4k
 - findings by (kind, severity): 11 x 3
@@ -56,6 +57,10 @@ class NodeSource(Protocol):
 
     def open_incidents(self) -> Iterator[tuple[str, str]]:
         """(kind, severity) of every open incident."""
+        ...
+
+    def clock_skews(self) -> Iterator[tuple[str, float]]:
+        """(node, its latest sample's timestamp minus the time the broker took it)."""
         ...
 
 
@@ -113,6 +118,12 @@ class FleetStateCollector(Collector):
             "calibrated anomaly score in [0,1] of a GPU signal vs its sibling GPUs (0.999: 1 in 1000)",
             labels=["node", "gpu", "signal"],
         )
+        skew = GaugeMetricFamily(
+            "fleetwatch_node_clock_skew_seconds",
+            "a node's latest sample timestamp minus the time the broker took it (refused samples too: "
+            "a node whose clock runs ahead has its samples dead-lettered as clock_skew)",
+            labels=["node"],
+        )
         open_counts: dict[tuple[str, str], int] = {}
         for src in [*nodes, *jobs]:
             for key in src.open_incidents():
@@ -127,6 +138,8 @@ class FleetStateCollector(Collector):
                 health.add_metric([node], h)
                 for s in STATES:
                     state.add_metric([node, s], 1.0 if s == st else 0.0)
+            for node, s in src.clock_skews():
+                skew.add_metric([node], s)
             for node, gpu, sig, v, a in src.gpu_signals():
                 g = str(gpu)
                 value.add_metric([node, g, sig], v)
@@ -152,7 +165,7 @@ class FleetStateCollector(Collector):
                 else:
                     step.add_metric([job, node], t)
                     slow.add_metric([job, node], sd)
-        yield from (health, state, value, score, step, median, slow, opened)
+        yield from (health, state, value, score, skew, step, median, slow, opened)
 
 
 COLLECTOR = FleetStateCollector()

@@ -8,28 +8,48 @@ does not hold X's job's partition. Job events are few, so every worker reads all
 from __future__ import annotations
 
 import logging
+import math
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kafka import TopicPartition
-
-from fleetwatch import schemas, topics
+from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.follow import TopicFollower
 
 log = logging.getLogger(__name__)
 
 ACTIVE_STATES = frozenset({"started", "running"})
 
 
+FAILED_KEEP_S = 7 * 86400.0  # failed jobs kept this long (event time) for the lemon detector
+MAX_FAILED = 100_000  # and never more than this many, the oldest dropped first
+
+
 class JobTable:
-    def __init__(self) -> None:
+    """Running jobs (node -> job, job -> nodes) and recently failed ones.
+
+    Running jobs leave the table when they end, so it holds what runs now. Failed jobs are what
+    the node stage adds to each node's lemon history (pipeline/node_stage.py): a task counts each
+    failed job once, when it first sees it, so the table only needs those a task may not have seen
+    yet (one that restarts from a snapshot, after an outage). It keeps those that failed within
+    `failed_keep_s` of the newest job message's time, at most `max_failed` of them, dropping the
+    first added first (a failure reported late, out of time order, leaves by the cap or when those
+    added before it have left); it used to keep every failed job for ever."""
+
+    def __init__(self, failed_keep_s: float = FAILED_KEEP_S, max_failed: int = MAX_FAILED) -> None:
         self._lock = threading.Lock()
         self._node_job: dict[str, str] = {}
         self._job_nodes: dict[str, tuple[str, ...]] = {}
-        self.failed_jobs: dict[str, tuple[str, ...]] = {}  # job -> its nodes, for lemon history
+        self.failed_keep_s = failed_keep_s
+        self.max_failed = max_failed
+        self.failed_jobs: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # job -> its nodes
+        self._failed_at: dict[str, float] = {}  # job -> its failure's event time
+        self.failed_version = 0  # counts failed jobs added: a reader skips its scan when unchanged
+        self.newest = -math.inf  # the newest job message's event time
 
     def apply(self, msg: dict[str, Any]) -> None:
-        job, nodes = msg["job"], tuple(msg["nodes"])
+        job, nodes, ts = msg["job"], tuple(msg["nodes"]), float(msg["ts"])
         with self._lock:
             old = self._job_nodes.pop(job, ())
             for n in old:
@@ -39,8 +59,32 @@ class JobTable:
                 self._job_nodes[job] = nodes
                 for n in nodes:
                     self._node_job[n] = job
-            elif msg["state"] == "failed":
+            elif msg["state"] == "failed" and job not in self.failed_jobs and self._recent(ts):
                 self.failed_jobs[job] = nodes
+                self._failed_at[job] = ts
+                self.failed_version += 1
+            self.newest = max(self.newest, ts)
+            self._prune_failed()
+
+    def _recent(self, ts: float) -> bool:
+        """Within the window: a failure already past it (a replayed old record) is not taken back."""
+        return ts >= self.newest - self.failed_keep_s
+
+    def _prune_failed(self) -> None:
+        horizon = self.newest - self.failed_keep_s
+        failed = self.failed_jobs
+        while failed and (len(failed) > self.max_failed or self._failed_at[next(iter(failed))] < horizon):
+            job, _nodes = failed.popitem(last=False)
+            del self._failed_at[job]
+
+    def failed(self) -> tuple[int, list[tuple[str, tuple[str, ...]]]]:
+        """(failed_version, the failed jobs and their nodes), read together."""
+        with self._lock:
+            return self.failed_version, list(self.failed_jobs.items())
+
+    def failed_ids(self) -> set[str]:
+        with self._lock:
+            return set(self.failed_jobs)
 
     def job_of(self, node: str) -> str | None:
         return self._node_job.get(node)
@@ -54,38 +98,30 @@ class JobTable:
         return self._job_nodes.get(job, ())
 
 
-class JobTableFollower(threading.Thread):
-    """Keeps a JobTable current from fleet.jobs.v1 (all partitions, from the beginning)."""
+class JobTableFollower(TopicFollower):
+    """Keeps a JobTable current from fleet.jobs.v1 (all partitions, from the beginning).
 
-    def __init__(self, table: JobTable, consumer_factory: Callable[[], Any]) -> None:
-        super().__init__(name="job-table", daemon=True)
+    It applies exactly the records the worker's job stage accepts: one decode (schemas.decode) with
+    the record's key and clock reference, so a job the worker dead-letters (clock skew, a key that
+    is not the job) never enters the table either. Every worker reads every job record, so none
+    is dead-lettered here: the worker's job stage, which owns each jobs partition once in the
+    consumer group, dead-letters and counts it."""
+
+    def __init__(
+        self,
+        table: JobTable,
+        consumer_factory: Callable[[], Any],
+        clock: schemas.ClockLimits | None = schemas.DEFAULT_CLOCK,
+    ) -> None:
+        super().__init__(topics.JOBS, None, consumer_factory)
         self.table = table
-        self._factory = consumer_factory
-        self._stop = threading.Event()
-        self.caught_up = threading.Event()
+        self._clock = clock
 
-    def run(self) -> None:
-        consumer = self._factory()
+    def apply_record(self, record: Any, now: float) -> None:
+        ref = kafka_io.reference_time(record, now)
         try:
-            parts = consumer.partitions_for_topic(topics.JOBS) or set()
-            tps = [TopicPartition(topics.JOBS, p) for p in sorted(parts)]
-            consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            end = consumer.end_offsets(tps)
-            while not self._stop.is_set():
-                for batch in consumer.poll(timeout_ms=200).values():
-                    for r in batch:
-                        try:
-                            self.table.apply(schemas.decode(r.value, schemas.JOB))
-                        except schemas.MessageError as e:
-                            # Every worker reads every job record, so none dead-letters here; the
-                            # worker's "jobs" stage, which owns each jobs partition once in the
-                            # consumer group, dead-letters and counts it.
-                            log.debug("ignoring bad job record at %s: %s", r.offset, e)
-                if not self.caught_up.is_set() and all(consumer.position(tp) >= end[tp] for tp in tps):
-                    self.caught_up.set()
-        finally:
-            consumer.close()
-
-    def stop(self) -> None:
-        self._stop.set()
+            msg = schemas.decode(record.value, schemas.JOB, key=record.key, ref_ts=ref, clock=self._clock)
+        except schemas.MessageError as e:
+            log.debug("ignoring bad job record at %s: %s", record.offset, e)
+            return
+        self.table.apply(msg)

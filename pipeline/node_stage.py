@@ -5,6 +5,21 @@ A task holds the detectors for the nodes of one fleet.telemetry.v1 partition. Du
 out-of-order samples (ts not after the node's last accepted ts) are dropped before any
 detector sees them and counted: at-least-once delivery upstream makes duplicates normal,
 and an XID must not be counted twice.
+
+Nodes come and go (re-imaged, renamed, retired): a node whose last sample is more than
+`forget_after_s` older than the partition's clock is forgotten, checked every `forget_every_s` of
+that clock. The clock is the 90th percentile (the silence detector's) of the latest samples of
+the nodes that reported since the previous check, so one node with a clock ahead cannot make the
+rest forgotten; not of every node the task holds, as the silence detector takes it: where more
+than a tenth of the names have gone quiet, that percentile stops where they stopped, and the
+names that made it stop would never be forgotten. Every detector resolves the
+node's open incidents with a finding that says so (evidence `resolution: forgotten`,
+`unseen_for_s`) and drops its state, compacting its dense tables; the task drops it from its own
+and publishes a census tombstone (fleetwatch/census.py), so act neither counts it in the fleet
+nor keeps its alerts. A node silent for longer than forget_after_s is therefore no longer paged
+about. If it reports again it is a new node: new first_seen, a census message, fresh baselines.
+Without this, state, snapshots, /metrics series and open "silent" findings grew with every name
+a partition had ever seen (issue 15, item 17).
 """
 
 from __future__ import annotations
@@ -21,11 +36,12 @@ import orjson
 from prometheus_client import Counter
 
 from detectors.batch import GPU_COL, TelemetryBatch
+from detectors.findings import Forgotten
 from detectors.gpu_stats import GpuStats, GpuStatsConfig
-from detectors.hardware import HardwareDetector
+from detectors.hardware import HardwareConfig, HardwareDetector
 from detectors.lemon import LemonConfig, LemonScorer
-from detectors.silence import SilenceConfig, SilenceDetector
-from fleetwatch import schemas, topics
+from detectors.silence import SilenceConfig, SilenceDetector, reference_time
+from fleetwatch import census, schemas, topics
 from pipeline import fleet_metrics
 from pipeline.job_table import JobTable
 from pipeline.tasks import Output
@@ -34,6 +50,9 @@ log = logging.getLogger(__name__)
 
 STALE = Counter(
     "fleetwatch_detect_stale_samples_total", "telemetry samples dropped as duplicate or out of order"
+)
+FORGOTTEN = Counter(
+    "fleetwatch_detect_nodes_forgotten_total", "nodes forgotten after forget_after_s without telemetry"
 )
 
 _FEATURE_COLS = {
@@ -46,10 +65,14 @@ _FEATURE_COLS = {
 @dataclass
 class NodeTaskConfig:
     lemon_every_s: float = 60.0  # event-time period of lemon judgements
+    census_every_s: float = 600.0  # event-time period of a node's node/1 refresh (fleetwatch/census.py)
+    forget_after_s: float = 86400.0  # a node unseen this long (event time) is forgotten; inf: never
+    forget_every_s: float = 60.0  # event-time period of the check
     emit_features: bool = True
     lemon: LemonConfig = field(default_factory=LemonConfig)
     silence: SilenceConfig = field(default_factory=SilenceConfig)
     stats: GpuStatsConfig = field(default_factory=GpuStatsConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     @classmethod
     def for_time_scale(cls, scale: float) -> NodeTaskConfig:
@@ -70,15 +93,25 @@ class NodeTaskConfig:
 class NodeTask:
     jobs: JobTable
     config: NodeTaskConfig = field(default_factory=NodeTaskConfig)
-    hardware: HardwareDetector = field(default_factory=HardwareDetector)
+    hardware: HardwareDetector | None = None
     lemon: LemonScorer | None = None
     silence: SilenceDetector | None = None
     stats: GpuStats | None = None
     last_ts: dict[str, float] = field(default_factory=dict)
     failed_jobs_seen: set[str] = field(default_factory=set)
     next_lemon: float = 0.0
+    first_seen: dict[str, float] = field(default_factory=dict)  # node -> its first sample's ts
+    census_at: dict[str, float] = field(default_factory=dict)  # node -> ts of its last node/1
+    # node -> its latest sample's ts minus the time the broker took it (metric only, not snapshotted)
+    clock_skew: dict[str, float] = field(default_factory=dict)
+    forget_clock: float = 0.0  # the partition's clock at the last check for nodes to forget (0: none)
+    # JobTable.failed_version when the failed jobs were last scanned (not snapshotted: a restored
+    # task scans once; failed_jobs_seen says which it has counted)
+    _failed_version: int = field(default=-1, repr=False)
 
     def __post_init__(self) -> None:
+        if self.hardware is None:
+            self.hardware = HardwareDetector(self.config.hardware)
         if self.lemon is None:
             self.lemon = LemonScorer(self.config.lemon)
         if self.silence is None:
@@ -117,20 +150,57 @@ class NodeTask:
             batch = TelemetryBatch.from_any(fresh)
         findings = self.hardware.process(batch)
         nodes = batch.nodes()
+        seen = set(nodes)
         jobs = self.jobs.jobs_of(nodes)
         findings += self.silence.process(
             self.last_ts,
-            set(nodes),
+            seen,
             float(batch.ts.max()),
             batch=batch,
             prev_ts=prev_ts,
         )
         findings += self.stats.process(batch, nodes)
+        self._note_skew(batch, nodes)
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
-        out += self._lemon(batch, nodes, findings)
+        out += self._census(batch, nodes)
+        out += self._lemon(batch, nodes, seen, findings)
         if self.config.emit_features:
             out += self._features(batch, nodes, jobs)
+        out += self._sweep(float(batch.ts.max()), seen)
         return out
+
+    # ------------------------------------------------------------ forgetting nodes
+
+    def _sweep(self, newest: float, seen: set[str]) -> list[Output]:
+        """Every forget_every_s of the partition's clock: forget the nodes unseen for
+        forget_after_s by it (never one that reported in this batch, whatever its timestamp)."""
+        due = self.forget_clock + self.config.forget_every_s
+        if newest < due:  # the clock is at most the newest sample: nothing due yet
+            return []
+        names = list(self.last_ts)
+        latest = np.fromiter(self.last_ts.values(), dtype=np.float64, count=len(names))
+        # the nodes that reported since the last check (this batch's at least) set the clock
+        clock = reference_time(latest[latest >= self.forget_clock], self.config.silence)
+        if clock < due:
+            return []
+        self.forget_clock = clock
+        self.failed_jobs_seen &= self.jobs.failed_ids()  # the table no longer offers the others
+        stale = np.flatnonzero(clock - latest > self.config.forget_after_s)
+        gone = {names[i]: float(latest[i]) for i in stale.tolist() if names[i] not in seen}
+        return self.forget(Forgotten(gone, self.config.forget_after_s)) if gone else []
+
+    def forget(self, gone: Forgotten) -> list[Output]:
+        """Forget these nodes: every detector resolves their open incidents (saying why) and drops
+        their state; the task drops them from its tables and removes them from the census."""
+        findings: list[dict[str, Any]] = []
+        for detector in (self.hardware, self.silence, self.stats, self.lemon):
+            findings += detector.forget(gone)
+        for table in (self.last_ts, self.first_seen, self.census_at, self.clock_skew):
+            for node in gone:
+                table.pop(node, None)
+        FORGOTTEN.inc(len(gone))
+        out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
+        return out + [(topics.NODES, node, None) for node in sorted(gone)]  # census tombstones
 
     # ------------------------------------------------------------ what Prometheus reads (fleet_metrics)
 
@@ -153,6 +223,40 @@ class NodeTask:
         for book in (self.hardware.book, self.silence.book, self.stats.book, self.lemon.book):
             for inc in list(book.open.values()):
                 yield inc.kind, inc.severity
+
+    def clock_skews(self) -> Iterator[tuple[str, float]]:
+        yield from list(self.clock_skew.items())
+
+    def clock_refused(self, key: bytes | None, skew_s: float) -> None:
+        """A sample refused for its timestamp (the worker dead-lettered it): shown as the node's
+        clock skew if the node is one this task holds (its key is then its name; an unknown or
+        hostile key adds nothing)."""
+        node = key.decode("ascii", "replace") if key is not None else None
+        if node is not None and node in self.last_ts:
+            self.clock_skew[node] = skew_s
+
+    def _note_skew(self, batch: TelemetryBatch, nodes: list[str]) -> None:
+        skew = batch.ts - batch.received
+        known = np.flatnonzero(~np.isnan(skew))
+        if len(known):
+            self.clock_skew.update(zip([nodes[i] for i in known.tolist()], skew[known].tolist(), strict=True))
+
+    def _census(self, batch: TelemetryBatch, nodes: list[str]) -> list[Output]:
+        """node/1 for a node's first sample and again every census_every_s of its event time: the
+        census of reporting nodes that act sizes the drain budget on (fleetwatch/census.py)."""
+        last = np.fromiter(
+            map(self.census_at.get, nodes, repeat(-np.inf)), dtype=np.float64, count=len(nodes)
+        )
+        due = np.flatnonzero(batch.ts >= last + self.config.census_every_s)
+        out: list[Output] = []
+        for i in due.tolist():
+            node, ts = nodes[i], float(batch.ts[i])
+            if ts < self.census_at.get(node, -np.inf) + self.config.census_every_s:
+                continue  # the node's earlier sample in this batch was due already
+            first = self.first_seen.setdefault(node, ts)
+            self.census_at[node] = ts
+            out.append((topics.NODES, node, census.node_message(node, first, ts)))
+        return out
 
     def close(self) -> None:
         """The partition moved away: stop exporting its nodes."""
@@ -188,7 +292,9 @@ class NodeTask:
             STALE.inc(stale)
         return keep, prev
 
-    def _lemon(self, batch: TelemetryBatch, nodes: list[str], findings: list[dict[str, Any]]) -> list[Output]:
+    def _lemon(
+        self, batch: TelemetryBatch, nodes: list[str], seen: set[str], findings: list[dict[str, Any]]
+    ) -> list[Output]:
         lemon, ts = self.lemon, batch.ts
         lemon.observe_samples(nodes, ts)
         # A node's history: its XIDs (Meta's lemon signal counts them), the findings that open on
@@ -203,15 +309,7 @@ class NodeTask:
             and f["severity"] != "info"
         ]
         now = float(ts.max())
-        mine = set(nodes)
-        for job, job_nodes in list(self.jobs.failed_jobs.items()):
-            if job not in self.failed_jobs_seen:
-                self.failed_jobs_seen.add(job)
-                # Blame is shared: a failed 8-node job is 1/8 of an event for each of its nodes, so
-                # a lemon's job-mates do not inherit its history, while a node that keeps turning
-                # up in failed jobs with different peers accumulates it.
-                share = lemon.cfg.job_failure_weight / max(1, len(job_nodes))
-                events += [(now, n, share) for n in job_nodes if n in mine]
+        events += self._failed_job_events(now, seen)
         if events:
             events.sort()
             lemon.observe_events([e[1] for e in events], [e[0] for e in events], [e[2] for e in events])
@@ -219,6 +317,23 @@ class NodeTask:
             return []
         self.next_lemon = now + self.config.lemon_every_s
         return [(topics.FINDINGS, f["node"], f) for f in lemon.judge(now)]
+
+    def _failed_job_events(self, now: float, mine: set[str]) -> list[tuple[float, str, float]]:
+        """Lemon events of the failed jobs not counted yet (the table is only scanned when it has
+        gained one: it may hold 100k)."""
+        if self.jobs.failed_version == self._failed_version:
+            return []
+        self._failed_version, failed = self.jobs.failed()
+        events: list[tuple[float, str, float]] = []
+        for job, job_nodes in failed:
+            if job not in self.failed_jobs_seen:
+                self.failed_jobs_seen.add(job)
+                # Blame is shared: a failed 8-node job is 1/8 of an event for each of its nodes, so
+                # a lemon's job-mates do not inherit its history, while a node that keeps turning
+                # up in failed jobs with different peers accumulates it.
+                share = self.lemon.cfg.job_failure_weight / max(1, len(job_nodes))
+                events += [(now, n, share) for n in job_nodes if n in mine]
+        return events
 
     def _features(self, batch: TelemetryBatch, nodes: list[str], jobs: list[str | None]) -> list[Output]:
         """One nodefeatures/1 per sample of a node that is in a running job, keyed by the job."""
@@ -255,21 +370,31 @@ class NodeTask:
                 "last_ts": self.last_ts,
                 "failed_jobs_seen": sorted(self.failed_jobs_seen),
                 "next_lemon": self.next_lemon,
+                "first_seen": self.first_seen,
+                "census_at": self.census_at,
+                "forget_clock": self.forget_clock,
             }
         )
 
     @classmethod
     def from_bytes(cls, raw: bytes, jobs: JobTable, config: NodeTaskConfig | None = None) -> NodeTask:
+        """State from the snapshot, every detector's configuration from `config`: the deployment's
+        (the worker's), never the one that wrote the snapshot. next_lemon and forget_clock are state
+        (when the next lemon judgement and forget check are due); a changed forget_after_s applies
+        at the next check."""
         d = orjson.loads(raw)
         config = config or NodeTaskConfig()
         return cls(
             jobs=jobs,
             config=config,
-            hardware=HardwareDetector.from_state(d["hardware"]),
+            hardware=HardwareDetector.from_state(d["hardware"], config.hardware),
             lemon=LemonScorer.from_state(d["lemon"], config.lemon),
             silence=SilenceDetector.from_state(d["silence"], config.silence),
-            stats=GpuStats.from_state(d["stats"]),
+            stats=GpuStats.from_state(d["stats"], config.stats),
             last_ts=d["last_ts"],
             failed_jobs_seen=set(d["failed_jobs_seen"]),
             next_lemon=d["next_lemon"],
+            first_seen=d.get("first_seen", {}),  # older snapshots: the census starts again
+            census_at=d.get("census_at", {}),
+            forget_clock=d.get("forget_clock", 0.0),  # older snapshots: checked on the first batch
         )

@@ -9,11 +9,13 @@ decoded messages into outputs (topic, key, message) and can be serialised, so th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-Output = tuple[str, str | None, dict[str, Any]]  # topic, key, message
+from fleetwatch.schemas import ClockLimits
+
+Output = tuple[str, str | None, dict[str, Any] | None]  # topic, key, message (None: a tombstone)
 
 
 class Task(Protocol):
@@ -33,7 +35,9 @@ class Stage:
     schemas: dict[str, str]  # input topic -> the schema its messages must carry
     new_task: Callable[[int], Task]  # partition -> fresh task
     load_task: Callable[[int, bytes], Task]  # partition, snapshot -> restored task
-    max_skew_s: float | None = None  # reject messages whose timestamp is this far from now
+    # input topic -> how far its messages' timestamps may lie from their arrival at the broker
+    # (topics not named are not checked: those the pipeline itself produces from checked input)
+    clock: Mapping[str, ClockLimits] = field(default_factory=dict)
     # Hand the tasks telemetry as a detectors.batch.TelemetryBatch where the compiled scanner takes
     # the messages, else as fleetwatch.fast_schema structs, rather than dicts
     # (pipeline/telemetry_decode.py). Only for tasks that read all three, such as the node stage.

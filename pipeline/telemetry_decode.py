@@ -5,6 +5,9 @@ no Python object per value, about a third of the cost); every message it leaves 
 the message decoders (fleetwatch/schemas.py), which decide and name what is wrong with it. If
 they accept one the scanner left (a string with an escape, say), the whole batch is decoded
 their way, so that the task still sees every message in offset order.
+
+Both ways apply the same checks after the message itself: the record's key must be the message's
+node, and its timestamp must lie within the clock limits of the record's reference time.
 """
 
 from __future__ import annotations
@@ -23,14 +26,19 @@ def decode_telemetry(
     records: RecordBlock | Sequence[bytes | None],
     *,
     now: float,
-    max_skew_s: float | None,
+    clock: schemas.ClockLimits | None,
     max_bytes: int = schemas.MAX_MESSAGE_BYTES,
+    check_keys: bool = True,
 ) -> tuple[TelemetryBatch | list[Any], list[tuple[int, schemas.MessageError]]]:
-    """(the valid messages: a TelemetryBatch, or a list of decoded messages; [(index, error)] of
-    the rest), the same messages and errors as schemas.decode_batch(..., struct=True) of the
-    records' values."""
+    """(the valid messages as a TelemetryBatch whose `received` holds their reference times, or []
+    if none; [(index, error)] of the rest), the same messages and errors as
+    schemas.decode_batch(..., struct=True) of the
+    records' values, keys and reference times (RecordBlock.reference_times(now)). Keys are checked
+    for a RecordBlock (records from Kafka) unless check_keys is False; plain values have none."""
     block = records if isinstance(records, RecordBlock) else RecordBlock.from_values(records)
     n = len(block)
+    refs = block.reference_times(now)
+    keys = block.keys() if check_keys and isinstance(records, RecordBlock) else None
     # tombstones and oversized values are left to the decoders, which name them
     usable = (block.starts >= 0) & (block.ends - block.starts <= max_bytes)
     if usable.all():
@@ -39,26 +47,50 @@ def decode_telemetry(
     else:
         offered = np.flatnonzero(usable)
         sc = telemetry_scan.scan_spans(block.buf, block.starts[offered], block.ends[offered])
-    keep = np.ones(len(sc.ts), dtype=bool) if max_skew_s is None else np.abs(sc.ts - now) <= max_skew_s
-    taken = offered[sc.taken[keep]]
+    scanned = offered[sc.taken]
+    keep = np.ones(len(sc.ts), dtype=bool) if clock is None else schemas.clock_ok(sc.ts, refs[scanned], clock)
+    if keys is not None and keep.any():
+        names = sc.node_names
+        keep &= np.fromiter(
+            (
+                keys[k] == names[c].encode()
+                for k, c in zip(scanned.tolist(), sc.node_idx.tolist(), strict=True)
+            ),
+            dtype=bool,
+            count=len(scanned),
+        )
+    taken = scanned[keep]
     bad: list[tuple[int, schemas.MessageError]] = []
     if len(taken) < n:
         left = np.setdiff1d(np.arange(n), taken, assume_unique=True).tolist()
         ok, refused = schemas.decode_batch(
             [block.value(i) for i in left],
             schemas.TELEMETRY,
-            now=now,
-            max_skew_s=max_skew_s,
+            keys=None if keys is None else [keys[i] for i in left],
+            ref_ts=refs[left],
+            clock=clock,
             max_bytes=max_bytes,
             struct=True,
         )
         if ok:
-            values = block.values()
-            return schemas.decode_batch(
-                values, schemas.TELEMETRY, now=now, max_skew_s=max_skew_s, max_bytes=max_bytes, struct=True
+            msgs, bad = schemas.decode_batch(
+                block.values(),
+                schemas.TELEMETRY,
+                keys=keys,
+                ref_ts=refs,
+                clock=clock,
+                max_bytes=max_bytes,
+                struct=True,
             )
+            accepted = np.setdiff1d(np.arange(n), [i for i, _e in bad])
+            return _with_received(TelemetryBatch.from_any(msgs), refs[accepted]), bad
         bad = [(left[j], e) for j, e in refused]
     if not len(taken):
         return [], bad
     batch = TelemetryBatch.from_scan(sc)
-    return (batch if keep.all() else batch.select(keep)), bad
+    return _with_received(batch if keep.all() else batch.select(keep), refs[taken]), bad
+
+
+def _with_received(batch: TelemetryBatch, received: np.ndarray) -> TelemetryBatch:
+    batch.received = np.asarray(received, dtype=np.float64)
+    return batch

@@ -25,6 +25,7 @@ from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter, Gauge, Histogram
 
 from fleetwatch import kafka_io, record_blocks, schemas, socket_reads, topics
+from fleetwatch.record_blocks import RecordBlock
 from fleetwatch.runtime import StopFlag, gc_paused
 from pipeline import fleet_metrics
 from pipeline.deadletter import send_deadletter
@@ -60,6 +61,20 @@ STATE_LOST = Counter(
     ["group", "stage", "reason"],
 )
 SNAPSHOTS = Counter("fleetwatch_worker_snapshots_total", "state snapshots written", ["group", "stage"])
+INTERNAL_ERRORS = Counter(
+    "fleetwatch_worker_internal_errors_total",
+    "records whose handling raised an unexpected exception (dead-lettered as internal_error, the "
+    "exception named in the dead letter's detail and the log)",
+    ["group", "stage"],
+)
+# Every output is checked against this before it is produced: an output the broker would refuse
+# (Kafka's default max.message.bytes is 1 MiB) would stop the worker before it commits, on every
+# restart. Detectors bound their findings far below it (detectors/findings.py).
+MAX_OUTPUT_BYTES = 512 * 1024
+
+
+class OutputTooLarge(RuntimeError):
+    """A task produced an output over MAX_OUTPUT_BYTES: a detector bug, handled as one."""
 
 
 class Worker(ConsumerRebalanceListener):
@@ -103,12 +118,18 @@ class Worker(ConsumerRebalanceListener):
         # assigned partitions, paused, whose tasks the worker's thread has yet to restore
         self._restoring: set[TopicPartition] = set()
         self.offsets: dict[TopicPartition, int] = {}  # next offset to process, per owned partition
+        # Internal errors (see _quarantine): records dead-lettered because handling them raised, to
+        # skip when their partition is replayed; and per partition the offsets of a batch that
+        # raised, to replay one record at a time until the one that raises is found.
+        self._poison: dict[TopicPartition, set[int]] = {}
+        self._suspect: dict[TopicPartition, tuple[int, int]] = {}
         self._last_snapshot = time.monotonic()
         self._rebalanced_at = time.monotonic()  # when partitions were last assigned
         # Exported at 0 from the start: a member stuck in its first join shows 0 partitions (the
         # rule FleetwatchGroupOwnsNoPartitions sees it), and increase() sees the first lost state.
         PARTITIONS.labels(group)
         for name in self.stages:
+            INTERNAL_ERRORS.labels(group, name)
             for reason in LOST_REASONS:
                 STATE_LOST.labels(group, name, reason)
         record_blocks.warm_up()  # before joining the group, as Stage.warm_up
@@ -248,6 +269,9 @@ class Worker(ConsumerRebalanceListener):
                 self._parked_offsets[tp] = off
         PARTITIONS.labels(self.group).dec(len([tp for tp in revoked if tp not in self._restoring]))
         self._restoring.difference_update(revoked)
+        for tp in revoked:
+            self._poison.pop(tp, None)
+            self._suspect.pop(tp, None)
         if revoked:
             log.info("revoked %s", sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
 
@@ -275,34 +299,11 @@ class Worker(ConsumerRebalanceListener):
         for tp, records in polled.items():
             stage = self.topic_stage[tp.topic]
             task = self.tasks.get(self._task_key(tp))
-            if task is None:  # revoked between fetch and now
+            if task is None:  # revoked between fetch and now, or being restored (_quarantine)
                 continue
             block = record_blocks.gather(records)
-            if stage.columnar_telemetry and stage.schemas[tp.topic] == schemas.TELEMETRY:
-                from pipeline.telemetry_decode import decode_telemetry  # numba: only where used
-
-                msgs, bad = decode_telemetry(block, now=now, max_skew_s=stage.max_skew_s)
-            else:
-                msgs, bad = schemas.decode_batch(
-                    block.values(), stage.schemas[tp.topic], now=now, max_skew_s=stage.max_skew_s
-                )
-            for i, e in bad:
-                REJECTED.labels(self.group, tp.topic, e.reason).inc()
-                send_deadletter(
-                    out,
-                    block.value(i),
-                    e.reason,
-                    e.detail,
-                    f"{tp.topic}:{tp.partition}:{block.offsets[i]}",
-                    tp.topic,
-                )
-            outputs = task.process(tp.topic, msgs)
-            for topic, key, msg in outputs:
-                out.send(topic, key=key.encode() if key else None, value=schemas.encode(msg))
-                PRODUCED.labels(self.group, topic).inc()
-            fleet_metrics.count_findings([m for t, _k, m in outputs if t == topics.FINDINGS], time.time())
-            if tp.topic == topics.TELEMETRY:
-                fleet_metrics.SAMPLES.inc(len(msgs))
+            if not self._handle(tp, stage, task, block, now, out):
+                continue  # an internal error: the partition's task is being restored
             last = int(block.offsets[-1])
             high = self.consumer.highwater(tp)
             if high is not None:
@@ -324,6 +325,150 @@ class Worker(ConsumerRebalanceListener):
         self._maybe_snapshot()
         return handled
 
+    def _handle(
+        self, tp: TopicPartition, stage: Stage, task: Task, block: RecordBlock, now: float, out: _Outbox
+    ) -> bool:
+        """Decode one partition's records, dead-letter the bad ones, run the task, queue its outputs.
+        False when handling raised (see _quarantine): nothing of it is queued, the offset stays."""
+        poison = self._poison.get(tp)
+        if poison:  # dead-lettered already (internal errors): skipped in a replay
+            block = block.subset([k for k, o in enumerate(block.offsets.tolist()) if o not in poison])
+        suspect = self._suspect.get(tp)
+        if len(block) and suspect is not None and block.offsets[0] <= suspect[1]:
+            # the batch that raised, again: one record at a time, to find the one that raises
+            parts = [block.subset([k]) for k in range(len(block))]
+        else:
+            parts = [block] if len(block) else []
+        for part in parts:
+            if not self._handle_part(tp, stage, task, part, now, out):
+                return False
+        if suspect is not None and len(block) and block.offsets[-1] >= suspect[1]:
+            del self._suspect[tp]
+        return True
+
+    def _handle_part(
+        self, tp: TopicPartition, stage: Stage, task: Task, block: RecordBlock, now: float, out: _Outbox
+    ) -> bool:
+        msgs, bad = self._decode(stage, tp, block, now)
+        try:
+            outputs = task.process(tp.topic, msgs)
+            encoded = [(topic, key.encode() if key else None, _encode(msg)) for topic, key, msg in outputs]
+            findings = [m for t, _k, m in outputs if t == topics.FINDINGS and m is not None]
+            fleet_metrics.count_findings(findings, time.time())
+        except Exception as e:  # a bug, or input no check foresaw: that record's problem only
+            self._quarantine(tp, stage, block, e, out)
+            return False
+        refused = getattr(task, "clock_refused", None)
+        for i, e in bad:
+            REJECTED.labels(self.group, tp.topic, e.reason).inc()
+            send_deadletter(
+                out,
+                block.value(i),
+                e.reason,
+                e.detail,
+                f"{tp.topic}:{tp.partition}:{block.offsets[i]}",
+                tp.topic,
+            )
+            if e.skew_s is not None and refused is not None:
+                refused(block.key(i), e.skew_s)
+        for topic, key, value in encoded:
+            out.send(topic, key=key, value=value)
+            PRODUCED.labels(self.group, topic).inc()
+        if tp.topic == topics.TELEMETRY:
+            fleet_metrics.SAMPLES.inc(len(msgs))
+        return True
+
+    def _decode(
+        self, stage: Stage, tp: TopicPartition, block: RecordBlock, now: float
+    ) -> tuple[Any, list[tuple[int, schemas.MessageError]]]:
+        """The stage's decoder over a block: (messages, [(index, error)]). Decoding changes no state,
+        so when it raises, the records are decoded one at a time and only the one that raises is
+        refused (as internal_error)."""
+        clock = stage.clock.get(tp.topic)
+        try:
+            if stage.columnar_telemetry and stage.schemas[tp.topic] == schemas.TELEMETRY:
+                from pipeline.telemetry_decode import decode_telemetry  # numba: only where used
+
+                return decode_telemetry(block, now=now, clock=clock)
+            return schemas.decode_batch(
+                block.values(),
+                stage.schemas[tp.topic],
+                keys=block.keys(),
+                ref_ts=block.reference_times(now),
+                clock=clock,
+            )
+        except Exception as e:  # counted below, per record that raises on its own
+            log.error("decoding %d records of %s:%d raised; decoding them one by one", len(block), tp.topic,
+                      tp.partition, exc_info=e)  # fmt: skip
+        refs = block.reference_times(now)
+        msgs: list[Any] = []
+        bad: list[tuple[int, schemas.MessageError]] = []
+        for k in range(len(block)):
+            try:
+                m = schemas.decode(
+                    block.value(k),
+                    stage.schemas[tp.topic],
+                    key=block.key(k),
+                    ref_ts=float(refs[k]),
+                    clock=clock,
+                    struct=stage.columnar_telemetry,
+                )
+            except schemas.MessageError as e:
+                bad.append((k, e))
+            except Exception as e:
+                INTERNAL_ERRORS.labels(self.group, stage.name).inc()
+                bad.append((k, schemas.MessageError("internal_error", _describe(e))))
+            else:
+                msgs.append(m)
+        return msgs, bad
+
+    def _quarantine(
+        self, tp: TopicPartition, stage: Stage, block: RecordBlock, exc: Exception, out: _Outbox
+    ) -> None:
+        """Handling `block` raised. The task may have applied part of it, so it is rebuilt from its
+        last snapshot and its input replayed from there (the outputs of the replay carry the ids
+        they had). A single record that raises is dead-lettered as internal_error and skipped in
+        the replay; a batch that raises is replayed one record at a time to find it. A rising
+        fleetwatch_worker_internal_errors_total pages (FleetwatchWorkerInternalErrors): a
+        systematic bug is loud, while the rest of the input goes on."""
+        first, last = int(block.offsets[0]), int(block.offsets[-1])
+        if len(block) == 1:  # counted once, for the record that raises on its own
+            INTERNAL_ERRORS.labels(self.group, stage.name).inc()
+            log.error(
+                "record %s:%d:%d raised %s; dead-lettered as internal_error, restoring the partition",
+                tp.topic, tp.partition, first, type(exc).__name__, exc_info=exc,
+            )  # fmt: skip
+            send_deadletter(
+                out,
+                block.value(0),
+                "internal_error",
+                _describe(exc),
+                f"{tp.topic}:{tp.partition}:{first}",
+                tp.topic,
+            )
+            self._poison.setdefault(tp, set()).add(first)
+        else:
+            log.error(
+                "%d records of %s:%d (offsets %d-%d) raised %s; replaying them one at a time",
+                len(block), tp.topic, tp.partition, first, last, type(exc).__name__, exc_info=exc,
+            )  # fmt: skip
+            self._suspect[tp] = (first, last)
+        self._reload(self._task_key(tp))
+
+    def _reload(self, key: tuple[str, int]) -> None:
+        """Drop a task and restore it from its last snapshot before the next poll (see _restore)."""
+        task = self.tasks.pop(key, None)
+        close = getattr(task, "close", None)
+        if close:
+            close()
+        self.producer.flush(timeout=30)  # the latest snapshot, if still in the producer's buffer
+        tps = [tp for tp in self.consumer.assignment() if self._task_key(tp) == key]
+        for tp in tps:
+            self.offsets.pop(tp, None)
+        self.consumer.pause(*tps)
+        self._restoring.update(tps)
+        PARTITIONS.labels(self.group).dec(len(tps))
+
     def _commit_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
         return {tp: OffsetAndMetadata(off, "", -1) for tp, off in self.offsets.items()}
 
@@ -343,7 +488,7 @@ class Worker(ConsumerRebalanceListener):
             COMMIT_FAILURES.labels(self.group).inc()
             log.warning("offset commit failed: %s", e)
 
-    def _deliver(self, items: list[tuple[str, bytes | None, bytes, Any]], attempts: int = 6) -> None:
+    def _deliver(self, items: list[tuple[str, bytes | None, bytes | None, Any]], attempts: int = 6) -> None:
         """Produce a batch's outputs and make sure every one was acknowledged before the input
         offsets are committed. flush() does not raise for a failed record (after a broker restart
         an idempotent producer can fail whole batches), so each future is checked and the failed
@@ -468,12 +613,28 @@ def _exit_for_restart(stalled_s: float) -> None:
     os._exit(75)  # EX_TEMPFAIL
 
 
+def _encode(msg: dict[str, Any] | None) -> bytes | None:
+    """An output's value; None (a tombstone: a compacted topic forgets the key) stays None."""
+    if msg is None:
+        return None
+    value = schemas.encode(msg)
+    if len(value) > MAX_OUTPUT_BYTES:
+        raise OutputTooLarge(f"a {msg.get('schema')} output of {len(value)} bytes (limit {MAX_OUTPUT_BYTES})")
+    return value
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e)[:300]}"
+
+
 class _Outbox:
     """Collects a batch's outputs (send() like a producer's) so that they are delivered and
     checked together before the input offsets are committed."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[str, bytes | None, bytes, Any]] = []
+        self.items: list[tuple[str, bytes | None, bytes | None, Any]] = []
 
-    def send(self, topic: str, key: bytes | None = None, value: bytes = b"", headers: Any = None) -> None:
+    def send(
+        self, topic: str, key: bytes | None = None, value: bytes | None = b"", headers: Any = None
+    ) -> None:
         self.items.append((topic, key, value, headers))

@@ -119,6 +119,30 @@ def test_seq_continues_across_restart(tmp_path: Path) -> None:
     b.close(drain_timeout_s=0)
 
 
+def test_agent_samples_take_the_detect_workers_fast_path(tmp_path: Path) -> None:
+    """What the agent sends from NVML (fake pynvml, real code path: remapped row counts, NVLinks
+    up, a lost GPU, an XID) and /proc is all in the contract, so the detect worker's compiled
+    scanner takes it whole: a field outside the contract would send every sample of every node to
+    the slower decoders (fleetwatch/telemetry_scan.py)."""
+    from collectors.host import HostSource
+    from collectors.nvml import NvmlSource
+    from fleetwatch import telemetry_scan
+    from tests.fakes import FakeGpu, FakeLink, FakeNvml
+
+    gpu = FakeGpu(util=90, remapped_rows=(5, 2, 1, 0), nvlinks=[FakeLink(crc_flit=1), FakeLink(active=False)])
+    fake = FakeNvml([gpu] * 8)
+    nvml = NvmlSource(nvml=fake.module)
+    agent = _agent(
+        tmp_path, "127.0.0.1:1", [SourceRunner("nvml", lambda: nvml), SourceRunner("host", HostSource)]
+    )
+    fake.inject_xid(1, 48)
+    fake.lose(6)
+    raws = [schemas.encode(agent.tick()) for _ in range(2)]  # what it spools and sends
+    agent.close(drain_timeout_s=0)
+    assert {"remapped_rows_correctable", "nvlink_links_active"} <= schemas.decode(raws[0])["gpus"][0].keys()
+    assert telemetry_scan.scan(raws).taken.tolist() == [0, 1]
+
+
 def _seqs_for(tail: TopicTail, node: str, n: int, timeout_s: float) -> list[int]:
     def enough(recs: list[Any]) -> bool:
         return len({schemas.decode(r.value)["seq"] for r in recs if r.key == node.encode()}) >= n

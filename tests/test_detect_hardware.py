@@ -198,8 +198,12 @@ def test_dbe_resolves_after_the_gpu_reset_clears_the_volatile_count() -> None:
     f = run(
         series(60, lambda k: {5: {"ecc_dbe_volatile": 1, "ecc_dbe_aggregate": 1}} if k < 20 else {}, step=10)
     )
-    assert [g["resolved"] for g in f] == [False, True]
-    assert f[1]["ts"] == 1000.0 + 19 * 10 + clear
+    dbe = [g for g in f if g["evidence"]["rule"] == "ecc_dbe"]
+    assert [g["resolved"] for g in dbe] == [False, True]
+    assert dbe[1]["ts"] == 1000.0 + 19 * 10 + clear
+    # the reset that cleared the count is reported, as info: maintenance, not a new error
+    resets = [(g["kind"], g["severity"], g["ts"]) for g in f if g["evidence"]["rule"] == "counter_reset"]
+    assert resets[0] == ("ecc", "info", 1000.0 + 20 * 10)
 
 
 def test_sbe_rate_threshold() -> None:
@@ -268,7 +272,7 @@ def test_counts_after_a_collector_gap_are_spread_over_the_gap() -> None:
 def test_ib_port_down_and_link_downed_are_critical() -> None:
     f = opened(run(series(20, ib=lambda k: [ib_port(state="DOWN" if 5 <= k < 8 else "ACTIVE")])))
     assert rules(f) == {("ib_link", "ib_port_state", "critical")}
-    assert f[0]["evidence"]["port"] == "mlx5_0/1" and "gpu" not in f[0]
+    assert f[0]["evidence"]["ports"] == ["mlx5_0/1"] and "gpu" not in f[0]
     f = opened(run(series(20, ib=lambda k: [ib_port(link_downed=1 if k >= 5 else 0)])))
     assert rules(f) == {("ib_link", "ib_link_downed", "critical")}
 
@@ -282,10 +286,20 @@ def test_ib_error_rates_and_saturation() -> None:
     assert ("ib_link", "ib_counter_saturated", "warning") in rules(f)
 
 
-def test_two_ports_are_separate_incidents() -> None:
+def test_ports_of_a_node_are_one_incident_per_rule_naming_them() -> None:
+    """Judged per port, reported per node and rule: one sample listing 256 ports down is one
+    finding (the ports counted), not 256."""
     ports = [ib_port("mlx5_0", 1, state="DOWN"), ib_port("mlx5_1", 1, state="DOWN")]
     f = opened(run(series(5, ib=lambda k: ports)))
-    assert len(f) == 2 and len({g["id"] for g in f}) == 2
+    assert len(f) == 1 and f[0]["evidence"]["ports"] == ["mlx5_0/1", "mlx5_1/1"]
+    many = [ib_port(f"mlx5_{i}", 1, state="DOWN") for i in range(256)]
+    f = opened(run(series(3, ib=lambda k: many)))
+    assert [
+        (g["evidence"]["rule"], g["evidence"]["ports_total"], len(g["evidence"]["ports"])) for g in f
+    ] == [("ib_port_state", 256, 16)]
+    # a port that goes down while another is down already is in the open incident's evidence
+    later = run(series(6, ib=lambda k: ports[:1] if k < 3 else ports))
+    assert len(opened(later)) == 1
 
 
 # ---------------------------------------------------------------- thermal

@@ -38,6 +38,23 @@ def test_make_finding_is_valid_and_decodes_through_the_shared_decoder() -> None:
     assert back == f
 
 
+def test_a_finding_stays_small_whatever_its_evidence_and_summary() -> None:
+    """A detector quoting hostile input (a 400 KB name, thousands of entries) still makes a
+    finding far below the broker's limit: the summary is cut, the evidence keeps the entries that
+    fit, in order, and counts the ones it left out."""
+    from detectors.findings import MAX_EVIDENCE_BYTES, MAX_SUMMARY
+
+    evidence = {"port": "p" * 400_000, "small": 1, **{f"k{i}": "v" * 100 for i in range(500)}}
+    f = sample(summary="s" * 100_000, evidence=evidence)
+    assert len(f["summary"]) == MAX_SUMMARY
+    assert len(orjson.dumps(f["evidence"])) <= MAX_EVIDENCE_BYTES
+    kept = [k for k in f["evidence"] if k not in ("rule", "truncated")]
+    assert kept[0] == "small" and "port" not in kept  # in order; what does not fit is left out
+    assert f["evidence"]["truncated"] == len(evidence) + 1 - (len(kept) + 1)
+    assert len(schemas.encode(f)) < 16_384
+    schemas.validate(f)
+
+
 def test_optional_gpu_and_job() -> None:
     f = sample(gpu=None, job="job-42", kind="straggler")
     assert "gpu" not in f and f["job"] == "job-42"
@@ -179,7 +196,21 @@ def test_book_snapshot_round_trip() -> None:
     clock = Clock([float(t) for t in range(0, 200)])
     book = IncidentBook()
     opened = observe(book, clock, 10.0)
-    restored = IncidentBook.from_state(orjson.loads(orjson.dumps(book.to_state())))
+    restored = IncidentBook.from_state(orjson.loads(orjson.dumps(book.to_state())), 60.0)
     assert observe(restored, clock, 20.0) == []
     out = restored.sweep(clock.next_ts, clock.latest)
     assert out[0]["id"] == opened[0]["id"] and out[0]["ts"] == 80.0
+
+
+def test_book_restores_clear_after_from_the_deployment_not_the_snapshot() -> None:
+    clock = Clock([float(t) for t in range(0, 400)])
+    book = IncidentBook()
+    observe(book, clock, 10.0)  # opened with clear_after 60
+    state = orjson.loads(orjson.dumps(book.to_state()))
+    assert all("clear_after" not in d for d in state)  # configuration stays out of snapshots
+    state[0]["clear_after"] = 60.0  # as snapshots written before carried it: ignored
+    restored = IncidentBook.from_state(state, lambda kind, rule: 200.0 if kind == "thermal" else 1.0)
+    (inc,) = restored.open.values()
+    assert inc.clear_after == 200.0
+    out = restored.sweep(clock.next_ts, clock.latest)
+    assert out[0]["resolved"] and out[0]["ts"] == 210.0  # last bad 10 + the deployment's 200 s

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka import KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
 from kafka.consumer.fetcher import Fetcher
 from kafka.errors import CorruptRecordError
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -32,8 +33,11 @@ def batch(
     *,
     epoch: int = 0,
     compression: int = 0,
+    appended_ms: int | None = None,
 ) -> bytearray:
-    """One v2 batch of (offset, key, value, headers), its base offset and leader epoch set."""
+    """One v2 batch of (offset, key, value, headers), its base offset and leader epoch set; with
+    `appended_ms`, timestamped as the broker does a LogAppendTime topic's batches (the timestamp
+    type bit set and that time as the batch's max timestamp)."""
     b = DefaultRecordBatchBuilder(
         magic=2,
         compression_type=compression,
@@ -48,6 +52,11 @@ def batch(
     data = b.build()
     data[0:8] = struct.pack(">q", records[0][0])  # neither field is under the CRC
     data[12:16] = struct.pack(">i", epoch)
+    if appended_ms is not None:
+        (attributes,) = struct.unpack(">h", data[21:23])
+        data[21:23] = struct.pack(">h", attributes | 0x08)
+        data[35:43] = struct.pack(">q", appended_ms)
+        data[17:21] = struct.pack(">I", calc_crc32c(memoryview(data)[21:]))
     return data
 
 
@@ -65,9 +74,17 @@ def kafka_python(data: bytes, fetch_offset: int, check_crcs: bool = True) -> tup
     return read(Fetcher.PartitionRecords, data, fetch_offset, check_crcs)
 
 
-def as_pairs(items: list[Any]) -> list[tuple[int, bytes | None]]:
+def as_pairs(items: list[Any]) -> list[tuple[int, bytes | None, bytes | None, int]]:
+    """(offset, key, value, append time in ms or -1) of every record read."""
     block = gather(items) if items else RecordBlock.from_values([])
-    return list(zip(block.offsets.tolist(), block.values(), strict=True))
+    return list(
+        zip(block.offsets.tolist(), block.keys(), block.values(), block.append_ms.tolist(), strict=True)
+    )
+
+
+def as_records(records: list[Any]) -> list[tuple[int, bytes | None, bytes | None, int]]:
+    """The same of kafka-python's ConsumerRecords."""
+    return [(r.offset, r.key, r.value, r.timestamp if r.timestamp_type == 1 else -1) for r in records]
 
 
 def outcome(cls: Any, data: bytes, fetch_offset: int, check_crcs: bool) -> tuple[Any, ...]:
@@ -92,6 +109,7 @@ batches = st.lists(
             max_size=6,
         ),
         st.integers(0, 5),
+        st.one_of(st.none(), st.integers(1_700_000_000_000, 1_800_000_000_000)),
     ),
     min_size=1,
     max_size=5,
@@ -99,16 +117,17 @@ batches = st.lists(
 
 
 def fetch_of(spec: Any, gap: int = 0) -> tuple[bytearray, int]:
-    """The batches of `spec` ([([(offset step, key, value)], leader epoch)]), offsets from 11 on,
-    `gap` offsets skipped after each batch: (the fetch's bytes, the offset after the last gap)."""
+    """The batches of `spec` ([([(offset step, key, value)], leader epoch, append time or None)]),
+    offsets from 11 on, `gap` offsets skipped after each batch: (the fetch's bytes, the offset
+    after the last gap)."""
     data = bytearray()
     offset = 10
-    for recs, epoch in spec:
+    for recs, epoch, appended in spec:
         rows = []
         for step, key, value in recs:
             offset += step
             rows.append((offset, key, value, []))
-        data += batch(rows, epoch=epoch)
+        data += batch(rows, epoch=epoch, appended_ms=appended)
         offset += gap
     return data, offset
 
@@ -126,7 +145,7 @@ def test_a_fetch_reads_as_kafka_python_reads_it(spec: Any, gap: int, cut: int, a
     want, want_next, want_epoch = kafka_python(bytes(data), fetch_offset)
     got, got_next, got_epoch = read(record_blocks._BlockPartitionRecords, bytes(data), fetch_offset)
     assert all(type(item) is RecordBlock for item in got) and len(got) <= 1
-    assert as_pairs(got) == [(r.offset, r.value) for r in want]
+    assert as_pairs(got) == as_records(want)  # keys and broker times too
     assert (got_next, got_epoch) == (want_next, want_epoch)
 
 
@@ -186,7 +205,8 @@ def test_what_is_not_plain_is_left_to_kafka_python() -> None:
         assert [type(r).__name__ for r in got] == [type(r).__name__ for r in want]
         assert as_pairs(got) == as_pairs(want)
         assert (got_next, got_epoch) == (want_next, want_epoch)
-    assert as_pairs(kafka_python(gzip, 5)[0]) == [(5, b"v1" * 100), (6, b"v2" * 100)]  # something was read
+    read_back = [(o, v) for o, _k, v, _t in as_pairs(kafka_python(gzip, 5)[0])]
+    assert read_back == [(5, b"v1" * 100), (6, b"v2" * 100)]  # something was read
 
 
 def test_a_bad_crc_or_record_raises_kafka_pythons_error() -> None:
@@ -273,9 +293,13 @@ def test_mutated_fetches_never_read_out_of_bounds(tmp_path: Any) -> None:
 def test_a_worker_consumer_polls_blocks_from_the_real_broker(kafka_bootstrap: str) -> None:
     """install() takes on this kafka-python (a version that changed the reader fails here, not
     silently slower); poll() then returns blocks for plain records and kafka-python's records for
-    compressed ones, and gather() gives every value once, in order, with its offset."""
+    compressed ones, and gather() gives every value once, in order, with its offset, key and the
+    time the broker appended it (the topic keeps LogAppendTime, as fleetwatch's input topics do)."""
     topic = f"test-blocks-{uuid.uuid4().hex[:8]}"
-    kafka_io.ensure_topics(kafka_bootstrap, [topic], partitions=1)
+    admin = kafka_io.make_admin(kafka_bootstrap)
+    admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"message.timestamp.type": "LogAppendTime"})])
+    admin.close()
+    before_ms = int(time.time() * 1000)
     sent: list[bytes | None] = [f"plain-{i}".encode() for i in range(300)] + [None]
     producer = KafkaProducer(**kafka_io.client_config(kafka_bootstrap), linger_ms=5)
     for v in sent:
@@ -294,12 +318,14 @@ def test_a_worker_consumer_polls_blocks_from_the_real_broker(kafka_bootstrap: st
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
     kinds: set[str] = set()
-    got: list[tuple[int, bytes | None]] = []
+    got: list[tuple[int, bytes | None, bytes | None, int]] = []
     deadline = time.monotonic() + 30
     while len(got) < len(sent) + len(zipped) and time.monotonic() < deadline:
         for items in consumer.poll(timeout_ms=500).values():
             kinds |= {type(item).__name__ for item in items}
             got += as_pairs(items)
     consumer.close()
-    assert got == list(enumerate(sent + zipped))
+    assert [(o, v) for o, _k, v, _t in got] == list(enumerate(sent + zipped))
+    assert [k for _o, k, _v, _t in got] == [b"k"] * len(sent) + [None] * len(zipped)
+    assert all(before_ms - 5000 <= t <= time.time() * 1000 + 5000 for *_, t in got)
     assert kinds == {"RecordBlock", "ConsumerRecord"}

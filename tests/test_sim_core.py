@@ -6,6 +6,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pytest
 
 from collectors.sim import Simulation, load_scenario, packaged_path
@@ -212,3 +213,21 @@ def test_cordoned_node_gets_no_new_job() -> None:
     jobs = [m for t, _, m in sim.run() if t == topics.JOBS]
     assert jobs and all("gpu-node-0002" not in m["nodes"] for m in jobs)
     assert {n for m in jobs for n in m["nodes"]} >= set(sim.nodes) - {"gpu-node-0002"} - {sim.nodes[-1]}
+
+
+@pytest.mark.parametrize("speed", [0.0, 0.5, 1.0, 10.0, 25.0])
+def test_a_live_simulation_never_stamps_a_sample_in_the_future(speed: float) -> None:
+    """`fleetwatch simulate` sends tick k at wall0 + k*dt/speed (all at once flat out): from the
+    default epoch on, no tick is stamped after the wall time it is sent at, however fast the
+    simulation runs (a detector refuses samples from the future), and the last is within a tick
+    of it when the simulation is at least as fast as real time."""
+    from collectors.sim.cli import live_epoch
+
+    now, duration, dt = 1_764_000_000.0, 300.0, 1.0
+    epoch = live_epoch(now, duration, speed)
+    ticks = np.arange(0, duration + dt, dt)
+    sent = now + (ticks / speed if speed else np.zeros_like(ticks))
+    stamped = epoch + ticks
+    assert (stamped <= sent + 1e-6).all()
+    if speed == 0 or speed >= 1:
+        assert sent[-1] - stamped[-1] <= dt

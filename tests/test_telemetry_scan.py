@@ -10,14 +10,15 @@ import re
 import textwrap
 from typing import Any
 
-import msgspec
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors.batch import TelemetryBatch
 from fleetwatch import fast_schema, schemas, telemetry_scan
+from fleetwatch.record_blocks import RecordBlock
 from pipeline.job_table import JobTable
 from pipeline.node_stage import NodeTask
 from pipeline.telemetry_decode import decode_telemetry
@@ -26,12 +27,13 @@ from tests.test_detect_batch import assert_same_batch
 from tests.test_schemas import _python_accepts, mutated_telemetry, telemetry
 
 NOW = 1_764_000_000.0
+CLOCK = schemas.ClockLimits(ahead_s=3600, behind_s=3600)
 
 
 def assert_same_columns(a: TelemetryBatch, b: TelemetryBatch) -> None:
     """Every column equal (NaN equal to NaN); IB port and state names compared port by port (a
     port given as 1 and as "1" is one name to the scanner, two codes with one name to msgspec)."""
-    assert_same_batch(a, b, skip=("ib_key_names", "ib_key_idx", "ib_state_names", "ib_state_idx"))
+    assert_same_batch(a, b, skip=("ib_key_names", "ib_key_idx", "ib_state_names", "ib_state_idx", "received"))
     assert a.ib_key == b.ib_key
     assert a.ib_state == b.ib_state
 
@@ -117,23 +119,49 @@ def test_numbers_are_read_as_python_reads_them() -> None:
         assert got == float(text) and np.signbit(got) == np.signbit(float(text)), text
 
 
-def test_unknown_fields_and_lost_values_are_skipped_like_msgspec_skips_them() -> None:
+def test_lost_values_are_read_like_msgspec_reads_them() -> None:
     m = telemetry()
-    m["extension"] = {"a": [1, 2.5, {"b": None, "c": [True, False, "x"]}], "d": []}
-    m["gpus"][0]["lost"] = {"why": ["fell", "off"]}
+    m["gpus"][0]["lost"] = False
     m["gpus"][1]["lost"] = True
-    m["gpus"][2]["lost"] = 1  # only `true` says lost
-    m["gpus"][3]["vendor_extra"] = [[[]]]
-    m["host"]["extra"] = "x"
-    m["net"]["ib"][0]["extra"] = {}
-    m["net"]["eth"][0]["extra"] = -1
-    m["net"]["other"] = [1]
-    m["agent"] = {"version": "0.1", "source_errors": {"nvml": "NVML_ERROR_UNKNOWN"}}
+    m["gpus"][2]["lost"] = None  # only `true` says lost
+    m["agent"] = {"version": "0.1", "source_errors": {}}
     for raw in (orjson.dumps(m), json.dumps(m, indent=2).encode()):
         _sc, batch = scanned([raw])
         assert batch is not None
         assert batch.lost[0].tolist()[:4] == [False, True, False, False]
         assert_same_columns(batch, TelemetryBatch.from_structs([fast_schema.decode_telemetry(raw)]))
+
+
+@pytest.mark.parametrize(
+    "extend",
+    [
+        lambda m: m.update(extension={"a": [1, 2.5, {"b": None, "c": [True, False, "x"]}], "d": []}),
+        lambda m: m["gpus"][0].update(lost={"why": ["fell", "off"]}),
+        lambda m: m["gpus"][2].update(lost=1),
+        lambda m: m["gpus"][3].update(vendor_extra=[[[]]]),
+        lambda m: m["host"].update(extra="x"),
+        lambda m: m["net"]["ib"][0].update(extra={}),
+        lambda m: m["net"]["eth"][0].update(extra=-1),
+        lambda m: m["net"].update(other=[1]),
+        lambda m: m.update(agent={"source_errors": {"nvml": "NVML_ERROR_UNKNOWN"}}),
+        lambda m: m["gpus"][0].update(uuid="G" * (schemas.MAX_ID_LEN + 1)),
+    ],
+)
+def test_fields_the_scanner_does_not_read_go_to_the_decoders(extend: Any) -> None:
+    """A field the contract does not name there (its value could hide a duplicate key: only a
+    decoder that compares keys finds it), a source error (free-form keys) or a string past the
+    longest the contract allows: left to the decoders, which take valid ones with the same columns."""
+    m = telemetry()
+    extend(m)
+    raw = orjson.dumps(m)
+    sc, _batch = scanned([raw])
+    assert sc.taken.tolist() == []
+    batch, bad = decode_telemetry([raw], now=NOW, clock=None)
+    if _python_accepts(json.loads(raw)):
+        assert bad == [] and isinstance(batch, TelemetryBatch)
+        assert_same_columns(batch, TelemetryBatch.from_messages([schemas.validate(json.loads(raw))]))
+    else:
+        assert [e.reason for _i, e in bad] == ["out_of_range"]
 
 
 # ---------------------------------------------------------------- generated and mutated messages
@@ -180,9 +208,35 @@ def _mutate_bytes(raw: bytes, data: st.DataObject) -> bytes:
     return raw[:at] + raw[at + 1 :]
 
 
+def _only_what_the_scanner_reads(m: dict[str, Any]) -> bool:
+    """Only fields the contract names where they are, `lost` a literal, no source error, and no
+    string longer than the contract allows."""
+    top = {"schema", "node", "ts", "seq", "gpus", "host", "net", "agent"}
+    gpu_keys = {"index", "lost", *schemas.GPU_FIELDS}
+    gpus_ok = all(
+        g.keys() <= gpu_keys and (g.get("lost") is None or type(g["lost"]) is bool) for g in m["gpus"]
+    )
+    net = m.get("net", {})
+    ports_ok = all(p.keys() <= schemas.IB_FIELDS.keys() for p in net.get("ib", [])) and all(
+        p.keys() <= schemas.ETH_FIELDS.keys() for p in net.get("eth", [])
+    )
+    agent = m.get("agent", {})
+    strings = re.findall(r'"((?:[^"\\]|\\.)*)"', json.dumps(m))
+    return (
+        m.keys() <= top
+        and gpus_ok
+        and m.get("host", {}).keys() <= schemas.HOST_FIELDS.keys()
+        and net.keys() <= {"ib", "eth"}
+        and ports_ok
+        and agent.keys() <= {"version", "source_errors"}
+        and not agent.get("source_errors")
+        and all(len(t) <= schemas.MAX_ID_LEN for t in strings)
+    )
+
+
 def _must_take(raw: bytes) -> bool:
     """A message the scanner has no reason to leave: valid, plain ASCII, no escape, no integer
-    of more than 18 digits."""
+    of more than 18 digits, nothing it does not read."""
     try:
         text = raw.decode("ascii")
         m = json.loads(raw)
@@ -195,6 +249,7 @@ def _must_take(raw: bytes) -> bool:
         and not re.search(r"\d{19,}", text)
         and _python_accepts(m)
         and fast_schema.decode_telemetry(raw) is not None
+        and _only_what_the_scanner_reads(m)
     )
 
 
@@ -214,11 +269,6 @@ def test_what_the_scanner_takes_fast_schema_takes_with_the_same_columns(data: st
         raise AssertionError(f"a plain valid message was left: {raw[:300]!r}")
 
 
-def _outcomes(raws: list[Any]) -> tuple[list[Any], list[tuple[int, str, str]]]:
-    ok, bad = schemas.decode_batch(raws, schemas.TELEMETRY, now=NOW, max_skew_s=3600, struct=True)
-    return ok, [(i, e.reason, e.detail) for i, e in bad]
-
-
 _good = schemas.encode(telemetry(ts=NOW))
 _SAMPLES = [
     _good,
@@ -233,18 +283,41 @@ _SAMPLES = [
 ]
 
 
+_KEYS = [b"gpu-node-0001", b"gpu-node-0002", b"ghost", None]
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(_SAMPLES) | st.binary(max_size=40), max_size=12))
-def test_the_workers_decode_equals_the_decoders(raws: list[Any]) -> None:
-    """pipeline/telemetry_decode.py: the same messages, in the same order, and the same errors
-    (index, reason, detail) as schemas.decode_batch."""
-    want_ok, want_bad = _outcomes(raws)
-    got, bad = decode_telemetry(raws, now=NOW, max_skew_s=3600)
-    assert [(i, e.reason, e.detail) for i, e in bad] == want_bad
-    if isinstance(got, TelemetryBatch):
-        assert_same_columns(got, TelemetryBatch.from_any(want_ok))
-    else:
-        assert [msgspec.to_builtins(x) for x in got] == [msgspec.to_builtins(x) for x in want_ok]
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(_SAMPLES) | st.binary(max_size=40),
+            st.sampled_from(_KEYS),
+            st.sampled_from([-1, int(NOW * 1000), int((NOW - 7200) * 1000)]),  # CreateTime, or appended
+        ),
+        max_size=12,
+    )
+)
+def test_the_workers_decode_equals_the_decoders(records: list[tuple[Any, Any, int]]) -> None:
+    """pipeline/telemetry_decode.py over records from Kafka: the same messages, in the same order,
+    and the same errors (index, reason, detail) as schemas.decode_batch with the same keys and
+    reference times (the broker's append time where the record has one, else now)."""
+    raws = [r for r, _k, _t in records]
+    block = RecordBlock.from_values(
+        raws, keys=[k for _r, k, _t in records], append_ms=[t for *_, t in records]
+    )
+    refs = block.reference_times(NOW)
+    want_ok, want_bad = schemas.decode_batch(
+        raws, schemas.TELEMETRY, keys=block.keys(), ref_ts=refs, clock=CLOCK, struct=True
+    )
+    got, bad = decode_telemetry(block, now=NOW, clock=CLOCK)
+    assert [(i, e.reason, e.detail) for i, e in bad] == [(i, e.reason, e.detail) for i, e in want_bad]
+    if not want_ok:
+        assert got == []
+        return
+    assert isinstance(got, TelemetryBatch)
+    assert_same_columns(got, TelemetryBatch.from_any(want_ok))
+    accepted = [i for i in range(len(raws)) if i not in {i for i, _e in want_bad}]
+    assert got.received.tolist() == refs[accepted].tolist()
 
 
 def test_the_node_stage_gives_the_same_outputs_from_columns_as_from_structs() -> None:

@@ -13,12 +13,12 @@ import time
 from typing import Any
 
 from kafka.errors import KafkaError
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge
 
 from collectors.sim.scenario import load_scenario
 from collectors.sim.simulation import Simulation
 from fleetwatch import kafka_io, schemas
-from fleetwatch.runtime import StopFlag
+from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger("fleetwatch.simulate")
 
@@ -29,19 +29,29 @@ TICK = Gauge("fleetwatch_sim_tick", "the last simulated tick sent")
 FAULTS_ACTIVE = Gauge("fleetwatch_sim_faults_active", "injected faults active now")
 
 
+def live_epoch(now: float, duration_s: float, speed: float) -> float:
+    """The simulated start for a run that begins now: early enough that no tick is stamped after
+    the wall time it is sent at (tick k goes out at wall0 + k*dt/speed). Faster than real time,
+    the simulation would otherwise run ahead of every clock, and a detector refuses samples from
+    the future (fleetwatch.schemas.ClockLimits); slower than real time it trails the wall clock."""
+    if speed == 0:  # flat out: all of it as fast as the broker takes it
+        return now - duration_s
+    return now - duration_s * max(0.0, 1.0 - 1.0 / speed)
+
+
 def run(args: argparse.Namespace) -> int:
     overrides = {"nodes": args.nodes, "gpus": args.gpus, "seed": args.seed, "duration": args.duration}
     scenario = load_scenario(args.scenario, overrides)  # ValueError/FileNotFoundError: cli.main reports
     speed = float(args.speed)
     stop = StopFlag()
 
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    serve_metrics(args.metrics_port, args.metrics_addr)
     kafka_io.wait_for_broker(args.bootstrap)  # BrokerUnavailable: cli.main reports it
     kafka_io.ensure_topics(args.bootstrap)
     producer = kafka_io.make_producer(args.bootstrap)
 
-    sim = Simulation(scenario, epoch=time.time())
+    epoch = args.epoch if args.epoch is not None else live_epoch(time.time(), scenario.duration_s, speed)
+    sim = Simulation(scenario, epoch=epoch)
     log.info(
         "simulating %s: %d nodes x %d GPUs, %d ticks of %.3g s, %d faults planned, speed %s",
         scenario.name,
