@@ -7,10 +7,21 @@ rule, severity, and gpu / job when the finding has them. A node-level alert has 
 the shipped inhibition rule relies on. The label set is the fingerprint (Alertmanager's own
 identity of an alert), so the same incident re-sent is one alert; the finding id travels as an
 annotation. Evidence goes in an annotation as compact JSON, cut to a size chat tools accept.
+
+Times: a record keeps the times it was given (a finding's event time, or the actor's wall clock),
+and `AlertRecord.stamped` turns them into the startsAt/endsAt that Alertmanager is sent, in ONE
+time domain, wall time at the post: startsAt = min(start, now); an active alert ends at
+now + hold; an ended one at its end clamped into [startsAt, now]. Alertmanager refuses an alert
+whose endsAt is before its startsAt, and a node clock ahead of ours (findings are timed by the
+node's samples) or a simulation faster than real time gives event times after `now`; the stamping
+makes startsAt <= endsAt hold for any input. The node's own time of the finding stays visible in
+the `first_seen` annotation. Label names are constants matching [a-zA-Z_][a-zA-Z0-9_]*, and
+alertname is never empty, so the other rules of Alertmanager's validation hold by construction too.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -38,6 +49,19 @@ DRAIN_REFUSED = "FleetwatchDrainRefused"
 DRAIN_STORM = "FleetwatchDrainStorm"
 
 
+def rfc3339(ts: float) -> str:
+    """Alertmanager's time format: RFC 3339 in UTC, to the millisecond (truncated, so ordering holds)."""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def event_time(ts: float) -> str:
+    """A finding's event time for humans; a node clock can be wrong enough to leave datetime's range."""
+    try:
+        return rfc3339(ts)
+    except (OverflowError, ValueError, OSError):
+        return f"{ts:.3f} (unix s)"
+
+
 def fingerprint(labels: Mapping[str, str]) -> str:
     return orjson.dumps(dict(sorted(labels.items()))).decode()
 
@@ -53,6 +77,16 @@ class AlertRecord:
 
     def due(self, now: float, resend_s: float) -> bool:
         return self.dirty or self.last_sent is None or now - self.last_sent >= resend_s
+
+    def stamped(self, now: float, hold_s: float) -> tuple[float, float]:
+        """(startsAt, endsAt) to send at wall time `now`; startsAt <= endsAt for any stored times.
+
+        An active alert is held for `hold_s` past now (re-sent before then); an ended one ends at
+        its own end, but never before it started nor in the future (that would keep it firing)."""
+        starts = min(self.starts_at, now)
+        if self.ends_at is None:
+            return starts, max(now + hold_s, starts)
+        return starts, min(max(self.ends_at, starts), now)
 
 
 class AlertBuilder:
@@ -85,6 +119,8 @@ class AlertBuilder:
             "finding_id": str(f["id"]),
             "score": f"{float(f['score']):.3f}",
             "action": f"drain node ({drain})" if drain else "alert only",
+            # startsAt is capped at fleetwatch's clock; this keeps the node's own time of the onset.
+            "first_seen": event_time(float(f["first_seen"])),
         }
         return labels, annotations
 
@@ -112,14 +148,20 @@ class AlertBuilder:
         }
         return {"labels": labels, "annotations": annotations}
 
-    def storm(self, nodes: tuple[str, ...], threshold: int) -> dict[str, Any]:
+    def storm(self, nodes: tuple[str, ...], threshold: int, window_s: float, held: int) -> dict[str, Any]:
+        """The one storm alert. Its annotations also carry the numbers apart (node_count, threshold,
+        window_s, drains_held), for tools that report the storm (the demo's console and scorecard)."""
         labels = self._base(DRAIN_STORM, None, "critical", "storm")
         shown = ", ".join(nodes[:20]) + (f" and {len(nodes) - 20} more" if len(nodes) > 20 else "")
         annotations = {
-            "summary": f"{len(nodes)} nodes became drain-worthy within the storm window (threshold "
+            "summary": f"{len(nodes)} nodes became drain-worthy within {window_s:g} s (storm threshold "
             f"{threshold}): a shared cause (filesystem, switch, power) is likely; no node is drained "
-            f"while this lasts",
+            f"while this lasts ({held} drains held)",
             "nodes": shown,
+            "node_count": str(len(nodes)),
+            "threshold": str(threshold),
+            "window_s": f"{window_s:g}",
+            "drains_held": str(held),
             "runbook_url": self.runbook_base + "storm",
         }
         return {"labels": labels, "annotations": annotations}

@@ -6,7 +6,8 @@ Alertmanager (:19094) and Prometheus (:19090, scraping the workers below), then 
 separate processes, exactly as they run in production:
 `fleetwatch detect` (metrics on :9108), `fleetwatch act` (alerts + signed drain requests,
 metrics on :9110) and `fleetwatch simulate` (the cluster with injected faults). The terminal
-shows every injected fault, finding and drain request as it happens; at the end the
+shows every injected fault, finding and drain request as it happens, all on the simulated
+clock, and says so in one line when the storm guard holds every drain; at the end the
 scorecard (per fault kind: recall, precision, detection delay) is printed and written to
 `.fleetwatch/demo/scorecard.json`, and `.fleetwatch/demo/fleet.png` plots node health over
 time with the injected faults marked.
@@ -15,6 +16,7 @@ time with the injected faults marked.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import os
 import secrets
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from collectors.sim import load_scenario
+from collectors.sim.cli import live_epoch
 from fleetwatch import kafka_io, topics
 from fleetwatch.demo_plot import plot_fleet
 from fleetwatch.runtime import stop_processes
@@ -46,6 +50,8 @@ ACT_METRICS = 9110
 ALERTMANAGER = "http://127.0.0.1:19094"
 PROMETHEUS = "http://127.0.0.1:19090"
 SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "critical": "bold red"}
+DEMO_CLUSTER = "demo"
+STORM_POLL_S = 1.0
 
 
 def _sh(script: str, verb: str, env: dict[str, str]) -> None:
@@ -99,14 +105,99 @@ def _worker_ready(proc: subprocess.Popen[bytes], metrics_port: int, group: str, 
     return False
 
 
+class SimClock:
+    """Wall time -> the simulated clock, for what act stamps on the wall clock (drain requests, the
+    storm alert), so that the console shows one clock.
+
+    The demo picks the simulation's epoch (simulated second 0) and passes it to the simulator, which
+    stamps tick k `epoch + k*dt` and sends it at wall `wall0 + k*dt/speed` (collectors/sim/cli.py):
+    simulated = wall * speed + offset. wall0 is when the simulator's loop starts, a second or two
+    after it is spawned (`started`), which at 10x would misplace drains by 10-20 s; so the offset
+    is learned from the simulator's records: each gives ts - CreateTime * speed, never above the
+    true offset (a record is sent at or after its time), and the largest is the estimate. Before
+    the first record, `started` stands in for wall0."""
+
+    def __init__(self, epoch: float, started: float, speed: float) -> None:
+        self.epoch = epoch
+        self.started = started
+        self.speed = speed
+        self.offset: float | None = None
+
+    def observe(self, ts: float, sent_wall: float) -> None:
+        if sent_wall < self.started:  # a record of an earlier run on a reused broker
+            return
+        bound = ts - sent_wall * self.speed
+        if self.offset is None or bound > self.offset:
+            self.offset = bound
+
+    def at(self, wall: float) -> float:
+        if self.offset is None:
+            return self.epoch + (wall - self.started) * self.speed
+        return wall * self.speed + self.offset
+
+
+class StormWatch:
+    """Follows act's FleetwatchDrainStorm alert in Alertmanager: act writes no Kafka message when
+    its storm guard holds drains, and the alert is what on-call sees, with the numbers (node_count,
+    threshold, window_s, drains_held) in its annotations. Alerts last updated before `since` are an
+    earlier run's, still waiting out their endsAt."""
+
+    def __init__(self, url: str, cluster: str, since: float) -> None:
+        query = urllib.parse.urlencode(
+            [("filter", 'alertname="FleetwatchDrainStorm"'), ("filter", f'cluster="{cluster}"')]
+        )
+        self.url = f"{url}/api/v2/alerts?{query}"
+        self.since = since
+
+    def poll(self) -> tuple[dict[str, Any], float] | None:
+        """(annotations, wall time it was declared) of this run's active storm alert, if any;
+        OSError when Alertmanager does not answer."""
+        with urllib.request.urlopen(self.url, timeout=2) as resp:
+            alerts = orjson.loads(resp.read())
+        for a in alerts:
+            updated = _unix(a["updatedAt"])
+            if updated >= self.since:
+                # startsAt is the declaration unless Alertmanager merged this into an earlier run's
+                # alert (it keeps the earliest start); then the first update of this run is.
+                starts = _unix(a["startsAt"])
+                return a["annotations"], starts if starts >= self.since else updated
+        return None
+
+
+def _unix(rfc3339: str) -> float:
+    return dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def storm_from_annotations(ann: dict[str, str], declared_t: float) -> dict[str, Any]:
+    """The scorecard's drain_storm from the storm alert's annotations."""
+    shown = ann.get("nodes", "").split(" and ")[0]
+    return {
+        "node_count": int(ann["node_count"]),
+        "threshold": int(ann["threshold"]),
+        "window_s": float(ann["window_s"]),
+        "drains_held": int(ann["drains_held"]),
+        "nodes": [n for n in shown.split(", ") if n],
+        "declared_t": round(declared_t, 1),
+        "over_t": None,
+    }
+
+
 class LiveView:
-    """Follows truth, findings and drain requests and prints them; keeps them for the scorecard."""
+    """Follows truth, findings and drain requests and prints them; keeps them for the scorecard.
+    Everything is printed on the simulated clock (SimClock for what act stamps on the wall clock)."""
 
     TOPICS = (topics.TRUTH, topics.FINDINGS, topics.DRAIN, topics.JOBS, topics.DEADLETTER)
 
-    def __init__(self, bootstrap: str, console: Console, epoch: float) -> None:
+    def __init__(
+        self, bootstrap: str, console: Console, clock: SimClock, storms: StormWatch | None = None
+    ) -> None:
         self.console = console
-        self.epoch = epoch
+        self.epoch = clock.epoch
+        self.clock = clock
+        self.storms = storms
+        self.storm: dict[str, Any] | None = None  # this run's storm, for the scorecard
+        self._storm_active = False
+        self._next_storm_poll = 0.0
         self.consumer = kafka_io.make_consumer(bootstrap, enable_auto_commit=False)
         tps = []
         for t in self.TOPICS:
@@ -139,6 +230,10 @@ class LiveView:
                     self.deadletters += 1
                     continue
                 m = orjson.loads(r.value)
+                if tp.topic in (topics.TRUTH, topics.JOBS) and r.timestamp >= 0:
+                    self.clock.observe(
+                        m["onset_ts" if tp.topic == topics.TRUTH else "ts"], r.timestamp / 1000
+                    )
                 if tp.topic == topics.TRUTH:
                     self.truths.append(m)
                     if "end_ts" not in m or m.get("end_ts") == m.get("onset_ts"):
@@ -158,11 +253,49 @@ class LiveView:
                 elif tp.topic == topics.DRAIN:
                     self.drains.append(m)
                     self.console.print(
-                        f"[dim]{self.t(m['issued_at'])}[/]  [bold blue]{m['action'].upper():<8}[/] "
-                        f"{m['node']}: {m['reason']}"
+                        f"[dim]{self.t(self.clock.at(m['issued_at']))}[/]  "
+                        f"[bold blue]{m['action'].upper():<8}[/] {m['node']}: {m['reason']}"
                     )
                 elif tp.topic == topics.JOBS:
                     self.jobs.append(m)
+        self._poll_storm()
+
+    def _poll_storm(self) -> None:
+        """Once a second: print the storm guard holding drains, and its end, one line each."""
+        if self.storms is None or time.monotonic() < self._next_storm_poll:
+            return
+        self._next_storm_poll = time.monotonic() + STORM_POLL_S
+        try:
+            seen = self.storms.poll()
+        except (OSError, ValueError, KeyError):  # Alertmanager away or an unexpected answer
+            return
+        if seen is not None:
+            self._storm_seen(*seen)
+        elif self._storm_active:
+            self._storm_over()
+
+    def _storm_seen(self, ann: dict[str, str], declared: float) -> None:
+        try:
+            storm = storm_from_annotations(ann, self.clock.at(declared) - self.epoch)
+        except (KeyError, ValueError):  # an act without the storm numbers: nothing to report
+            return
+        if self._storm_active and self.storm is not None:  # it grew: keep its start, new numbers
+            self.storm.update({k: v for k, v in storm.items() if k not in ("declared_t", "over_t")})
+            return
+        self._storm_active, self.storm = True, storm
+        self.console.print(
+            f"[dim]{self.t(self.clock.at(declared))}[/]  [bold magenta]STORM[/]    drains held: "
+            f"{storm['node_count']} nodes became drain-worthy within {storm['window_s']:g} s "
+            f"(storm threshold {storm['threshold']}), a likely shared cause; no node is drained "
+            "while it lasts"
+        )
+
+    def _storm_over(self) -> None:
+        self._storm_active = False
+        now = self.clock.at(time.time())
+        if self.storm is not None:
+            self.storm["over_t"] = round(now - self.epoch, 1)
+        self.console.print(f"[dim]{self.t(now)}[/]  [bold magenta]STORM[/]    over: drains are allowed again")
 
     def close(self) -> None:
         self.consumer.close()
@@ -222,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
     # injects several drain-worthy faults within a minute, which the default storm guard would read
     # as a shared cause (see alerts/README.md).
     budget = max(args.drain_budget, 4 / sc.nodes)
+    act_started = time.time()
     procs["act"] = _spawn(
         [
             "act",
@@ -240,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
             "--storm-min-nodes",
             "6",
             "--cluster",
-            "demo",
+            DEMO_CLUSTER,
         ],
         env,
         out_dir / "act.log",
@@ -252,7 +386,11 @@ def run(args: argparse.Namespace) -> int:
         ):
             if not _worker_ready(procs[name], port, group, 60):
                 raise RuntimeError(f"fleetwatch {name} did not get its partitions; see {out_dir}/{name}.log")
-        epoch = time.time()
+        # The demo chooses simulated second 0 (as the simulator would: early enough that no sample
+        # is stamped after it is sent) and gives it to the simulator, so that it knows the clock
+        # that the simulator's samples, and so the findings, are stamped on.
+        started = time.time()
+        epoch = live_epoch(started, sc.duration_s, args.speed)
         wall = sc.duration_s / args.speed if args.speed else 0
         console.print(
             f"simulating {sc.nodes} nodes x {sc.gpus_per_node} GPUs for {sc.duration_s:.0f} s "
@@ -263,13 +401,22 @@ def run(args: argparse.Namespace) -> int:
             f"http://127.0.0.1:{ACT_METRICS}/metrics (act); alerts: {ALERTMANAGER}/#/alerts"
         )
         console.rule()
-        sim_args = ["simulate", "--bootstrap", bootstrap, "--speed", str(args.speed)]
+        sim_args = [
+            "simulate",
+            "--bootstrap",
+            bootstrap,
+            "--speed",
+            str(args.speed),
+            "--epoch",
+            f"{epoch:.6f}",
+        ]
         if args.scenario:
             sim_args += ["--scenario", args.scenario]
         for flag, value in (("--nodes", args.nodes), ("--duration", args.duration), ("--seed", args.seed)):
             if value is not None:
                 sim_args += [flag, str(value)]
-        view = LiveView(bootstrap, console, epoch)
+        storms = StormWatch(ALERTMANAGER, DEMO_CLUSTER, act_started)
+        view = LiveView(bootstrap, console, SimClock(epoch, started, args.speed), storms)
         procs["simulate"] = _spawn(sim_args, env, out_dir / "simulate.log")
         while procs["simulate"].poll() is None:
             view.poll()
@@ -295,6 +442,7 @@ def run(args: argparse.Namespace) -> int:
         sc.interval_s,
         busy=busy_spans(view.jobs),
     )
+    card.drain_storm = view.storm
     console.rule("[bold]scorecard")
     console.print(format_table(card))
     drains = [d for d in view.drains if d["action"] == "drain"]

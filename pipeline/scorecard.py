@@ -88,8 +88,12 @@ class Scorecard:
     interval_s: float
     per_kind: dict[str, dict[str, Any]] = field(default_factory=dict)
     per_finding_kind: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Set by a run with the action layer (the demo) when its storm guard held drains: node_count,
+    # threshold, window_s, drains_held, nodes, declared_t / over_t (simulated seconds).
+    drain_storm: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
+        storm = {} if self.drain_storm is None else {"drain_storm": self.drain_storm}
         return {
             "per_fault_kind": self.per_kind,
             "per_finding_kind": self.per_finding_kind,
@@ -103,6 +107,7 @@ class Scorecard:
             if self.node_hours_healthy
             else None,
             "interval_s": self.interval_s,
+            **storm,
         }
 
 
@@ -246,4 +251,14 @@ def format_table(card: Scorecard) -> str:
         f"{j['false_findings_on_healthy_nodes']} in {j['healthy_node_hours']:.1f} node-hours "
         f"({j['false_per_1000_healthy_node_hours']} per 1000 node-hours)"
     )
+    if card.drain_storm is not None:
+        rows.append(storm_line(card.drain_storm))
     return "\n".join(rows)
+
+
+def storm_line(storm: Mapping[str, Any]) -> str:
+    """The storm guard's verdict in one line: how many nodes, within which window, what threshold."""
+    return (
+        f"drain storm: {storm['node_count']} nodes became drain-worthy within {storm['window_s']:g} s "
+        f"(storm threshold {storm['threshold']}), a likely shared cause: {storm['drains_held']} drains held"
+    )

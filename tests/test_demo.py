@@ -1,13 +1,22 @@
 """`fleetwatch demo`, the README's first command, end to end (its own fresh broker, the real
-Alertmanager, detect/act/simulate as processes), on a shortened run of the demo scenario."""
+Alertmanager, detect/act/simulate as processes), on a shortened run of the demo scenario; and
+its console's one clock and storm line, on their own."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 
+import pytest
+
+from alerts.alert_model import AlertBook, AlertBuilder
+from alerts.alertmanager import AlertmanagerClient, Dispatcher
+from fleetwatch.demo import SimClock, StormWatch, storm_from_annotations
 from tests.conftest import REPO
+from tests.test_alerting_services import Alertmanager, alertmanager, cluster  # noqa: F401
 
 
 def test_demo_runs_and_writes_its_scorecard_and_picture(kafka_bootstrap: str) -> None:
@@ -41,3 +50,62 @@ def test_demo_runs_and_writes_its_scorecard_and_picture(kafka_bootstrap: str) ->
     png = (out / "fleet.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert "DRAIN" in r.stdout  # the action layer asked for at least one drain
+    # One clock: a drain is printed after the first critical finding that can have caused it (on
+    # the wall clock it was printed at a few seconds, before every finding of the run).
+    times = {
+        kind: [float(t) for t in re.findall(rf"t=\s*([\d.]+)s\s+{kind}\b", r.stdout)]
+        for kind in ("CRITICAL", "DRAIN")
+    }
+    assert times["DRAIN"] and min(times["DRAIN"]) >= min(times["CRITICAL"]), r.stdout[-4000:]
+    if "drains held" in r.stdout:  # the storm guard tripped: the scorecard says so too
+        assert card["drain_storm"]["drains_held"] >= 1
+
+
+def test_drains_are_printed_on_the_simulated_clock() -> None:
+    speed, started = 10.0, 1_700_000_000.0  # the demo spawns the simulator at `started` ...
+    epoch = started - 270.0  # ... with this simulated second 0 (the simulation trails the wall clock)
+    wall0 = started + 1.7  # the simulator's loop starts once its process is up
+    clock = SimClock(epoch, started, speed)
+    assert clock.at(started + 1.0) == pytest.approx(epoch + 10.0)  # no record yet: a first guess
+    clock.observe(epoch - 5000, started - 100)  # a record of an earlier run on the same broker
+    for k in range(0, 50, 5):  # the simulator's records, sent on time or a little late
+        clock.observe(epoch + k, wall0 + k / speed + (0.05 if k % 2 else 0.0))
+    # A drain issued 3 wall seconds into the simulation happened at simulated second 30.
+    assert clock.at(wall0 + 3.0) == pytest.approx(epoch + 30.0, abs=1e-3)
+
+
+def test_the_console_learns_of_this_runs_storm_from_its_alert(
+    alertmanager: Alertmanager,  # noqa: F811
+    cluster: str,  # noqa: F811
+) -> None:
+    builder = AlertBuilder(cluster)
+    disp = Dispatcher(AlertmanagerClient(alertmanager.url))
+
+    def storm_alert(nodes: int, held: int) -> None:
+        a = builder.storm(tuple(f"gpu-node-{i:02d}" for i in range(nodes)), 6, 60, held)
+        book = AlertBook()
+        book.fire("storm", a["labels"], a["annotations"], time.time())
+        assert disp.flush([book])
+
+    storm_alert(3, 3)  # an earlier run's storm, still active until its endsAt
+    alertmanager.wait_for(lambda a: len(a) == 1, cluster=cluster)
+    since = time.time()
+    watch = StormWatch(alertmanager.url, cluster, since)
+    assert watch.poll() is None  # not this run's
+    time.sleep(0.01)  # Alertmanager shows times to the millisecond
+    storm_alert(7, 7)
+    alertmanager.wait_for(lambda a: a and a[0]["annotations"]["node_count"] == "7", cluster=cluster)
+    seen = watch.poll()
+    assert seen is not None
+    ann, declared = seen
+    assert since <= declared <= time.time()
+    storm = storm_from_annotations(ann, 12.5)
+    assert storm == {
+        "node_count": 7,
+        "threshold": 6,
+        "window_s": 60.0,
+        "drains_held": 7,
+        "nodes": [f"gpu-node-{i:02d}" for i in range(7)],
+        "declared_t": 12.5,
+        "over_t": None,
+    }

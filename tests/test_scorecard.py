@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from detectors.findings import make_finding
-from pipeline.scorecard import score
+from pipeline.scorecard import format_table, score
 
 T0 = 1_000_000.0
 NODES = ["n1", "n2", "n3", "n4"]
@@ -102,3 +102,29 @@ def test_wrong_gpu_wrong_time_and_wrong_kind_do_not_detect() -> None:
     card = score(findings, truths, NODES, T0, T0 + 3600, 1.0, grace_s=120)
     assert card.per_kind["xid48"]["recall"] == 0.0
     assert card.true_ids == {findings[2]["id"]}  # it matches the fault's place and time, so it is not false
+
+
+def test_a_drain_storm_is_on_the_scorecard_only_when_one_held_drains() -> None:
+    card = score(
+        [finding("n1", "xid", T0 + 11, gpu=3)],
+        [truth("n1", "xid79", T0 + 10, gpu=3)],
+        NODES,
+        T0,
+        T0 + 60,
+        1.0,
+    )
+    assert "drain_storm" not in card.to_json() and "storm" not in format_table(card)  # eval: no act
+    storm = {
+        "node_count": 6,
+        "threshold": 6,
+        "window_s": 60.0,
+        "drains_held": 6,
+        "nodes": ["n1"],
+        "declared_t": 95.0,
+    }
+    card.drain_storm = storm
+    assert card.to_json()["drain_storm"] == storm
+    assert format_table(card).splitlines()[-1] == (
+        "drain storm: 6 nodes became drain-worthy within 60 s (storm threshold 6), a likely shared cause: "
+        "6 drains held"
+    )
