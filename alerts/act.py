@@ -8,7 +8,11 @@ once). A fresh partition is snapshotted at once at its starting offset (ActWorke
 that, a crash between the first commit and the first snapshot would restart past findings whose
 state was never saved.
 
-See alerts/actor.py for how the budget is shared when several members run.
+See alerts/actor.py for how the budget is shared when several members run. Two whole topics are
+followed beside the group's input (fleetwatch/follow.py): the census of reporting nodes
+(fleet.nodes.v1, the fleet the budget is a fraction of, and the only nodes ever drained) and the
+Slurm adapter's drain results (scheduler.drain.results.v1, what was really drained). Both are read
+from the beginning before the first decision, so a restart knows what was confirmed or refused.
 """
 
 from __future__ import annotations
@@ -21,24 +25,26 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kafka.partitioner.default import murmur2
-from prometheus_client import start_http_server
 
 import detectors.findings  # also registers the finding/1 validator with fleetwatch.schemas
 from alerts import drain_request
-from alerts.actor import Actor, ActTask, FleetJobTable
+from alerts.actor import Actor, ActTask
 from alerts.alert_model import AlertBuilder
-from alerts.alertmanager import AlertmanagerClient, Dispatcher
-from alerts.drain_log import latest_requests
+from alerts.alertmanager import AlertmanagerClient, Dispatcher, dead_letter_alert
+from alerts.drain_log import ResultBook, latest_requests
 from alerts.policy import Policy, PolicyConfig
 from fleetwatch import kafka_io, schemas
-from fleetwatch.runtime import StopFlag
-from pipeline.job_table import JobTableFollower
+from fleetwatch.census import Census
+from fleetwatch.follow import TopicFollower
+from fleetwatch.runtime import StopFlag, serve_metrics
+from pipeline.job_table import JobTable, JobTableFollower
 from pipeline.tasks import Stage
 from pipeline.worker import Worker
 
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
+CATCH_UP_S = 30.0  # how long to wait for each followed topic before the first decision
 
 
 class ActWorker(Worker):
@@ -108,14 +114,28 @@ def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)  # fail fast, before touching Kafka
     kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
     kafka_io.ensure_topics(args.bootstrap)
-    kafka_io.ensure_topics(args.bootstrap, [args.findings_topic, args.drain_topic])
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    kafka_io.ensure_topics(
+        args.bootstrap, [args.findings_topic, args.drain_topic, args.results_topic, args.nodes_topic]
+    )
+    serve_metrics(args.metrics_port, args.metrics_addr)
 
-    jobs = FleetJobTable()
-    follower = JobTableFollower(jobs, lambda: kafka_io.make_consumer(args.bootstrap))
-    follower.start()
-    follower.caught_up.wait(30)  # the one-node-per-job rule needs membership: do not start blind
+    def consumer() -> Any:
+        return kafka_io.make_consumer(args.bootstrap)
+
+    jobs = JobTable()
+    census = Census()
+    results = ResultBook(key)
+    followers: list[JobTableFollower | TopicFollower] = [
+        JobTableFollower(jobs, consumer),  # the one-node-per-job rule needs membership
+        TopicFollower(args.nodes_topic, census.apply, consumer),  # the fleet
+        TopicFollower(args.results_topic, results.apply, consumer),  # what the adapter did
+    ]
+    for f in followers:
+        f.start()
+    for f in followers:
+        f.caught_up.wait(CATCH_UP_S)  # do not start deciding blind
+    if not len(census):
+        log.warning("no node in the census (%s): nothing is drained until nodes report", args.nodes_topic)
 
     worker: ActWorker | None = None
 
@@ -140,7 +160,14 @@ def run(args: argparse.Namespace) -> int:
     def issued() -> dict[str, dict[str, Any]]:
         return latest_requests(lambda: kafka_io.make_consumer(args.bootstrap), args.drain_topic, key)
 
-    dispatcher = Dispatcher(AlertmanagerClient(args.alertmanager), resend_s=args.resend_interval)
+    def dead_letter(raw: bytes, reason: str, detail: str) -> None:
+        # The dispatcher flushes from the worker's loop (or after it, at close): the worker exists.
+        assert worker is not None
+        dead_letter_alert(worker.producer, raw, reason, detail)
+
+    dispatcher = Dispatcher(
+        AlertmanagerClient(args.alertmanager), resend_s=args.resend_interval, on_rejected=dead_letter
+    )
     actor = Actor(
         policy=Policy(policy_config(args)),
         builder=AlertBuilder(args.cluster, args.runbook_base),
@@ -154,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
         clock=time.time,
         issued=issued,
         task_for_node=task_for_node,
+        census=census,
+        results=results.get,
+        pending_timeout_s=args.pending_timeout,
     )
     stage = Stage(
         name="act",  # the Worker keys snapshots by group too: two deployments never share state
@@ -198,5 +228,6 @@ def run(args: argparse.Namespace) -> int:
         # Alertmanager does not take now is in that snapshot and is re-sent after a restart.
         dispatcher.flush([t.book for t in actor.tasks().values()] + [actor.global_book], force=True)
         worker.close()
-        follower.stop()
+        for f in followers:
+            f.stop()
     return 0

@@ -7,6 +7,13 @@ fleet.state.v1 and, after a restart, restores it and replays the findings since 
 every output is deterministic in those findings (alert fingerprints, drain request ids), so the
 replay repeats, never forks, what was done.
 
+The fleet is the census of reporting nodes (fleet.nodes.v1, fleetwatch/census.py), or
+--fleet-size: a node outside the census is never drained, and nodes named only by job/1 messages
+or by findings do not make the fleet (and so the budget) bigger. A drain counts against the budget
+from the moment it is requested; it is reported drained (fleetwatch_act_node_drained, the budget-used
+gauge) only once the Slurm adapter's drain_result/1 says `executed` (alerts/drain_log.py ResultBook),
+and a refused or failed one frees its slot and is alerted like any refusal ("adapter:<outcome>").
+
 Fleet-wide limits (the drain budget, one node per job, the storm guard) are evaluated by one
 Actor per process over ALL the tasks it owns. Deployment: run ONE `fleetwatch act` member; it owns
 every partition and the limits are exact. If more members join the group, each enforces its
@@ -18,7 +25,7 @@ member, which the README calls out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -27,8 +34,9 @@ from prometheus_client import Counter, Gauge
 from alerts import drain_request
 from alerts.alert_model import AlertBook, AlertBuilder
 from alerts.alertmanager import Dispatcher
+from alerts.drain_log import Result
 from alerts.policy import Evaluation, JobLookup, NodeState, Policy
-from pipeline.job_table import JobTable
+from fleetwatch.schemas import MessageError
 from pipeline.tasks import Output
 
 log = logging.getLogger(__name__)
@@ -36,27 +44,29 @@ log = logging.getLogger(__name__)
 FINDINGS = Counter("fleetwatch_act_findings_total", "findings acted on", ["kind", "severity"])
 DRAINS = Counter("fleetwatch_act_drain_requests_total", "drain/1 requests produced", ["action"])
 REFUSED = Counter("fleetwatch_act_drains_refused_total", "drains refused, by reason", ["reason"])
-BUDGET_USED = Gauge("fleetwatch_act_drain_budget_used", "nodes drained by fleetwatch now")
+BUDGET_USED = Gauge(
+    "fleetwatch_act_drain_budget_used", "nodes drained by fleetwatch now (confirmed by Slurm)"
+)
+PENDING = Gauge("fleetwatch_act_drains_pending", "drains requested with no result from the adapter yet")
+UNCONFIRMED = Gauge(
+    "fleetwatch_act_drains_unconfirmed", "pending drains older than --pending-timeout (adapter down?)"
+)
+RESULTS = Counter(
+    "fleetwatch_act_drain_results_total",
+    "drain_result/1 outcomes applied to a request",
+    ["action", "outcome"],
+)
 BUDGET_NODES = Gauge("fleetwatch_act_drain_budget_nodes", "nodes the drain budget allows now")
 FLEET = Gauge("fleetwatch_act_fleet_size", "fleet size the budget is computed on")
 STORM = Gauge("fleetwatch_act_storm_active", "1 while a drain storm is declared")
 # One series per drained node only (a drained fleet is at most the budget, 2% by default), so the
 # "drained" state of a node's health is known to Grafana without a series for every node.
-NODE_DRAINED = Gauge("fleetwatch_act_node_drained", "1 for each node fleetwatch holds drained", ["node"])
+NODE_DRAINED = Gauge(
+    "fleetwatch_act_node_drained", "1 for each node fleetwatch holds drained (confirmed by Slurm)", ["node"]
+)
 
 STORM_SOURCE = "storm"
-
-
-class FleetJobTable(JobTable):
-    """The shared job table, also remembering every node any job ever listed (a fleet size floor)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.all_nodes: set[str] = set()
-
-    def apply(self, msg: dict[str, Any]) -> None:
-        super().apply(msg)
-        self.all_nodes.update(msg["nodes"])
+UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a drain pending too long
 
 
 class ActTask:
@@ -66,13 +76,11 @@ class ActTask:
         partition: int = 0,
         nodes: dict[str, NodeState] | None = None,
         book: AlertBook | None = None,
-        seen: Iterable[str] = (),
     ) -> None:
         self.actor = actor
         self.partition = partition
         self.nodes: dict[str, NodeState] = nodes or {}
         self.book = book or AlertBook()
-        self.seen: set[str] = set(seen)  # every node with a finding here: the fleet-size estimate
         self.reconciled = False  # adopted the drain log (Actor.decide); not part of the snapshot
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
@@ -87,7 +95,6 @@ class ActTask:
             {
                 "nodes": {n: st.to_dict() for n, st in self.nodes.items()},
                 "alerts": self.book.to_state(),
-                "seen": sorted(self.seen),
             }
         )
 
@@ -95,7 +102,8 @@ class ActTask:
     def from_bytes(cls, actor: Actor, partition: int, raw: bytes) -> ActTask:
         d = orjson.loads(raw)
         nodes = {n: NodeState.from_dict(s) for n, s in d.get("nodes", {}).items()}
-        return cls(actor, partition, nodes, AlertBook.from_state(d.get("alerts", {})), d.get("seen", ()))
+        # Older snapshots also hold "seen" (nodes with findings, once the fleet size): ignored now.
+        return cls(actor, partition, nodes, AlertBook.from_state(d.get("alerts", {})))
 
 
 class Actor:
@@ -105,7 +113,7 @@ class Actor:
         policy: Policy,
         builder: AlertBuilder,
         dispatcher: Dispatcher,
-        jobs: FleetJobTable | JobLookup,
+        jobs: JobLookup,
         key: bytes,
         drain_topic: str,
         tasks: Callable[[], Mapping[Any, ActTask]],
@@ -114,6 +122,9 @@ class Actor:
         clock: Callable[[], float],
         issued: Callable[[], dict[str, dict[str, Any]]] = dict,
         task_for_node: Callable[[str], ActTask | None] = lambda _n: None,
+        census: Collection[str] | None = None,
+        results: Callable[[str], Result | None] = lambda _rid: None,
+        pending_timeout_s: float = 300.0,
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -127,10 +138,14 @@ class Actor:
         self.clock = clock
         self.issued = issued  # reads the drain log: node -> latest request (alerts/drain_log.py)
         self.task_for_node = task_for_node  # the owned task whose partition `node` hashes to
+        self.census = census  # the reporting nodes (fleetwatch/census.py); None: no census check
+        self.results = results  # request id -> the adapter's result (alerts/drain_log.py ResultBook)
+        self.pending_timeout_s = pending_timeout_s
         self._waiting: set[int] = set()  # partitions of the current poll not yet processed
         self.global_book = AlertBook()  # the storm alert: derived from node onsets, not snapshotted
         self.last: Evaluation | None = None
         self._exported_drained: set[str] = set()
+        self._counted: set[str] = set()  # request ids whose result this process has counted
 
     # ------------------------------------------------------------ input
 
@@ -144,7 +159,6 @@ class Actor:
 
     def observe(self, task: ActTask, f: dict[str, Any]) -> None:
         node = f["node"]
-        task.seen.add(node)
         st = task.nodes.setdefault(node, NodeState())
         self.policy.observe(st, f)
         FINDINGS.labels(f["kind"], f["severity"]).inc()
@@ -158,12 +172,10 @@ class Actor:
     # ------------------------------------------------------------ decisions
 
     def fleet_size(self) -> int:
+        """--fleet-size if given, else the nodes in the census (never job/1 names or findings)."""
         if self.fixed_fleet:
             return self.fixed_fleet
-        nodes: set[str] = set(getattr(self.jobs, "all_nodes", ()))
-        for t in self.tasks().values():
-            nodes |= t.seen
-        return len(nodes)
+        return len(self.census) if self.census is not None else 0
 
     def reconcile(self, tasks: list[ActTask]) -> None:
         """Adopt the requests already on the drain topic for nodes of newly owned partitions."""
@@ -176,7 +188,9 @@ class Actor:
             if t is None or t.reconciled:
                 continue
             st = t.nodes.setdefault(node, NodeState())
-            adopted += self.policy.adopt(st, msg["action"], msg["findings"], msg["reason"], msg["issued_at"])
+            adopted += self.policy.adopt(
+                st, msg["action"], msg["findings"], msg["reason"], msg["issued_at"], msg["request_id"]
+            )
         for t in new:
             t.reconciled = True
         if adopted:
@@ -189,23 +203,11 @@ class Actor:
         self.reconcile(tasks)
         owner: dict[str, ActTask] = {n: t for t in tasks for n in t.nodes}
         nodes = {n: t.nodes[n] for n, t in owner.items()}
+        self._apply_results(nodes)
         fleet = self.fleet_size()
-        ev = self.policy.evaluate(nodes, now, fleet, self.jobs, self.share())
+        ev = self.policy.evaluate(nodes, now, fleet, self.jobs, self.share(), self.census)
         self.last = ev
-        out: list[Output] = []
-        for a in ev.actions:
-            msg = drain_request.make_request(
-                node=a.node,
-                action=a.action,
-                reason=f"fleetwatch: {a.reason}",
-                severity=a.severity,
-                findings=a.findings,
-                issued_at=now,
-                key=self._key,
-            )
-            out.append((self.drain_topic, a.node, msg))
-            DRAINS.labels(a.action).inc()
-            log.info("%s %s (%s) request %s", a.action, a.node, a.reason, msg["request_id"])
+        out = self._requests(ev, nodes, now)
         for node, why in ev.newly_refused:
             REFUSED.labels(why).inc()
             # A storm is logged once below, not once per node (it may be thousands of them).
@@ -217,13 +219,7 @@ class Actor:
                 nodes[node].refused_detail,
             )
         self._node_alerts(owner, now, ev)
-        BUDGET_USED.set(ev.drained)
-        drained = {n for n, st in nodes.items() if st.drained}
-        for n in self._exported_drained - drained:
-            NODE_DRAINED.remove(n)
-        for n in drained - self._exported_drained:
-            NODE_DRAINED.labels(n).set(1)
-        self._exported_drained = drained
+        self._export_drained(nodes, now)
         BUDGET_NODES.set(ev.budget_nodes)
         FLEET.set(fleet)
         STORM.set(1 if ev.storm.active else 0)
@@ -231,6 +227,65 @@ class Actor:
             self.policy.prune(t.nodes, now)
         self.dispatcher.flush([*(t.book for t in tasks), self.global_book])
         return out
+
+    def _apply_results(self, nodes: Mapping[str, NodeState]) -> None:
+        """Fold the adapter's result for each node's latest request into its state (idempotent)."""
+        for node, st in nodes.items():
+            r = self.results(st.request_id) if st.request_id else None
+            if r is None:
+                continue
+            why = self.policy.apply_result(st, r.request_id, r.action, r.outcome, r.detail)
+            if r.request_id not in self._counted:  # results are re-applied every decision: count once
+                self._counted.add(r.request_id)
+                RESULTS.labels(r.action, r.outcome).inc()
+                log.info("%s %s: adapter says %s (request %s)", r.action, node, r.outcome, r.request_id)
+            if why is not None:
+                REFUSED.labels(why).inc()
+                log.warning("drain of %s refused: %s (%s)", node, why, r.detail)
+        # only a node's latest request is looked up: the ids of older ones need not be remembered
+        self._counted.intersection_update(st.request_id for st in nodes.values())
+
+    def _requests(self, ev: Evaluation, nodes: Mapping[str, NodeState], now: float) -> list[Output]:
+        """The drain/1 messages for the policy's actions; a node whose request cannot be built is
+        not counted as drained (or resumed) and its refusal is alerted, and act carries on."""
+        out: list[Output] = []
+        for a in ev.actions:
+            try:
+                msg = drain_request.make_request(
+                    node=a.node,
+                    action=a.action,
+                    reason=f"fleetwatch: {a.reason}",
+                    severity=a.severity,
+                    findings=a.findings,
+                    issued_at=now,
+                    key=self._key,
+                )
+            except MessageError as e:
+                self.policy.withdraw(nodes[a.node], a.action, str(e))
+                REFUSED.labels("request_error").inc()
+                log.error("no %s request for %s: %s", a.action, a.node, e)
+                continue
+            nodes[a.node].request_id = msg["request_id"]
+            out.append((self.drain_topic, a.node, msg))
+            DRAINS.labels(a.action).inc()
+            log.info("%s %s (%s) request %s", a.action, a.node, a.reason, msg["request_id"])
+        return out
+
+    def _export_drained(self, nodes: Mapping[str, NodeState], now: float) -> None:
+        """Drained = confirmed by the adapter; requested but unconfirmed ones are `pending`."""
+        drained = {n for n, st in nodes.items() if st.drained and st.confirmed}
+        pending = [st for st in nodes.values() if st.pending]
+        BUDGET_USED.set(len(drained))
+        PENDING.set(len(pending))
+        UNCONFIRMED.set(sum(1 for st in pending if self._overdue(st, now)))
+        for n in self._exported_drained - drained:
+            NODE_DRAINED.remove(n)
+        for n in drained - self._exported_drained:
+            NODE_DRAINED.labels(n).set(1)
+        self._exported_drained = drained
+
+    def _overdue(self, st: NodeState, now: float) -> bool:
+        return st.pending and st.drained_at is not None and now - st.drained_at > self.pending_timeout_s
 
     def _node_alerts(self, owner: Mapping[str, ActTask], now: float, ev: Evaluation) -> None:
         """Alerts about what fleetwatch did or refused to do, kept in step with the node states."""
@@ -243,19 +298,41 @@ class Actor:
             else:
                 task.book.end(src, now)
             src = f"refused:{node}"
-            if st.refused in ("budget", "job"):  # storm refusals are one storm alert, below
+            if st.refused and st.refused != "storm":  # storm refusals are one storm alert, below
                 ids = [f.id for f in st.worthy()]
                 a = self.builder.drain_refused(node, st.refused, st.refused_detail, ids)
                 task.book.fire(src, a["labels"], a["annotations"], now)
             else:
                 task.book.end(src, now)
+            self._unconfirmed_alert(node, task, st, now)
         if ev.storm.active:
-            a = self.builder.storm(ev.storm.nodes, ev.storm.threshold)
+            window = self.policy.cfg.storm_window_s
+            held = sum(1 for n, t in owner.items() if t.nodes[n].refused == "storm")
+            a = self.builder.storm(ev.storm.nodes, ev.storm.threshold, window, held)
             if STORM_SOURCE not in self.global_book.by_source:
-                log.warning("drain storm: %d nodes at once; draining nothing", len(ev.storm.nodes))
+                log.warning(
+                    "drain storm: %d nodes became drain-worthy within %g s (threshold %d); "
+                    "holding all drains (%d held)",
+                    len(ev.storm.nodes),
+                    window,
+                    ev.storm.threshold,
+                    held,
+                )
             self.global_book.fire(STORM_SOURCE, a["labels"], a["annotations"], now)
         elif self.global_book.end(STORM_SOURCE, now):
             log.info("drain storm over")
+
+    def _unconfirmed_alert(self, node: str, task: ActTask, st: NodeState, now: float) -> None:
+        """A drain with no result past --pending-timeout: the adapter may be down, and the node may
+        still be in service though it counts against the budget; a human should look."""
+        src = f"unconfirmed:{node}"
+        if not self._overdue(st, now):
+            task.book.end(src, now)
+            return
+        waited = now - (st.drained_at or now)
+        detail = f"request {st.request_id} has had no result from the Slurm adapter for {waited:.0f} s"
+        a = self.builder.drain_refused(node, UNCONFIRMED_REASON, detail, list(st.drain_findings))
+        task.book.fire(src, a["labels"], a["annotations"], now)
 
     def tick(self) -> list[Output]:
         """Time-driven work with no new input: resumes, freed budget, re-sends."""

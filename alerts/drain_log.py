@@ -7,18 +7,25 @@ already produced are facts, though: reading them back and adopting them before t
 (alerts/actor.py) makes the replay start from what was really requested, so the budget holds and
 no second node is drained in place of the first. The topic is keyed by node, so its order per node
 is the order of the requests; it is small (one message per drain or resume).
+
+What became of each request is on the adapter's results topic (scheduler.drain.results.v1,
+drain_result/1): `ResultBook` holds the latest signed result per request id, fed from the whole
+topic by a follower thread (fleetwatch/follow.py) that act starts before its first decision, so a
+restarted act knows which drains were confirmed and which were refused (stale, unknown node, ...).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kafka import TopicPartition
 
-from alerts import drain_request
+from alerts import drain_request, drain_result
 from fleetwatch import schemas
 
 log = logging.getLogger(__name__)
@@ -54,3 +61,44 @@ def latest_requests(
     finally:
         consumer.close()
     return latest
+
+
+@dataclass(frozen=True)
+class Result:
+    request_id: str
+    node: str
+    action: str
+    outcome: str
+    detail: str
+
+
+class ResultBook:
+    """request_id -> the adapter's result for it, from scheduler.drain.results.v1 (thread-safe)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self._lock = threading.Lock()
+        self._by_id: dict[str, Result] = {}
+
+    def apply(self, _key: bytes | None, value: bytes | None) -> None:
+        """One record of the results topic; unsigned, forged or malformed ones are ignored."""
+        if value is None:
+            return
+        try:
+            m = schemas.decode(value, drain_result.DRAIN_RESULT)
+        except schemas.MessageError as e:
+            log.debug("ignoring a bad drain result: %s", e)
+            return
+        if not drain_request.verify(m, self._key):
+            log.warning("ignoring a drain result for %s with a bad signature", m["node"])
+            return
+        if m["outcome"] == drain_result.DUPLICATE:
+            return  # says only that the request was handled before; its first result is the answer
+        r = Result(m["request_id"], m["node"], m["action"], m["outcome"], m["detail"])
+        with self._lock:
+            old = self._by_id.get(r.request_id)
+            if old is None or old.outcome != drain_result.EXECUTED:  # done is done
+                self._by_id[r.request_id] = r
+
+    def get(self, request_id: str) -> Result | None:
+        return self._by_id.get(request_id)

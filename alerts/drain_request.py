@@ -9,6 +9,13 @@ never logged or put in an error message.
 `request_id` is a hash of (node, action, triggering finding ids), NOT of the time: reprocessing
 the same findings after a restart yields the same request, and the adapter's journal makes it run
 once.
+
+A request lists at most MAX_FINDINGS ids (the first ones in sorted order); a node with more (one
+sample can open a finding per InfiniBand port) gets a request whose reason says how many there
+were, e.g. "fleetwatch: IB link down (256 of 257 findings listed)", and whose request_id is still
+the hash of ALL of them. No field is added for the total on purpose: validate_drain refuses unknown
+fields, so an adapter of an older release would refuse every such request, while this way every
+adapter, old or new, accepts and verifies it unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ KEY_ENV = "FLEETWATCH_DRAIN_KEY"
 MAX_REASON = 400  # scontrol stores the reason; keep it a line, not an essay
 MAX_FINDINGS = 256
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
+REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
 _FIELDS = ("schema", "request_id", "node", "action", "reason", "severity", "findings", "issued_at")
 
 
@@ -73,6 +80,23 @@ def sign(msg: Mapping[str, Any], key: bytes) -> str:
     return hmac.new(key, canonical(msg), hashlib.sha256).hexdigest()
 
 
+def one_line(reason: str, limit: int = MAX_REASON) -> str:
+    """`reason` as validate_drain accepts it: one line, not empty, at most `limit` characters.
+
+    Reasons are built from finding evidence (an XID code, a rule name), which a detector or a
+    producer may have filled with anything: a request must never fail to build because of it."""
+    text = " ".join(reason.replace("\0", " ").split())
+    return text[:limit] or "fleetwatch"
+
+
+def bounded_reason(reason: str, total: int) -> str:
+    """The reason, with a note of how many findings there were when not all of them are listed."""
+    if total <= MAX_FINDINGS:
+        return one_line(reason)
+    note = f" ({MAX_FINDINGS} of {total} findings listed)"
+    return one_line(reason, MAX_REASON - len(note)) + note
+
+
 def make_request(
     *,
     node: str,
@@ -89,9 +113,9 @@ def make_request(
         "request_id": request_id(node, action, ids),
         "node": node,
         "action": action,
-        "reason": reason[:MAX_REASON],
+        "reason": bounded_reason(reason, len(ids)),
         "severity": severity,
-        "findings": ids,
+        "findings": ids[:MAX_FINDINGS],
         "issued_at": float(issued_at),
     }
     msg["signature"] = sign(msg, key)
@@ -107,21 +131,30 @@ def verify(msg: Mapping[str, Any], key: bytes) -> bool:
     return hmac.compare_digest(sig, sign(msg, key))
 
 
+def check_envelope(m: Mapping[str, Any], what: str, fields: tuple[str, ...]) -> None:
+    """What drain/1 and drain_result/1 share: exactly `fields` and a signature (unknown fields would
+    be signed but unchecked by older readers: refused outright), a request id, a node, an action,
+    a signature of the right shape."""
+    for f in (*fields, "signature"):
+        if f not in m:
+            raise MessageError("missing_field", f"{what}.{f} is required")
+    extra = set(m) - set(fields) - {"signature"}
+    if extra:
+        raise MessageError("out_of_range", f"{what} has unknown fields {sorted(extra)[:5]}")
+    schemas._string(f"{what}.request_id", m["request_id"])
+    if not REQUEST_ID.match(m["request_id"]):
+        raise MessageError("out_of_range", f"{what}.request_id must be 32 hex digits")
+    schemas._name(f"{what}.node", m["node"])
+    if m["action"] not in ACTIONS:
+        raise MessageError("out_of_range", f"{what}.action must be one of {sorted(ACTIONS)}")
+    schemas._string(f"{what}.signature", m["signature"])
+    if not _HEX64.match(m["signature"]):
+        raise MessageError("out_of_range", f"{what}.signature must be 64 lowercase hex digits")
+
+
 def validate_drain(m: Mapping[str, Any]) -> None:
     """Shape check (no signature check: that needs the key, see verify())."""
-    for f in (*_FIELDS, "signature"):
-        if f not in m:
-            raise MessageError("missing_field", f"drain.{f} is required")
-    extra = set(m) - set(_FIELDS) - {"signature"}
-    if extra:
-        # Unknown fields would be signed but unchecked by older adapters: refuse them outright.
-        raise MessageError("out_of_range", f"drain has unknown fields {sorted(extra)[:5]}")
-    schemas._string("drain.request_id", m["request_id"])
-    if not _REQUEST_ID.match(m["request_id"]):
-        raise MessageError("out_of_range", "drain.request_id must be 32 hex digits")
-    schemas._name("drain.node", m["node"])
-    if m["action"] not in ACTIONS:
-        raise MessageError("out_of_range", f"drain.action must be one of {sorted(ACTIONS)}")
+    check_envelope(m, "drain", _FIELDS)
     schemas._string("drain.reason", m["reason"])
     if not m["reason"] or len(m["reason"]) > MAX_REASON or any(c in m["reason"] for c in "\r\n\0"):
         raise MessageError("out_of_range", f"drain.reason must be one line of 1..{MAX_REASON} characters")
@@ -133,9 +166,6 @@ def validate_drain(m: Mapping[str, Any]) -> None:
     for i, f in enumerate(ids):
         schemas._string(f"drain.findings[{i}]", f)
     schemas._number("drain.issued_at", m["issued_at"], 0)
-    schemas._string("drain.signature", m["signature"])
-    if not _HEX64.match(m["signature"]):
-        raise MessageError("out_of_range", "drain.signature must be 64 lowercase hex digits")
 
 
-schemas.register(DRAIN, validate_drain, "issued_at")
+schemas.register(DRAIN, validate_drain, "issued_at", key_field="node")

@@ -2,9 +2,11 @@
 
 Two phases per request: `begin` records it as `executing` BEFORE scontrol runs and `finish`
 records the outcome after. A restart finds an `executing` row only if it died in between; the
-adapter then checks Slurm's state instead of blindly running the command again. Any other row
-means the request was handled: a duplicate delivery (at-least-once Kafka, a replaying act) is
-skipped. SQLite with synchronous=FULL: a row that `finish` returned for survives a power cut.
+adapter then checks Slurm's state instead of blindly running the command again: `begin` also
+keeps the node's Slurm Comment as it was before the command (`comment_before`), since the drain
+writes the request id into that Comment in the same scontrol call (alerts/slurm_drainer.py). Any
+other row means the request was handled: a duplicate delivery (at-least-once Kafka, a replaying
+act) is skipped. SQLite with synchronous=FULL: a row that `finish` returned for survives a power cut.
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY,
     node TEXT NOT NULL,
     action TEXT NOT NULL,
-    status TEXT NOT NULL,        -- executing | executed | rejected | failed
+    status TEXT NOT NULL,        -- executing | executed | rejected | failed | undetermined
     detail TEXT NOT NULL DEFAULT '',
     issued_at REAL,
     received_at REAL NOT NULL,
     done_at REAL,
-    source TEXT NOT NULL DEFAULT ''   -- topic:partition:offset it came from
+    source TEXT NOT NULL DEFAULT '',  -- topic:partition:offset it came from
+    comment_before TEXT               -- the node's Slurm Comment before the command (NULL: unknown)
 );
 CREATE INDEX IF NOT EXISTS requests_node ON requests (node, received_at);
 """
+# Journals written before comment_before existed gain the column (NULL in their old rows).
+MIGRATIONS = {"comment_before": "ALTER TABLE requests ADD COLUMN comment_before TEXT"}
+_COLUMNS = "request_id, node, action, status, detail, comment_before"
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class Entry:
     action: str
     status: str
     detail: str
+    comment_before: str | None = None
 
 
 class Journal:
@@ -46,20 +53,31 @@ class Journal:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(requests)")}
+        for column, ddl in MIGRATIONS.items():
+            if column not in have:
+                self.db.execute(ddl)
 
     def get(self, request_id: str) -> Entry | None:
         row = self.db.execute(
-            "SELECT request_id, node, action, status, detail FROM requests WHERE request_id = ?",
-            (request_id,),
+            f"SELECT {_COLUMNS} FROM requests WHERE request_id = ?", (request_id,)
         ).fetchone()
         return Entry(*row) if row else None
 
-    def begin(self, request_id: str, node: str, action: str, issued_at: float | None, source: str) -> None:
+    def begin(
+        self,
+        request_id: str,
+        node: str,
+        action: str,
+        issued_at: float | None,
+        source: str,
+        comment_before: str | None = None,
+    ) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO requests"
-            " (request_id, node, action, status, issued_at, received_at, source)"
-            " VALUES (?, ?, ?, 'executing', ?, ?, ?)",
-            (request_id, node, action, issued_at, time.time(), source),
+            " (request_id, node, action, status, issued_at, received_at, source, comment_before)"
+            " VALUES (?, ?, ?, 'executing', ?, ?, ?, ?)",
+            (request_id, node, action, issued_at, time.time(), source, comment_before),
         )
 
     def finish(self, request_id: str, status: str, detail: str = "") -> None:
@@ -87,7 +105,7 @@ class Journal:
         )
 
     def entries(self, node: str | None = None) -> list[Entry]:
-        q = "SELECT request_id, node, action, status, detail FROM requests"
+        q = f"SELECT {_COLUMNS} FROM requests"
         rows = (
             self.db.execute(q + " WHERE node = ? ORDER BY received_at", (node,))
             if node

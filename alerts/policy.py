@@ -27,21 +27,36 @@ Guards, in the order they are applied to a node that needs draining:
    arrives at once after an outage is not mistaken for a storm.
 2. budget: drained nodes never exceed floor(max(drain_budget * fleet, budget_min_nodes) * share).
 3. job: no second node of the same running job while one is drained (needs a human).
+Before all three: a node missing from the census of reporting nodes (`known`, fleet.nodes.v1) is
+never drained (refused `unknown_node`), and a request the Slurm adapter refused is not issued again
+for the same findings (refused `adapter:<outcome>`, e.g. `adapter:rejected_stale`).
+"Drained" counts for the budget from the moment a drain is requested: `pending` until the adapter's
+drain_result/1 says `executed` (`confirmed`), so waiting for the adapter never lets more through;
+a refused or failed drain frees its slot (`apply_result`).
 Hysteresis: a drained node is resumed only after it has had no open warning/critical finding for
-`resume_after_s`. Cooldown: a node that needs draining again within `cooldown_s` of an automatic
-resume is flapping: it is drained, and its next resume waits `cooldown_s` instead.
+`resume_after_s`; findings that resolved because the detectors forgot the node (it sent nothing
+for their forget_after_s, evidence `resolution: forgotten`) end their alerts but do not start that
+clock, so a node is never resumed for having gone away. Cooldown: a node that needs draining
+again within `cooldown_s` of an automatic resume is flapping: it is drained, and its next resume
+waits `cooldown_s` instead.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+
+from alerts.drain_request import request_id
 
 DRAIN_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 RESOLVED_MEMORY = 64  # resolved ids remembered per node, to ignore a late duplicate of their opening
+REJECTED_MEMORY = 16  # request ids the adapter refused, remembered per node so they are not re-issued
+# A resume refused for these reasons means someone else holds the node now (or Slurm lost it): the
+# node is no longer fleetwatch's to count. Any other refused resume leaves our drain in place.
+NOT_OURS = frozenset({"rejected_not_ours", "rejected_unknown_node"})
 
 
 def drain_reason(f: Mapping[str, Any]) -> str | None:
@@ -89,6 +104,11 @@ def drain_reason(f: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _forgotten(f: Mapping[str, Any]) -> bool:
+    """A resolved finding whose node the detectors forgot (detectors/findings.py FORGOTTEN)."""
+    return bool(f.get("resolved")) and (f.get("evidence") or {}).get("resolution") == "forgotten"
+
+
 class JobLookup(Protocol):
     def job_of(self, node: str) -> str | None: ...
 
@@ -134,8 +154,11 @@ class NodeState:
     drained_at: float | None = None
     last_resume_at: float | None = None
     flapping: bool = False
-    refused: str | None = None  # why the drain it needs is refused now: budget | job | storm
+    refused: str | None = None  # why the drain it needs is refused now: budget | job | storm | ...
     refused_detail: str = ""
+    request_id: str = ""  # the latest drain/resume request issued for the node
+    confirmed: bool = False  # the adapter executed the drain `request_id` (else it is pending)
+    rejected: dict[str, str] = field(default_factory=dict)  # request id -> the adapter's outcome
 
     def worthy(self) -> list[OpenFinding]:
         return sorted((f for f in self.open.values() if f.drain), key=lambda f: (f.ts, f.id))
@@ -146,10 +169,17 @@ class NodeState:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def pending(self) -> bool:
+        """Drain requested, no result from the adapter yet (counts against the budget all the same)."""
+        return self.drained and not self.confirmed
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NodeState:
         d = dict(d)
         d["open"] = {k: OpenFinding(**v) for k, v in d.get("open", {}).items()}
+        if "confirmed" not in d:  # a snapshot from before drain results: its drains were believed done
+            d["confirmed"] = bool(d.get("drained"))
         return cls(**d)
 
 
@@ -201,7 +231,10 @@ class Policy:
         if st.worthy() and not was_worthy:
             st.onset = ts
         if was_blocking and not st.blocking():
-            st.healthy_since = ts
+            # A finding resolved because its node was forgotten (no telemetry for the detectors'
+            # forget_after_s) says nothing about its health: a drained node that went away is not
+            # resumed for it. It stays drained, in Slurm and in the budget, as it did while silent.
+            st.healthy_since = None if _forgotten(f) else ts
         elif st.blocking():
             st.healthy_since = None
 
@@ -241,11 +274,16 @@ class Policy:
         fleet_size: int,
         jobs: JobLookup,
         share: float = 1.0,
+        known: Container[str] | None = None,
     ) -> Evaluation:
-        """Decide drains and resumes for `nodes` (those this worker owns) at wall time `now`."""
+        """Decide drains and resumes for `nodes` (those this worker owns) at wall time `now`.
+
+        `known`: the nodes of the census; None = no census check (every node is known)."""
         c = self.cfg
         ev = Evaluation(budget_nodes=self.budget_nodes(fleet_size, share))
-        ev.storm = self.storm(nodes, now, self.storm_threshold(fleet_size, share))
+        # Nodes outside the census are refused below whatever happens: they make no storm either.
+        real = nodes if known is None else {n: st for n, st in nodes.items() if n in known}
+        ev.storm = self.storm(real, now, self.storm_threshold(fleet_size, share))
 
         for node in sorted(nodes):  # resumes first: they free budget for the drains below
             st = nodes[node]
@@ -256,10 +294,14 @@ class Policy:
                 continue
             if st.drained_at is not None and now - st.drained_at < wait:
                 continue  # healthy_since may predate the drain (resolved while the request was queued)
+            rid = request_id(node, "resume", st.drain_findings)
+            if rid in st.rejected:
+                continue  # the adapter refused this very resume: asking again changes nothing
             ev.actions.append(
                 Action(node, "resume", f"healthy for {wait:.0f} s", "info", tuple(st.drain_findings))
             )
             st.drained, st.last_resume_at, st.refused = False, now, None
+            st.request_id, st.confirmed = rid, False
 
         drained = {n for n, st in nodes.items() if st.drained}
         pending = sorted(
@@ -270,6 +312,14 @@ class Policy:
                 st.refused, st.refused_detail = None, ""
         for _, node in pending:
             st = nodes[node]
+            if known is not None and node not in known:
+                self._refuse(ev, node, st, "unknown_node", "not in the census of reporting nodes")
+                continue
+            rid = request_id(node, "drain", [f.id for f in st.worthy()])
+            if rid in st.rejected:
+                why = f"adapter:{st.rejected[rid]}"
+                self._refuse(ev, node, st, why, st.refused_detail if st.refused == why else why)
+                continue
             if ev.storm.active:
                 self._refuse(ev, node, st, "storm", f"{len(ev.storm.nodes)} nodes at once")
                 continue
@@ -291,6 +341,7 @@ class Policy:
             severity = max((f.severity for f in worthy), key=lambda s: SEVERITY_RANK.get(s, 0))
             st.flapping = st.last_resume_at is not None and now - st.last_resume_at < c.cooldown_s
             st.drained, st.drained_at, st.refused, st.refused_detail = True, now, None, ""
+            st.request_id, st.confirmed = rid, False
             st.drain_findings = [f.id for f in worthy]
             st.drain_reason = ", ".join(reasons)
             st.drain_severity = severity
@@ -300,17 +351,30 @@ class Policy:
         return ev
 
     @staticmethod
-    def adopt(st: NodeState, action: str, findings: Iterable[str], reason: str, issued_at: float) -> bool:
+    def adopt(
+        st: NodeState,
+        action: str,
+        findings: Iterable[str],
+        reason: str,
+        issued_at: float,
+        request_id: str = "",
+    ) -> bool:
         """Make `st` agree with a request already issued for its node (see alerts/drain_log.py).
 
-        The issued request is the truth about whether the node is drained: a replay after a crash
-        must continue from it, not decide afresh. True if the state changed.
+        The issued request is the truth about what was asked: a replay after a crash must continue
+        from it, not decide afresh. Whether the adapter carried it out comes after, from its
+        result (apply_result); until then the drain is pending. True if the state changed.
         """
         ids = sorted(findings)
         if action == "drain":
-            if st.drained and sorted(st.drain_findings) == ids:
+            if st.drained and (
+                st.request_id == request_id if request_id else sorted(st.drain_findings) == ids
+            ):
                 return False
+            if request_id and request_id in st.rejected:
+                return False  # the adapter refused it: it never drained the node
             st.drained, st.drained_at, st.drain_findings = True, issued_at, ids
+            st.request_id, st.confirmed = request_id, False
             st.drain_reason = reason.removeprefix("fleetwatch: ")
             st.refused, st.refused_detail = None, ""
             if st.healthy_since is None and not st.blocking():
@@ -319,7 +383,51 @@ class Policy:
         if not st.drained:
             return False
         st.drained, st.last_resume_at = False, issued_at
+        st.request_id, st.confirmed = request_id, False
         return True
+
+    @staticmethod
+    def apply_result(st: NodeState, request_id: str, action: str, outcome: str, detail: str) -> str | None:
+        """Fold the adapter's drain_result/1 for one of the node's requests into its state.
+
+        Idempotent (results are re-read after every restart). Returns the refusal reason
+        ("adapter:<outcome>") when this result takes back a drain that was counted, else None.
+        """
+        if outcome == "duplicate":
+            return None  # the request's first result says what happened
+        if outcome == "executed":
+            st.rejected.pop(request_id, None)  # done is done, whatever a copy of it got
+            if action == "drain" and request_id == st.request_id:
+                st.drained = st.confirmed = True
+                if st.refused and st.refused.startswith("adapter:"):
+                    st.refused, st.refused_detail = None, ""
+            return None
+        if action == "drain" and st.confirmed and request_id == st.request_id:
+            return None  # executed already: this refusal is of a (tampered) copy
+        st.rejected[request_id] = outcome
+        while len(st.rejected) > REJECTED_MEMORY:
+            del st.rejected[next(iter(st.rejected))]
+        if request_id != st.request_id:
+            return None
+        if action == "resume":
+            if outcome not in NOT_OURS and not st.drained:
+                st.drained = st.confirmed = True  # our drain is still in place in Slurm: it counts
+            return None
+        if not st.drained:
+            return None
+        st.drained = st.confirmed = False
+        st.refused, st.refused_detail = f"adapter:{outcome}", detail
+        return st.refused
+
+    @staticmethod
+    def withdraw(st: NodeState, action: str, detail: str) -> None:
+        """Undo a decision whose request could not be built: nothing was asked of Slurm."""
+        if action == "drain":
+            st.drained = st.confirmed = False
+            st.request_id = ""
+            st.refused, st.refused_detail = "request_error", detail
+        else:
+            st.drained = st.confirmed = True  # the drain it was to lift is still in place
 
     @staticmethod
     def _refuse(ev: Evaluation, node: str, st: NodeState, why: str, detail: str) -> None:

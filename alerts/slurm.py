@@ -78,16 +78,27 @@ class SlurmClient:
         state, _, reason = r.stdout.splitlines()[0].partition("|")
         return NodeInfo(node, state.strip(), reason.strip())
 
-    def update(self, node: str, state: str, reason: str | None = None) -> None:
+    def comment(self, node: str) -> str:
+        """The node's Comment ("" when unset). Slurm keeps it across a RESUME (checked on 22.05),
+        which is why the drainer records its request id there (alerts/slurm_drainer.py)."""
+        r = self._run(["sinfo", "-h", "-N", "-n", node, "-O", "Comment:0"])  # :0 = unpadded
+        if r.returncode != 0 or not r.stdout.strip():
+            raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+        text = r.stdout.splitlines()[0].strip()  # one line per partition the node is in
+        return "" if text == "(null)" else text
+
+    def update(self, node: str, state: str, reason: str | None = None, comment: str | None = None) -> None:
         argv = ["scontrol", "update", f"NodeName={node}", f"State={state}"]
         if reason is not None:
             argv.append(f"Reason={reason}")  # one argv element: spaces are fine, no quoting needed
+        if comment is not None:
+            argv.append(f"Comment={comment}")  # same update message as the state: applied together
         r = self._run(argv)
         if r.returncode != 0:
             raise SlurmError(f"scontrol update {node} State={state} failed: {r.stderr.strip()[:300]}")
 
-    def drain(self, node: str, reason: str) -> None:
-        self.update(node, "DRAIN", reason)
+    def drain(self, node: str, reason: str, comment: str | None = None) -> None:
+        self.update(node, "DRAIN", reason, comment)
 
     def resume(self, node: str) -> None:
         self.update(node, "RESUME")

@@ -5,11 +5,27 @@ Per request, in order:
 2. check the HMAC signature with the shared key (forged or tampered -> dead-letter, counted);
 3. skip it if the journal already has it (a duplicate delivery or a replaying `act`);
 4. check the node against the nodes Slurm knows (unknown -> journal + dead-letter, counted);
-5. never overrule a human: a drain does not overwrite someone else's drain reason, and a resume
+5. a request the journal holds as `executing` was interrupted by a crash: decide from Slurm's own
+   state whether it took effect (below) and never run it a second time if it did;
+6. freshness: refuse a request issued more than --max-age ago or more than --max-skew ahead of
+   this clock (stale -> journal + dead-letter, counted): a drain that sat in Kafka through a long
+   outage describes a node as it was then, not as it is;
+7. never overrule a human: a drain does not overwrite someone else's drain reason, and a resume
    only lifts a drain whose reason fleetwatch wrote;
-6. journal `executing`, run scontrol, journal the outcome; commit the offsets after the batch.
+8. journal `executing` (with the node's Slurm Comment as it was), run scontrol, journal the outcome.
+Every request handled gets one signed drain_result/1 on scheduler.drain.results.v1 (key = node,
+alerts/drain_result.py), so `act` learns what really happened; results and dead letters are
+flushed before the batch's offsets are committed.
 Slurm being down is not the request's fault: the batch stops, offsets stay, and it is retried
 with backoff (up to MAX_ATTEMPTS, then recorded as failed and dead-lettered).
+
+Crash idempotency (step 5): a drain writes `[fw:<request_id>]` into the node's Comment in the
+same `scontrol update` as State=DRAIN, and Slurm keeps the Comment across a RESUME (unlike the
+Reason). So after a crash: our token in the Comment = the drain happened, even if an operator has
+resumed the node since (it is not drained again); the Comment exactly as journalled before the
+command = it never ran (it runs now); anything else = someone edited the node since, and Slurm
+cannot tell: nothing is done and the request ends `undetermined` (result, dead letter, metric),
+because never overruling an operator comes first.
 """
 
 from __future__ import annotations
@@ -17,20 +33,22 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
-from prometheus_client import Counter, start_http_server
+from prometheus_client import Counter
 
-from alerts import drain_request
-from alerts.journal import Journal
-from alerts.slurm import TAG, SlurmClient, SlurmError
+from alerts import drain_request, drain_result
+from alerts.journal import Entry, Journal
+from alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
 from fleetwatch import kafka_io, schemas, topics
-from fleetwatch.runtime import StopFlag
+from fleetwatch.runtime import StopFlag, serve_metrics
 from pipeline.deadletter import send_deadletter
 
 log = logging.getLogger(__name__)
@@ -38,6 +56,44 @@ log = logging.getLogger(__name__)
 REQUESTS = Counter("fleetwatch_drainer_requests_total", "drain/1 requests handled, by outcome", ["outcome"])
 MAX_ATTEMPTS = 5
 DEFAULT_GROUP = "fleetwatch-slurm"
+DEFAULT_MAX_AGE_S = 600.0
+DEFAULT_MAX_SKEW_S = 60.0
+# The drainer's outcome labels (its metric, dead-letter reasons) -> drain_result/1 outcomes.
+RESULT_OUTCOME = {
+    "executed": "executed",
+    "duplicate": "duplicate",
+    "unknown_node": "rejected_unknown_node",
+    "forged": "rejected_forged",
+    "malformed": "rejected_malformed",
+    "stale": "rejected_stale",
+    "not_ours": "rejected_not_ours",
+    "failed": "failed",
+    "undetermined": "undetermined",
+}
+_TOKEN = re.compile(r"\s*\[fw:[0-9a-f]{32}\]")
+
+
+def comment_token(request_id: str) -> str:
+    return f"[fw:{request_id}]"
+
+
+def with_token(comment: str, request_id: str) -> str:
+    """The Comment a drain writes: the operator's text kept, an older fleetwatch token replaced."""
+    return f"{_TOKEN.sub('', comment).strip()} {comment_token(request_id)}".strip()
+
+
+def took_effect(msg: dict[str, Any], prior: Entry, info: NodeInfo, comment: str) -> bool | None:
+    """Did an interrupted request change Slurm? True, False, or None when Slurm cannot tell."""
+    if msg["action"] == "resume":
+        return not info.drained  # a node drained by someone else since is refused later, not resumed
+    rid = msg["request_id"]
+    if comment_token(rid) in comment:
+        return True  # written by the drain's own scontrol call; a resume since does not remove it
+    if info.drained and f"fw:{rid[:12]}" in info.reason:
+        return True  # drained by a release that wrote no Comment token
+    if prior.comment_before is None or comment == prior.comment_before:
+        return False  # as it was before the command (or a journal row older than the pre-image)
+    return None
 
 
 class Retry(Exception):
@@ -45,57 +101,87 @@ class Retry(Exception):
 
 
 class Drainer:
-    def __init__(self, slurm: SlurmClient, journal: Journal, key: bytes, producer: Any) -> None:
+    def __init__(
+        self,
+        slurm: SlurmClient,
+        journal: Journal,
+        key: bytes,
+        producer: Any,
+        *,
+        results_topic: str = topics.DRAIN_RESULTS,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        max_skew_s: float = DEFAULT_MAX_SKEW_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.slurm = slurm
         self.journal = journal
         self._key = key
         self.producer = producer
+        self.results_topic = results_topic
+        self.max_age_s = max_age_s
+        self.max_skew_s = max_skew_s
+        self.clock = clock
         self._attempts: dict[str, int] = {}
 
-    def _reject(self, raw: bytes, outcome: str, detail: str, source: str, topic: str) -> str:
+    # ------------------------------------------------------------ outcomes
+
+    def _result(self, rid: str, node: str, action: str, outcome: str, detail: str) -> None:
+        res = drain_result.make_result(
+            request_id=rid,
+            node=node,
+            action=action,
+            outcome=RESULT_OUTCOME[outcome],
+            detail=detail,
+            ts=self.clock(),
+            key=self._key,
+        )
+        self.producer.send(self.results_topic, key=node.encode(), value=schemas.encode(res))
+
+    def _done(self, msg: dict[str, Any], outcome: str, detail: str = "") -> str:
+        REQUESTS.labels(outcome).inc()
+        self._result(msg["request_id"], msg["node"], msg["action"], outcome, detail)
+        return outcome
+
+    def _reject(
+        self, raw: bytes, msg: dict[str, Any] | None, outcome: str, detail: str, source: str, topic: str
+    ) -> str:
         REQUESTS.labels(outcome).inc()
         log.warning("rejected drain request from %s: %s: %s", source, outcome, detail)
         send_deadletter(self.producer, raw, outcome, detail, source, topic)
+        target = (msg["request_id"], msg["node"], msg["action"]) if msg else drain_result.readable_target(raw)
+        if target is not None:  # act can only be told about a request it can recognise
+            self._result(*target, outcome, detail)
         return outcome
 
-    def handle(self, raw: bytes, source: str, topic: str = topics.DRAIN) -> str:
+    def _settle(
+        self, msg: dict[str, Any], prior: Entry | None, status: str, detail: str, source: str
+    ) -> None:
+        """Journal a request that ends without running scontrol (now, or after an interruption)."""
+        rid = msg["request_id"]
+        if prior is not None:
+            self.journal.finish(rid, status, detail)
+        else:
+            self.journal.record(rid, msg["node"], msg["action"], status, detail, msg["issued_at"], source)
+
+    # ------------------------------------------------------------ handling
+
+    def handle(
+        self, raw: bytes, source: str, topic: str = topics.DRAIN, key: bytes | None = schemas.NO_KEY
+    ) -> str:
         """Handle one record; returns its outcome. Raises Retry when Slurm is unreachable."""
         try:
-            msg = schemas.decode(raw, drain_request.DRAIN)
+            msg = schemas.decode(raw, drain_request.DRAIN, key=key)
         except schemas.MessageError as e:
-            return self._reject(raw, "malformed", str(e), source, topic)
+            return self._reject(raw, None, "malformed", str(e), source, topic)
         if not drain_request.verify(msg, self._key):
-            return self._reject(raw, "forged", "signature does not match", source, topic)
+            return self._reject(raw, msg, "forged", "signature does not match", source, topic)
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
         prior = self.journal.get(rid)
         if prior is not None and prior.status != "executing":
-            REQUESTS.labels("duplicate").inc()
             log.info("request %s (%s %s) already %s; skipping", rid, action, node, prior.status)
-            return "duplicate"
+            return self._done(msg, "duplicate", f"already {prior.status}")
         try:
-            if not self.slurm.knows(node):
-                self.journal.record(rid, node, action, "rejected", "unknown node", msg["issued_at"], source)
-                return self._reject(raw, "unknown_node", f"Slurm has no node {node}", source, topic)
-            info = self.slurm.node(node)
-            tag = f"fw:{rid[:12]}"
-            if prior is not None:  # died between journal and scontrol last time: did it happen?
-                done = (info.drained and tag in info.reason) if action == "drain" else not info.drained
-                if done:
-                    self.journal.finish(rid, "executed", "found done after a restart")
-                    REQUESTS.labels("executed").inc()
-                    return "executed"
-            ours = info.reason.startswith(TAG)
-            if action == "resume" and info.drained and not ours:
-                return self._refuse(rid, node, action, msg, source, f"drained by someone else: {info.reason}")
-            if action == "drain" and info.drained and not ours:
-                return self._refuse(rid, node, action, msg, source, f"already drained: {info.reason}")
-            self.journal.begin(rid, node, action, msg["issued_at"], source)
-            if action == "drain":
-                reason = msg["reason"] if msg["reason"].startswith(TAG) else f"{TAG}: {msg['reason']}"
-                self.slurm.drain(node, f"{reason} [{tag}]")
-            elif info.drained:
-                self.slurm.resume(node)
-            self.journal.finish(rid, "executed")
+            outcome = self._execute(raw, msg, prior, source, topic)
         except SlurmError as e:
             n = self._attempts[rid] = self._attempts.get(rid, 0) + 1
             if n < MAX_ATTEMPTS:
@@ -103,17 +189,61 @@ class Drainer:
             self._attempts.pop(rid, None)
             self.journal.record(rid, node, action, "failed", str(e), msg["issued_at"], source)
             self.journal.finish(rid, "failed", str(e))
-            return self._reject(raw, "failed", str(e), source, topic)
+            return self._reject(raw, msg, "failed", str(e), source, topic)
         self._attempts.pop(rid, None)
-        REQUESTS.labels("executed").inc()
-        log.info("%s %s done (request %s: %s)", action, node, rid, msg["reason"])
-        return "executed"
+        return outcome
 
-    def _refuse(self, rid: str, node: str, action: str, msg: dict[str, Any], source: str, why: str) -> str:
-        self.journal.record(rid, node, action, "rejected", why, msg["issued_at"], source)
-        REQUESTS.labels("not_ours").inc()
-        log.warning("not %s %s (request %s): %s", action, node, rid, why)
-        return "not_ours"
+    def _stale(self, msg: dict[str, Any]) -> str | None:
+        """Why the request is too old or too far in the future to act on, or None if it is fresh."""
+        age = self.clock() - msg["issued_at"]
+        if age > self.max_age_s:
+            return f"issued {age:.0f} s ago (limit {self.max_age_s:.0f} s)"
+        if -age > self.max_skew_s:
+            return f"issued {-age:.0f} s in the future (limit {self.max_skew_s:.0f} s)"
+        return None
+
+    def _execute(self, raw: bytes, msg: dict[str, Any], prior: Entry | None, source: str, topic: str) -> str:
+        rid, node, action = msg["request_id"], msg["node"], msg["action"]
+        if not self.slurm.knows(node):
+            self._settle(msg, prior, "rejected", "unknown node", source)
+            return self._reject(raw, msg, "unknown_node", f"Slurm has no node {node}", source, topic)
+        info = self.slurm.node(node)
+        comment = self.slurm.comment(node) if action == "drain" else ""
+        if prior is not None:  # died between journal and outcome last time: did it happen?
+            done = took_effect(msg, prior, info, comment)
+            if done:
+                self.journal.finish(rid, "executed", "found done after a restart")
+                return self._done(msg, "executed", "found done after a restart")
+            if done is None:
+                why = f"interrupted by a crash; the node's Comment has changed since ({comment!r})"
+                self.journal.finish(rid, "undetermined", why)
+                log.error("not %s %s (request %s): %s; a human decides", action, node, rid, why)
+                return self._reject(raw, msg, "undetermined", why, source, topic)
+        stale = self._stale(msg)
+        if stale:
+            self._settle(msg, prior, "rejected", stale, source)
+            return self._reject(raw, msg, "stale", stale, source, topic)
+        ours = info.reason.startswith(TAG)
+        if action == "resume" and info.drained and not ours:
+            return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
+        if action == "drain" and info.drained and not ours:
+            return self._refuse(msg, prior, source, f"already drained: {info.reason}")
+        self.journal.begin(
+            rid, node, action, msg["issued_at"], source, comment if action == "drain" else None
+        )
+        if action == "drain":
+            reason = msg["reason"] if msg["reason"].startswith(TAG) else f"{TAG}: {msg['reason']}"
+            self.slurm.drain(node, f"{reason} [fw:{rid[:12]}]", with_token(comment, rid))
+        elif info.drained:
+            self.slurm.resume(node)
+        self.journal.finish(rid, "executed")
+        log.info("%s %s done (request %s: %s)", action, node, rid, msg["reason"])
+        return self._done(msg, "executed")
+
+    def _refuse(self, msg: dict[str, Any], prior: Entry | None, source: str, why: str) -> str:
+        self._settle(msg, prior, "rejected", why, source)
+        log.warning("not %s %s (request %s): %s", msg["action"], msg["node"], msg["request_id"], why)
+        return self._done(msg, "not_ours", why)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,14 +259,21 @@ def run(args: argparse.Namespace) -> int:
     )
     journal = Journal(state_dir / "journal.sqlite")
     kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
-    kafka_io.ensure_topics(args.bootstrap, [args.drain_topic, topics.DEADLETTER])
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    kafka_io.ensure_topics(args.bootstrap, [args.drain_topic, args.results_topic, topics.DEADLETTER])
+    serve_metrics(args.metrics_port, args.metrics_addr)
     producer = kafka_io.make_producer(args.bootstrap)
     consumer = kafka_io.make_consumer(
         args.bootstrap, args.drain_topic, group_id=args.group, max_poll_records=100
     )
-    drainer = Drainer(slurm, journal, key, producer)
+    drainer = Drainer(
+        slurm,
+        journal,
+        key,
+        producer,
+        results_topic=args.results_topic,
+        max_age_s=args.max_age,
+        max_skew_s=args.max_skew,
+    )
     log.info("slurm-drainer up: %d Slurm nodes, journal %s, group %s", len(known), state_dir, args.group)
     stop = StopFlag()
     backoff = 1.0
@@ -153,13 +290,14 @@ def run(args: argparse.Namespace) -> int:
             for tp, records in polled.items():
                 for r in records:
                     try:
-                        drainer.handle(r.value, f"{tp.topic}:{tp.partition}:{r.offset}", tp.topic)
+                        drainer.handle(r.value, f"{tp.topic}:{tp.partition}:{r.offset}", tp.topic, r.key)
                     except Retry as e:
                         log.warning("Slurm unavailable (%s); retrying in %.0f s", e, backoff)
                         retry_at[tp] = r.offset
                         break
                     done[tp] = r.offset + 1
-            producer.flush(timeout=30)  # dead letters first, then the commit that forgets the input
+            # Results and dead letters first, then the commit that forgets the input.
+            producer.flush(timeout=30)
             if done:
                 consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in done.items()})
             for tp, off in retry_at.items():

@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 import alerts.drain_request  # noqa: F401  (registers drain/1 for TopicTail.messages)
+from alerts import drain_result
 from alerts.journal import Journal
-from fleetwatch import kafka_io, schemas
+from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.census import node_message
 from tests.conftest import REPO, TopicTail
 from tests.test_alerting_services import SLURM_NODES, Alertmanager, Slurm, alertmanager, cluster, slurm  # noqa: F401
 from tests.test_drain_policy import finding, resolve
@@ -41,8 +43,9 @@ class ActRig:
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.am, self.cluster, self.tmp = bootstrap, am, cluster, tmp
         self.findings, self.drains = f"test.act.{tag}.findings", f"test.act.{tag}.drain"
+        self.nodes, self.results = f"test.act.{tag}.nodes", f"test.act.{tag}.results"
         self.group = f"act-{tag}"
-        kafka_io.ensure_topics(bootstrap, [self.findings, self.drains])
+        kafka_io.ensure_topics(bootstrap, [self.findings, self.drains, self.nodes, self.results])
         self.producer = kafka_io.make_producer(bootstrap)
         self.env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY}
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -52,10 +55,34 @@ class ActRig:
             self.producer.send(self.findings, key=f["node"].encode(), value=schemas.encode(f))
         self.producer.flush(10)
 
+    def result(self, request: dict[str, Any], outcome: str) -> None:
+        """What the Slurm adapter says it did with a request (signed, as slurm-drainer sends it)."""
+        r = drain_result.make_result(
+            request_id=request["request_id"],
+            node=request["node"],
+            action=request["action"],
+            outcome=outcome,
+            detail="",
+            ts=time.time(),
+            key=KEY.encode(),
+        )
+        self.producer.send(self.results, key=r["node"].encode(), value=schemas.encode(r))
+        self.producer.flush(10)
+
+    def census(self, *nodes: str) -> None:
+        """These nodes report telemetry (what the detect workers publish on fleet.nodes.v1)."""
+        now = time.time()
+        for n in nodes:
+            self.producer.send(
+                self.nodes, key=n.encode(), value=schemas.encode(node_message(n, now - 60, now))
+            )
+        self.producer.flush(10)
+
     def act(self, *extra: str) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "fleetwatch.cli", "act", "--bootstrap", self.bootstrap]
         argv += ["--alertmanager", self.am.url, "--cluster", self.cluster, "--group", self.group]
         argv += ["--findings-topic", self.findings, "--drain-topic", self.drains, "--resend-interval", "2"]
+        argv += ["--nodes-topic", self.nodes, "--results-topic", self.results]
         argv += ["--instance-id", f"{self.group}-0"]  # static membership: a restart rejoins at once
         log = open(self.tmp / f"act-{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed with the process)
         p = subprocess.Popen([*argv, *extra], env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -65,6 +92,7 @@ class ActRig:
     def drainer(self, slurm_conf: str) -> None:
         argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", self.bootstrap]
         argv += ["--drain-topic", self.drains, "--group", f"slurm-{self.group}", "--state-dir", str(self.tmp)]
+        argv += ["--results-topic", self.results]
         r = subprocess.run(
             [*argv, "--slurm-conf", slurm_conf, "--idle-exit", "2"],
             env=self.env,
@@ -118,6 +146,7 @@ def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
     now = time.time()
     xid = finding("gpu-node-01", ts=now - 30)
     warns_a = [warn(f"rel-a{i}", now - 30 + i) for i in range(10)]
+    rig.census("gpu-node-01", "gpu-node-02", "gpu-node-03")
     rig.send(xid, *warns_a, *(resolve(w, now - 10) for w in warns_a[:3]))
     # Snapshots only at the start: the restart has to replay everything, duplicates included.
     act = rig.act("--fleet-size", "100", "--snapshot-every", "600", "--resume-after", "3600")
@@ -185,6 +214,22 @@ def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
         slurm.reset(*SLURM_NODES)
 
 
+def drained_series(port: int) -> set[str]:
+    """The nodes with a fleetwatch_act_node_drained series."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        lines = [x for x in r.read().decode().splitlines() if x.startswith("fleetwatch_act_node_drained{")]
+    return {x.split('"')[1] for x in lines}
+
+
+def wait_for_metric(port: int, name: str, value: float, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if metric(port, name) == value:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def metric(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
@@ -202,6 +247,7 @@ def test_flood_stays_within_budget_and_a_storm_drains_nothing(
     # delivered at once: only the budget stands between them and 200 drains.
     flood = [finding(f"flood-{i:03d}", ts=now - 4300 + 20 * i, gpu=i % 8) for i in range(200)]
     flood.append({"schema": "finding/1", "id": "x", "node": "bad node!"})  # malformed: dead-lettered
+    rig.census(*(f"flood-{i:03d}" for i in range(200)), *(f"storm-{i}" for i in range(8)))
     rig.send(*flood)
     port = free_port()
     act = rig.act("--fleet-size", "1000", "--metrics-port", str(port), "--storm-nodes", "5")
@@ -216,10 +262,14 @@ def test_flood_stays_within_budget_and_a_storm_drains_nothing(
     got = drains.collect(lambda rs: len(rs) >= 20, timeout_s=10)
     got += drains.collect(lambda rs: False, timeout_s=1)  # and nothing more
     assert len({r.key for r in got}) == len(got) == 20  # 2% of 1000
-    assert metric(port, "fleetwatch_act_drain_budget_used") == 20
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        lines = [x for x in r.read().decode().splitlines() if x.startswith("fleetwatch_act_node_drained{")]
-    assert {x.split('"')[1] for x in lines} == {r.key.decode() for r in got}  # one series per drained node
+    # No adapter has answered: all 20 are pending, hold the whole budget, and none is reported drained.
+    assert metric(port, "fleetwatch_act_drains_pending") == 20
+    assert metric(port, "fleetwatch_act_drain_budget_used") == 0 and drained_series(port) == set()
+    for m in drains.messages(got):  # the adapter executes them
+        rig.result(m, "executed")
+    assert wait_for_metric(port, "fleetwatch_act_drain_budget_used", 20), rig.logs()
+    assert metric(port, "fleetwatch_act_drains_pending") == 0
+    assert drained_series(port) == {r.key.decode() for r in got}  # one series per drained node
     assert metric(port, "fleetwatch_act_drain_budget_nodes") == 20
     assert metric(port, 'fleetwatch_act_drains_refused_total{reason="budget"}') == 180
     assert metric(port, "fleetwatch_worker_rejected_total") == 1
@@ -234,7 +284,81 @@ def test_flood_stays_within_budget_and_a_storm_drains_nothing(
     )
     storms = [a for a in alerts if a["labels"]["alertname"] == "FleetwatchDrainStorm"]
     assert len(storms) == 1 and "8 nodes" in storms[0]["annotations"]["summary"], rig.logs()
+    ann = storms[0]["annotations"]  # the numbers apart, for the demo's console and scorecard
+    assert (ann["node_count"], ann["threshold"], ann["window_s"]) == ("8", "5", "60")
+    assert int(ann["drains_held"]) >= 8  # every storm node's drain is held (and any refused before)
     assert metric(port, "fleetwatch_act_storm_active") == 1
     assert drains.collect(lambda rs: False, timeout_s=1) == []  # the storm drained nothing
     act.send_signal(signal.SIGTERM)
     assert act.wait(30) == 0
+
+
+def test_only_census_nodes_drain_and_only_what_slurm_confirms_counts(
+    rig: ActRig,
+    slurm: Slurm,  # noqa: F811
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    """Issue 15 end to end with the real slurm-drainer and Slurm: the fleet is the census (a job/1
+    naming 10,000 nodes that never reported changes nothing), a finding for a node outside it only
+    alerts, a drain Slurm refuses frees its slot for the next node and is not asked again, a node
+    with 257 findings gets one request of 256 ids, and only confirmed drains count as drained."""
+    slurm.reset(*SLURM_NODES)
+    drains = topic_tail(rig.drains)
+    tag = uuid.uuid4().hex[:6]
+    stray, phantom = f"stray-{tag}", f"phantom-{tag}"  # stray reports but Slurm has no such node
+    rig.census(*SLURM_NODES, stray, f"spare-{tag}")  # six nodes report
+    ghosts = [f"ghost-{tag}-{i:05d}" for i in range(10_000)]
+    job = {"schema": "job/1", "job": f"ghosts-{tag}", "nodes": ghosts, "state": "finished", "ts": time.time()}
+    rig.producer.send(topics.JOBS, key=job["job"].encode(), value=schemas.encode(job))
+    now = time.time()
+    ports = [
+        finding("gpu-node-02", "ib_link", "critical", f"ib_port_state:mlx5_{i}/1", ts=now - 200, gpu=None)
+        for i in range(256)
+    ]
+    rig.send(
+        finding("gpu-node-01", ts=now - 300),
+        finding(stray, ts=now - 250),
+        *ports,
+        finding("gpu-node-02", ts=now - 200),  # 257 findings on one node
+        finding(phantom, ts=now - 100),
+    )
+    port = free_port()
+    # 2% of six nodes, floored at two: gpu-node-01 and the stray take the budget at first.
+    act = rig.act("--budget-min-nodes", "2", "--metrics-port", str(port))
+    try:
+        got = drains.collect(lambda rs: len(rs) >= 2, timeout_s=60)
+        assert {r.key for r in got} == {b"gpu-node-01", stray.encode()}, rig.logs()
+        assert metric(port, "fleetwatch_act_fleet_size") == 6
+        assert wait_for_metric(port, "fleetwatch_act_drains_pending", 2)
+        assert metric(port, "fleetwatch_act_drain_budget_used") == 0
+        assert metric(port, 'fleetwatch_act_drains_refused_total{reason="unknown_node"}') == 1
+
+        rig.drainer(slurm.conf)  # drains gpu-node-01, refuses the stray: Slurm does not know it
+        got += drains.collect(lambda rs: len(rs) >= 1, timeout_s=30)
+        assert [r.key for r in got[2:]] == [b"gpu-node-02"], rig.logs()  # the stray's slot, freed
+        big = drains.messages(got[2:])[0]
+        assert len(big["findings"]) == 256 and big["reason"].endswith("(256 of 257 findings listed)")
+        rig.drainer(slurm.conf)
+        assert wait_for_metric(port, "fleetwatch_act_drain_budget_used", 2), rig.logs()
+        assert metric(port, "fleetwatch_act_drains_pending") == 0
+        assert drained_series(port) == {"gpu-node-01", "gpu-node-02"}
+        assert (
+            metric(port, 'fleetwatch_act_drains_refused_total{reason="adapter:rejected_unknown_node"}') == 1
+        )
+        assert drains.collect(lambda rs: False, timeout_s=3) == []  # the stray is not asked again
+        refused = rig.am.wait_for(
+            lambda a: len([x for x in a if x["labels"]["alertname"] == "FleetwatchDrainRefused"]) == 2,
+            cluster=rig.cluster,
+        )
+        reasons = {
+            a["labels"]["node"]: a["labels"]["reason"]
+            for a in refused
+            if a["labels"]["alertname"] == "FleetwatchDrainRefused"
+        }
+        assert reasons == {phantom: "unknown_node", stray: "adapter:rejected_unknown_node"}, rig.logs()
+        assert slurm.state("gpu-node-01")[0].startswith("drain")
+        assert slurm.state("gpu-node-02")[0].startswith("drain")
+        act.send_signal(signal.SIGTERM)
+        assert act.wait(30) == 0
+    finally:
+        slurm.reset(*SLURM_NODES)

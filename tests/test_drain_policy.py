@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from alerts.drain_request import request_id
 from alerts.policy import NodeState, Policy, PolicyConfig, drain_reason
 from detectors.findings import make_finding
 from pipeline.job_table import JobTable
@@ -302,3 +303,95 @@ def test_adopting_issued_requests_makes_a_replay_continue_from_them() -> None:
     assert fl.last.actions[0].findings == ("f3",)  # the same resume request as before the crash
     assert fl.policy.adopt(fl.nodes["n1"], "resume", [a["id"]], "healthy", T0 + 70)
     assert not fl.nodes["n1"].drained and fl.nodes["n1"].last_resume_at == T0 + 70
+
+
+# ---------------------------------------------------------------- issue 15: census, adapter results
+
+
+def test_a_node_outside_the_census_never_drains_and_makes_no_storm() -> None:
+    fl = Fleet(fleet_size=100, budget_min_nodes=10)
+    ghosts = [finding(f"ghost-{i}", ts=T0 + i) for i in range(8)]  # 8 onsets at once: a storm if real
+    fl.feed(*ghosts, finding("n1", ts=T0 + 3))
+    ev = fl.policy.evaluate(fl.nodes, T0 + 10, fl.fleet_size, fl.jobs, known={"n1", "n2"})
+    assert [(a.action, a.node) for a in ev.actions] == [("drain", "n1")]
+    assert not ev.storm.active
+    assert {fl.nodes[g["node"]].refused for g in ghosts} == {"unknown_node"}
+    assert sorted(ev.newly_refused) == sorted((g["node"], "unknown_node") for g in ghosts)
+    assert fl.nodes["ghost-0"].refused_detail.startswith("not in the census")
+
+
+def test_a_pending_drain_holds_its_slot_and_a_refused_one_frees_it_without_being_reissued() -> None:
+    fl = Fleet(fleet_size=100)  # budget 2
+    a, b, c = (finding(n, ts=T0 + i) for i, n in enumerate(("n1", "n2", "n3")))
+    fl.feed(a, b, c)
+    assert fl.step(T0 + 10) == [("drain", "n1"), ("drain", "n2")]
+    n1 = fl.nodes["n1"]
+    assert n1.pending and n1.request_id == request_id("n1", "drain", [a["id"]])
+    assert fl.step(T0 + 20) == [] and fl.nodes["n3"].refused == "budget"  # waiting spends no budget
+    why = fl.policy.apply_result(n1, n1.request_id, "drain", "rejected_stale", "issued 700 s ago")
+    assert why == "adapter:rejected_stale" and not n1.drained and n1.refused_detail == "issued 700 s ago"
+    assert fl.step(T0 + 30) == [("drain", "n3")]  # the freed slot goes to the next node ...
+    assert fl.step(T0 + 40) == [] and n1.refused == "adapter:rejected_stale"  # ... never to a repeat
+    assert fl.policy.apply_result(n1, n1.request_id, "drain", "rejected_stale", "again") is None  # idempotent
+    fl.feed(finding("n1", "ecc", "critical", "ecc_dbe", ts=T0 + 50))  # new evidence: a new request ...
+    assert fl.step(T0 + 60) == [] and n1.refused == "budget"  # ... that waits for a slot like any other
+    n2 = fl.nodes["n2"]
+    fl.policy.apply_result(n2, n2.request_id, "drain", "failed", "scontrol: timed out")
+    assert fl.step(T0 + 70) == [("drain", "n1")] and n1.refused is None and n1.pending
+
+
+def test_executed_confirms_and_a_refused_copy_of_a_done_drain_changes_nothing() -> None:
+    fl = Fleet(fleet_size=100)
+    fl.feed(finding("n1"))
+    fl.step(T0)
+    st = fl.nodes["n1"]
+    assert fl.policy.apply_result(st, st.request_id, "drain", "executed", "") is None
+    assert st.drained and st.confirmed and not st.pending
+    # A tampered copy of the same request reaches the adapter later and is refused as forged:
+    assert fl.policy.apply_result(st, st.request_id, "drain", "rejected_forged", "bad signature") is None
+    assert st.drained and st.confirmed
+    assert fl.policy.apply_result(st, st.request_id, "drain", "duplicate", "already executed") is None
+    assert st.confirmed
+
+
+def test_a_refused_resume_keeps_our_drain_counted_and_is_not_asked_again() -> None:
+    fl = Fleet(fleet_size=100, resume_after_s=60)
+    f = finding("n1")
+    fl.feed(f)
+    fl.step(T0)
+    st = fl.nodes["n1"]
+    fl.policy.apply_result(st, st.request_id, "drain", "executed", "")
+    fl.feed(resolve(f, T0 + 1))
+    assert fl.step(T0 + 100) == [("resume", "n1")] and not st.drained
+    fl.policy.apply_result(st, st.request_id, "resume", "rejected_stale", "issued 700 s ago")
+    assert st.drained and st.confirmed  # Slurm still has it drained under our reason
+    assert fl.step(T0 + 200) == [] and fl.last.drained == 1
+    # A resume refused because a human holds the node now: it is not ours to count any more.
+    fl2 = Fleet(fleet_size=100, resume_after_s=60)
+    fl2.feed(f)
+    fl2.step(T0)
+    st2 = fl2.nodes["n1"]
+    fl2.feed(resolve(f, T0 + 1))
+    fl2.step(T0 + 100)
+    fl2.policy.apply_result(st2, st2.request_id, "resume", "rejected_not_ours", "drained by someone else")
+    assert not st2.drained
+
+
+def test_an_adopted_drain_is_pending_and_one_the_adapter_refused_is_not_adopted_again() -> None:
+    fl = Fleet(fleet_size=100)
+    f = finding("n1")
+    fl.feed(f)
+    st = fl.nodes["n1"]
+    rid = request_id("n1", "drain", [f["id"]])
+    assert fl.policy.adopt(st, "drain", [f["id"]], "fleetwatch: XID 79", T0, rid)
+    assert st.pending and st.request_id == rid
+    fl.policy.apply_result(st, rid, "drain", "rejected_stale", "issued 30 days ago")
+    assert not fl.policy.adopt(st, "drain", [f["id"]], "fleetwatch: XID 79", T0, rid)
+    assert not st.drained and fl.step(T0 + 1) == [] and st.refused == "adapter:rejected_stale"
+
+
+def test_snapshots_from_before_results_keep_their_drains_as_done() -> None:
+    old = {"open": {}, "drained": True, "drain_findings": ["f"], "drained_at": T0}
+    st = NodeState.from_dict(old)
+    assert st.drained and st.confirmed and st.request_id == ""
+    assert NodeState.from_dict(st.to_dict()) == st

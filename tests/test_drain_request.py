@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from alerts import drain_request as dr
+from alerts import drain_result
 from fleetwatch import schemas
 
 KEY = b"k" * 32
@@ -97,3 +98,54 @@ def test_key_from_env_or_file_and_never_in_the_error(tmp_path: Path) -> None:
     assert "short-secret" not in str(e.value)
     with pytest.raises(dr.DrainKeyError):
         dr.load_key(str(tmp_path / "missing"), env={})
+
+
+# ---------------------------------------------------------------- issue 15: bounded requests, results
+
+
+def test_a_node_with_more_findings_than_the_limit_gets_a_request_every_adapter_accepts() -> None:
+    # One sample with 256 IB ports down plus an XID 79 opens 257 findings on one node.
+    ids = [f"{i:032x}" for i in range(dr.MAX_FINDINGS + 1)]
+    msg = request(findings=ids, reason="fleetwatch: IB link down, XID 79")
+    assert msg["findings"] == sorted(ids)[: dr.MAX_FINDINGS]
+    assert msg["reason"] == f"fleetwatch: IB link down, XID 79 ({dr.MAX_FINDINGS} of 257 findings listed)"
+    assert msg["request_id"] == dr.request_id("gpu-node-01", "drain", ids)  # the id covers all of them
+    # No new field: an adapter of the previous release (which refuses unknown fields) takes it too.
+    assert set(msg) == {*dr._FIELDS, "signature"}
+    back = schemas.decode(schemas.encode(msg), dr.DRAIN)
+    assert dr.verify(back, KEY)
+    long_reason = request(findings=ids, reason="x" * 1000)["reason"]
+    assert len(long_reason) == dr.MAX_REASON and long_reason.endswith("of 257 findings listed)")
+
+
+def test_a_reason_built_from_odd_evidence_is_made_one_line_instead_of_failing() -> None:
+    msg = request(reason="fleetwatch: XID 79\r\nrm -rf /\0")
+    assert msg["reason"] == "fleetwatch: XID 79 rm -rf /"
+    assert request(reason="\n")["reason"] == "fleetwatch"
+
+
+def test_drain_results_are_signed_and_validated() -> None:
+    r = drain_result.make_result(
+        request_id="a" * 32,
+        node="gpu-node-01",
+        action="drain",
+        outcome="rejected_stale",
+        detail="issued 2592000 s ago\n(limit 600 s)",
+        ts=1_800_000_000.0,
+        key=KEY,
+    )
+    back = schemas.decode(schemas.encode(r), drain_result.DRAIN_RESULT)
+    assert dr.verify(back, KEY) and back["detail"] == "issued 2592000 s ago (limit 600 s)"
+    assert not dr.verify({**back, "outcome": "executed"}, KEY)  # a rewritten outcome is not ours
+    assert not dr.verify(back, b"x" * 32)
+    for change in ({"outcome": "maybe"}, {"request_id": "xyz"}, {"node": "a b"}, {"extra": 1}):
+        with pytest.raises(schemas.MessageError):
+            drain_result.validate_result({**back, **change})
+    # A malformed request still gets a result when act could recognise it, never otherwise.
+    assert drain_result.readable_target(orjson.dumps({"request_id": "b" * 32, "node": "n1"})) == (
+        "b" * 32,
+        "n1",
+        "drain",
+    )
+    assert drain_result.readable_target(b"\xff not json") is None
+    assert drain_result.readable_target(orjson.dumps({"request_id": "b" * 32, "node": "-x y"})) is None

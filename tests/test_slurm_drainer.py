@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,11 @@ KEY = b"test-drain-key-0123456789abcdef"
 
 
 def req(
-    node: str, action: str = "drain", findings: tuple[str, ...] | None = None, key: bytes = KEY
+    node: str,
+    action: str = "drain",
+    findings: tuple[str, ...] | None = None,
+    key: bytes = KEY,
+    issued_at: float | None = None,
 ) -> dict[str, Any]:
     return dr.make_request(
         node=node,
@@ -35,7 +40,7 @@ def req(
         reason="fleetwatch: XID 79",
         severity="critical",
         findings=findings or (uuid.uuid4().hex,),
-        issued_at=1_800_000_000.0,
+        issued_at=time.time() if issued_at is None else issued_at,  # the drainer refuses stale ones
         key=key,
     )
 
@@ -189,3 +194,170 @@ def test_cli_without_a_key_fails_with_one_line(kafka_bootstrap: str) -> None:
     )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("fleetwatch slurm-drainer: no drain signing key")
+
+
+# ---------------------------------------------------------------- issue 15: results, freshness, crashes
+
+
+def results_of(
+    tail: TopicTail, *requests: dict[str, Any], timeout_s: float = 30.0
+) -> dict[str, list[dict[str, Any]]]:
+    """request_id -> the drain_result/1 messages produced for it, in order (the topic is shared)."""
+    want = {m["request_id"] for m in requests}
+
+    def mine(records: list[Any]) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for m in (orjson.loads(r.value) for r in records if r.value):
+            if m.get("request_id") in want:
+                out.setdefault(m["request_id"], []).append(m)
+        return out
+
+    return mine(tail.collect(lambda rs: set(mine(rs)) >= want, timeout_s))
+
+
+def test_stale_and_far_future_requests_are_refused_with_a_reason(
+    drainer: Drainer,
+    slurm: Slurm,  # noqa: F811
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    slurm.reset("gpu-node-03")
+    dead, results = topic_tail(topics.DEADLETTER), topic_tail(topics.DRAIN_RESULTS)
+    now = time.time()
+    month_old = req("gpu-node-03", issued_at=now - 30 * 86400)
+    from_the_future = req("gpu-node-03", issued_at=now + 10 * 365 * 86400)
+    assert drainer.handle(raw(month_old), "t:0:1") == "stale"
+    assert drainer.handle(raw(from_the_future), "t:0:2") == "stale"
+    assert drainer.handle(raw(month_old), "t:0:1") == "duplicate"  # refused once and for all
+    assert slurm.state("gpu-node-03")[0].rstrip("*") == "idle"  # scontrol never ran
+    details = {e.request_id: (e.status, e.detail) for e in drainer.journal.entries("gpu-node-03")}
+    status, detail = details[month_old["request_id"]]
+    assert status == "rejected" and detail.startswith("issued 25920") and detail.endswith("(limit 600 s)")
+    assert details[from_the_future["request_id"]][1].endswith("s in the future (limit 60 s)")
+    drainer.producer.flush(10)
+    got = results_of(results, month_old, from_the_future)
+    assert [m["outcome"] for m in got[from_the_future["request_id"]]] == ["rejected_stale"]
+    assert got[month_old["request_id"]][0]["outcome"] == "rejected_stale"  # (then duplicate)
+    assert all(dr.verify(m, KEY) for ms in got.values() for m in ms)
+    letters = dead.collect(lambda rs: sum(r.value == raw(month_old) for r in rs) >= 1)
+    letter = next(r for r in letters if r.value == raw(month_old))
+    assert dict(letter.headers)["reason"] == b"stale"
+    fresh = req("gpu-node-03", issued_at=now - 590)  # inside the window
+    try:
+        assert drainer.handle(raw(fresh), "t:0:3") == "executed"
+    finally:
+        slurm.reset("gpu-node-03")
+
+
+def test_every_request_handled_gets_one_signed_result(
+    drainer: Drainer,
+    slurm: Slurm,  # noqa: F811
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    slurm.reset("gpu-node-02", "gpu-node-04")
+    results = topic_tail(topics.DRAIN_RESULTS)
+    subprocess.run(
+        ["scontrol", "update", "NodeName=gpu-node-04", "State=DRAIN", "Reason=admin: bad fan"],
+        env=slurm.env,
+        check=True,
+    )
+    good, unknown, forged = req("gpu-node-02"), req("gpu-node-99"), req("gpu-node-02", key=b"k" * 32)
+    unsigned = {k: v for k, v in req("gpu-node-02").items() if k != "signature"}
+    human = req("gpu-node-04")
+    try:
+        outcomes = [
+            drainer.handle(raw(m), f"t:0:{i}")
+            for i, m in enumerate((good, good, unknown, forged, unsigned, human))
+        ]
+        assert drainer.handle(b"\xff not json", "t:0:9") == "malformed"  # nobody to tell: no result
+    finally:
+        slurm.reset("gpu-node-02", "gpu-node-04")
+    assert outcomes == ["executed", "duplicate", "unknown_node", "forged", "malformed", "not_ours"]
+    drainer.producer.flush(10)
+    got = results_of(results, good, unknown, forged, unsigned, human)
+    assert {rid: [m["outcome"] for m in ms] for rid, ms in got.items()} == {
+        good["request_id"]: ["executed", "duplicate"],
+        unknown["request_id"]: ["rejected_unknown_node"],
+        forged["request_id"]: ["rejected_forged"],
+        unsigned["request_id"]: ["rejected_malformed"],
+        human["request_id"]: ["rejected_not_ours"],
+    }
+    assert got[human["request_id"]][0]["detail"] == "already drained: admin: bad fan"
+    assert all(dr.verify(m, KEY) for ms in got.values() for m in ms)
+
+
+def test_slurm_keeps_the_request_id_across_a_resume_so_a_replay_never_overrules_an_operator(
+    drainer: Drainer,
+    slurm: Slurm,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = "gpu-node-01"
+    slurm.reset(node)
+    drain = req(node)
+    rid = drain["request_id"]
+
+    def killed(*_a: Any, **_k: Any) -> None:
+        raise KeyboardInterrupt("slurm-drainer killed after scontrol, before journalling the outcome")
+
+    monkeypatch.setattr(drainer.journal, "finish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        drainer.handle(raw(drain), "t:0:1")
+    monkeypatch.undo()
+    assert drainer.journal.get(rid).status == "executing"  # type: ignore[union-attr]
+    assert slurm.state(node)[0].startswith("drain")
+    # The operator checks the node, finds it fine and puts it back in service; Slurm drops the
+    # drain reason but keeps the Comment the drain wrote in the same scontrol call.
+    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=slurm.env, check=True)
+    assert slurm.state(node)[1] == "none"
+    assert f"[fw:{rid}]" in SlurmClient(slurm.conf).comment(node)
+
+    # The restarted drainer, on the same journal, gets the uncommitted request again.
+    restarted = Drainer(SlurmClient(slurm.conf), Journal(tmp_path / "journal.sqlite"), KEY, drainer.producer)
+    try:
+        assert restarted.handle(raw(drain), "t:0:1") == "executed"
+        assert slurm.state(node)[0].rstrip("*") == "idle"  # still in service: the operator decided
+        e = restarted.journal.get(rid)
+        assert e is not None and (e.status, e.detail) == ("executed", "found done after a restart")
+        assert restarted.handle(raw(drain), "t:0:1") == "duplicate"
+        assert slurm.state(node)[0].rstrip("*") == "idle"
+    finally:
+        restarted.journal.close()
+        slurm.reset(node)
+
+
+def test_after_a_crash_before_scontrol_it_drains_unless_someone_changed_the_node_since(
+    drainer: Drainer,
+    slurm: Slurm,  # noqa: F811
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    node = "gpu-node-01"
+    slurm.reset(node)
+    results = topic_tail(topics.DRAIN_RESULTS)
+    first, second = req(node), req(node)
+    # Died after journalling `executing` (with the node's Comment as it was), before scontrol:
+    before = drainer.slurm.comment(node)
+    drainer.journal.begin(first["request_id"], node, "drain", first["issued_at"], "t:0:1", before)
+    assert drainer.handle(raw(first), "t:0:1") == "executed"
+    assert slurm.state(node)[0].startswith("drain")
+    assert drainer.slurm.comment(node).endswith(f"[fw:{first['request_id']}]")  # with the drain
+    slurm.reset(node)
+    # The same crash, but an operator wrote on the node in between: Slurm can no longer tell
+    # whether the drain ran, so it is not run, and a human is told.
+    drainer.journal.begin(
+        second["request_id"], node, "drain", second["issued_at"], "t:0:2", drainer.slurm.comment(node)
+    )
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={node}", "Comment=ticket 4711: fan replaced"],
+        env=slurm.env,
+        check=True,
+    )
+    try:
+        assert drainer.handle(raw(second), "t:0:2") == "undetermined"
+        assert slurm.state(node)[0].rstrip("*") == "idle"
+        assert drainer.journal.get(second["request_id"]).status == "undetermined"  # type: ignore[union-attr]
+        drainer.producer.flush(10)
+        got = results_of(results, second)[second["request_id"]]
+        assert [m["outcome"] for m in got] == ["undetermined"]
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "Comment="], env=slurm.env, check=False)
+        slurm.reset(node)

@@ -1,0 +1,102 @@
+"""The `drain_result/1` message: what the Slurm adapter did with one drain/1 request.
+
+`fleetwatch slurm-drainer` produces one per request it handles to scheduler.drain.results.v1
+(key = node), before it commits the request's offset; `fleetwatch act` follows the topic and only
+counts a drain as done once its result says `executed` (alerts/drain_log.py, alerts/policy.py).
+
+    {"schema": "drain_result/1", "request_id": 32 hex, "node": NAME, "action": "drain"|"resume",
+     "outcome": one of OUTCOMES, "detail": one line, "ts": unix s (adapter's clock),
+     "signature": HMAC-SHA256 hex}
+
+The result is signed with the same shared key and canonical form as drain/1
+(alerts/drain_request.py): a result frees budget in `act`, so whoever can write the topic must not
+be able to make `act` believe a drain was refused and issue another one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from alerts import drain_request
+from fleetwatch import schemas
+from fleetwatch.schemas import MessageError
+
+DRAIN_RESULT = "drain_result/1"
+EXECUTED = "executed"
+DUPLICATE = "duplicate"  # handled before; its first result says how (act ignores this one)
+# executed: scontrol did it (or Slurm shows it was done before a crash). undetermined: a request
+# was interrupted by a crash and Slurm's state can no longer tell whether it took effect (an
+# operator changed the node since): nothing is done, a human decides.
+OUTCOMES = frozenset(
+    {
+        EXECUTED,
+        DUPLICATE,
+        "rejected_unknown_node",
+        "rejected_forged",
+        "rejected_malformed",
+        "rejected_stale",
+        "rejected_not_ours",
+        "failed",
+        "undetermined",
+    }
+)
+MAX_DETAIL = 400
+_FIELDS = ("schema", "request_id", "node", "action", "outcome", "detail", "ts")
+
+
+def make_result(
+    *, request_id: str, node: str, action: str, outcome: str, detail: str, ts: float, key: bytes
+) -> dict[str, Any]:
+    msg: dict[str, Any] = {
+        "schema": DRAIN_RESULT,
+        "request_id": request_id,
+        "node": node,
+        "action": action,
+        "outcome": outcome,
+        "detail": drain_request.one_line(detail or outcome, MAX_DETAIL),
+        "ts": float(ts),
+    }
+    msg["signature"] = drain_request.sign(msg, key)
+    validate_result(msg)
+    return msg
+
+
+def validate_result(m: Mapping[str, Any]) -> None:
+    """Shape check; the signature is checked with drain_request.verify (needs the key)."""
+    drain_request.check_envelope(m, "drain_result", _FIELDS)
+    if m["outcome"] not in OUTCOMES:
+        raise MessageError("out_of_range", f"drain_result.outcome must be one of {sorted(OUTCOMES)}")
+    schemas._string("drain_result.detail", m["detail"])
+    if len(m["detail"]) > MAX_DETAIL or any(c in m["detail"] for c in "\r\n\0"):
+        raise MessageError(
+            "out_of_range", f"drain_result.detail must be one line of <= {MAX_DETAIL} characters"
+        )
+    schemas._number("drain_result.ts", m["ts"], 0)
+
+
+schemas.register(DRAIN_RESULT, validate_result, "ts", key_field="node")
+
+
+def readable_target(raw: bytes | None) -> tuple[str, str, str] | None:
+    """(request_id, node, action) of a request that failed validation, if those three are readable.
+
+    A malformed request still gets a result when `act` could match it to what it issued; anything
+    less (not JSON, no valid id or node name) has no one to tell and only goes to the dead letters.
+    """
+    if raw is None:
+        return None
+    try:
+        m = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(m, dict):
+        return None
+    rid, node, action = m.get("request_id"), m.get("node"), m.get("action")
+    if not (isinstance(rid, str) and drain_request.REQUEST_ID.match(rid)):
+        return None
+    if not (isinstance(node, str) and schemas.NAME_RE.match(node)):
+        return None
+    return rid, node, action if action in drain_request.ACTIONS else "drain"

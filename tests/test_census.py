@@ -1,0 +1,65 @@
+"""The census of reporting nodes (fleetwatch/census.py): node/1 validation, and the table act
+builds from the compacted fleet.nodes.v1 through a TopicFollower (fleetwatch/follow.py), read from
+the real broker: records add and refresh nodes, tombstones forget them, bad records change nothing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from fleetwatch import kafka_io, schemas
+from fleetwatch.census import NODE, Census, node_message
+from fleetwatch.follow import TopicFollower
+
+T0 = 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"node": "bad node"}, "out_of_range"),
+        ({"first_seen": -1}, "out_of_range"),
+        ({"last_seen": T0 - 1}, "out_of_range"),  # before first_seen
+        ({"last_seen": "yesterday"}, "wrong_type"),
+    ],
+)
+def test_node_messages_are_validated(change: dict[str, object], reason: str) -> None:
+    good = node_message("gpu-node-01", T0, T0 + 60)
+    assert schemas.decode(schemas.encode(good), NODE) == good
+    with pytest.raises(schemas.MessageError) as e:
+        schemas.decode(schemas.encode({**good, **change}), NODE)
+    assert e.value.reason == reason
+    with pytest.raises(schemas.MessageError) as e:
+        schemas.decode(schemas.encode({k: v for k, v in good.items() if k != "last_seen"}), NODE)
+    assert e.value.reason == "missing_field"
+
+
+def test_census_follows_the_topic_and_forgets_tombstoned_nodes(kafka_bootstrap: str) -> None:
+    topic = f"test.nodes.{uuid.uuid4().hex[:8]}"
+    kafka_io.ensure_topics(kafka_bootstrap, [topic])
+    producer = kafka_io.make_producer(kafka_bootstrap)
+    now = time.time()
+    records: list[tuple[str, bytes | None]] = [
+        ("gpu-node-01", schemas.encode(node_message("gpu-node-01", now - 600, now - 5))),
+        ("gpu-node-02", schemas.encode(node_message("gpu-node-02", now - 600, now - 5))),
+        ("gpu-node-03", schemas.encode(node_message("gpu-node-03", now - 600, now - 5))),
+        ("gpu-node-02", None),  # forgotten
+        ("gpu-node-04", b"{not json"),  # bad: ignored
+        ("gpu-node-05", schemas.encode(node_message("gpu-node-06", now, now))),  # key != node: ignored
+    ]
+    for key, value in records:
+        producer.send(topic, key=key.encode(), value=value)
+    producer.flush(10)
+    producer.close(5)
+    census = Census()
+    follower = TopicFollower(topic, census.apply, lambda: kafka_io.make_consumer(kafka_bootstrap))
+    follower.start()
+    try:
+        assert follower.caught_up.wait(30)
+        assert census.nodes() == {"gpu-node-01", "gpu-node-03"} and len(census) == 2
+        assert "gpu-node-02" not in census and "gpu-node-03" in census
+    finally:
+        follower.stop()
+        follower.join(10)
