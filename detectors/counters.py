@@ -17,9 +17,10 @@ Counter semantics (CounterTracker):
   Order is *arrival* order, as Kafka keeps it per node key; a sample older than one already seen is
   a replay or a clock step and must not produce a negative dt.
 - value < previous (driver reload, reboot, GPU reset, `perfquery -x` clearing IB counters): a reset.
-  The delta is the new value: counters restart from zero, so it is the count of events since the
-  reset, a lower bound on what happened in the interval (zero would hide errors right after a
-  reset, exactly when a flaky GPU tends to show them). `reset` marks these elements.
+  The new value becomes the baseline and there is no delta (NaN): a counter that steps back once
+  (3 -> 2, or a garbled read) must not count as 2 new uncorrectable errors and drain a node. The
+  price is the events between the reset and the first sample after it, which go uncounted.
+  `reset` marks these elements (the hardware detector reports them as info, never a drain).
 - fixed-width counters: IB PortCounters error fields are 16-bit (link_downed 8-bit) and SATURATE at
   their maximum per the IB spec instead of wrapping; `saturated` marks values at the maximum, whose
   delta/rate is then only a lower bound (the counter is stuck until someone clears it). Counters
@@ -72,6 +73,64 @@ def grow(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
     out = np.full((cap, *a.shape[1:]), fill, dtype=a.dtype)
     out[: len(a)] = a
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """Dense rows after some are dropped (forgotten nodes and their GPUs, ports, series): `keep`
+    holds the surviving old rows in order, `new` maps an old row to its new one (-1: dropped).
+
+    Every array indexed by those rows is rebuilt with `take`, every array that holds such rows as
+    values is renumbered with `renumber`."""
+
+    keep: np.ndarray
+    new: np.ndarray
+
+    @classmethod
+    def keeping(cls, n: int, keep: np.ndarray) -> Compaction:
+        """Rows `keep` (ascending) of n."""
+        new = np.full(n, -1, dtype=np.int64)
+        new[keep] = np.arange(len(keep))
+        return cls(np.asarray(keep, dtype=np.int64), new)
+
+    @classmethod
+    def referenced(cls, n: int, rows: np.ndarray) -> Compaction:
+        """The rows of n that `rows` (any shape; -1 = none) refer to: the entities still owned."""
+        alive = np.zeros(n, dtype=bool)
+        alive[rows[rows >= 0]] = True
+        return cls.keeping(n, np.flatnonzero(alive))
+
+    @classmethod
+    def dropping(cls, n: int, drop: np.ndarray) -> Compaction:
+        """Every row of n except `drop`, in their order."""
+        alive = np.ones(n, dtype=bool)
+        alive[drop] = False
+        return cls.keeping(n, np.flatnonzero(alive))
+
+    def take(self, a: np.ndarray, fill: Any, size: int | None = None) -> np.ndarray:
+        """The kept rows of `a` in their new places, `fill` in every row after them.
+
+        `a` is an owner's whole array, spare rows included (`grow` doubles it). It keeps its size
+        while the kept rows fill more than a quarter of it (the rows move in place); below that it
+        is replaced by an array of twice the kept rows, so memory follows the nodes down by halves
+        while a partition that keeps forgetting and meeting nodes does not reallocate each time.
+        `size`: the rows of the result instead (a new array unless it is len(a)). Rows past the end
+        of `a` (an owner that grows it lazily) were never written: they get `fill`."""
+        k = len(self.keep)
+        if size is None:
+            size = len(a) if 4 * k > len(a) else 2 * k
+        have = self.keep[self.keep < len(a)]  # ascending, so the first len(have) of keep
+        if max(size, k) == len(a):
+            a[: len(have)] = a[have]  # the right side is a copy: overlapping moves are safe
+            a[len(have) :] = fill
+            return a
+        out = np.full((max(size, k), *a.shape[1:]), fill, dtype=a.dtype)
+        out[: len(have)] = a[have]
+        return out
+
+    def renumber(self, rows: np.ndarray) -> np.ndarray:
+        """Old row numbers (any shape; -1 = none) -> new ones (-1: none, or dropped)."""
+        return np.where(rows >= 0, self.new[np.maximum(rows, 0)], -1)
 
 
 @dataclass(slots=True)
@@ -180,21 +239,41 @@ class CounterTracker:
         )  # fmt: skip
         return out
 
-    def to_state(self) -> dict[str, Any]:
+    def compact(self, rows: Compaction) -> None:
+        """Keep only the entities `rows` keeps (the rest were forgotten), renumbered."""
+        self.last_val = rows.take(self.last_val, NAN)
+        self.last_ts = rows.take(self.last_ts, NAN)
+        self.row_ts = rows.take(self.row_ts, -np.inf)
+
+    def to_state(self, rows: int | None = None) -> dict[str, Any]:
+        """rows: the entities in use (the owner knows): the spare rows after them are left out."""
         return {
             "names": list(self.names),
             "limits": {k: [b, m] for k, (b, m) in self.limits.items()},
-            "last_val": encode_array(self.last_val),
-            "last_ts": encode_array(self.last_ts),
-            "row_ts": encode_array(self.row_ts),
+            "last_val": encode_array(self.last_val[:rows]),
+            "last_ts": encode_array(self.last_ts[:rows]),
+            "row_ts": encode_array(self.row_ts[:rows]),
         }
 
     @classmethod
-    def from_state(cls, d: dict[str, Any]) -> CounterTracker:
-        self = cls(tuple(d["names"]), {k: (int(b), m) for k, (b, m) in d["limits"].items()})
-        self.last_val = decode_array(d["last_val"])
-        self.last_ts = decode_array(d["last_ts"])
+    def from_state(cls, d: dict[str, Any], names: tuple[str, ...] | None = None) -> CounterTracker:
+        """The tracker of a snapshot. With `names` (the counters this version tracks), columns are
+        matched by name: a counter the snapshot lacks (a field added since) starts with no value,
+        one it has that is no longer tracked is dropped."""
+        saved = tuple(d["names"])
+        names = saved if names is None else names
+        self = cls(names, {k: (int(b), m) for k, (b, m) in d["limits"].items()})
         self.row_ts = decode_array(d["row_ts"])
+        last_val, last_ts = decode_array(d["last_val"]), decode_array(d["last_ts"])
+        if names == saved:
+            self.last_val, self.last_ts = last_val, last_ts
+            return self
+        self.last_val = np.full((len(last_val), len(names)), NAN)
+        self.last_ts = np.full((len(last_ts), len(names)), NAN)
+        for j, name in enumerate(names):
+            if name in saved:
+                self.last_val[:, j] = last_val[:, saved.index(name)]
+                self.last_ts[:, j] = last_ts[:, saved.index(name)]
         return self
 
 
@@ -246,13 +325,28 @@ class DecayingCount:
         dt = np.maximum(ts - self.t[rows], 0.0)
         return self.s[rows] * np.exp(-dt[:, None] / self.tau[None, :])
 
-    def to_state(self) -> dict[str, Any]:
-        return {"tau": self.tau.tolist(), "s": encode_array(self.s), "t": encode_array(self.t)}
+    def compact(self, rows: Compaction) -> None:
+        """Keep only the entities `rows` keeps (the rest were forgotten), renumbered."""
+        self.s = rows.take(self.s, 0.0)
+        self.t = rows.take(self.t, NAN)
+
+    def to_state(self, rows: int | None = None) -> dict[str, Any]:
+        """The counts of the first `rows` entities (default all); the time constants are the
+        owner's configuration (from_state)."""
+        return {"s": encode_array(self.s[:rows]), "t": encode_array(self.t[:rows])}
 
     @classmethod
-    def from_state(cls, d: dict[str, Any]) -> DecayingCount:
-        self = cls(tuple(d["tau"]))
-        self.s = decode_array(d["s"])
+    def from_state(cls, d: dict[str, Any], taus: tuple[float, ...]) -> DecayingCount:
+        """Counts from a snapshot, time constants from the deployment (an old snapshot's "tau" is
+        ignored). A changed tau keeps the counts as they are, faded so far at the old rate: they
+        fade at the new one from the restore on, so for a steady error rate r a count moves from
+        r * old tau to r * new tau within a few new taus; a window rule reads old/new times the rate
+        at first (too high where the window was shortened, too low where it was lengthened)."""
+        self = cls(taus)
+        s = decode_array(d["s"])
+        if s.shape[1:] != (len(taus),):
+            raise ValueError(f"decaying counts of {s.shape[1:]} columns, expected {len(taus)}")
+        self.s = s
         self.t = decode_array(d["t"])
         return self
 
@@ -277,8 +371,13 @@ class RunLength:
         kernels.run_pass(rows, flags, self.run, out)
         return out
 
-    def to_state(self) -> dict[str, Any]:
-        return {"k": self.k, "run": encode_array(self.run)}
+    def compact(self, rows: Compaction) -> None:
+        """Keep only the entities `rows` keeps (the rest were forgotten), renumbered."""
+        self.run = rows.take(self.run, 0)
+
+    def to_state(self, rows: int | None = None) -> dict[str, Any]:
+        """The runs of the first `rows` entities (default all)."""
+        return {"k": self.k, "run": encode_array(self.run[:rows])}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> RunLength:

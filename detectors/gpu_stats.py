@@ -21,20 +21,23 @@ per-incident one. Findings are kind `statistical`, severity warning, and resolve
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
 
 from detectors.batch import GPU_COL, TelemetryBatch, known_rows
-from detectors.counters import decode_array, encode_array
-from detectors.findings import IncidentBook, severity_score
+from detectors.counters import Compaction, decode_array, encode_array
+from detectors.findings import Forgotten, IncidentBook, severity_score
 from detectors.statistical import RobustScorer, sibling_robust_z
 
 # signal -> resolution below which peers count as equal (no MAD = 0 blow-ups on quantised values)
 SIGNALS: dict[str, float] = {"temp_c": 1.0, "power_w": 10.0, "sm_clock_mhz": 15.0}
 _COLS = [GPU_COL[s] for s in SIGNALS]
 _RES = np.array(list(SIGNALS.values()))
+_PER_NODE = 8 * len(SIGNALS)  # series per node: 8 GPU slots x signals
+_SERIES_STATE = ("n", "level", "scale", "cusum_pos", "cusum_neg")  # RobustScorer's per-series arrays
 
 
 @dataclass(frozen=True)
@@ -79,21 +82,43 @@ class GpuStats:
         if n_nodes <= self.cap:
             return
         cap = max(64, self.cap * 2, n_nodes)
-        k = cap * 8 * len(SIGNALS)
-        groups = np.tile(np.arange(len(SIGNALS), dtype=np.int64), cap * 8)
         if self.cap == 0:
+            k = cap * _PER_NODE
+            groups = np.tile(np.arange(len(SIGNALS), dtype=np.int64), cap * 8)
             self.scorer = RobustScorer(k, groups=groups, min_scale=1e-3)
+            self.run = np.zeros(k, dtype=np.int64)
+            self.last_score = np.full(k, np.nan)
+            self.last_value = np.full(k, np.nan)
+            self.cap = cap
         else:
-            st = self.scorer.to_state()
-            old = len(st["n"])
-            for key in ("n", "level", "scale", "cusum_pos", "cusum_neg"):
-                st[key] = np.concatenate([st[key], np.zeros(k - old, dtype=st[key].dtype)])
-            st["groups"] = groups
-            self.scorer = RobustScorer.from_state(st)
-        self.run = np.concatenate([self.run, np.zeros(k - len(self.run), dtype=np.int64)])
-        self.last_score = np.concatenate([self.last_score, np.full(k - len(self.last_score), np.nan)])
-        self.last_value = np.concatenate([self.last_value, np.full(k - len(self.last_value), np.nan)])
+            self._relayout(Compaction.keeping(self.cap, np.arange(self.cap)), cap)
+
+    def _relayout(self, nodes: Compaction, cap: int) -> None:
+        """Every per-series array with the node rows `nodes` keeps, in their new places, room for
+        `cap` nodes; the calibration histograms (one per signal, fleet-wide) stay as they are."""
+        series = Compaction.keeping(
+            self.cap * _PER_NODE, (nodes.keep[:, None] * _PER_NODE + np.arange(_PER_NODE)).ravel()
+        )
+        k = cap * _PER_NODE
+        self.scorer.relayout(series, np.tile(np.arange(len(SIGNALS), dtype=np.int64), cap * 8))
+        self.run = series.take(self.run, 0, k)
+        self.last_score = series.take(self.last_score, np.nan, k)
+        self.last_value = series.take(self.last_value, np.nan, k)
         self.cap = cap
+
+    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+        """Forgotten nodes (pipeline/node_stage.py): their statistical findings resolve, saying so,
+        and their series go (baselines, runs, latest values: what fleet_metrics exports)."""
+        out = self.book.forget(gone)
+        drop = [self.nodes[n] for n in gone if n in self.nodes]
+        if not drop:
+            return out
+        nodes = Compaction.dropping(len(self.nodes), np.array(drop, dtype=np.int64))
+        names = list(compress(self.nodes, nodes.new >= 0))
+        self.nodes = dict(zip(names, range(len(names)), strict=True))
+        # room for as many nodes until they are down to a quarter of it (Compaction.take)
+        self._relayout(nodes, self.cap if 4 * len(names) > self.cap else max(64, 2 * len(names)))
+        return out
 
     # ------------------------------------------------------------ main entry
 
@@ -199,10 +224,9 @@ class GpuStats:
     def to_state(self) -> dict[str, Any]:
         n = len(self.nodes) * 8 * len(SIGNALS)
         st = self.scorer.to_state()
-        series = {k: encode_array(st[k][:n]) for k in ("n", "level", "scale", "cusum_pos", "cusum_neg")}
+        series = {k: encode_array(st[k][:n]) for k in _SERIES_STATE}
         hists = {k: encode_array(st[k]) for k in ("hist_point", "hist_drift", "hist_fleet")}
-        return {
-            "config": asdict(self.cfg),
+        return {  # no "config": a restore takes it from the deployment (from_state)
             "nodes": list(self.nodes),
             "series": series,
             "hists": hists,
@@ -211,8 +235,12 @@ class GpuStats:
         }
 
     @classmethod
-    def from_state(cls, d: dict[str, Any]) -> GpuStats:
-        self = cls(GpuStatsConfig(**d["config"]))
+    def from_state(cls, d: dict[str, Any], config: GpuStatsConfig | None = None) -> GpuStats:
+        """Baselines, runs and incidents from the snapshot; threshold, persistence and clear-after
+        from `config`, the deployment's (an old snapshot's "config" is ignored). No state array is
+        shaped by the config: a run already longer than a lowered persist_samples fires on the
+        series' next flagged sample."""
+        self = cls(config)
         self.nodes = {n: i for i, n in enumerate(d["nodes"])}
         self._ensure(max(1, len(self.nodes)))
         st = self.scorer.to_state()
@@ -224,5 +252,5 @@ class GpuStats:
         self.scorer = RobustScorer.from_state(st)
         run = decode_array(d["run"])
         self.run[: len(run)] = run
-        self.book = IncidentBook.from_state(d["book"])
+        self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
         return self

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
 from scipy.stats import poisson
 
 from detectors.batch import known_rows
-from detectors.findings import IncidentBook
+from detectors.counters import Compaction
+from detectors.findings import Forgotten, IncidentBook
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,22 @@ class LemonScorer:
                 out.append(done)
         return out
 
+    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+        """Forgotten nodes (pipeline/node_stage.py): their lemon findings resolve, saying so, and
+        their history goes (a node that comes back starts a new one)."""
+        out = self.book.forget(gone)
+        drop = [self.rows[n] for n in gone if n in self.rows]
+        if not drop:
+            return out
+        rows = Compaction.dropping(len(self.rows), np.array(drop, dtype=np.int64))
+        names = list(compress(self.rows, rows.new >= 0))
+        self.rows = dict(zip(names, range(len(names)), strict=True))
+        self.events = rows.take(self.events, 0.0)
+        self.exposure = rows.take(self.exposure, 0.0)
+        self.last_ts = rows.take(self.last_ts, np.nan)
+        self.last_event = rows.take(self.last_event, -np.inf)
+        return out
+
     def to_state(self) -> dict[str, Any]:
         n = len(self.rows)
         return {
@@ -160,6 +178,11 @@ class LemonScorer:
 
     @classmethod
     def from_state(cls, d: dict[str, Any], config: LemonConfig | None = None) -> LemonScorer:
+        """History from the snapshot, configuration from `config` (the deployment's). A changed
+        tau_s keeps the decayed events and exposure as they are and decays them at the new rate
+        from the restore on; both fade alike, so their ratio (the node's rate) carries over, while
+        the counts that min_events and the Poisson tail judge reach the new window's sizes within
+        a few new taus."""
         self = cls(config)
         for n in d["nodes"]:
             self._row(n)
@@ -168,5 +191,5 @@ class LemonScorer:
         self.exposure[:k] = d["exposure"]
         self.last_ts[:k] = [np.nan if x is None else x for x in d["last_ts"]]
         self.last_event[:k] = [-np.inf if x is None else x for x in d["last_event"]]
-        self.book = IncidentBook.from_state(d["book"])
+        self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
         return self

@@ -10,6 +10,16 @@ cannot make the others look silent.
 A worker catching up on a backlog sees a silence and its end in one batch: the gaps inside the
 batch are judged by the same rule, at the moment the node reported again, so a silence is found
 (with the same finding id and times) however the stream was cut into batches.
+
+A node that stays silent is forgotten after the node stage's forget_after_s (one day by default,
+pipeline/node_stage.py): its silence then resolves with evidence `resolution: forgotten` and
+`unseen_for_s`, and the node leaves the census, so act ends the page and no longer counts the
+node in the fleet (nor resumes it if it had drained it). A node silent for longer than
+forget_after_s is therefore no longer paged about; if it reports again it is a new node. Until
+it is forgotten a departed node still counts among the nodes whose 90th percentile is the clock:
+where more than a tenth of a partition's nodes have gone quiet for good (heavy churn), the clock,
+and so every new silence, lags by up to about forget_after_s / 10 (the forgetting itself runs on
+the clock of the nodes still reporting, which does not lag).
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from detectors.batch import TelemetryBatch
-from detectors.findings import IncidentBook
+from detectors.findings import Forgotten, IncidentBook
 
 
 @dataclass(frozen=True)
@@ -65,10 +75,7 @@ class SilenceDetector:
                 out += self._backlog(last_ts, batch, prev_ts, {k[0] for k in reporting})
         names = list(last_ts)
         ts = np.fromiter(last_ts.values(), dtype=float, count=len(names))
-        # The clock to judge by is the 90th percentile of the nodes' latest samples, not the newest
-        # one: a single node whose clock runs ahead would otherwise make every other node "silent".
-        # (A rack going quiet stays visible: up to 90% of the nodes can fall behind.)
-        now = min(now, float(np.percentile(ts, self.cfg.reference_percentile)))
+        now = min(now, reference_time(ts, self.cfg))
         for i in np.flatnonzero(now - ts > self.cfg.silent_after_s):
             node = names[i]
             gap = float(now - ts[i])
@@ -141,14 +148,28 @@ class SilenceDetector:
                 out.append(inc.finding(back, resolved=True))
         return out
 
+    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+        """Forgotten nodes (pipeline/node_stage.py): their silences resolve, saying so. A node
+        silent for longer than the task's forget_after_s is no longer paged about."""
+        return self.book.forget(gone)
+
     def to_state(self) -> list[dict[str, Any]]:
         return self.book.to_state()
 
     @classmethod
     def from_state(cls, items: list[dict[str, Any]], config: SilenceConfig | None = None) -> SilenceDetector:
         self = cls(config)
-        self.book = IncidentBook.from_state(items)
+        # the open silences only; a restored incident's clear-after is this deployment's, like a new one's
+        self.book = IncidentBook.from_state(items, self.cfg.silent_after_s)
         return self
+
+
+def reference_time(latest: np.ndarray, cfg: SilenceConfig) -> float:
+    """The partition's clock to judge silences (and forgetting, pipeline/node_stage.py) by: the
+    90th percentile of the nodes' latest sample times, not the newest one, so a single node whose
+    clock runs ahead cannot make every other node silent. (A rack going quiet stays visible: up
+    to 90% of the nodes can fall behind.)"""
+    return float(np.percentile(latest, cfg.reference_percentile))
 
 
 def _first_sample(batch: TelemetryBatch) -> dict[str, float]:

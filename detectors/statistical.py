@@ -54,6 +54,7 @@ from typing import Literal
 import numpy as np
 
 from detectors.calibration import DEFAULT_BINS, DEFAULT_HI, DEFAULT_LO, ScalarTailCalibrator, TailCalibrator
+from detectors.counters import Compaction
 from detectors.stat_kernels import MAD_TO_SIGMA, indexed_values, robust_pass, sibling_z_pass
 
 NAN = math.nan
@@ -255,6 +256,20 @@ class RobustScorer:
         if self.peer_groups is not None:
             raise ValueError("update_ids cannot compute the fleet statistic; use update()")
         return self._pass(*indexed_values(ids, xv, self.k, "series ids"))[3]
+
+    def relayout(self, series: Compaction, groups: np.ndarray) -> None:
+        """Keep the series `series` keeps, renumbered, among len(groups) series of these calibration
+        groups (the owner's new layout after forgetting some or growing); the histograms, per
+        group, stay. For scorers without per-series floors or peer groups (GpuStats)."""
+        if self.peer_groups is not None or np.ndim(self.min_scale):
+            raise ValueError("relayout: per-series min_scale or peer groups are not laid out")
+        groups = np.asarray(groups, dtype=np.int64)
+        if len(groups) and int(groups.max()) >= self.cal_point.n_groups:
+            raise ValueError("relayout: more calibration groups than the scorer has")
+        k = len(groups)
+        for name in ("n", "level", "scale", "cusum_pos", "cusum_neg"):
+            setattr(self, name, series.take(getattr(self, name), 0, k))
+        self.k, self.groups = k, groups.copy()
 
     # -- state ------------------------------------------------------------------------------
     def to_state(self) -> dict[str, np.ndarray]:

@@ -132,15 +132,33 @@ class JobWindow:
         }
 
     @classmethod
-    def from_state(cls, d: dict[str, Any]) -> JobWindow:
+    def from_state(cls, d: dict[str, Any], window: int) -> JobWindow:
+        """window: the deployment's StragglerConfig.window, which may differ from the snapshot's."""
         w = cls()
         w.nodes = {n: i for i, n in enumerate(d["nodes"])}
         w.ring = np.array(d["ring"], dtype=float).reshape(len(w.nodes), -1) if w.nodes else np.empty((0, 0))
         w.count = np.array(d["count"], dtype=np.int64)
+        if w.nodes and w.ring.shape[1] != window:
+            w.ring = _rewindow(w.ring, w.count, window)
         w.bad_since = np.array(d["bad_since"], dtype=float)
         w.ref = np.array(d["ref"], dtype=float)
         w.next_eval = NAN if d["next_eval"] is None else float(d["next_eval"])
         return w
+
+
+def _rewindow(ring: np.ndarray, count: np.ndarray, window: int) -> np.ndarray:
+    """Rings of another width as `push` would have filled them with `window`: each node's newest
+    min(count, old width, window) values at their slots, the rest NaN. A longer window therefore
+    starts with only the old window's values (the medians are nanmedians, `count` still says how
+    many samples the node had), and a shorter one keeps the newest values only."""
+    n, old = ring.shape
+    out = np.full((n, window), NAN)
+    rows = np.arange(n)
+    for back in range(1, min(old, window) + 1):
+        i = count - back  # push number of each node's back-th newest value
+        has = i >= 0
+        out[rows[has], i[has] % window] = ring[rows[has], i[has] % old]
+    return out
 
 
 class StragglerDetector:
@@ -285,8 +303,10 @@ class StragglerDetector:
 
     @classmethod
     def from_bytes(cls, raw: bytes, config: StragglerConfig | None = None) -> StragglerDetector:
+        """Windows and incidents from the snapshot, configuration from `config` (the deployment's)."""
         d = orjson.loads(raw)
         self = cls(config)
-        self.windows = {(j, s): JobWindow.from_state(w) for j, s, w in d["windows"]}
-        self.book = IncidentBook.from_state(d["book"])
+        window = self.cfg.window
+        self.windows = {(j, s): JobWindow.from_state(w, window) for j, s, w in d["windows"]}
+        self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
         return self

@@ -69,4 +69,5 @@ class JobTask:
 
     @classmethod
     def from_bytes(cls, raw: bytes, config: StragglerConfig | None = None) -> JobTask:
+        """State from the snapshot, configuration from `config`: the deployment's, as new tasks get."""
         return cls(StragglerDetector.from_bytes(raw, config))
