@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleetwatch.kafka_io import BrokerUnavailable
-from fleetwatch.runtime import setup_logging
+from fleetwatch.runtime import METRICS_ADDR, setup_logging
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 
@@ -49,6 +49,23 @@ def _add_bootstrap(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_metrics_addr(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-addr",
+        default=METRICS_ADDR,
+        help=f"address the metrics server binds (default {METRICS_ADDR}: this host only; "
+        "0.0.0.0 where Prometheus scrapes from another host)",
+    )
+
+
+def _add_results_topic(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--results-topic",
+        default="scheduler.drain.results.v1",
+        help="the Slurm adapter's drain_result/1 (what became of each drain request)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetwatch", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -78,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool-max-mib", type=_positive_float, default=256.0, help="spool bound in MiB")
     p.add_argument("--count", type=_positive_int, default=None, help="stop after this many samples")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_metrics_addr(p)
     p.add_argument("--call-timeout", type=_positive_float, default=5.0, help="seconds per collector call")
     p.set_defaults(handler="collectors.agent:run")
 
@@ -91,7 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--speed", type=_nonneg_float, default=1.0, help="simulated seconds per wall second; 0 = flat out"
     )
     p.add_argument("--duration", type=_positive_float, default=None, help="simulated seconds to run")
+    p.add_argument(
+        "--epoch",
+        type=_nonneg_float,
+        default=None,
+        help="unix time of simulated second 0 (default: early enough that no sample is in the future)",
+    )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_metrics_addr(p)
     p.set_defaults(handler="collectors.sim.cli:run")
 
     p = sub.add_parser("replay", help="produce recorded telemetry, one JSON message per line")
@@ -103,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("detect", help="detector worker (consumer group fleetwatch-detect)")
     _add_bootstrap(p)
     p.add_argument("--metrics-port", type=int, default=9108, help="serve Prometheus metrics here (0: off)")
+    _add_metrics_addr(p)
     p.add_argument("--group", default="fleetwatch-detect", help="consumer group (one per pipeline)")
     p.add_argument(
         "--time-scale",
@@ -117,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where a new consumer group starts reading (default: earliest)",
     )
     p.add_argument(
+        "--forget-after",
+        type=_positive_float,
+        default=86400.0,
+        help="forget a node after this many seconds without telemetry (event time; default one day; "
+        "inf: never): its findings resolve, its state and series go, act drops it from the fleet",
+    )
+    p.add_argument(
         "--snapshot-every", type=_positive_float, default=30.0, help="seconds between state snapshots"
     )
     p.add_argument(
@@ -125,7 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-skew-check",
         action="store_true",
-        help="accept telemetry whatever its timestamp (old recordings)",
+        help="accept telemetry, steps and jobs whatever their timestamps (old recordings)",
+    )
+    p.add_argument(
+        "--max-clock-ahead",
+        type=_nonneg_float,
+        default=60.0,
+        help="refuse a message timestamped more than this many seconds after it reached the broker",
+    )
+    p.add_argument(
+        "--max-clock-behind",
+        type=_nonneg_float,
+        default=86400.0,
+        help="refuse a message timestamped more than this many seconds before it reached the broker",
     )
     p.set_defaults(handler="pipeline.detect:run")
 
@@ -154,10 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--fleet-size",
         type=_positive_int,
         default=None,
-        help="nodes in the fleet (default: distinct nodes in fleet.jobs.v1 and in findings)",
+        help="nodes in the fleet (default: the census of reporting nodes on --nodes-topic)",
+    )
+    p.add_argument(
+        "--nodes-topic", default="fleet.nodes.v1", help="census of reporting nodes (node/1); only they drain"
+    )
+    _add_results_topic(p)
+    p.add_argument(
+        "--pending-timeout",
+        type=_positive_float,
+        default=300.0,
+        help="alert when a drain has had no result from the adapter for this many seconds",
     )
     p.add_argument("--cluster", default="default", help="cluster label on alerts")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_metrics_addr(p)
     p.add_argument("--resend-interval", type=_positive_float, default=60.0, help="seconds between re-sends")
     p.add_argument(
         "--resume-after",
@@ -201,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
     _add_bootstrap(p)
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_metrics_addr(p)
     p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
     p.add_argument(
         "--state-dir", default=None, help="journal directory (default: $FLEETWATCH_HOME/slurm-drainer)"
@@ -208,6 +265,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm-conf", default=None, help="slurm.conf for sinfo/scontrol (default: $SLURM_CONF)")
     p.add_argument("--group", default="fleetwatch-slurm", help="consumer group")
     p.add_argument("--drain-topic", default="scheduler.drain.v1", help="drain request topic")
+    _add_results_topic(p)
+    p.add_argument(
+        "--max-age",
+        type=_positive_float,
+        default=600.0,
+        help="refuse requests issued longer ago than this many seconds (rejected_stale)",
+    )
+    p.add_argument(
+        "--max-skew",
+        type=_nonneg_float,
+        default=60.0,
+        help="refuse requests issued more than this many seconds ahead of this clock (rejected_stale)",
+    )
     p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
     p.set_defaults(handler="alerts.slurm_drainer:run")
     # --- end of the action layer's blocks

@@ -1,4 +1,5 @@
-"""Process plumbing shared by the long-running commands: logging and clean shutdown on SIGTERM."""
+"""Process plumbing shared by the long-running commands: logging, clean shutdown on SIGTERM and
+their Prometheus metrics server."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+# Metrics servers bind loopback unless told otherwise: /metrics names every node, job and open
+# finding, which is not for whoever can reach the host. Where Prometheus scrapes from another host
+# (or container), --metrics-addr 0.0.0.0 or the address of the interface it scrapes.
+METRICS_ADDR = "127.0.0.1"
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -75,3 +85,20 @@ def stop_processes(procs: Iterable[subprocess.Popen[bytes]], grace_s: float = 20
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(5)
+
+
+def serve_metrics(port: int | None, addr: str = METRICS_ADDR) -> WSGIServer | None:
+    """Serve Prometheus metrics at http://addr:port/metrics from a daemon thread, as every command
+    with --metrics-port does; port None or 0: none. A port that is taken or an address this host
+    does not have is a bad argument (ValueError: `fleetwatch` exits 2 with the reason)."""
+    if not port:
+        return None
+    # Imported here: cli.py imports this module for every command, most of which serve nothing.
+    from prometheus_client import start_http_server
+
+    try:
+        server, _thread = start_http_server(port, addr=addr)
+    except OSError as e:
+        raise ValueError(f"cannot serve metrics on {addr} port {port}: {e.strerror or e}") from e
+    logging.getLogger(__name__).info("metrics on %s port %d", addr, port)
+    return server

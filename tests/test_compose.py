@@ -145,6 +145,9 @@ def test_prometheus_in_compose_scrapes_the_workers(config: dict[str, Any]) -> No
         assert sd["names"] == [service]
         cmd = config["services"][service]["command"]
         assert cmd[cmd.index("--metrics-port") + 1] == str(sd["port"]), f"{service} serves metrics elsewhere"
+        # metrics bind loopback by default, which Prometheus in its own container cannot reach
+        assert "--metrics-addr" in cmd, f"{service} serves metrics on its loopback only"
+        assert cmd[cmd.index("--metrics-addr") + 1] == "0.0.0.0", service
     # promtool validates the compose-side config too (syntax only: its rule path exists in the container).
     r = subprocess.run(
         ["promtool", "check", "config", "--syntax-only", "services/prometheus/prometheus-compose.yml"],
