@@ -280,6 +280,7 @@ class ClusterState:
         erx, etx, edrop = self.eth_rx.tolist(), self.eth_tx.tolist(), self.eth_drop.tolist()
         cpu, mem_frac, load1, disk, d_state = r["cpu"], r["mem_frac"], r["load1"], r["disk"], r["d_state"]
         rate = self.hw.ib_rate_gbps
+        links = self.hw.nvlinks
         xids = self.xids
         devices = [f"mlx5_{j}" for j in range(self.n_ports)]
         out: list[tuple[str, dict[str, Any]]] = []
@@ -319,6 +320,11 @@ class ClusterState:
                         "retired_pages": rp,
                         "remapped_rows_pending": pe,
                         "remapped_rows_failure": fa,
+                        # what the NVML collector reads beside (collectors/nvml.py); the simulator
+                        # models the pending/failure flags, not the row counts behind them
+                        "remapped_rows_correctable": 0,
+                        "remapped_rows_uncorrectable": 0,
+                        "nvlink_links_active": links,
                         "nvlink_crc_errors": cr,
                         "nvlink_replay_errors": rl,
                         "pcie_replay": pc,

@@ -41,6 +41,7 @@ class Hardware:
     mem_total_mib: int = 81559
     ib_ports: int = 8
     ib_rate_gbps: float = 400.0
+    nvlinks: int = 18  # NVLink 4 links of an H100 SXM5
     cpus: int = 224
 
 
