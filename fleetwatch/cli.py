@@ -254,6 +254,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
     p.set_defaults(handler="alerts.act:run")
 
+    p = sub.add_parser(
+        "slurm-jobs", help="publish job/1 for every Slurm job's start and end (beside slurmctld)"
+    )
+    _add_bootstrap(p)
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_metrics_addr(p)
+    p.add_argument(
+        "--interval", type=_positive_float, default=2.0, help="seconds between squeue polls (default 2)"
+    )
+    p.add_argument("--slurm-conf", default=None, help="slurm.conf for squeue (default: $SLURM_CONF)")
+    p.add_argument(
+        "--jobcomp",
+        default=None,
+        help="slurmctld's JobCompLoc file (JobCompType=jobcomp/filetxt): ends of jobs Slurm has forgotten",
+    )
+    p.add_argument("--topic", default="fleet.jobs.v1", help="jobs topic (default fleet.jobs.v1)")
+    p.add_argument("--once", action="store_true", help="poll once, publish, exit")
+    p.set_defaults(handler="collectors.slurm_jobs.publisher:run")
+
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
     _add_bootstrap(p)
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")

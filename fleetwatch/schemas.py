@@ -66,6 +66,7 @@ REASONS = (
 # \\Z, not $: "$" also matches before a final newline, so "node\\n" would pass.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}\Z"
 NAME_RE = re.compile(NAME_PATTERN)
+SLURM_STATE_RE = re.compile(r"[A-Z_]{1,32}\Z")  # COMPLETED, NODE_FAIL, OUT_OF_MEMORY, ...
 
 
 class MessageError(ValueError):
@@ -373,6 +374,26 @@ def validate_job(m: Mapping[str, Any]) -> None:
     if m["state"] not in JOB_STATES:
         raise MessageError("out_of_range", f"job.state {m['state']!r} is not one of {sorted(JOB_STATES)}")
     _ts("job.ts", m["ts"])
+    # Optional (issue 16, from `fleetwatch slurm-jobs`): Slurm's own end state, the exit code and
+    # signal, the GPUs on each node (aligned with `nodes`), when the run started, who published it.
+    if "end_state" in m:
+        _string("job.end_state", m["end_state"], 32)
+        if not SLURM_STATE_RE.match(m["end_state"]):
+            raise MessageError("out_of_range", f"job.end_state {m['end_state']!r} is not a Slurm state name")
+    if "exit_code" in m:
+        _integer("job.exit_code", m["exit_code"], 0, 255)
+    if "signal" in m:
+        _integer("job.signal", m["signal"], 0, 255)
+    if "gpus" in m:
+        gpus = _bounded_list("job.gpus", m["gpus"], MAX_JOB_NODES)
+        if len(gpus) != len(nodes):
+            raise MessageError("out_of_range", f"job.gpus has {len(gpus)} entries for {len(nodes)} nodes")
+        for i, g in enumerate(gpus):
+            _integer(f"job.gpus[{i}]", g, 0, MAX_GPUS)
+    if "start_ts" in m:
+        _ts("job.start_ts", m["start_ts"])
+    if "source" in m:
+        _ident("job.source", m["source"])
 
 
 def validate_step(m: Mapping[str, Any]) -> None:

@@ -47,8 +47,20 @@ SelectType=select/cons_tres
 SchedulerType=sched/backfill
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
+# Every ended job is also written here, one line each: the slurm-jobs publisher reads it for the ends
+# of jobs that left slurmctld's memory (MinJobAge) while the publisher was down.
+JobCompType=jobcomp/filetxt
+JobCompLoc=$state/jobcomp.log
+MinJobAge=300
+# Jobs share nodes: a job gets 250 MB a CPU unless it asks, not the whole node.
+DefMemPerCPU=250
+GresTypes=gpu
+# The nodes' CPUs and GPUs are what this file says, not what the (2-core, GPU-less) host has.
+SlurmdParameters=config_overrides
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 ReturnToService=2
+# A slurmd that stops answering is DOWN (and its jobs NODE_FAIL) after 15 s, not the default 300 s.
+SlurmdTimeout=15
 StateSaveLocation=$state/ctld
 SlurmdSpoolDir=$state/spool/slurmd-%n
 SlurmctldPidFile=$state/slurmctld.pid
@@ -57,9 +69,18 @@ SlurmctldLogFile=$state/slurmctld.log
 SlurmdLogFile=$state/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=gpu-node-[01-$(printf '%02d' "$nnodes")] NodeHostname=$host NodeAddr=127.0.0.1 Port=[16821-$last_port] CPUs=1 RealMemory=1000 State=UNKNOWN
+NodeName=gpu-node-[01-$(printf '%02d' "$nnodes")] NodeHostname=$host NodeAddr=127.0.0.1 Port=[16821-$last_port] CPUs=4 RealMemory=4000 Gres=gpu:8 State=UNKNOWN
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+  # Eight GPUs per node as a gres, so jobs ask for and are given GPUs as on a real cluster and several
+  # jobs can share a node (4 CPUs, 8 GPUs each). Slurm drops a GPU gres without device files, and
+  # there is no GPU here: plain files stand in for /dev/nvidia0..7 (TaskPlugin=task/none confines
+  # nothing, so no job opens them).
+  mkdir -p "$state/dev"
+  touch "$state"/dev/nvidia{0..7}
+  cat > "$state/gres.conf" <<GRES
+NodeName=gpu-node-[01-$(printf '%02d' "$nnodes")] Name=gpu File=$state/dev/nvidia[0-7]
+GRES
 }
 
 start_munge() {
@@ -78,7 +99,14 @@ start_munge() {
 
 start() {
   command -v slurmctld >/dev/null || { log "slurmctld not found (apt-get install slurmctld slurmd slurm-client munge)"; exit 1; }
+  local before=""
+  [[ -f "$conf" ]] && before="$(cat "$conf" "$state/gres.conf" 2>/dev/null || true)"
   write_conf
+  if [[ -n "$before" && "$before" != "$(cat "$conf" "$state/gres.conf")" ]] && ctld_pid >/dev/null; then
+    # daemons started with an older configuration would keep it (and warn of a conf mismatch)
+    log "slurm.conf changed: restarting the daemons"
+    stop
+  fi
   start_munge
   if ! ctld_pid >/dev/null || ! ping_ctld; then
     log "starting slurmctld on 127.0.0.1:$ctld_port (state in $state)"

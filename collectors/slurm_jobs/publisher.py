@@ -1,0 +1,274 @@
+"""`fleetwatch slurm-jobs`: publishes job/1 for every Slurm job's start and end.
+
+Runs beside slurmctld. Every `--interval` seconds it asks Slurm for all jobs (`squeue --json`),
+compares the answer with its ledger of what it has published (collectors/slurm_jobs/ledger.py)
+and publishes what is missing, then tombstones ended jobs older than the history window. Why
+polling: docs/slurm-jobs.md ("Why squeue polling").
+
+One loop, in order:
+1. ask Slurm (a failure is logged and counted; nothing is published from a failed answer);
+2. read what the jobcomp log gained (ends of jobs Slurm may already have forgotten);
+3. compute the missing messages: starts and ends in the answer, ends of running jobs Slurm no
+   longer lists, jobs only the jobcomp log knows, tombstones;
+4. send them keyed by job and wait for the broker; only acknowledged ones enter the ledger, so
+   whatever the broker did not take is computed and sent again next time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from typing import Any
+
+from kafka import TopicPartition
+from kafka.errors import KafkaError
+from prometheus_client import Counter, Gauge, Histogram
+
+from collectors.slurm_jobs import squeue
+from collectors.slurm_jobs.jobcomp import JobcompLog
+from collectors.slurm_jobs.ledger import Ledger
+from collectors.slurm_jobs.model import SlurmJob, SlurmParseError
+from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.runtime import StopFlag, serve_metrics
+
+log = logging.getLogger(__name__)
+
+PUBLISHED = Counter(
+    "fleetwatch_slurm_jobs_published_total", "job/1 records the broker acknowledged", ["state"]
+)
+BAD_ANSWERS = Counter(
+    "fleetwatch_slurm_jobs_bad_answers_total",
+    "Slurm answers, jobs or jobcomp lines that did not parse (logged with their text, not published)",
+    ["what"],
+)
+POLL_ERRORS = Counter("fleetwatch_slurm_jobs_poll_errors_total", "squeue calls that failed", ["reason"])
+SLURM_UP = Gauge("fleetwatch_slurm_jobs_slurm_up", "1 if the last squeue call answered")
+LAST_POLL = Gauge(
+    "fleetwatch_slurm_jobs_last_poll_timestamp_seconds",
+    "when an answer from Slurm was last compared and published (squeue blocks while slurmctld is down)",
+)
+RUNNING = Gauge("fleetwatch_slurm_jobs_running", "jobs published as running")
+UNSENT = Gauge("fleetwatch_slurm_jobs_unsent", "records computed but not yet acknowledged by the broker")
+START_LAG = Histogram(
+    "fleetwatch_slurm_jobs_start_lag_seconds",
+    "from Slurm's start time of a job (whole seconds) to the broker's acknowledgement of its start",
+    buckets=(0.5, 1, 2, 3, 5, 10, 30, 60, 300),
+)
+
+SQUEUE_TIMEOUT_S = 60.0
+LOGGED_ERRORS = 1000  # distinct bad answers remembered so each is logged once, not every poll
+
+
+class SlurmUnavailable(RuntimeError):
+    pass
+
+
+def ask_squeue(slurm_conf: str | None, timeout_s: float = SQUEUE_TIMEOUT_S) -> bytes:
+    """All jobs slurmctld holds, as squeue's JSON (22.05 lists every state; --states=all makes
+    newer versions do the same)."""
+    env = dict(os.environ)
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    try:
+        done = subprocess.run(
+            ["squeue", "--json", "--states=all"], env=env, capture_output=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable("timeout") from e
+    except OSError as e:
+        raise SlurmUnavailable(f"squeue: {e}") from e
+    if done.returncode != 0:
+        raise SlurmUnavailable(
+            f"exit {done.returncode}: {done.stderr.decode(errors='replace').strip()[:300]}"
+        )
+    return done.stdout
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
+
+
+class Publisher:
+    """The loop's state: the ledger, the jobcomp log, the producer."""
+
+    def __init__(
+        self,
+        producer: Any,
+        ledger: Ledger,
+        jobcomp: JobcompLog | None,
+        topic: str = topics.JOBS,
+        max_behind_s: float = schemas.DEFAULT_CLOCK.behind_s,
+    ) -> None:
+        self.producer = producer
+        self.ledger = ledger
+        self.jobcomp = jobcomp
+        self.topic = topic
+        self.max_behind_s = max_behind_s
+        self._logged: OrderedDict[str, None] = OrderedDict()
+
+    def once(self, answer: bytes, now: float) -> int:
+        """One comparison and publication; returns how many records were acknowledged."""
+        jobs, errors = self.parse(answer)
+        if self.jobcomp is not None:
+            # keep what consumers still accept (older records are dead-lettered as stale)
+            self.jobcomp.forget_before(now - self.max_behind_s + 60.0)
+            for e in self.jobcomp.refresh():
+                self._bad(e)
+        msgs = self.ledger.observe(jobs, self.jobcomp)
+        if all(e.job is not None for e in errors):  # every listed job is accounted for
+            seen = {j.job for j in jobs} | {e.job for e in errors if e.job is not None}
+            msgs += self.ledger.vanished(seen, self.jobcomp)
+        if self.jobcomp is not None:
+            msgs += self.ledger.catch_up(self.jobcomp, {m["job"] for m in msgs})
+        msgs = [m for m in msgs if self._fresh(m, now)]
+        tombstones = list(self.ledger.expired(now))
+        sent = self.send(msgs, tombstones)
+        RUNNING.set(len(self.ledger.running()))
+        LAST_POLL.set(now)
+        return sent
+
+    def parse(self, answer: bytes) -> tuple[list[SlurmJob], list[SlurmParseError]]:
+        jobs, errors = squeue.parse(answer)
+        for e in errors:
+            self._bad(e)
+        return jobs, errors
+
+    def _fresh(self, msg: dict[str, Any], now: float) -> bool:
+        if msg["ts"] >= now - self.max_behind_s:
+            return True
+        # consumers would dead-letter it as stale: record it as settled instead of resending it
+        log.warning(
+            "job %s %s at %.0f is older than consumers accept; not published",
+            msg["job"],
+            msg["state"],
+            msg["ts"],
+        )
+        self.ledger.apply(msg)
+        return False
+
+    def send(self, msgs: list[dict[str, Any]], tombstones: list[str]) -> int:
+        futures = [(m, self.producer.send(self.topic, key=m["job"].encode(), value=encode(m))) for m in msgs]
+        futures += [(j, self.producer.send(self.topic, key=j.encode(), value=None)) for j in tombstones]
+        UNSENT.set(len(futures))
+        if not futures:
+            return 0
+        try:
+            self.producer.flush(timeout=30)
+        except KafkaError as e:
+            log.warning(
+                "broker did not acknowledge %d job records (%s); they are sent again", len(futures), e
+            )
+        acked = 0
+        for item, fut in futures:
+            if not fut.is_done or fut.failed():
+                continue  # not in the ledger: computed and sent again next loop
+            acked += 1
+            if isinstance(item, str):
+                self.ledger.forget(item)
+                PUBLISHED.labels("tombstone").inc()
+                continue
+            self.ledger.apply(item)
+            PUBLISHED.labels(item["state"]).inc()
+            if item["state"] == "started":
+                START_LAG.observe(max(0.0, time.time() - item["ts"]))
+        UNSENT.set(len(futures) - acked)
+        return acked
+
+    def _bad(self, e: SlurmParseError) -> None:
+        BAD_ANSWERS.labels(e.what).inc()
+        digest = hashlib.sha256(f"{e}|{e.raw}".encode()).hexdigest()
+        if digest in self._logged:
+            return
+        self._logged[digest] = None
+        while len(self._logged) > LOGGED_ERRORS:
+            self._logged.popitem(last=False)
+        log.error("unparsable Slurm %s, not published: %s; text: %s", e.what, e, e.raw)
+
+
+def load_ledger(bootstrap: str, ledger: Ledger, topic: str = topics.JOBS, timeout_s: float = 300.0) -> int:
+    """Reads the whole (compacted) jobs topic into `ledger`; returns the records read."""
+    consumer = kafka_io.make_consumer(bootstrap)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return 0
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        n = 0
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic} to its end within {timeout_s:.0f} s")
+            for records in consumer.poll(timeout_ms=500).values():
+                for r in records:
+                    n += 1
+                    _load_record(ledger, r)
+        return n
+    finally:
+        consumer.close()
+
+
+def _load_record(ledger: Ledger, record: Any) -> None:
+    if record.key is None:
+        return
+    key = record.key.decode(errors="replace")
+    if record.value is None:
+        ledger.load(key, None)
+        return
+    try:
+        msg = schemas.decode(record.value, schemas.JOB, key=record.key, clock=None)
+    except schemas.MessageError:
+        return  # someone else's bad record: the workers dead-letter it
+    ledger.load(key, msg)
+
+
+def run(args: argparse.Namespace) -> int:
+    slurm_conf = args.slurm_conf or os.environ.get("SLURM_CONF")
+    try:
+        ask_squeue(slurm_conf)
+    except SlurmUnavailable as e:
+        print(f"fleetwatch slurm-jobs: Slurm is not reachable: {e}", file=sys.stderr)
+        return 3
+    kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
+    kafka_io.ensure_topics(args.bootstrap, [args.topic])
+    serve_metrics(args.metrics_port, args.metrics_addr)
+    ledger = Ledger()
+    n = load_ledger(args.bootstrap, ledger, args.topic)
+    jobcomp = JobcompLog(args.jobcomp) if args.jobcomp else None
+    log.info(
+        "slurm-jobs up: %d records read back from %s, %d jobs running there; jobcomp %s",
+        n,
+        args.topic,
+        len(ledger.running()),
+        args.jobcomp or "not used",
+    )
+    producer = kafka_io.make_producer(args.bootstrap, linger_ms=0)
+    publisher = Publisher(producer, ledger, jobcomp, args.topic)
+    stop = StopFlag()
+    try:
+        while not stop:
+            started = time.monotonic()
+            try:
+                answer = ask_squeue(slurm_conf)
+                SLURM_UP.set(1)
+                publisher.once(answer, time.time())
+            except SlurmUnavailable as e:
+                SLURM_UP.set(0)
+                POLL_ERRORS.labels("timeout" if str(e) == "timeout" else "error").inc()
+                log.warning("squeue failed (%s); nothing published from this poll", e)
+            except SlurmParseError as e:
+                publisher._bad(e)
+            if args.once:
+                break
+            stop.wait(max(0.0, args.interval - (time.monotonic() - started)))
+    finally:
+        kafka_io.close_producer(producer, 10)
+    return 0
