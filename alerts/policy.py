@@ -26,7 +26,8 @@ Guards, in the order they are applied to a node that needs draining:
    storm status is reported. Onsets are finding timestamps, not arrival times, so a backlog that
    arrives at once after an outage is not mistaken for a storm.
 2. budget: drained nodes never exceed floor(max(drain_budget * fleet, budget_min_nodes) * share).
-3. job: no second node of the same running job while one is drained (needs a human).
+3. job: no second node of the same running job while one is drained (needs a human); a node
+   running several jobs is refused if ANY of them has a drained node.
 Before all three: a node missing from the census of reporting nodes (`known`, fleet.nodes.v1) is
 never drained (refused `unknown_node`), and a request the Slurm adapter refused is not issued again
 for the same findings (refused `adapter:<outcome>`, e.g. `adapter:rejected_stale`).
@@ -110,7 +111,9 @@ def _forgotten(f: Mapping[str, Any]) -> bool:
 
 
 class JobLookup(Protocol):
-    def job_of(self, node: str) -> str | None: ...
+    def jobs_on(self, node: str) -> tuple[str, ...]:
+        """The node's running jobs (several where jobs share the node); () for none."""
+        ...
 
     def nodes_of(self, job: str) -> tuple[str, ...]: ...
 
@@ -330,12 +333,10 @@ class Policy:
                     ev, node, st, "budget", f"{len(drained)} of {ev.budget_nodes} allowed nodes drained"
                 )
                 continue
-            job = jobs.job_of(node) or next((f.job for f in st.worthy() if f.job), None)
-            if job is not None:
-                peers = sorted(n for n in jobs.nodes_of(job) if n != node and n in drained)
-                if peers:
-                    self._refuse(ev, node, st, "job", f"{peers[0]} of job {job} is already drained")
-                    continue
+            held = self._job_peer_drained(node, st, jobs, drained)
+            if held is not None:
+                self._refuse(ev, node, st, "job", f"{held[1]} of job {held[0]} is already drained")
+                continue
             worthy = st.worthy()
             reasons = list(dict.fromkeys(f.drain for f in worthy if f.drain))
             severity = max((f.severity for f in worthy), key=lambda s: SEVERITY_RANK.get(s, 0))
@@ -349,6 +350,21 @@ class Policy:
             ev.actions.append(Action(node, "drain", st.drain_reason, severity, tuple(st.drain_findings)))
         ev.drained = len(drained)
         return ev
+
+    @staticmethod
+    def _job_peer_drained(
+        node: str, st: NodeState, jobs: JobLookup, drained: Container[str]
+    ) -> tuple[str, str] | None:
+        """(job, node) for the first of the node's jobs (sorted) that already has another node
+        drained, else None. The node's jobs: every running job the job table puts on it (a shared
+        node is in several, and draining it ends all of them), plus any job its drain-worthy
+        findings name (a straggler's job, known even while the table lags or has lost it)."""
+        mine = {*jobs.jobs_on(node), *(f.job for f in st.worthy() if f.job)}
+        for job in sorted(mine):
+            peers = sorted(n for n in jobs.nodes_of(job) if n != node and n in drained)
+            if peers:
+                return job, peers[0]
+        return None
 
     @staticmethod
     def adopt(

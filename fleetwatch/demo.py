@@ -229,6 +229,8 @@ class LiveView:
                 if tp.topic == topics.DEADLETTER:
                     self.deadletters += 1
                     continue
+                if r.value is None:  # a tombstone (an old job the job publisher forgot): nothing to show
+                    continue
                 m = orjson.loads(r.value)
                 if tp.topic in (topics.TRUTH, topics.JOBS) and r.timestamp >= 0:
                     self.clock.observe(

@@ -168,6 +168,18 @@ def topic_configs(name: str) -> dict[str, str]:
     return cfg
 
 
+def kept_configs(name: str) -> dict[str, str]:
+    """The part of topic_configs() that ensure_topics also puts on a topic that already exists:
+    what readers depend on. LogAppendTime on BROKER_TIMED topics (the clock checks); compaction of
+    the jobs topic, which every worker reads whole at start (a topic made before it was compacted,
+    or by someone else, would grow with every job ever run; `compact,delete` would also drop the
+    start of a job running longer than the retention)."""
+    cfg = {k: v for k, v in topic_configs(name).items() if k == "message.timestamp.type"}
+    if name == topics.JOBS:
+        cfg["cleanup.policy"] = "compact"
+    return cfg
+
+
 def reference_time(record: Any, now: float) -> float:
     """A consumed record's reference time for clock checks (seconds): when the broker appended it,
     or `now` where its topic keeps the producer's time (see topics.BROKER_TIMED)."""
@@ -179,8 +191,9 @@ def reference_time(record: Any, now: float) -> float:
 def ensure_topics(
     bootstrap: str, names: Iterable[str] = topics.ALL, partitions: int = 4, replication: int | None = None
 ) -> None:
-    """Create the topics that are missing, with topic_configs(); and keep LogAppendTime on the
-    existing BROKER_TIMED ones (topics made before it was set, or by someone else).
+    """Create the topics that are missing, with topic_configs(); and put kept_configs() on the
+    existing ones (LogAppendTime on BROKER_TIMED topics, compaction of the jobs topic: topics made
+    before these were set, or by someone else).
 
     Replication defaults to FLEETWATCH_KAFKA_REPLICATION, else 1 (the local single-node broker).
     """
@@ -203,26 +216,25 @@ def ensure_topics(
             with contextlib.suppress(TopicAlreadyExistsError):  # another process created them meanwhile
                 admin.create_topics(new)
             log.info("created topics %s", [t.name for t in new])
-        timed = [n for n in names if n in existing and n in topics.BROKER_TIMED]
-        if timed:
-            _keep_log_append_time(admin, timed)
+        kept = {n: kept_configs(n) for n in names if n in existing}
+        kept = {n: cfg for n, cfg in kept.items() if cfg}
+        if kept:
+            _keep_configs(admin, kept)
     finally:
         admin.close()
 
 
-def _keep_log_append_time(admin: KafkaAdminClient, names: list[str]) -> None:
+def _keep_configs(admin: KafkaAdminClient, kept: dict[str, dict[str, str]]) -> None:
     # An incremental SET (kafka-python uses IncrementalAlterConfigs where the broker has it, which
     # every 2.3+ broker does): the topic's other settings stay as they are. Idempotent.
-    resources = [
-        ConfigResource(ConfigResourceType.TOPIC, n, configs={"message.timestamp.type": "LogAppendTime"})
-        for n in names
-    ]
+    resources = [ConfigResource(ConfigResourceType.TOPIC, n, configs=dict(cfg)) for n, cfg in kept.items()]
     try:
         admin.alter_configs(resources)
     except (KafkaError, ValueError) as e:
         log.warning(
-            "could not set message.timestamp.type=LogAppendTime on %s (%s): clock checks of their "
-            "records use the reader's clock instead of the broker's",
-            names,
+            "could not set %s (%s): without LogAppendTime clock checks of their records use the "
+            "reader's clock instead of the broker's; without compaction the jobs topic keeps every "
+            "job ever run, and workers start slower as it grows",
+            kept,
             e,
         )

@@ -1,7 +1,7 @@
 """Kafka topic names (DESIGN.md, "Data flow")."""
 
 TELEMETRY = "fleet.telemetry.v1"  # key = node
-JOBS = "fleet.jobs.v1"  # key = job
+JOBS = "fleet.jobs.v1"  # key = job; compacted: each job's latest job/1, null = forgotten (JOB_HISTORY_S)
 STEPS = "fleet.steps.v1"  # key = job
 TRUTH = "fleet.truth.v1"  # key = node; simulator ground truth only
 NODE_FEATURES = "fleet.nodefeatures.v1"  # key = job; repartition for peer comparison
@@ -28,7 +28,14 @@ ALL = (
     NODES,
     DEADLETTER,
 )
-COMPACTED = frozenset({STATE, NODES})
+COMPACTED = frozenset({STATE, NODES, JOBS})
+# How long an ended job stays on fleet.jobs.v1: the lemon detector's window of failed jobs
+# (pipeline/job_table.py keeps failures this long). The job publisher tombstones a job (key = job,
+# value null) once its end is older than this, and compaction then drops all its records, so the
+# topic holds about one window of jobs however old the cluster is; each worker keeps the lemon
+# history those jobs added in its own snapshotted state. Here, not in pipeline/, because the
+# publisher (collectors/) must not import the pipeline.
+JOB_HISTORY_S = 7 * 86400.0
 # Topics written by nodes, the scheduler and training jobs, whose clocks fleetwatch does not own:
 # kept with LogAppendTime, so each record carries the time the broker took it, the reference its
 # message's own timestamp is checked against (fleetwatch.schemas.ClockLimits). A replay checks a

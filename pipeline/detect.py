@@ -63,6 +63,9 @@ def stages(
         new_task=lambda _p: JobTask(),
         load_task=lambda _p, raw: JobTask.from_bytes(raw),
         clock={t: c for t, c in checked.items() if t != topics.TELEMETRY},
+        # the job publisher's tombstones of old jobs (topics.JOB_HISTORY_S): the job table
+        # (JobTableFollower) forgets the job, this stage has nothing to do
+        skip_tombstones=frozenset({topics.JOBS}),
     )
     return [node, job]
 

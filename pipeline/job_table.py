@@ -1,8 +1,13 @@
-"""Which job each node is running, read by every worker from the whole fleet.jobs.v1 topic.
+"""Which jobs each node is running, read by every worker from the whole fleet.jobs.v1 topic.
 
 Telemetry is partitioned by node and jobs by job, so a worker holding node X's partition
-does not hold X's job's partition. Job events are few, so every worker reads all of them
+does not hold X's jobs' partitions. Job events are few, so every worker reads all of them
 (a broadcast table) instead of repartitioning them.
+
+A node may run several jobs at once (Slurm shares a node between jobs that each take some of its
+CPUs or GPUs), so the table maps a node to all of them. The topic is compacted by job, and the
+job publisher tombstones a job (value null) once its end is older than topics.JOB_HISTORY_S: a
+tombstone makes the table forget the job, which compaction has dropped or soon will.
 """
 
 from __future__ import annotations
@@ -22,24 +27,27 @@ log = logging.getLogger(__name__)
 ACTIVE_STATES = frozenset({"started", "running"})
 
 
-FAILED_KEEP_S = 7 * 86400.0  # failed jobs kept this long (event time) for the lemon detector
+FAILED_KEEP_S = topics.JOB_HISTORY_S  # failed jobs kept this long (event time) for the lemon detector
 MAX_FAILED = 100_000  # and never more than this many, the oldest dropped first
 
 
 class JobTable:
-    """Running jobs (node -> job, job -> nodes) and recently failed ones.
+    """Running jobs (node -> its jobs, job -> nodes) and recently failed ones.
 
-    Running jobs leave the table when they end, so it holds what runs now. Failed jobs are what
-    the node stage adds to each node's lemon history (pipeline/node_stage.py): a task counts each
-    failed job once, when it first sees it, so the table only needs those a task may not have seen
-    yet (one that restarts from a snapshot, after an outage). It keeps those that failed within
-    `failed_keep_s` of the newest job message's time, at most `max_failed` of them, dropping the
-    first added first (a failure reported late, out of time order, leaves by the cap or when those
-    added before it have left); it used to keep every failed job for ever."""
+    Running jobs leave the table when they end, so it holds what runs now; a job's end removes it
+    from its own nodes only, which keep their other jobs. Failed jobs are what the node stage adds
+    to each node's lemon history (pipeline/node_stage.py): a task counts each failed job once, when
+    it first sees it, and keeps what it counted in its own (snapshotted) state, so the table only
+    needs those a task may not have seen yet (one that restarts from a snapshot, after an outage).
+    It keeps those that failed within `failed_keep_s` of the newest job message's time, at most
+    `max_failed` of them, dropping the first added first (a failure reported late, out of time
+    order, leaves by the cap or when those added before it have left), and forgets a job at its
+    tombstone (`forget`)."""
 
     def __init__(self, failed_keep_s: float = FAILED_KEEP_S, max_failed: int = MAX_FAILED) -> None:
         self._lock = threading.Lock()
-        self._node_job: dict[str, str] = {}
+        # node -> its running jobs, sorted (tuples: readers get them without a copy)
+        self._node_jobs: dict[str, tuple[str, ...]] = {}
         self._job_nodes: dict[str, tuple[str, ...]] = {}
         self.failed_keep_s = failed_keep_s
         self.max_failed = max_failed
@@ -51,20 +59,38 @@ class JobTable:
     def apply(self, msg: dict[str, Any]) -> None:
         job, nodes, ts = msg["job"], tuple(msg["nodes"]), float(msg["ts"])
         with self._lock:
-            old = self._job_nodes.pop(job, ())
-            for n in old:
-                if self._node_job.get(n) == job:
-                    del self._node_job[n]
+            self._stop(job)
             if msg["state"] in ACTIVE_STATES:
-                self._job_nodes[job] = nodes
-                for n in nodes:
-                    self._node_job[n] = job
+                self._start(job, nodes)
             elif msg["state"] == "failed" and job not in self.failed_jobs and self._recent(ts):
                 self.failed_jobs[job] = nodes
                 self._failed_at[job] = ts
                 self.failed_version += 1
             self.newest = max(self.newest, ts)
             self._prune_failed()
+
+    def forget(self, job: str) -> None:
+        """The job's tombstone: it leaves the running and the failed jobs. Tasks that counted its
+        failure keep it in their lemon history; failed_version is not bumped (nothing to count)."""
+        with self._lock:
+            self._stop(job)
+            if self.failed_jobs.pop(job, None) is not None:
+                del self._failed_at[job]
+
+    def _start(self, job: str, nodes: tuple[str, ...]) -> None:
+        self._job_nodes[job] = nodes
+        node_jobs = self._node_jobs
+        for n in dict.fromkeys(nodes):
+            node_jobs[n] = tuple(sorted({*node_jobs.get(n, ()), job}))
+
+    def _stop(self, job: str) -> None:
+        node_jobs = self._node_jobs
+        for n in self._job_nodes.pop(job, ()):
+            rest = tuple(j for j in node_jobs.get(n, ()) if j != job)
+            if rest:
+                node_jobs[n] = rest
+            else:
+                node_jobs.pop(n, None)
 
     def _recent(self, ts: float) -> bool:
         """Within the window: a failure already past it (a replayed old record) is not taken back."""
@@ -86,20 +112,23 @@ class JobTable:
         with self._lock:
             return set(self.failed_jobs)
 
-    def job_of(self, node: str) -> str | None:
-        return self._node_job.get(node)
+    def jobs_on(self, node: str) -> tuple[str, ...]:
+        """The node's running jobs, sorted; () for none."""
+        return self._node_jobs.get(node, ())
 
-    def jobs_of(self, nodes: Sequence[str]) -> list[str | None]:
+    def jobs_of(self, nodes: Sequence[str]) -> list[tuple[str, ...]]:
+        """jobs_on() of each node, read together."""
         with self._lock:
-            get = self._node_job.get
-            return [get(n) for n in nodes]
+            get = self._node_jobs.get
+            return [get(n, ()) for n in nodes]
 
     def nodes_of(self, job: str) -> tuple[str, ...]:
         return self._job_nodes.get(job, ())
 
 
 class JobTableFollower(TopicFollower):
-    """Keeps a JobTable current from fleet.jobs.v1 (all partitions, from the beginning).
+    """Keeps a JobTable current from fleet.jobs.v1 (all partitions, from the beginning; a tombstone
+    makes it forget the job).
 
     It applies exactly the records the worker's job stage accepts: one decode (schemas.decode) with
     the record's key and clock reference, so a job the worker dead-letters (clock skew, a key that
@@ -118,6 +147,10 @@ class JobTableFollower(TopicFollower):
         self._clock = clock
 
     def apply_record(self, record: Any, now: float) -> None:
+        if record.value is None:  # a tombstone: the publisher is done with this job
+            if record.key is not None:
+                self.table.forget(record.key.decode("utf-8", "replace"))
+            return
         ref = kafka_io.reference_time(record, now)
         try:
             msg = schemas.decode(record.value, schemas.JOB, key=record.key, ref_ts=ref, clock=self._clock)

@@ -335,8 +335,10 @@ class NodeTask:
                 events += [(now, n, share) for n in job_nodes if n in mine]
         return events
 
-    def _features(self, batch: TelemetryBatch, nodes: list[str], jobs: list[str | None]) -> list[Output]:
-        """One nodefeatures/1 per sample of a node that is in a running job, keyed by the job."""
+    def _features(self, batch: TelemetryBatch, nodes: list[str], jobs: list[tuple[str, ...]]) -> list[Output]:
+        """One nodefeatures/1 per sample of a node and running job it is in, keyed by the job: a
+        node that several jobs share sends its features to each, and is compared with each job's
+        other nodes only (the straggler stage keeps windows per job)."""
         if not any(jobs):
             return []
         with warnings.catch_warnings():  # all-NaN rows (a node without GPU metrics) are expected
@@ -345,19 +347,20 @@ class NodeTask:
         lost = batch.lost.sum(axis=1)
         out: list[Output] = []
         seq = batch.seq
-        for i in np.flatnonzero([j is not None for j in jobs]):
-            msg: dict[str, Any] = {
-                "schema": schemas.NODE_FEATURES,
-                "node": nodes[i],
-                "job": jobs[i],
-                "ts": float(batch.ts[i]),
-                "seq": int(seq[i]),
-                "gpus_lost": int(lost[i]),
-            }
-            for k, v in means.items():
-                if v[i] == v[i]:  # not NaN: absent stays absent
-                    msg[k] = round(float(v[i]), 3)
-            out.append((topics.NODE_FEATURES, jobs[i], msg))
+        for i in np.flatnonzero([bool(j) for j in jobs]).tolist():
+            # not NaN: absent stays absent
+            signals = {k: round(float(v[i]), 3) for k, v in means.items() if v[i] == v[i]}
+            for job in jobs[i]:
+                msg: dict[str, Any] = {
+                    "schema": schemas.NODE_FEATURES,
+                    "node": nodes[i],
+                    "job": job,
+                    "ts": float(batch.ts[i]),
+                    "seq": int(seq[i]),
+                    "gpus_lost": int(lost[i]),
+                    **signals,
+                }
+                out.append((topics.NODE_FEATURES, job, msg))
         return out
 
     def to_bytes(self) -> bytes:

@@ -45,3 +45,7 @@ class Stage:
     # Loads what the tasks compile (numba) before the worker joins its group, so that a compile
     # on a fresh install never holds up a member's first batch while it owns partitions.
     warm_up: Callable[[], None] | None = None
+    # Input topics whose tombstones (null values) are skipped: neither handed to the task nor
+    # dead-lettered or counted as rejected. For compacted inputs whose producer forgets a key that
+    # way (fleet.jobs.v1); on any other input a tombstone is bad input (not_json), as before.
+    skip_tombstones: frozenset[str] = frozenset()

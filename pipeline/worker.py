@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter, Gauge, Histogram
@@ -349,6 +350,10 @@ class Worker(ConsumerRebalanceListener):
     def _handle_part(
         self, tp: TopicPartition, stage: Stage, task: Task, block: RecordBlock, now: float, out: _Outbox
     ) -> bool:
+        if tp.topic in stage.skip_tombstones:
+            block = _without_tombstones(block)
+            if not len(block):
+                return True
         msgs, bad = self._decode(stage, tp, block, now)
         try:
             outputs = task.process(tp.topic, msgs)
@@ -611,6 +616,12 @@ def _exit_for_restart(stalled_s: float) -> None:
     log.critical("exiting so that the supervisor restarts this worker")
     logging.shutdown()
     os._exit(75)  # EX_TEMPFAIL
+
+
+def _without_tombstones(block: RecordBlock) -> RecordBlock:
+    """The block's records that carry a value (RecordBlock.starts is -1 for a null one)."""
+    keep = np.flatnonzero(block.starts >= 0)
+    return block if len(keep) == len(block) else block.subset(keep)
 
 
 def _encode(msg: dict[str, Any] | None) -> bytes | None:

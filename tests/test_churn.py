@@ -216,7 +216,7 @@ def test_failed_jobs_are_kept_for_a_window_and_up_to_a_cap() -> None:
     default = JobTable()  # the default window: a week of event time
     default.apply(_job("old", "failed", T0))
     default.apply(_job("running", "running", T0 + 8 * 86400))
-    assert default.failed_jobs == {} and default.job_of("a") == "running"
+    assert default.failed_jobs == {} and default.jobs_on("a") == ("running",)
 
 
 def test_a_task_remembers_only_failed_jobs_the_table_still_offers() -> None:

@@ -189,6 +189,40 @@ def test_job_from_the_finding_counts_too() -> None:
     assert fl.nodes["n2"].refused == "job"
 
 
+def test_a_shared_node_is_held_by_any_of_its_jobs() -> None:
+    """Slurm shares n2 between jobs a and b: draining it ends both, so a drained node of EITHER job
+    holds it; and a drained shared node holds the other nodes of both jobs."""
+    fl = Fleet(budget_min_nodes=10)
+    fl.job("a", ["n1", "n2"])
+    fl.job("b", ["n2", "n3"])
+    fl.feed(finding("n3", ts=T0), finding("n2", ts=T0 + 100))
+    assert fl.step(T0 + 100) == [("drain", "n3")]
+    assert (
+        fl.nodes["n2"].refused == "job" and fl.nodes["n2"].refused_detail == "n3 of job b is already drained"
+    )
+    fl.job("b", ["n2", "n3"], state="finished")  # b is gone, a has nothing drained: n2 may go now
+    assert fl.jobs.jobs_on("n2") == ("a",)
+    assert fl.step(T0 + 101) == [("drain", "n2")]
+    fl.job("b2", ["n2", "n4"])
+    fl.feed(finding("n1", ts=T0 + 200), finding("n4", ts=T0 + 200))  # a's and b2's other nodes
+    assert fl.step(T0 + 200) == []
+    assert fl.nodes["n1"].refused_detail == "n2 of job a is already drained"
+    assert fl.nodes["n4"].refused_detail == "n2 of job b2 is already drained"
+
+
+def test_a_findings_job_counts_beside_the_tables() -> None:
+    """The table puts n2 in job a only (it has not seen b grow onto n2 yet); n2's straggler finding
+    names b, whose n1 is drained: n2 is held."""
+    fl = Fleet(budget_min_nodes=10)
+    fl.job("a", ["n2", "n5"])
+    fl.job("b", ["n1", "n3"])
+    fl.feed(finding("n1", ts=T0))
+    assert fl.step(T0) == [("drain", "n1")]
+    fl.feed(finding("n2", "straggler", "critical", "peer_step_time", gpu=None, job="b", ts=T0 + 10))
+    assert fl.step(T0 + 10) == []
+    assert fl.nodes["n2"].refused_detail == "n1 of job b is already drained"
+
+
 # ---------------------------------------------------------------- storm
 
 
