@@ -26,20 +26,20 @@ from typing import Any
 
 from kafka.partitioner.default import murmur2
 
-import detectors.findings  # also registers the finding/1 validator with fleetwatch.schemas
-from alerts import drain_request
-from alerts.actor import Actor, ActTask
-from alerts.alert_model import AlertBuilder
-from alerts.alertmanager import AlertmanagerClient, Dispatcher, dead_letter_alert
-from alerts.drain_log import ResultBook, latest_requests
-from alerts.policy import Policy, PolicyConfig
 from fleetwatch import kafka_io, schemas
+from fleetwatch.alerts import drain_request
+from fleetwatch.alerts.actor import Actor, ActTask
+from fleetwatch.alerts.alert_model import AlertBuilder
+from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher, dead_letter_alert
+from fleetwatch.alerts.drain_log import ResultBook, latest_requests
+from fleetwatch.alerts.policy import Policy, PolicyConfig
 from fleetwatch.census import Census
+from fleetwatch.detectors.findings import FINDING  # importing it registers finding/1 with the decoder
 from fleetwatch.follow import TopicFollower
+from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
+from fleetwatch.pipeline.tasks import Stage
+from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag, serve_metrics
-from pipeline.job_table import JobTable, JobTableFollower
-from pipeline.tasks import Stage
-from pipeline.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     stage = Stage(
         name="act",  # the Worker keys snapshots by group too: two deployments never share state
         inputs=(args.findings_topic,),
-        schemas={args.findings_topic: detectors.findings.FINDING},
+        schemas={args.findings_topic: FINDING},
         new_task=lambda p: ActTask(actor, p),
         load_task=lambda p, raw: ActTask.from_bytes(actor, p, raw),
     )

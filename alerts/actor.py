@@ -31,13 +31,13 @@ from typing import Any
 import orjson
 from prometheus_client import Counter, Gauge
 
-from alerts import drain_request
-from alerts.alert_model import AlertBook, AlertBuilder
-from alerts.alertmanager import Dispatcher
-from alerts.drain_log import Result
-from alerts.policy import Evaluation, JobLookup, NodeState, Policy
+from fleetwatch.alerts import drain_request
+from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
+from fleetwatch.alerts.alertmanager import Dispatcher
+from fleetwatch.alerts.drain_log import Result
+from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
+from fleetwatch.pipeline.tasks import Output
 from fleetwatch.schemas import MessageError
-from pipeline.tasks import Output
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from alerts.alert_model import AlertBook, AlertRecord, rfc3339
-from pipeline.deadletter import send_deadletter
+from fleetwatch.alerts.alert_model import AlertBook, AlertRecord, rfc3339
+from fleetwatch.deadletter import send_deadletter
 
 log = logging.getLogger(__name__)
 

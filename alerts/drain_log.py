@@ -25,8 +25,8 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from alerts import drain_request, drain_result
 from fleetwatch import schemas
+from fleetwatch.alerts import drain_request, drain_result
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from alerts import drain_request
 from fleetwatch import schemas
+from fleetwatch.alerts import drain_request
 from fleetwatch.schemas import MessageError
 
 DRAIN_RESULT = "drain_result/1"

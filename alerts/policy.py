@@ -49,7 +49,7 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from alerts.drain_request import request_id
+from fleetwatch.alerts.drain_request import request_id
 
 DRAIN_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}

@@ -44,12 +44,12 @@ from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter
 
-from alerts import drain_request, drain_result
-from alerts.journal import Entry, Journal
-from alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.alerts import drain_request, drain_result
+from fleetwatch.alerts.journal import Entry, Journal
+from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
+from fleetwatch.deadletter import send_deadletter
 from fleetwatch.runtime import StopFlag, serve_metrics
-from pipeline.deadletter import send_deadletter
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from detectors.statistical import NodeCombiner, RobustScorer
+from fleetwatch.detectors.statistical import NodeCombiner, RobustScorer
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "asd"
 N_METRICS = 19

@@ -67,9 +67,9 @@ def peak_rss_mb() -> float:
 
 def template(rows: int, seed: int) -> Any:
     """One healthy simulated tick of `rows` nodes as a columnar batch (names replaced later)."""
-    from collectors.sim import Simulation, load_scenario, packaged_path
-    from detectors.batch import TelemetryBatch
     from fleetwatch import topics
+    from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
+    from fleetwatch.detectors.batch import TelemetryBatch
 
     overrides = {"nodes": rows, "duration_s": 1, "seed": seed}
     sim = Simulation(load_scenario(str(packaged_path("healthy.yaml")), overrides))
@@ -97,7 +97,7 @@ def batch_of(
     tmpl: Any, names: list[str], t: float, interval: float, seq: int, rng: np.random.Generator
 ) -> Any:
     """These names' samples in the interval from t: template rows, renamed and re-timed."""
-    from detectors.batch import GPU_COL
+    from fleetwatch.detectors.batch import GPU_COL
 
     # A name keeps its template row while it lives (its counters must not step back: a reset is a
     # finding), and names reporting at once have distinct rows (they are consecutive numbers).
@@ -138,12 +138,12 @@ def forget_timer(task: Any) -> dict[str, float]:
 
 def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
     """One case in this process: feed the stage, then measure it."""
-    from detectors.silence import SilenceConfig
     from fleetwatch import topics
+    from fleetwatch.detectors.silence import SilenceConfig
+    from fleetwatch.pipeline import fleet_metrics
+    from fleetwatch.pipeline.job_table import JobTable
+    from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
     from fleetwatch.runtime import gc_paused
-    from pipeline import fleet_metrics
-    from pipeline.job_table import JobTable
-    from pipeline.node_stage import NodeTask, NodeTaskConfig
 
     NodeTask.warm_up()
     rng = np.random.default_rng(args.seed)

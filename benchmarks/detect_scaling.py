@@ -39,8 +39,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch import topics
+from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch.runtime import gc_paused
 
 GPUS = 8
@@ -101,8 +101,8 @@ def _timed(task: Any, ticks: Iterable[list[dict[str, Any]]], batch: int) -> tupl
 
 
 def _state_sizes(task: Any, gpus: int) -> tuple[float, float, float]:
-    from pipeline.job_table import JobTable
-    from pipeline.node_stage import NodeTask
+    from fleetwatch.pipeline.job_table import JobTable
+    from fleetwatch.pipeline.node_stage import NodeTask
 
     raw = task.to_bytes()
     gc.collect()
@@ -122,8 +122,8 @@ def _state_sizes(task: Any, gpus: int) -> tuple[float, float, float]:
 def bench_task(ticks: Iterator[list[dict[str, Any]]], batch: int) -> tuple[Any, float, int]:
     """A fresh NodeTask warmed up on the first tick (every node's state is created there), then
     timed on the rest; returns the task, CPU seconds and samples timed."""
-    from pipeline.job_table import JobTable
-    from pipeline.node_stage import NodeTask
+    from fleetwatch.pipeline.job_table import JobTable
+    from fleetwatch.pipeline.node_stage import NodeTask
 
     task = NodeTask(JobTable())
     with gc_paused():

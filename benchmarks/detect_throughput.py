@@ -35,8 +35,8 @@ import time
 import uuid
 from typing import Any
 
-from collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch import topics
+from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch.runtime import gc_paused
 
 
@@ -47,8 +47,8 @@ def generate(nodes: int, ticks: int, seed: int) -> list[dict[str, Any]]:
 
 
 def bench_fleetwatch(msgs: list[dict[str, Any]], batch: int) -> float:
-    from pipeline.job_table import JobTable
-    from pipeline.node_stage import NodeTask
+    from fleetwatch.pipeline.job_table import JobTable
+    from fleetwatch.pipeline.node_stage import NodeTask
 
     NodeTask.warm_up()
     task = NodeTask(JobTable())
@@ -64,9 +64,9 @@ def bench_decode_and_stage(raws: list[bytes], batch: int, columnar: bool) -> flo
     compiled scanner straight into columns (columnar) or by msgspec into structs, then the
     per-node stage. Node-samples per second of CPU time."""
     from fleetwatch import schemas
-    from pipeline.job_table import JobTable
-    from pipeline.node_stage import NodeTask
-    from pipeline.telemetry_decode import decode_telemetry
+    from fleetwatch.pipeline.job_table import JobTable
+    from fleetwatch.pipeline.node_stage import NodeTask
+    from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 
     NodeTask.warm_up()
     task = NodeTask(JobTable())
@@ -87,7 +87,7 @@ def bench_baseline(msgs: list[dict[str, Any]], nodes: int) -> float:
     then their remaining samples are timed. Per-sample cost does not depend on the node count."""
     from river import anomaly
 
-    from detectors.batch import GPU_NUMERIC
+    from fleetwatch.detectors.batch import GPU_NUMERIC
 
     keep = sorted({m["node"] for m in msgs})[:nodes]
     mine = [m for m in msgs if m["node"] in set(keep)]
@@ -372,10 +372,10 @@ def _worker_proc(
     reports: Any,
 ) -> None:
     from fleetwatch import schemas
-    from pipeline.job_table import JobTable
-    from pipeline.node_stage import NodeTask
-    from pipeline.tasks import Stage
-    from pipeline.worker import Worker
+    from fleetwatch.pipeline.job_table import JobTable
+    from fleetwatch.pipeline.node_stage import NodeTask
+    from fleetwatch.pipeline.tasks import Stage
+    from fleetwatch.pipeline.worker import Worker
 
     me, n, parts = member
     owned, changed, polled, go = forming

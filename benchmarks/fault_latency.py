@@ -60,8 +60,8 @@ import orjson
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch.runtime import stop_processes
 
 REPO = Path(__file__).resolve().parent.parent

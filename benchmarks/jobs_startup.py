@@ -324,7 +324,7 @@ def child(args: argparse.Namespace) -> None:
 
     topics.JOBS = args.topic  # before the pipeline is imported: every reader takes it from here
     from fleetwatch import kafka_io, schemas
-    from pipeline.job_table import JobTable, JobTableFollower
+    from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 
     class Counting(JobTableFollower):
         values = stones = 0
@@ -351,8 +351,8 @@ def child(args: argparse.Namespace) -> None:
     out["applied"] = {"values": follower.values, "tombstones": follower.stones}
     out["table"] = {"running": len(table._job_nodes), "failed": len(table.failed_jobs)}
     if args.child == "worker":
-        from pipeline import worker as worker_mod
-        from pipeline.detect import stages
+        from fleetwatch.pipeline import worker as worker_mod
+        from fleetwatch.pipeline.detect import stages
 
         group = f"jobs-startup-{uuid.uuid4().hex[:8]}"
         w = worker_mod.Worker(

@@ -21,10 +21,10 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from collectors.forwarder import SpoolForwarder
-from collectors.sources import Source, make_source
-from collectors.spool import Spool
 from fleetwatch import __version__, schemas, topics
+from fleetwatch.collectors.forwarder import SpoolForwarder
+from fleetwatch.collectors.sources import Source, make_source
+from fleetwatch.collectors.spool import Spool
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)

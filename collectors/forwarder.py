@@ -16,8 +16,8 @@ from typing import Any
 
 from kafka.errors import KafkaError, KafkaTimeoutError
 
-from collectors.spool import Spool
 from fleetwatch import kafka_io
+from fleetwatch.collectors.spool import Spool
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from collectors.sources import SingleFlight
+from fleetwatch.collectors.sources import SingleFlight
 
 # /proc/stat `cpu` columns: user nice system idle iowait irq softirq steal [guest guest_nice]
 _CPU_COLUMNS = 8

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from collectors.sources import SingleFlight
+from fleetwatch.collectors.sources import SingleFlight
 
 IB_COUNTERS = (  # (telemetry field, file under counters/, multiplier)
     ("symbol_errors", "symbol_error", 1),

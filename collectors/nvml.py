@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from collectors.sources import SingleFlight, SourceUnavailable
+from fleetwatch.collectors.sources import SingleFlight, SourceUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleetwatch import kafka_io, schemas, topics
-from pipeline.deadletter import send_deadletter
+from fleetwatch.deadletter import send_deadletter
 
 log = logging.getLogger(__name__)
 

@@ -72,15 +72,15 @@ def make_source(name: str, **kwargs: Any) -> Source:
     Raises ValueError for an unknown name; constructors may raise SourceUnavailable.
     """
     if name == "nvml":
-        from collectors.nvml import NvmlSource
+        from fleetwatch.collectors.nvml import NvmlSource
 
         return NvmlSource(**kwargs)
     if name == "host":
-        from collectors.host import HostSource
+        from fleetwatch.collectors.host import HostSource
 
         return HostSource(**kwargs)
     if name == "net":
-        from collectors.net import NetSource
+        from fleetwatch.collectors.net import NetSource
 
         return NetSource(**kwargs)
     raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")

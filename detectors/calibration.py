@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from detectors.stat_kernels import calibrate_pass, indexed_values
+from fleetwatch.detectors.stat_kernels import calibrate_pass, indexed_values
 
 # ln(d) range of the histogram: d is in units of the series' own scale, so e^-5 (0.007 scales)
 # up to e^9 (8100 scales) covers every deviation worth telling apart; beyond it is "huge".

@@ -128,7 +128,7 @@ def run_pass(rows: np.ndarray, flags: np.ndarray, run: np.ndarray, out: np.ndarr
 
 def warm_up() -> None:
     """Load the kernels from numba's cache, compiling them first if there is none (~10 s)."""
-    from detectors.counters import CounterTracker, DecayingCount, RunLength
+    from fleetwatch.detectors.counters import CounterTracker, DecayingCount, RunLength
 
     rows, ts = np.zeros(1, dtype=np.int64), np.ones(1)
     CounterTracker(("a",)).update(rows, ts, np.ones((1, 1)))

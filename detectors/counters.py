@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from detectors import counter_kernels as kernels
+from fleetwatch.detectors import counter_kernels as kernels
 
 NAN = np.nan
 

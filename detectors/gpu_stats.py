@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.batch import GPU_COL, TelemetryBatch, known_rows
-from detectors.counters import Compaction, decode_array, encode_array
-from detectors.findings import Forgotten, IncidentBook, severity_score
-from detectors.statistical import RobustScorer, sibling_robust_z
+from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch, known_rows
+from fleetwatch.detectors.counters import Compaction, decode_array, encode_array
+from fleetwatch.detectors.findings import Forgotten, IncidentBook, severity_score
+from fleetwatch.detectors.statistical import RobustScorer, sibling_robust_z
 
 # signal -> resolution below which peers count as equal (no MAD = 0 blow-ups on quantised values)
 SIGNALS: dict[str, float] = {"temp_c": 1.0, "power_w": 10.0, "sm_clock_mhz": 15.0}

@@ -60,9 +60,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from detectors import xid_catalog
-from detectors.batch import GPU_COL, IB_COL, NodeRegistry, TelemetryBatch
-from detectors.counters import (
+from fleetwatch.detectors import xid_catalog
+from fleetwatch.detectors.batch import GPU_COL, IB_COL, NodeRegistry, TelemetryBatch
+from fleetwatch.detectors.counters import (
     Compaction,
     CounterTracker,
     DecayingCount,
@@ -73,7 +73,7 @@ from detectors.counters import (
     grow,
     increasing_in_group,
 )
-from detectors.findings import SEVERITIES, SEVERITY_RANK, Forgotten, IncidentBook, severity_score
+from fleetwatch.detectors.findings import SEVERITIES, SEVERITY_RANK, Forgotten, IncidentBook, severity_score
 from fleetwatch.schemas import GPU_COUNTERS
 
 STATE_VERSION = 1

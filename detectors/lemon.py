@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import poisson
 
-from detectors.batch import known_rows
-from detectors.counters import Compaction
-from detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.batch import known_rows
+from fleetwatch.detectors.counters import Compaction
+from fleetwatch.detectors.findings import Forgotten, IncidentBook
 
 
 @dataclass(frozen=True)

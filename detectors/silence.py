@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.batch import TelemetryBatch
-from detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.detectors.findings import Forgotten, IncidentBook
 
 
 @dataclass(frozen=True)

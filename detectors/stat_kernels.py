@@ -229,8 +229,8 @@ def warm_up() -> None:
     """Load the kernels from numba's cache, compiling them first if there is none (~20 s)."""
     x = np.ones((1, 1, 1))
     sibling_z_pass(x, np.broadcast_to(np.zeros(1), x.shape), 1, np.empty_like(x))
-    from detectors.calibration import TailCalibrator
-    from detectors.statistical import RobustScorer
+    from fleetwatch.detectors.calibration import TailCalibrator
+    from fleetwatch.detectors.statistical import RobustScorer
 
     one = np.zeros(1, dtype=np.int64)
     RobustScorer(1).update_ids(one, np.ones(1))

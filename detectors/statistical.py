@@ -53,9 +53,15 @@ from typing import Literal
 
 import numpy as np
 
-from detectors.calibration import DEFAULT_BINS, DEFAULT_HI, DEFAULT_LO, ScalarTailCalibrator, TailCalibrator
-from detectors.counters import Compaction
-from detectors.stat_kernels import MAD_TO_SIGMA, indexed_values, robust_pass, sibling_z_pass
+from fleetwatch.detectors.calibration import (
+    DEFAULT_BINS,
+    DEFAULT_HI,
+    DEFAULT_LO,
+    ScalarTailCalibrator,
+    TailCalibrator,
+)
+from fleetwatch.detectors.counters import Compaction
+from fleetwatch.detectors.stat_kernels import MAD_TO_SIGMA, indexed_values, robust_pass, sibling_z_pass
 
 NAN = math.nan
 

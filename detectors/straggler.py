@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from detectors.findings import IncidentBook, severity_score
+from fleetwatch.detectors.findings import IncidentBook, severity_score
 
 NAN = np.nan
 

@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument("--call-timeout", type=_positive_float, default=5.0, help="seconds per collector call")
-    p.set_defaults(handler="collectors.agent:run")
+    p.set_defaults(handler="fleetwatch.collectors.agent:run")
 
     p = sub.add_parser("simulate", help="simulated cluster with fault injection and ground truth")
     _add_bootstrap(p)
@@ -117,13 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
-    p.set_defaults(handler="collectors.sim.cli:run")
+    p.set_defaults(handler="fleetwatch.collectors.sim.cli:run")
 
     p = sub.add_parser("replay", help="produce recorded telemetry, one JSON message per line")
     p.add_argument("file", help="JSONL file (use - for stdin)")
     _add_bootstrap(p)
     p.add_argument("--topic", default=None, help="override the topic (default: by each message's schema)")
-    p.set_defaults(handler="collectors.replay:run")
+    p.set_defaults(handler="fleetwatch.collectors.replay:run")
 
     p = sub.add_parser("detect", help="detector worker (consumer group fleetwatch-detect)")
     _add_bootstrap(p)
@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=86400.0,
         help="refuse a message timestamped more than this many seconds before it reached the broker",
     )
-    p.set_defaults(handler="pipeline.detect:run")
+    p.set_defaults(handler="fleetwatch.pipeline.detect:run")
 
     p = sub.add_parser("eval", help="simulate -> detect -> score, without wall-clock waits")
     p.add_argument("--scenario", default=None, help="scenario file (default: the built-in default)")
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
     p.add_argument("--duration", type=_positive_float, default=None, help="override simulated seconds")
     p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
-    p.set_defaults(handler="pipeline.evaluate:run")
+    p.set_defaults(handler="fleetwatch.pipeline.evaluate:run")
 
     # --- action layer (alerts/): the two blocks below are owned by the alerts/ code
     p = sub.add_parser("act", help="route findings to Alertmanager and emit drain requests")
@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-timeout", type=_positive_float, default=10.0, help="group session timeout, seconds"
     )
     p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
-    p.set_defaults(handler="alerts.act:run")
+    p.set_defaults(handler="fleetwatch.alerts.act:run")
 
     p = sub.add_parser(
         "slurm-jobs", help="publish job/1 for every Slurm job's start and end (beside slurmctld)"
@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--topic", default="fleet.jobs.v1", help="jobs topic (default fleet.jobs.v1)")
     p.add_argument("--once", action="store_true", help="poll once, publish, exit")
-    p.set_defaults(handler="collectors.slurm_jobs.publisher:run")
+    p.set_defaults(handler="fleetwatch.collectors.slurm_jobs.publisher:run")
 
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
     _add_bootstrap(p)
@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse requests issued more than this many seconds ahead of this clock (rejected_stale)",
     )
     p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
-    p.set_defaults(handler="alerts.slurm_drainer:run")
+    p.set_defaults(handler="fleetwatch.alerts.slurm_drainer:run")
     # --- end of the action layer's blocks
 
     p = sub.add_parser("score", help="stream a univariate CSV series through the online detector")
@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timestamp", default="timestamp", help="timestamp column (default: timestamp; row number if absent)"
     )
-    p.set_defaults(handler="pipeline.score_cli:run")
+    p.set_defaults(handler="fleetwatch.pipeline.score_cli:run")
 
     return parser
 

@@ -34,12 +34,12 @@ from kafka import TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from collectors.sim import load_scenario
-from collectors.sim.cli import live_epoch
 from fleetwatch import kafka_io, topics
+from fleetwatch.collectors.sim import load_scenario
+from fleetwatch.collectors.sim.cli import live_epoch
 from fleetwatch.demo_plot import plot_fleet
+from fleetwatch.pipeline.scorecard import busy_spans, format_table, score
 from fleetwatch.runtime import stop_processes
-from pipeline.scorecard import busy_spans, format_table, score
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.fleet_metrics import HEALTH_BY_SEVERITY as HEALTH  # the same levels Grafana shows
+from fleetwatch.pipeline.fleet_metrics import HEALTH_BY_SEVERITY as HEALTH  # the same levels Grafana shows
 
 
 def health_grid(

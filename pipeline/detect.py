@@ -15,12 +15,12 @@ import socket
 from dataclasses import replace
 
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
+from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
+from fleetwatch.pipeline.tasks import Stage
+from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag, serve_metrics
-from pipeline.job_stage import JobTask
-from pipeline.job_table import JobTable, JobTableFollower
-from pipeline.node_stage import NodeTask, NodeTaskConfig
-from pipeline.tasks import Stage
-from pipeline.worker import Worker
 
 log = logging.getLogger(__name__)
 

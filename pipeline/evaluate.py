@@ -16,12 +16,12 @@ from typing import Any
 
 import orjson
 
-from collectors.sim import Simulation, load_scenario
 from fleetwatch import topics
-from pipeline.job_stage import JobTask
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask, NodeTaskConfig
-from pipeline.scorecard import Scorecard, busy_spans, format_table, score
+from fleetwatch.collectors.sim import Simulation, load_scenario
+from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
+from fleetwatch.pipeline.scorecard import Scorecard, busy_spans, format_table, score
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 10.0

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.straggler import STEP_TIME, StragglerConfig, StragglerDetector, loo_median
 from fleetwatch import topics
-from pipeline import fleet_metrics
-from pipeline.tasks import Output
+from fleetwatch.detectors.straggler import STEP_TIME, StragglerConfig, StragglerDetector, loo_median
+from fleetwatch.pipeline import fleet_metrics
+from fleetwatch.pipeline.tasks import Output
 
 ENDED = frozenset({"finished", "failed"})
 

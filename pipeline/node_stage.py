@@ -35,16 +35,16 @@ import numpy as np
 import orjson
 from prometheus_client import Counter
 
-from detectors.batch import GPU_COL, TelemetryBatch
-from detectors.findings import Forgotten
-from detectors.gpu_stats import GpuStats, GpuStatsConfig
-from detectors.hardware import HardwareConfig, HardwareDetector
-from detectors.lemon import LemonConfig, LemonScorer
-from detectors.silence import SilenceConfig, SilenceDetector, reference_time
 from fleetwatch import census, schemas, topics
-from pipeline import fleet_metrics
-from pipeline.job_table import JobTable
-from pipeline.tasks import Output
+from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
+from fleetwatch.detectors.findings import Forgotten
+from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
+from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
+from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
+from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector, reference_time
+from fleetwatch.pipeline import fleet_metrics
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.tasks import Output
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,8 @@ class NodeTask:
     def warm_up() -> None:
         """Load the compiled code the stage runs (the telemetry scanner, the counter and statistical
         kernels) from numba's cache, compiling it first on a fresh install (~2 min on 2 cores)."""
-        from detectors import counter_kernels, stat_kernels
         from fleetwatch import telemetry_scan
+        from fleetwatch.detectors import counter_kernels, stat_kernels
 
         telemetry_scan.warm_up()
         counter_kernels.warm_up()

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import TextIO
 
-from detectors.statistical import UnivariateScorer
+from fleetwatch.detectors.statistical import UnivariateScorer
 
 log = logging.getLogger("fleetwatch.score")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.findings import SEVERITY_RANK
+from fleetwatch.detectors.findings import SEVERITY_RANK
 
 # Which finding kinds count as detecting each fault kind. The first is the expected one; the
 # others describe the same fault from another angle (an ECC XID is also an `xid` finding, a GPU

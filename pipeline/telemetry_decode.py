@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.batch import TelemetryBatch
 from fleetwatch import schemas, telemetry_scan
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.record_blocks import RecordBlock
 
 

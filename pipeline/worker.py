@@ -26,12 +26,12 @@ from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter, Gauge, Histogram
 
 from fleetwatch import kafka_io, record_blocks, schemas, socket_reads, topics
+from fleetwatch.deadletter import send_deadletter
+from fleetwatch.pipeline import fleet_metrics
+from fleetwatch.pipeline.state_store import LOST_REASONS, read_snapshots, write_snapshot
+from fleetwatch.pipeline.tasks import Stage, Task
 from fleetwatch.record_blocks import RecordBlock
 from fleetwatch.runtime import StopFlag, gc_paused
-from pipeline import fleet_metrics
-from pipeline.deadletter import send_deadletter
-from pipeline.state_store import LOST_REASONS, read_snapshots, write_snapshot
-from pipeline.tasks import Stage, Task
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ class Worker(ConsumerRebalanceListener):
         clock = stage.clock.get(tp.topic)
         try:
             if stage.columnar_telemetry and stage.schemas[tp.topic] == schemas.TELEMETRY:
-                from pipeline.telemetry_decode import decode_telemetry  # numba: only where used
+                from fleetwatch.pipeline.telemetry_decode import decode_telemetry  # numba: only where used
 
                 return decode_telemetry(block, now=now, clock=clock)
             return schemas.decode_batch(

@@ -34,14 +34,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collectors.agent import Agent, SourceRunner
-from collectors.sources import make_source
-from collectors.spool import Spool
 from fleetwatch import schemas, telemetry_scan, topics
+from fleetwatch.collectors.agent import Agent, SourceRunner
+from fleetwatch.collectors.sources import make_source
+from fleetwatch.collectors.spool import Spool
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask
+from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 from fleetwatch.record_blocks import RecordBlock
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask
-from pipeline.telemetry_decode import decode_telemetry
 
 NVIDIA_LINE = re.compile(r"NVRM|Xid|SXid|nvidia", re.IGNORECASE)
 

@@ -25,7 +25,7 @@ python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
 # Compile the telemetry scanner, the counter and statistical kernels and the record-block reader
 # once (numba caches them beside their source: ~2 min on a fresh clone, ~1 s after), rather than
 # in the first detect worker or test.
-python3 -c "from pipeline.node_stage import NodeTask; NodeTask.warm_up()"
+python3 -c "from fleetwatch.pipeline.node_stage import NodeTask; NodeTask.warm_up()"
 python3 -c "from fleetwatch import record_blocks; record_blocks.warm_up()"
 bash services/kafka/kafka.sh fetch
 # Dashboard and compose checks (tests/test_dashboards.py, tests/test_compose.py): Node.js for the

@@ -11,13 +11,13 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from alerts import drain_result
-from alerts.actor import Actor, ActTask
-from alerts.alert_model import AlertBook, AlertBuilder
-from alerts.drain_log import ResultBook
-from alerts.policy import Policy, PolicyConfig
 from fleetwatch import schemas
-from pipeline.job_table import JobTable
+from fleetwatch.alerts import drain_result
+from fleetwatch.alerts.actor import Actor, ActTask
+from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
+from fleetwatch.alerts.drain_log import ResultBook
+from fleetwatch.alerts.policy import Policy, PolicyConfig
+from fleetwatch.pipeline.job_table import JobTable
 from tests.test_drain_policy import T0, finding
 
 KEY = b"test-drain-key-0123456789abcdef"

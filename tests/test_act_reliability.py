@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-import alerts.drain_request  # noqa: F401  (registers drain/1 for TopicTail.messages)
-from alerts import drain_result
-from alerts.journal import Journal
+import fleetwatch.alerts.drain_request  # noqa: F401  (registers drain/1 for TopicTail.messages)
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.alerts import drain_result
+from fleetwatch.alerts.journal import Journal
 from fleetwatch.census import node_message
 from tests.conftest import REPO, TopicTail
 from tests.test_alerting_services import SLURM_NODES, Alertmanager, Slurm, alertmanager, cluster, slurm  # noqa: F401

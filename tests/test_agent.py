@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from collectors.agent import Agent, SourceRunner
-from collectors.forwarder import SpoolForwarder
-from collectors.spool import Spool
 from fleetwatch import schemas, topics
+from fleetwatch.collectors.agent import Agent, SourceRunner
+from fleetwatch.collectors.forwarder import SpoolForwarder
+from fleetwatch.collectors.spool import Spool
 from fleetwatch.runtime import StopFlag
 from tests.conftest import REPO, PrivateBroker, TopicTail
 
@@ -124,9 +124,9 @@ def test_agent_samples_take_the_detect_workers_fast_path(tmp_path: Path) -> None
     up, a lost GPU, an XID) and /proc is all in the contract, so the detect worker's compiled
     scanner takes it whole: a field outside the contract would send every sample of every node to
     the slower decoders (fleetwatch/telemetry_scan.py)."""
-    from collectors.host import HostSource
-    from collectors.nvml import NvmlSource
     from fleetwatch import telemetry_scan
+    from fleetwatch.collectors.host import HostSource
+    from fleetwatch.collectors.nvml import NvmlSource
     from tests.fakes import FakeGpu, FakeLink, FakeNvml
 
     gpu = FakeGpu(util=90, remapped_rows=(5, 2, 1, 0), nvlinks=[FakeLink(crc_flit=1), FakeLink(active=False)])
@@ -264,8 +264,8 @@ def test_collect_cli_rejects_bad_node_name(bad_node: str) -> None:
 def test_nvml_agent_through_kafka(kafka_bootstrap: str, topic_tail: Any, tmp_path: Path) -> None:
     """NvmlSource on the fake pynvml (the same code path as real NVML) through the agent and Kafka:
     an XID event arrives once, on its GPU; a GPU that falls off the bus is still reported."""
-    from collectors.host import HostSource
-    from collectors.nvml import NvmlSource
+    from fleetwatch.collectors.host import HostSource
+    from fleetwatch.collectors.nvml import NvmlSource
     from tests.fakes import FakeGpu, FakeNvml
 
     fake = FakeNvml([FakeGpu(util=95, temp_c=60)] * 8)

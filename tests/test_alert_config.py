@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 import time
 
-from alerts.alert_model import AlertBook, AlertBuilder
-from alerts.alertmanager import AlertmanagerClient, Dispatcher
+from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
+from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher
 from tests.conftest import REPO
 from tests.test_alerting_services import Alertmanager, alertmanager, cluster  # noqa: F401
 from tests.test_drain_policy import finding

@@ -14,8 +14,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from alerts.alert_model import AlertBook, AlertBuilder, AlertRecord, fingerprint, rfc3339
-from alerts.alertmanager import (
+from fleetwatch import kafka_io, topics
+from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder, AlertRecord, fingerprint, rfc3339
+from fleetwatch.alerts.alertmanager import (
     BATCH,
     DROPPED,
     REASONS,
@@ -26,7 +27,6 @@ from alerts.alertmanager import (
     dead_letter_alert,
     reject_reason,
 )
-from fleetwatch import kafka_io, topics
 from tests.conftest import TopicTail
 from tests.test_alerting_services import Alertmanager, alertmanager, cluster  # noqa: F401
 from tests.test_drain_policy import finding

@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from detectors.findings import FORGOTTEN
 from fleetwatch import schemas, topics
 from fleetwatch.census import Census
-from pipeline import fleet_metrics
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask, NodeTaskConfig
-from pipeline.tasks import Output
+from fleetwatch.detectors.findings import FORGOTTEN
+from fleetwatch.pipeline import fleet_metrics
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
+from fleetwatch.pipeline.tasks import Output
 from tests.test_act_drains import Rig
 from tests.test_drain_policy import T0, finding
 from tests.test_schemas import telemetry

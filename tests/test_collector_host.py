@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors import host
-from collectors.host import HostSource, process_state
 from fleetwatch import schemas
+from fleetwatch.collectors import host
+from fleetwatch.collectors.host import HostSource, process_state
 from tests.fakes import telemetry_message, write_tree
 
 #           user nice system idle  iowait irq softirq steal guest guest_nice

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from collectors.net import NetSource, parse_ib_rate, parse_ib_state, parse_net_dev
 from fleetwatch import schemas
+from fleetwatch.collectors.net import NetSource, parse_ib_rate, parse_ib_state, parse_net_dev
 from tests.fakes import telemetry_message, write_tree
 
 NET_DEV = """Inter-|   Receive                                                |  Transmit

@@ -9,11 +9,11 @@ import time
 import pynvml
 import pytest
 
-from collectors.host import HostSource
-from collectors.net import NetSource
-from collectors.nvml import NvmlSource
-from collectors.sources import Source, SourceBusy, SourceUnavailable, make_source
 from fleetwatch import schemas
+from fleetwatch.collectors.host import HostSource
+from fleetwatch.collectors.net import NetSource
+from fleetwatch.collectors.nvml import NvmlSource
+from fleetwatch.collectors.sources import Source, SourceBusy, SourceUnavailable, make_source
 from tests.fakes import FakeGpu, FakeLink, FakeNvml, fake_pynvml, telemetry_message, write_tree
 
 # ---------------------------------------------------------------- the fake follows the real bindings

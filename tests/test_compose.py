@@ -9,6 +9,7 @@ import importlib.util
 import json
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -127,10 +128,9 @@ def test_mounted_files_and_build_inputs_exist(config: dict[str, Any]) -> None:
     copied = re.findall(r"^COPY (\S+)", dockerfile.read_text(), re.M)
     for src in copied:
         assert (REPO / src).exists(), f"Dockerfile copies missing {src}"
-    packages = yaml.safe_load(
-        "x: " + re.search(r"include = (\[.*\])", (REPO / "pyproject.toml").read_text())[1]
-    )
-    wanted = {p.rstrip("*") for p in packages["x"]}
+    # every folder pyproject maps into the fleetwatch package is copied into the image
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wanted = set(project["tool"]["setuptools"]["package-dir"].values())
     assert wanted <= set(copied), f"Dockerfile misses packages {wanted - set(copied)}"
     ignore = (REPO / "services" / "docker" / "Dockerfile.dockerignore").read_text()
     for src in copied:

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from alerts.alert_model import AlertBook, AlertBuilder
-from alerts.alertmanager import AlertmanagerClient, Dispatcher
+from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
+from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher
 from fleetwatch.demo import SimClock, StormWatch, storm_from_annotations
 from tests.conftest import REPO
 from tests.test_alerting_services import Alertmanager, alertmanager, cluster  # noqa: F401

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.batch import GPU_COL, GPU_NUMERIC, HOST_NUMERIC, IB_COL, IB_NUMERIC, TelemetryBatch
 from fleetwatch import schemas
+from fleetwatch.detectors.batch import GPU_COL, GPU_NUMERIC, HOST_NUMERIC, IB_COL, IB_NUMERIC, TelemetryBatch
 
 # ---------------------------------------------------------------- message builders (shared)
 
@@ -208,8 +208,8 @@ def _structs(msgs: list[dict[str, Any]]) -> list[Any]:
 def test_structs_give_the_same_batch_as_dicts_on_simulated_telemetry() -> None:
     """The worker decodes telemetry to compiled structs; the evaluator hands dicts: same columns.
     Simulated telemetry of a faulty cluster has XIDs, lost GPUs, IB ports down, missing fields."""
-    from collectors.sim import Simulation, load_scenario, packaged_path
     from fleetwatch import topics
+    from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 
     sim = Simulation(load_scenario(str(packaged_path("default.yaml")), {"nodes": 16, "duration_s": 240}))
     msgs = [m for ms in sim.ticks() for t, _k, m in ms if t == topics.TELEMETRY]

@@ -9,7 +9,13 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.counters import CounterTracker, DecayingCount, RunLength, Segments, increasing_in_group
+from fleetwatch.detectors.counters import (
+    CounterTracker,
+    DecayingCount,
+    RunLength,
+    Segments,
+    increasing_in_group,
+)
 
 
 def one(tracker: CounterTracker, row: int, ts: float, *values: float):

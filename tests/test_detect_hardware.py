@@ -12,10 +12,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors import xid_catalog
-from detectors.batch import TelemetryBatch
-from detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch import schemas
+from fleetwatch.detectors import xid_catalog
+from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from tests.test_detect_batch import gpu_entry, ib_port, telemetry
 
 NODE = "gpu-node-0007"

@@ -14,12 +14,12 @@ from typing import Any
 
 import yaml
 
-import detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
+import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import schemas, topics
+from fleetwatch.pipeline.detect import stages
+from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
+from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
-from pipeline.detect import stages
-from pipeline.job_table import JobTable, JobTableFollower
-from pipeline.worker import Worker
 from tests.conftest import REPO
 
 

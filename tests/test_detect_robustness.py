@@ -12,10 +12,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import detectors.findings  # noqa: F401  (registers finding/1)
+import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1)
 from fleetwatch import schemas
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask
 
 counter = st.integers(0, 2**40)
 gpu = st.fixed_dictionaries(
@@ -119,7 +119,7 @@ feature = st.builds(
 )
 def test_job_stage_survives_degenerate_steps(events: list[tuple[str, list[dict[str, Any]]]]) -> None:
     """Zero step times, zero clocks, jobs that end mid-stream: valid findings, never an exception."""
-    from pipeline.job_stage import JobTask
+    from fleetwatch.pipeline.job_stage import JobTask
 
     task = JobTask()
     for what, msgs in events:

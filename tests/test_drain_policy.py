@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from alerts.drain_request import request_id
-from alerts.policy import NodeState, Policy, PolicyConfig, drain_reason
-from detectors.findings import make_finding
-from pipeline.job_table import JobTable
+from fleetwatch.alerts.drain_request import request_id
+from fleetwatch.alerts.policy import NodeState, Policy, PolicyConfig, drain_reason
+from fleetwatch.detectors.findings import make_finding
+from fleetwatch.pipeline.job_table import JobTable
 
 T0 = 1_800_000_000.0
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from alerts import drain_request as dr
-from alerts import drain_result
 from fleetwatch import schemas
+from fleetwatch.alerts import drain_request as dr
+from fleetwatch.alerts import drain_result
 
 KEY = b"k" * 32
 

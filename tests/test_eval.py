@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from collectors.sim import packaged_path
-from pipeline.evaluate import evaluate
-from pipeline.scorecard import Scorecard
+from fleetwatch.collectors.sim import packaged_path
+from fleetwatch.pipeline.evaluate import evaluate
+from fleetwatch.pipeline.scorecard import Scorecard
 from tests.conftest import REPO
 
 Card = tuple[Scorecard, dict[str, Any]]

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from detectors.findings import KINDS, IncidentBook, finding_id, make_finding, severity_score
 from fleetwatch import schemas
+from fleetwatch.detectors.findings import KINDS, IncidentBook, finding_id, make_finding, severity_score
 from fleetwatch.schemas import MessageError
 
 
@@ -42,7 +42,7 @@ def test_a_finding_stays_small_whatever_its_evidence_and_summary() -> None:
     """A detector quoting hostile input (a 400 KB name, thousands of entries) still makes a
     finding far below the broker's limit: the summary is cut, the evidence keeps the entries that
     fit, in order, and counts the ones it left out."""
-    from detectors.findings import MAX_EVIDENCE_BYTES, MAX_SUMMARY
+    from fleetwatch.detectors.findings import MAX_EVIDENCE_BYTES, MAX_SUMMARY
 
     evidence = {"port": "p" * 400_000, "small": 1, **{f"k{i}": "v" * 100 for i in range(500)}}
     f = sample(summary="s" * 100_000, evidence=evidence)

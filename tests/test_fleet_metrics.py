@@ -6,9 +6,9 @@ import re
 
 from prometheus_client import REGISTRY, generate_latest
 
-from pipeline.job_stage import JobTask
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask
+from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask
 from tests.test_schemas import telemetry
 from tests.test_straggler import steps
 

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from detectors.batch import TelemetryBatch
-from detectors.gpu_stats import GpuStats
 from fleetwatch import schemas
+from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.detectors.gpu_stats import GpuStats
 
 T0 = 1_764_000_000.0
 
@@ -93,7 +93,7 @@ def test_state_size_per_gpu() -> None:
 
 def test_sparse_update_equals_the_full_tick() -> None:
     """RobustScorer.update_ids (what the worker uses) is update() with NaN elsewhere, exactly."""
-    from detectors.statistical import RobustScorer
+    from fleetwatch.detectors.statistical import RobustScorer
 
     rng = np.random.default_rng(0)
     k = 400

@@ -17,16 +17,16 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import detectors.findings  # noqa: F401  (registers finding/1)
-from alerts import drain_request
-from detectors.batch import TelemetryBatch
+import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1)
 from fleetwatch import schemas, topics
+from fleetwatch.alerts import drain_request
+from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask
+from fleetwatch.pipeline.telemetry_decode import decode_telemetry
+from fleetwatch.pipeline.worker import MAX_OUTPUT_BYTES
 from fleetwatch.record_blocks import RecordBlock
-from pipeline.job_stage import JobTask
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask
-from pipeline.telemetry_decode import decode_telemetry
-from pipeline.worker import MAX_OUTPUT_BYTES
 from tests.test_act_drains import Rig
 from tests.test_schemas import telemetry
 

@@ -13,10 +13,10 @@ import orjson
 import pytest
 
 from fleetwatch import topics
-from pipeline import job_table
-from pipeline.job_stage import JobTask
-from pipeline.job_table import JobTable, JobTableFollower
-from pipeline.node_stage import NodeTask, NodeTaskConfig
+from fleetwatch.pipeline import job_table
+from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
+from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
 from tests.test_schemas import telemetry
 
 T0 = 1_800_000_000.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.lemon import LemonConfig, LemonScorer
 from fleetwatch import schemas
+from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
 
 DAY = 86400.0
 T0 = 1_764_000_000.0

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import orjson
 
-from collectors.nvml import NvmlSource
 from fleetwatch import schemas, telemetry_scan, topics
+from fleetwatch.collectors.nvml import NvmlSource
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask
+from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 from fleetwatch.record_blocks import RecordBlock
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask
-from pipeline.telemetry_decode import decode_telemetry
 from tests.fakes import FakeGpu, FakeNvml
 
 H200 = Path(__file__).parent / "fixtures" / "h200"

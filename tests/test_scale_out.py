@@ -22,16 +22,16 @@ from typing import Any
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-import detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
-from collectors.sim import Simulation
-from collectors.sim.scenario import Scenario, parse_scenario
+import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.collectors.sim import Simulation
+from fleetwatch.collectors.sim.scenario import Scenario, parse_scenario
+from fleetwatch.pipeline.detect import stages
+from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
+from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
+from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
-from pipeline.detect import stages
-from pipeline.job_stage import JobTask
-from pipeline.job_table import JobTable, JobTableFollower
-from pipeline.node_stage import NodeTask, NodeTaskConfig
-from pipeline.worker import Worker
 from tests.conftest import TopicTail
 
 INPUTS = (topics.TELEMETRY, topics.STEPS, topics.JOBS, topics.NODE_FEATURES)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.batch import TelemetryBatch
 from fleetwatch import fast_schema, schemas
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.schemas import MessageError
 from tests.test_detect_batch import assert_same_batch
 

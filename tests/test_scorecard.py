@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from detectors.findings import make_finding
-from pipeline.scorecard import format_table, score
+from fleetwatch.detectors.findings import make_finding
+from fleetwatch.pipeline.scorecard import format_table, score
 
 T0 = 1_000_000.0
 NODES = ["n1", "n2", "n3", "n4"]

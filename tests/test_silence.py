@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from detectors.batch import TelemetryBatch
-from detectors.silence import SilenceDetector
+from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.detectors.silence import SilenceDetector
 
 T0 = 1_764_000_000.0
 
@@ -40,8 +40,8 @@ def _ticks(nodes: int, duration: int, faults: list[dict[str, object]]) -> list[l
 
     import yaml
 
-    from collectors.sim import Simulation, load_scenario
     from fleetwatch import topics
+    from fleetwatch.collectors.sim import Simulation, load_scenario
 
     doc = {"name": "silence", "seed": 3, "nodes": nodes, "node_prefix": "sil", "duration_s": duration}
     doc["faults"] = faults
@@ -55,8 +55,8 @@ def _ticks(nodes: int, duration: int, faults: list[dict[str, object]]) -> list[l
 
 def _silences(ticks: list[list[dict[str, object]]], ticks_per_batch: int) -> list[tuple[object, ...]]:
     from fleetwatch import topics
-    from pipeline.job_table import JobTable
-    from pipeline.node_stage import NodeTask
+    from fleetwatch.pipeline.job_table import JobTable
+    from fleetwatch.pipeline.node_stage import NodeTask
 
     task = NodeTask(JobTable())
     out = []

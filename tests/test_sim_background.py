@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collectors.sim import KINDS, Simulation, background, rates
-from collectors.sim.scenario import parse_scenario
 from fleetwatch import schemas, topics
+from fleetwatch.collectors.sim import KINDS, Simulation, background, rates
+from fleetwatch.collectors.sim.scenario import parse_scenario
 
 
 def scenario(**bg: Any):

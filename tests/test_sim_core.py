@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collectors.sim import Simulation, load_scenario, packaged_path
-from collectors.sim.cluster import BENIGN_POWER_CAP_P
-from collectors.sim.nvidia import THROTTLE_GPU_IDLE, THROTTLE_SW_POWER_CAP
 from fleetwatch import schemas, topics
+from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
+from fleetwatch.collectors.sim.cluster import BENIGN_POWER_CAP_P
+from fleetwatch.collectors.sim.nvidia import THROTTLE_GPU_IDLE, THROTTLE_SW_POWER_CAP
 
 IB_COUNTERS = ("symbol_errors", "link_downed", "rcv_errors", "xmit_discards", "tx_bytes", "rx_bytes")
 ETH_COUNTERS = ("rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped")
@@ -221,7 +221,7 @@ def test_a_live_simulation_never_stamps_a_sample_in_the_future(speed: float) -> 
     default epoch on, no tick is stamped after the wall time it is sent at, however fast the
     simulation runs (a detector refuses samples from the future), and the last is within a tick
     of it when the simulation is at least as fast as real time."""
-    from collectors.sim.cli import live_epoch
+    from fleetwatch.collectors.sim.cli import live_epoch
 
     now, duration, dt = 1_764_000_000.0, 300.0, 1.0
     epoch = live_epoch(now, duration, speed)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from collectors.sim import KINDS, Simulation
-from collectors.sim import nvidia as nv
-from collectors.sim.scenario import parse_scenario
 from fleetwatch import schemas, topics
+from fleetwatch.collectors.sim import KINDS, Simulation
+from fleetwatch.collectors.sim import nvidia as nv
+from fleetwatch.collectors.sim.scenario import parse_scenario
 
 NODE = 3  # node number in fault entries (gpu-node-0003)
 NAME = "gpu-node-0003"

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from collectors.sim import KINDS, load_scenario, packaged_path, packaged_scenarios
-from collectors.sim.scenario import parse_scenario
 from fleetwatch import cli
+from fleetwatch.collectors.sim import KINDS, load_scenario, packaged_path, packaged_scenarios
+from fleetwatch.collectors.sim.scenario import parse_scenario
 
 
 def write(tmp_path: Path, doc: Any, name: str = "s.yaml") -> Path:

@@ -16,11 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
-from alerts import drain_request as dr
-from alerts.journal import Journal
-from alerts.slurm import SlurmClient
-from alerts.slurm_drainer import Drainer
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.alerts import drain_request as dr
+from fleetwatch.alerts.journal import Journal
+from fleetwatch.alerts.slurm import SlurmClient
+from fleetwatch.alerts.slurm_drainer import Drainer
 from tests.conftest import REPO, TopicTail
 from tests.test_alerting_services import Slurm, slurm  # noqa: F401
 

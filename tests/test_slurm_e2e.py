@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
+import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import kafka_io, schemas, topics
-from pipeline.job_table import JobTableFollower
+from fleetwatch.pipeline.job_table import JobTableFollower
 from tests.conftest import REPO, TopicTail
 from tests.test_act_drains import Rig
 from tests.test_alerting_services import Slurm, slurm  # noqa: F401

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from fleetwatch import kafka_io, schemas
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask
 from tests.conftest import REPO, PrivateBroker, TopicTail
 from tests.test_alerting_services import SLURM_SH, Slurm, slurm  # noqa: F401
 from tests.test_detect_hostile import gpu

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from collectors.slurm_jobs import jobcomp, squeue
-from collectors.slurm_jobs.jobcomp import JobcompLog
-from collectors.slurm_jobs.ledger import Ledger
-from collectors.slurm_jobs.model import SlurmJob, SlurmParseError, expand_nodes
 from fleetwatch import schemas
+from fleetwatch.collectors.slurm_jobs import jobcomp, squeue
+from fleetwatch.collectors.slurm_jobs.jobcomp import JobcompLog
+from fleetwatch.collectors.slurm_jobs.ledger import Ledger
+from fleetwatch.collectors.slurm_jobs.model import SlurmJob, SlurmParseError, expand_nodes
 from tests.test_alerting_services import Slurm, slurm  # noqa: F401
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"

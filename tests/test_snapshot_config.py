@@ -17,16 +17,16 @@ import numpy as np
 import orjson
 import pytest
 
-from detectors.batch import TelemetryBatch
-from detectors.findings import Incident, IncidentBook
-from detectors.gpu_stats import GpuStats, GpuStatsConfig
-from detectors.hardware import HardwareConfig, HardwareDetector
-from detectors.lemon import LemonConfig, LemonScorer
-from detectors.silence import SilenceConfig, SilenceDetector
-from detectors.straggler import JobWindow, StragglerConfig, StragglerDetector
-from pipeline.job_stage import JobTask
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask, NodeTaskConfig
+from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.detectors.findings import Incident, IncidentBook
+from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
+from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
+from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
+from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector
+from fleetwatch.detectors.straggler import JobWindow, StragglerConfig, StragglerDetector
+from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
 from tests.test_detect_hardware import series
 from tests.test_gpu_stats import fleet
 from tests.test_straggler import steps

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.spool import Spool
+from fleetwatch.collectors.spool import Spool
 
 
 def _fill(spool: Spool, n: int, size: int = 100) -> None:

@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from fleetwatch import kafka_io, topics
-from pipeline import state_store
-from pipeline.state_store import read_snapshots, write_snapshot
+from fleetwatch.pipeline import state_store
+from fleetwatch.pipeline.state_store import read_snapshots, write_snapshot
 
 
 def test_snapshots_of_several_stages_and_partitions_come_back_from_one_consumer(

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.calibration import ScalarTailCalibrator, TailCalibrator
-from detectors.statistical import (
+from fleetwatch.detectors.calibration import ScalarTailCalibrator, TailCalibrator
+from fleetwatch.detectors.statistical import (
     NodeCombiner,
     RobustScorer,
     UnivariateScorer,

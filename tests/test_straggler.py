@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from detectors.straggler import StragglerConfig, StragglerDetector, loo_median
 from fleetwatch import schemas
+from fleetwatch.detectors.straggler import StragglerConfig, StragglerDetector, loo_median
 
 T0 = 1_764_000_000.0
 

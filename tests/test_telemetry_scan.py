@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.batch import TelemetryBatch
 from fleetwatch import fast_schema, schemas, telemetry_scan
+from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.node_stage import NodeTask
+from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 from fleetwatch.record_blocks import RecordBlock
-from pipeline.job_table import JobTable
-from pipeline.node_stage import NodeTask
-from pipeline.telemetry_decode import decode_telemetry
 from tests.bounds_checked import run_bounds_checked
 from tests.test_detect_batch import assert_same_batch
 from tests.test_schemas import _python_accepts, mutated_telemetry, telemetry
@@ -44,8 +44,8 @@ def scanned(raws: list[bytes]) -> tuple[telemetry_scan.Scan, TelemetryBatch | No
 
 
 def simulated(nodes: int = 16, seconds: int = 240) -> list[dict[str, Any]]:
-    from collectors.sim import Simulation, load_scenario, packaged_path
     from fleetwatch import topics
+    from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 
     scenario = load_scenario(str(packaged_path("default.yaml")), {"nodes": nodes, "duration_s": seconds})
     sim = Simulation(scenario)

@@ -21,9 +21,9 @@ from kafka import KafkaProducer
 from prometheus_client import REGISTRY
 
 from fleetwatch import kafka_io, record_blocks, schemas, socket_reads
+from fleetwatch.pipeline.tasks import Output, Stage
+from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
-from pipeline.tasks import Output, Stage
-from pipeline.worker import Worker
 from tests.conftest import REPO, TopicTail
 from tests.test_schemas import telemetry
 
@@ -140,7 +140,7 @@ def test_a_restore_longer_than_the_session_timeout_keeps_the_member_in_its_group
     slow = _stage(stage, in_topic, out_topic, load_delay_s=restore_s)
     _produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=1))) for n in nodes])
     out = TopicTail(kafka_bootstrap, out_topic)
-    caplog.set_level(logging.INFO, logger="pipeline.worker")
+    caplog.set_level(logging.INFO, logger="fleetwatch.pipeline.worker")
     b = Worker(
         kafka_bootstrap, group, [slow], snapshot_every_s=3600, session_timeout_ms=int(session_s * 1000)
     )
@@ -196,7 +196,7 @@ def test_by_default_a_stalled_worker_process_exits_for_its_supervisor(kafka_boot
     script = f"""
 import threading
 from fleetwatch.runtime import StopFlag
-from pipeline.worker import Worker
+from fleetwatch.pipeline.worker import Worker
 from tests.test_worker import _stage
 w = Worker({kafka_bootstrap!r}, {group!r}, [_stage({stage!r}, {in_topic!r}, {out_topic!r})], poll_stall_s=1.0)
 w.consumer.poll = lambda *a, **k: threading.Event().wait(60)  # a poll() that never returns
@@ -235,10 +235,10 @@ def test_stages_load_their_compiled_code_before_the_worker_joins(
 
     # In a fresh process (this one may have run the kernels already): nothing is loaded before.
     check = """
-from detectors import counter_kernels as k, stat_kernels
+from fleetwatch.detectors import counter_kernels as k, stat_kernels
 from fleetwatch import telemetry_scan
-from pipeline import detect
-from pipeline.job_table import JobTable
+from fleetwatch.pipeline import detect
+from fleetwatch.pipeline.job_table import JobTable
 kernels = (
     telemetry_scan._scan, k.counter_pass, k.decay_pass, k.run_pass,
     stat_kernels.sibling_z_pass, stat_kernels.calibrate_pass, stat_kernels.robust_pass,

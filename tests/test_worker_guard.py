@@ -18,10 +18,10 @@ import orjson
 from prometheus_client import REGISTRY
 
 from fleetwatch import kafka_io, schemas
+from fleetwatch.deadletter import KEPT_BYTES
+from fleetwatch.pipeline.tasks import Output, Stage
+from fleetwatch.pipeline.worker import MAX_OUTPUT_BYTES, Worker
 from fleetwatch.runtime import StopFlag
-from pipeline.deadletter import KEPT_BYTES
-from pipeline.tasks import Output, Stage
-from pipeline.worker import MAX_OUTPUT_BYTES, Worker
 from tests.conftest import TopicTail
 from tests.test_schemas import telemetry
 from tests.test_worker import CountingTask, _produce

@@ -4,9 +4,9 @@ The core (Simulation) is clock-free and Kafka-free: it yields each tick's messag
 (topic, key, message dict) tuples. cli.py drives it live into Kafka.
 """
 
-from collectors.sim.kinds import KINDS
-from collectors.sim.scenario import Scenario, load_scenario, packaged_path, packaged_scenarios
-from collectors.sim.simulation import Message, Simulation
+from fleetwatch.collectors.sim.kinds import KINDS
+from fleetwatch.collectors.sim.scenario import Scenario, load_scenario, packaged_path, packaged_scenarios
+from fleetwatch.collectors.sim.simulation import Message, Simulation
 
 __all__ = [
     "KINDS",

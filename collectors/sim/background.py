@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectors.sim import kinds, rates
-from collectors.sim.scenario import FaultSpec, Scenario
+from fleetwatch.collectors.sim import kinds, rates
+from fleetwatch.collectors.sim.scenario import FaultSpec, Scenario
 
 
 def node_fault_rate(sc: Scenario) -> float:

@@ -15,9 +15,9 @@ from typing import Any
 from kafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
-from collectors.sim.scenario import load_scenario
-from collectors.sim.simulation import Simulation
 from fleetwatch import kafka_io, schemas
+from fleetwatch.collectors.sim.scenario import load_scenario
+from fleetwatch.collectors.sim.simulation import Simulation
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger("fleetwatch.simulate")

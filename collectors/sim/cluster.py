@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from collectors.sim import nvidia
-from collectors.sim.scenario import Scenario
 from fleetwatch import schemas
+from fleetwatch.collectors.sim import nvidia
+from fleetwatch.collectors.sim.scenario import Scenario
 
 # Node activity phases, set by the scheduler.
 IDLE, STARTUP, TRAIN, CHECKPOINT = 0, 1, 2, 3

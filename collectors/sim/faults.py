@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from collectors.sim import nvidia
-from collectors.sim.cluster import ClusterState
-from collectors.sim.kinds import KindSpec
-from collectors.sim.scenario import FaultSpec
+from fleetwatch.collectors.sim import nvidia
+from fleetwatch.collectors.sim.cluster import ClusterState
+from fleetwatch.collectors.sim.kinds import KindSpec
+from fleetwatch.collectors.sim.scenario import FaultSpec
 
 PENDING, ACTIVE, ENDED = "pending", "active", "ended"
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from collectors.sim.cluster import CHECKPOINT, IDLE, STARTUP, TRAIN
-from collectors.sim.scenario import Scenario
 from fleetwatch import schemas, topics
+from fleetwatch.collectors.sim.cluster import CHECKPOINT, IDLE, STARTUP, TRAIN
+from fleetwatch.collectors.sim.scenario import Scenario
 
 Message = tuple[str, str, dict[str, Any]]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from collectors.sim import kinds, rates
+from fleetwatch.collectors.sim import kinds, rates
 
 log = logging.getLogger(__name__)
 
@@ -394,7 +394,9 @@ def load_scenario(path: str | Path | None = None, overrides: Mapping[str, Any] |
     if path is None:
         source = "default.yaml"
         text = (
-            importlib.resources.files("collectors.sim").joinpath("scenarios/default.yaml").read_text("utf-8")
+            importlib.resources.files("fleetwatch.collectors.sim")
+            .joinpath("scenarios/default.yaml")
+            .read_text("utf-8")
         )
     else:
         p = Path(path)
@@ -426,10 +428,10 @@ def load_scenario(path: str | Path | None = None, overrides: Mapping[str, Any] |
 
 def packaged_scenarios() -> list[str]:
     """Names of the scenario files shipped with the package."""
-    root = importlib.resources.files("collectors.sim").joinpath("scenarios")
+    root = importlib.resources.files("fleetwatch.collectors.sim").joinpath("scenarios")
     return sorted(p.name for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
 def packaged_path(name: str) -> Path:
     """Filesystem path of a packaged scenario (e.g. 'healthy.yaml'), for load_scenario()."""
-    return Path(str(importlib.resources.files("collectors.sim").joinpath("scenarios", name)))
+    return Path(str(importlib.resources.files("fleetwatch.collectors.sim").joinpath("scenarios", name)))

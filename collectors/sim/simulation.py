@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from collectors.sim import background
-from collectors.sim.cluster import ClusterState
-from collectors.sim.faults import ACTIVE, ENDED, PENDING, Fault, make_fault, tick_of
-from collectors.sim.jobs import Message, Scheduler
-from collectors.sim.scenario import DEFAULT_EPOCH, Scenario
 from fleetwatch import schemas, topics
+from fleetwatch.collectors.sim import background
+from fleetwatch.collectors.sim.cluster import ClusterState
+from fleetwatch.collectors.sim.faults import ACTIVE, ENDED, PENDING, Fault, make_fault, tick_of
+from fleetwatch.collectors.sim.jobs import Message, Scheduler
+from fleetwatch.collectors.sim.scenario import DEFAULT_EPOCH, Scenario
 from fleetwatch.runtime import gc_paused
 
 

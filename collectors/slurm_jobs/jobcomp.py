@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from collectors.slurm_jobs.model import ENDED, SlurmJob, SlurmParseError, expand_nodes, state_name
+from fleetwatch.collectors.slurm_jobs.model import ENDED, SlurmJob, SlurmParseError, expand_nodes, state_name
 
 log = logging.getLogger(__name__)
 

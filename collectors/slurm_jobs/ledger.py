@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.slurm_jobs.jobcomp import JobcompLog
-from collectors.slurm_jobs.model import FAILED, UNKNOWN_END, SlurmJob
 from fleetwatch import schemas, topics
+from fleetwatch.collectors.slurm_jobs.jobcomp import JobcompLog
+from fleetwatch.collectors.slurm_jobs.model import FAILED, UNKNOWN_END, SlurmJob
 
 SOURCE = "slurm"  # job/1 `source` of this publisher's messages; the ledger only reconciles these
 SAME_RUN_S = 1.0  # Slurm's times are whole seconds: a start further off is another run (requeue)

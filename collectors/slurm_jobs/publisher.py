@@ -31,11 +31,11 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 from prometheus_client import Counter, Gauge, Histogram
 
-from collectors.slurm_jobs import squeue
-from collectors.slurm_jobs.jobcomp import JobcompLog
-from collectors.slurm_jobs.ledger import Ledger
-from collectors.slurm_jobs.model import SlurmJob, SlurmParseError
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.collectors.slurm_jobs import squeue
+from fleetwatch.collectors.slurm_jobs.jobcomp import JobcompLog
+from fleetwatch.collectors.slurm_jobs.ledger import Ledger
+from fleetwatch.collectors.slurm_jobs.model import SlurmJob, SlurmParseError
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)

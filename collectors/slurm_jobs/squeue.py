@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from collectors.slurm_jobs.model import (
+from fleetwatch.collectors.slurm_jobs.model import (
     ACTIVE,
     ENDED,
     WAITING,
