@@ -206,7 +206,9 @@ def local_broker_pid(bootstrap: str) -> int | None:
     return None
 
 
-def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) -> dict[str, float]:
+def bench_kafka(
+    msgs: list[dict[str, Any]], bootstrap: str, workers: list[int], compression: str = "none"
+) -> dict[str, float]:
     from kafka import KafkaProducer
 
     from fleetwatch import kafka_io, schemas
@@ -214,7 +216,12 @@ def bench_kafka(msgs: list[dict[str, Any]], bootstrap: str, workers: list[int]) 
     run = uuid.uuid4().hex[:8]
     topic = f"bench.telemetry.{run}"
     kafka_io.ensure_topics(bootstrap, [topic])
-    producer = KafkaProducer(**kafka_io.client_config(bootstrap), linger_ms=20, batch_size=512 * 1024)
+    producer = KafkaProducer(
+        **kafka_io.client_config(bootstrap),
+        linger_ms=20,
+        batch_size=512 * 1024,
+        compression_type=None if compression == "none" else compression,
+    )
     for m in msgs:
         producer.send(topic, key=m["node"].encode(), value=schemas.encode(m))
     producer.flush()
@@ -441,6 +448,11 @@ def main() -> int:
         "--workers", default="1,2", help="detect worker process counts to measure, one group each (e.g. 1,2)"
     )
     ap.add_argument("--bootstrap", default=os.environ.get("FLEETWATCH_BOOTSTRAP", "127.0.0.1:19092"))
+    ap.add_argument(
+        "--compression",
+        default="none",
+        help="producer codecs of the benchmark topic, one Kafka measurement each (e.g. none,zstd)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -461,10 +473,12 @@ def main() -> int:
         "scanner_speedup": round(from_bytes[True] / from_bytes[False], 2),
     }
     if args.kafka:
-        result["kafka"] = {
-            k: round(v, 3)
-            for k, v in bench_kafka(msgs, args.bootstrap, [int(w) for w in args.workers.split(",")]).items()
-        }
+        counts = [int(w) for w in args.workers.split(",")]
+        for i, codec in enumerate(args.compression.split(",")):
+            # the first codec's figures under "kafka" (as before), the others under kafka_<codec>
+            result["kafka" if i == 0 else f"kafka_{codec}"] = {
+                k: round(v, 3) for k, v in bench_kafka(msgs, args.bootstrap, counts, codec).items()
+            }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -508,6 +522,18 @@ def main() -> int:
                         f"machine {k[stem + '_machine_us']:>5.1f} us, "
                         f"broker {k[stem + '_broker_us']:>5.1f} us"
                     )
+            plain = result["kafka"]
+            for codec in args.compression.split(",")[1:]:
+                c = result[f"kafka_{codec}"]
+                print(f"  on a {codec} topic:")
+                for key, v in c.items():
+                    if key.endswith("_per_s") and key.startswith("workers_"):
+                        w = key.split("_")[1]
+                        print(
+                            f"    detect, {w} worker process(es): {v:>10,.0f} msgs/s, "
+                            f"{v / plain[key]:.2f} of the first topic's; ratio to {w} raw consumer(s) "
+                            f"on this topic {c[f'workers_{w}_ratio']:.2f}"
+                        )
     return 0
 
 
