@@ -3,9 +3,9 @@
 The dashboards are generated rather than hand-edited so that panel ids, grid positions, the
 datasource reference and the template-variable filters stay consistent across ~60 panels; the
 JSON files are committed (Grafana provisioning reads them as they are) and
-tests/test_dashboards.py fails when they differ from what this script writes.
+tests/unit/test_dashboards.py fails when they differ from what this script writes.
 
-Conventions every query follows (tests/test_dashboards.py checks them):
+Conventions every query follows (tests/unit/test_dashboards.py checks them):
 - datasource: the `datasource` template variable, whose default is the provisioned Prometheus
   (uid `fleetwatch-prometheus`, dashboards/provisioning/datasources/prometheus.yml);
 - every selector filters on `cluster=~"$cluster"`: `cluster` is a TARGET label set in the
@@ -15,7 +15,7 @@ Conventions every query follows (tests/test_dashboards.py checks them):
   renames a scraped `job` to `exported_job` because `job` is its own target label (the scrape
   job, e.g. fleetwatch-detect);
 - only metric names the code defines (prometheus_client Counter/Gauge/Histogram) or Prometheus
-  itself (`up`) appear; tests/test_metrics_scrape.py proves them against a real scrape.
+  itself (`up`) appear; tests/integration/test_metrics_scrape.py proves them against a real scrape.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ detectors/calibration.py), one pass over a batch each.
 A worker's batch holds ~1,000 messages x 8 GPUs x 3 signals. numpy did these with a dozen
 whole-array temporaries each (~3 us a message of the worker's CPU between them):
 - sibling_z_pass: each row's sibling GPUs against their own median and MAD; each group of a few
-  values is sorted in place (insertion sort). tests/test_statistical.py checks it against
+  values is sorted in place (insertion sort). tests/unit/test_statistical.py checks it against
   fleet_robust_z, gaps and ties included.
 - calibrate_pass: TailCalibrator's score-then-add over a batch (conformal tail scores against
   decayed log-histograms). Sums run in numpy's order (suffix sums right to left, counts added

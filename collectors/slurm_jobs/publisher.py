@@ -66,6 +66,10 @@ SQUEUE_TIMEOUT_S = 60.0
 LOGGED_ERRORS = 1000  # distinct bad answers remembered so each is logged once, not every poll
 
 
+for _what in ("squeue", "job", "nodelist", "jobcomp"):  # exported at 0 from the start, for rules' increase()
+    BAD_ANSWERS.labels(_what)
+
+
 class SlurmUnavailable(RuntimeError):
     pass
 

@@ -1,6 +1,6 @@
 """A fake of pynvml (nvidia-ml-py) for tests: the same names, constants, return types and errors.
 
-It never imports pynvml; tests/test_collector_nvml.py checks its names and values against the
+It never imports pynvml; tests/unit/test_collector_nvml.py checks its names and values against the
 installed bindings so the two cannot drift apart. Typical use:
 
     fake = FakeNvml([FakeGpu(util=50, temp_c=70)] * 8)   # each GPU is copied: no shared state

@@ -1,7 +1,8 @@
 """One rank of a stand-in training job, run by `srun` on every node of a real sbatch job
-(tests/test_slurm_e2e.py): each step sleeps the step time, and the rank on SLOW_NODE sleeps longer.
-It reports its steps as a training loop would, with fleetwatch.steps in three lines; the broker
-comes from $FLEETWATCH_BOOTSTRAP and the job, rank and node from Slurm's environment.
+(tests/integration/test_slurm_e2e.py): each step sleeps the step time, and the rank on SLOW_NODE
+sleeps longer. It reports its steps as a training loop would, with fleetwatch.steps in three
+lines; the broker comes from $FLEETWATCH_BOOTSTRAP and the job, rank and node from Slurm's
+environment.
 
     python3 train_steps.py STEPS STEP_S SLOW_NODE SLOW_FACTOR
 """

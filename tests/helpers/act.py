@@ -1,0 +1,74 @@
+"""The acting stage in-process (alerts/actor.py) with the real policy, alert model and result
+book, and no Alertmanager: feed it findings, let it decide at a time of the test's choosing, hand
+it drain results."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fleetwatch import schemas
+from fleetwatch.alerts import drain_result
+from fleetwatch.alerts.actor import Actor, ActTask
+from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
+from fleetwatch.alerts.drain_log import ResultBook
+from fleetwatch.alerts.policy import Policy, PolicyConfig
+from fleetwatch.pipeline.job_table import JobTable
+from tests.helpers.findings import T0
+
+KEY = b"test-drain-key-0123456789abcdef"
+
+
+class NoAlertmanager:
+    def flush(self, books: Iterable[AlertBook], force: bool = False) -> bool:
+        return True
+
+
+class Rig:
+    def __init__(self, census: set[str], fleet_size: int | None = None, **cfg: Any) -> None:
+        self.now = T0
+        self.jobs = JobTable()
+        self.results = ResultBook(KEY)
+        self.tasks: dict[tuple[str, int], ActTask] = {}
+        self.actor = Actor(
+            policy=Policy(PolicyConfig(**cfg)),
+            builder=AlertBuilder("test"),
+            dispatcher=NoAlertmanager(),  # type: ignore[arg-type]
+            jobs=self.jobs,
+            key=KEY,
+            drain_topic="drains",
+            tasks=lambda: self.tasks,
+            fleet_size=fleet_size,
+            clock=lambda: self.now,
+            census=census,
+            results=self.results.get,
+            pending_timeout_s=300.0,
+        )
+        self.task = self.tasks[("act", 0)] = ActTask(self.actor, 0)
+
+    def feed(self, *fs: dict[str, Any]) -> list[dict[str, Any]]:
+        return [msg for _, _, msg in self.task.process("findings", list(fs))]
+
+    def decide(self, at: float) -> list[dict[str, Any]]:
+        self.now = at
+        return [msg for _, _, msg in self.actor.decide()]
+
+    def result(self, req: dict[str, Any], outcome: str, key: bytes = KEY) -> None:
+        r = drain_result.make_result(
+            request_id=req["request_id"],
+            node=req["node"],
+            action=req["action"],
+            outcome=outcome,
+            detail=f"{outcome} by the test",
+            ts=self.now,
+            key=key,
+        )
+        self.results.apply(req["node"].encode(), schemas.encode(r))
+
+    def refusals(self) -> dict[str, str]:
+        """node -> reason of each active FleetwatchDrainRefused alert."""
+        return {
+            r.labels["node"]: r.labels["reason"]
+            for r in self.task.book.records.values()
+            if r.labels["alertname"] == "FleetwatchDrainRefused" and r.ends_at is None
+        }

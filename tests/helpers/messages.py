@@ -1,0 +1,148 @@
+"""Message builders shared by the tests of both tiers: a full telemetry/1 sample and one good
+message of each schema, hypothesis-mutated telemetry, the Python validator's verdict, and the
+small raw samples the hostile-input tests send."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+from hypothesis import strategies as st
+
+from fleetwatch import schemas
+from fleetwatch.schemas import MessageError
+
+
+def telemetry(**over: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "schema": "telemetry/1",
+        "node": "gpu-node-0001",
+        "ts": 1_764_000_000.5,
+        "seq": 7,
+        "gpus": [
+            {
+                "index": i,
+                "uuid": f"GPU-{i}",
+                "util": 97.0,
+                "temp_c": 61.0,
+                "power_w": 650.5,
+                "ecc_sbe_volatile": 0,
+                "throttle_reasons": 0,
+                "xids": [],
+            }
+            for i in range(8)
+        ],
+        "host": {
+            "cpu_util": 35.0,
+            "mem_used_frac": 0.4,
+            "load1": 12.5,
+            "disk_used_frac": 0.3,
+            "procs_d_state": 0,
+        },
+        "net": {
+            "ib": [
+                {
+                    "device": "mlx5_0",
+                    "port": 1,
+                    "state": "ACTIVE",
+                    "rate_gbps": 400.0,
+                    "symbol_errors": 0,
+                    "link_downed": 0,
+                    "rcv_errors": 0,
+                    "xmit_discards": 0,
+                    "tx_bytes": 10,
+                    "rx_bytes": 20,
+                }
+            ],
+            "eth": [{"iface": "eth0", "rx_bytes": 1, "tx_bytes": 2}],
+        },
+    }
+    m.update(over)
+    return m
+
+
+GOOD = {
+    "telemetry/1": telemetry(),
+    "job/1": {
+        "schema": "job/1",
+        "job": "job-17",
+        "nodes": ["gpu-node-0001", "gpu-node-0002"],
+        "state": "running",
+        "ts": 1.0e9,
+    },
+    "step/1": {
+        "schema": "step/1",
+        "job": "job-17",
+        "node": "gpu-node-0001",
+        "rank": 3,
+        "step": 100,
+        "step_time_s": 1.25,
+        "wait_time_s": 0.05,
+        "ts": 1.0e9,
+    },
+    "truth/1": {
+        "schema": "truth/1",
+        "node": "gpu-node-0001",
+        "gpu": 2,
+        "fault": "xid79",
+        "onset_ts": 1.0e9,
+        "end_ts": None,
+    },
+}
+
+
+def python_accepts(m: Any) -> bool:
+    try:
+        schemas.validate(m, schemas.TELEMETRY)
+        return True
+    except MessageError:
+        return False
+
+
+def _containers(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dicts of a (possibly already mutated) telemetry message that a mutation may touch."""
+    out = [m]
+    for k in ("host", "agent"):
+        if isinstance(m.get(k), dict):
+            out.append(m[k])
+    if isinstance(m.get("gpus"), list):
+        out += [g for g in m["gpus"] if isinstance(g, dict)]
+    net = m.get("net")
+    if isinstance(net, dict):
+        out.append(net)
+        for k in ("ib", "eth"):
+            if isinstance(net.get(k), list):
+                out += [p for p in net[k] if isinstance(p, dict)]
+    return out
+
+
+def mutated_telemetry(
+    data: st.DataObject,
+    values: st.SearchStrategy[Any],
+    changes: tuple[int, int] = (1, 3),
+    extra_keys: tuple[str, ...] = ("extra_field",),
+) -> dict[str, Any]:
+    """telemetry() with an agent, then between changes[0] and changes[1] edits, each to one of its
+    containers: one of its keys (or of `extra_keys`) removed, or set to a value drawn from `values`."""
+    m = copy.deepcopy(telemetry())
+    m["agent"] = {"version": "0.1", "source_errors": {}}
+    for _ in range(data.draw(st.integers(*changes))):
+        target = data.draw(st.sampled_from(_containers(m)))
+        key = data.draw(st.sampled_from([*sorted(target), *extra_keys]))
+        if data.draw(st.booleans()):
+            target.pop(key, None)
+        else:
+            target[key] = data.draw(values)
+    return m
+
+
+def gpu(i: int, **kw: Any) -> dict[str, Any]:
+    g = {"index": i, "util": 50.0, "temp_c": 60.0, "ecc_dbe_volatile": 0, "ecc_dbe_aggregate": 0, "xids": []}
+    return {**g, **kw}
+
+
+def sample(node: str, ts: float, seq: int, gpus: list[dict[str, Any]] | None = None, **kw: Any) -> bytes:
+    return orjson.dumps(
+        {"schema": "telemetry/1", "node": node, "ts": ts, "seq": seq, "gpus": gpus or [gpu(0)], **kw}
+    )

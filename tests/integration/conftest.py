@@ -1,0 +1,86 @@
+"""The integration tier's fixtures: the real services, each started (idempotently) by the repo's
+own scripts, failing loudly if it cannot start. `kafka_bootstrap` is the local broker
+(services/kafka/kafka.sh); `topic_tail` reads what a test produces next; `private_broker` is a
+second broker to stop and restart; `alertmanager` and `slurm` are the local Alertmanager and
+Slurm cluster (tests/integration/services.py has the classes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from fleetwatch import kafka_io
+from tests.integration.services import (
+    AM_PORT,
+    KAFKA_SH,
+    SLURM_NODES,
+    SLURM_SH,
+    Alertmanager,
+    PrivateBroker,
+    Slurm,
+    TopicTail,
+    service,
+)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    bootstrap = os.environ.get("FLEETWATCH_TEST_BOOTSTRAP", "127.0.0.1:19092")
+    if "FLEETWATCH_TEST_BOOTSTRAP" not in os.environ:
+        r = subprocess.run(["bash", str(KAFKA_SH), "start"], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            pytest.fail(f"could not start the local Kafka broker: {r.stderr.strip()[-2000:]}")
+    kafka_io.wait_for_broker(bootstrap, timeout_s=60)
+    kafka_io.ensure_topics(bootstrap)
+    return bootstrap
+
+
+@pytest.fixture
+def topic_tail(kafka_bootstrap: str) -> Iterator[Callable[[str], TopicTail]]:
+    tails: list[TopicTail] = []
+
+    def make(topic: str) -> TopicTail:
+        t = TopicTail(kafka_bootstrap, topic)
+        tails.append(t)
+        return t
+
+    yield make
+    for t in tails:
+        t.close()
+
+
+@pytest.fixture(scope="session")
+def private_broker(kafka_bootstrap: str) -> Iterator[PrivateBroker]:
+    broker = PrivateBroker(int(os.environ.get("FLEETWATCH_TEST_PRIVATE_PORT", "19192")))
+    broker.start()
+    kafka_io.ensure_topics(broker.bootstrap)
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def alertmanager() -> Alertmanager:
+    """The shared test Alertmanager, running the shipped alertmanager.yml."""
+    am = Alertmanager(AM_PORT)
+    am.start()
+    return am
+
+
+@pytest.fixture
+def cluster() -> str:
+    """A cluster label of this test's own: the shared Alertmanager holds other tests' alerts too."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[Slurm]:
+    service(SLURM_SH, "start")
+    conf = service(SLURM_SH, "env").strip().partition("=")[2]
+    s = Slurm(conf)
+    s.reset(*SLURM_NODES)
+    yield s
+    s.reset(*SLURM_NODES)

@@ -1,0 +1,268 @@
+"""The real services the integration tests run against, as classes the fixtures in
+tests/integration/conftest.py and the tests themselves use: the local Kafka broker
+(services/kafka/kafka.sh) read through TopicTail, a PrivateBroker to stop and restart,
+Alertmanager (services/alertmanager/alertmanager.sh), Slurm (services/slurm/slurm.sh) and the
+`fleetwatch slurm-jobs` publisher with its sbatch jobs (Jobs). Every start fails loudly when a
+service cannot start: these tests are about the real thing, so there is nothing to skip to."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from fleetwatch import kafka_io, schemas
+from tests.helpers.paths import REPO
+
+KAFKA_SH = REPO / "services" / "kafka" / "kafka.sh"
+AM_SH = REPO / "services" / "alertmanager" / "alertmanager.sh"
+SLURM_SH = REPO / "services" / "slurm" / "slurm.sh"
+AM_PORT = int(os.environ.get("FLEETWATCH_TEST_AM_PORT", "19094"))
+SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 5)]
+
+
+class TopicTail:
+    """A consumer placed at the current end of a topic: it sees only what a test produces next."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self.consumer = KafkaConsumer(
+            **kafka_io.client_config(bootstrap), enable_auto_commit=False, consumer_timeout_ms=200
+        )
+        parts = self.consumer.partitions_for_topic(topic)
+        deadline = time.monotonic() + 10
+        while not parts and time.monotonic() < deadline:
+            time.sleep(0.2)
+            parts = self.consumer.partitions_for_topic(topic)
+        assert parts, f"topic {topic} has no partitions"
+        self.tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        self.consumer.assign(self.tps)
+        self.consumer.seek_to_end(*self.tps)
+        for tp in self.tps:  # force the lazy seek now, before the test produces anything
+            self.consumer.position(tp)
+
+    def collect(self, until: Callable[[list[Any]], bool], timeout_s: float = 30.0) -> list[Any]:
+        """Poll records until `until(records)` holds or the timeout passes; returns raw records."""
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not until(records):
+            for batch in self.consumer.poll(timeout_ms=200).values():
+                records.extend(batch)
+        return records
+
+    def messages(self, records: list[Any]) -> list[dict[str, Any]]:
+        return [schemas.decode(r.value) for r in records]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class PrivateBroker:
+    """A second local broker on its own ports, for tests that stop and restart Kafka without
+    disturbing the shared one. For the tests of authenticated clients it also listens with
+    SASL_PLAINTEXT (PLAIN, user "fleetwatch", password SASL_PASSWORD) on port + 2, and with SSL
+    requiring a client certificate on port + 3 (CA and client certificate in tls_dir)."""
+
+    SASL_PASSWORD = "fleetwatch-test-only"
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.bootstrap = f"127.0.0.1:{port}"
+        self.sasl_bootstrap = f"127.0.0.1:{port + 2}"
+        self.ssl_bootstrap = f"127.0.0.1:{port + 3}"
+        home = Path(os.environ.get("FLEETWATCH_HOME", REPO / ".fleetwatch"))
+        self.tls_dir = home / f"kafka-{port}" / "tls"
+        self.env = {
+            **os.environ,
+            "KAFKA_PORT": str(port),
+            "KAFKA_CONTROLLER_PORT": str(port + 1),
+            "KAFKA_SASL_PORT": str(port + 2),
+            "KAFKA_SASL_PASSWORD": self.SASL_PASSWORD,
+            "KAFKA_SSL_PORT": str(port + 3),
+        }
+
+    def _sh(self, verb: str) -> None:
+        r = subprocess.run(
+            ["bash", str(KAFKA_SH), verb], env=self.env, capture_output=True, text=True, timeout=300
+        )
+        if r.returncode != 0:
+            pytest.fail(f"kafka.sh {verb} on port {self.port} failed: {r.stderr.strip()[-2000:]}")
+
+    def start(self) -> None:
+        self._sh("start")
+        kafka_io.wait_for_broker(self.bootstrap, timeout_s=60)
+
+    def stop(self) -> None:
+        self._sh("stop")
+
+
+def service(script: Path, verb: str, **env: str) -> str:
+    r = subprocess.run(
+        ["bash", str(script), verb], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
+    if r.returncode != 0:
+        pytest.fail(f"{script.name} {verb} failed (rc {r.returncode}): {r.stderr.strip()[-2000:]}")
+    return r.stdout
+
+
+class Alertmanager:
+    """An Alertmanager on a loopback port, started (or reused) with alertmanager.sh."""
+
+    def __init__(self, port: int, config: Path | None = None) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = {"ALERTMANAGER_PORT": str(port)}
+        if config is not None:
+            self.env["ALERTMANAGER_CONFIG"] = str(config)
+
+    def start(self) -> None:
+        service(AM_SH, "start", **self.env)
+
+    def stop(self) -> None:
+        service(AM_SH, "stop", **self.env)
+
+    def alerts(self, **labels: str) -> list[dict[str, Any]]:
+        """GET /api/v2/alerts?filter=k="v"... (active, silenced and inhibited ones; not resolved)."""
+        q = urllib.parse.urlencode([("filter", f'{k}="{v}"') for k, v in labels.items()])
+        with urllib.request.urlopen(f"{self.url}/api/v2/alerts?{q}", timeout=5) as r:
+            return json.load(r)
+
+    def wait_for(
+        self, until: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 20.0, **labels: str
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        got = self.alerts(**labels)
+        while not until(got) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            got = self.alerts(**labels)
+        return got
+
+
+class Slurm:
+    def __init__(self, conf: str) -> None:
+        self.conf = conf
+        self.env = {**os.environ, "SLURM_CONF": conf}
+
+    def state(self, node: str) -> tuple[str, str]:
+        """(state, reason) as sinfo -h -N -n NODE -o '%T|%E' prints them."""
+        r = subprocess.run(
+            ["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        state, _, reason = r.stdout.strip().partition("|")
+        return state, reason
+
+    def reset(self, *nodes: str) -> None:
+        """Put nodes back to service (a test may leave them drained)."""
+        for n in nodes:
+            subprocess.run(
+                ["scontrol", "update", f"NodeName={n}", "State=RESUME"],
+                env=self.env,
+                capture_output=True,
+                check=False,
+            )
+
+
+class Jobs:
+    """One test's publisher (the real CLI, as a process), topic and sbatch jobs."""
+
+    def __init__(self, slurm: Slurm, bootstrap: str, tmp: Path, topic: str | None = None) -> None:
+        self.slurm = slurm
+        self.bootstrap = bootstrap
+        self.tmp = tmp
+        self.topic = topic or f"test.jobs.{uuid.uuid4().hex[:10]}"
+        kafka_io.ensure_topics(bootstrap, [self.topic])
+        self.tail = TopicTail(bootstrap, self.topic)
+        self.records: list[Any] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.env = dict(slurm.env)
+        self.jobcomp = str(Path(slurm.conf).parent / "jobcomp.log")
+        self.metrics_port: int | None = None
+        self.log = tmp / "slurm-jobs.log"
+
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> None:
+        argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-jobs", "--bootstrap", self.bootstrap]
+        argv += ["--topic", self.topic, "--interval", "1", "--jobcomp", self.jobcomp, *extra]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                argv, env=env or self.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+    def sbatch(self, *args: str, script: str = "sleep 3", env: dict[str, str] | None = None) -> str:
+        r = subprocess.run(
+            ["sbatch", "--parsable", "--output=/dev/null", *args, "--wrap", script],
+            env={**self.slurm.env, **(env or {})},
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return r.stdout.strip().split(";")[0]
+
+    def scontrol_job(self, job: str) -> dict[str, str]:
+        out = subprocess.run(
+            ["scontrol", "show", "job", job], env=self.slurm.env, capture_output=True, text=True, check=True
+        ).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def wait_state(self, job: str, states: set[str], timeout_s: float = 60.0) -> dict[str, str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            info = self.scontrol_job(job)
+            if info.get("JobState") in states:
+                return info
+            time.sleep(0.2)
+        pytest.fail(f"job {job} never reached {states}: {self.scontrol_job(job)}")
+
+    def messages(self, job: str) -> list[dict[str, Any]]:
+        return [
+            schemas.decode(r.value, schemas.JOB, key=r.key)
+            for r in self.records
+            if r.value is not None and r.key == job.encode()
+        ]
+
+    def states(self, job: str) -> list[str]:
+        return [m["state"] for m in self.messages(job)]
+
+    def wait(self, until: Callable[[], bool], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not until() and time.monotonic() < deadline:
+            self.records += self.tail.collect(lambda rs: bool(rs), timeout_s=0.5)
+        assert until(), f"timed out; publisher log:\n{self.log.read_text()[-3000:]}"
+
+    def ended(self, *jobs: str) -> Callable[[], bool]:
+        return lambda: all({"finished", "failed"} & set(self.states(j)) for j in jobs)
+
+    def started(self, *jobs: str) -> Callable[[], bool]:
+        return lambda: all("started" in self.states(j) for j in jobs)

@@ -1,0 +1,145 @@
+"""Kafka security settings come from the environment and reach every client, against the real
+broker and a private one with SASL and mutual-TLS listeners."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetwatch import kafka_io, schemas, topics
+
+
+def test_every_client_is_built_with_them(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Producer, consumer and admin all take client_config(): the local broker speaks PLAINTEXT, so
+    each of them reaches it as configured and fails once SSL is asked for (nothing falls back)."""
+    fast = 2000
+    makers = (
+        lambda: kafka_io.make_producer(kafka_bootstrap, bootstrap_timeout_ms=fast),
+        lambda: kafka_io.make_consumer(kafka_bootstrap, bootstrap_timeout_ms=fast),
+        lambda: kafka_io.make_admin(kafka_bootstrap, timeout_ms=fast),
+    )
+    for make in makers:
+        make().close()
+    monkeypatch.setenv("FLEETWATCH_KAFKA_SECURITY_PROTOCOL", "SSL")
+    for make in makers:
+        with pytest.raises(kafka_io.BrokerUnavailable):
+            make()
+
+
+def _set_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, str]:
+    for k in [k for k in os.environ if k.startswith("FLEETWATCH_KAFKA_")]:
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def _sasl_env(monkeypatch: pytest.MonkeyPatch, password: str) -> dict[str, str]:
+    return _set_env(
+        monkeypatch,
+        {
+            "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "FLEETWATCH_KAFKA_SASL_MECHANISM": "PLAIN",
+            "FLEETWATCH_KAFKA_SASL_USERNAME": "fleetwatch",
+            "FLEETWATCH_KAFKA_SASL_PASSWORD": password,
+        },
+    )
+
+
+def _tls_env(
+    monkeypatch: pytest.MonkeyPatch, cafile: Path, cert: Path | None, key: Path | None
+) -> dict[str, str]:
+    env = {"FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "SSL", "FLEETWATCH_KAFKA_SSL_CAFILE": str(cafile)}
+    if cert and key:
+        env |= {"FLEETWATCH_KAFKA_SSL_CERTFILE": str(cert), "FLEETWATCH_KAFKA_SSL_KEYFILE": str(key)}
+    return _set_env(monkeypatch, env)
+
+
+def _round_trip(bootstrap: str, env: dict[str, str], tmp_path: Path, secret: str) -> None:
+    """With the security settings in the environment (and only there), the admin, producer and
+    consumer, and the `fleetwatch replay` CLI as a process, all work through `bootstrap`; `secret`
+    appears in none of the CLI's output."""
+    topic = f"secure.check.{uuid.uuid4().hex[:8]}"
+    kafka_io.ensure_topics(bootstrap, [topic, topics.TELEMETRY])
+    producer = kafka_io.make_producer(bootstrap)
+    for i in range(5):
+        producer.send(topic, key=b"k", value=str(i).encode())
+    producer.flush()
+    producer.close()
+
+    node = f"secure-node-{uuid.uuid4().hex[:6]}"
+    sample = {"schema": schemas.TELEMETRY, "node": node, "ts": time.time(), "seq": 0, "gpus": []}
+    recording = tmp_path / "rec.jsonl"
+    recording.write_text(json.dumps(sample) + "\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetwatch.cli", "replay", str(recording), "--bootstrap", bootstrap],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert secret not in r.stderr + r.stdout
+
+    consumer = kafka_io.make_consumer(bootstrap, topic, topics.TELEMETRY, group_id=f"sec-{uuid.uuid4().hex}")
+    got: list[bytes] = []
+    replayed = False
+    deadline = time.monotonic() + 60
+    while (len(got) < 5 or not replayed) and time.monotonic() < deadline:
+        for tp, records in consumer.poll(timeout_ms=500).items():
+            for rec in records:
+                if tp.topic == topic:
+                    got.append(rec.value)
+                elif node.encode() in rec.value:
+                    replayed = True
+    consumer.close()
+    assert sorted(got) == [str(i).encode() for i in range(5)]
+    assert replayed, f"the replayed sample did not arrive through {bootstrap}"
+
+
+def _refused(bootstrap: str, secret: str | None = None) -> None:
+    """No client connects, and the one-line error says where to look without showing `secret`."""
+    for make in (
+        lambda: kafka_io.make_producer(bootstrap, bootstrap_timeout_ms=3000),
+        lambda: kafka_io.make_consumer(bootstrap, bootstrap_timeout_ms=3000),
+        lambda: kafka_io.make_admin(bootstrap, timeout_ms=3000),
+    ):
+        with pytest.raises(kafka_io.BrokerUnavailable) as err:
+            make().close()
+        assert "FLEETWATCH_KAFKA_" in str(err.value), str(err.value)
+        if secret:
+            assert secret not in str(err.value)
+
+
+def test_clients_authenticate_to_a_real_sasl_listener(
+    private_broker: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The private broker also listens with SASL_PLAINTEXT (PLAIN): every client works through it
+    with the right password; with a wrong one nothing connects, and no password is ever shown."""
+    env = _sasl_env(monkeypatch, private_broker.SASL_PASSWORD)
+    _round_trip(private_broker.sasl_bootstrap, env, tmp_path, private_broker.SASL_PASSWORD)
+    _sasl_env(monkeypatch, "wrong-password")
+    _refused(private_broker.sasl_bootstrap, "wrong-password")
+
+
+def test_clients_connect_through_a_real_mutual_tls_listener(
+    private_broker: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The private broker also listens with SSL and requires a client certificate. With the CA,
+    certificate and key in the environment every client works through it; without a client
+    certificate, or trusting a certificate that did not sign the broker's, nothing connects."""
+    tls = private_broker.tls_dir
+    env = _tls_env(monkeypatch, tls / "ca.pem", tls / "client.pem", tls / "client.key")
+    _round_trip(private_broker.ssl_bootstrap, env, tmp_path, "PRIVATE KEY")
+    _tls_env(monkeypatch, tls / "ca.pem", None, None)
+    _refused(private_broker.ssl_bootstrap)
+    _tls_env(monkeypatch, tls / "client.pem", tls / "client.pem", tls / "client.key")
+    _refused(private_broker.ssl_bootstrap)

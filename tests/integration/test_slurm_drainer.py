@@ -1,0 +1,363 @@
+"""The Slurm adapter (alerts/slurm_drainer.py) against a real slurmctld + slurmd + munge
+(services/slurm/slurm.sh): drains and resumes, refuses unknown nodes, unsigned, forged and tampered
+requests, never repeats a request, never overrules a human, and survives a crash mid-request."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.alerts import drain_request as dr
+from fleetwatch.alerts.journal import Journal
+from fleetwatch.alerts.slurm import SlurmClient
+from fleetwatch.alerts.slurm_drainer import Drainer
+from tests.helpers.paths import REPO
+from tests.integration.services import Slurm, TopicTail
+
+KEY = b"test-drain-key-0123456789abcdef"
+
+
+def req(
+    node: str,
+    action: str = "drain",
+    findings: tuple[str, ...] | None = None,
+    key: bytes = KEY,
+    issued_at: float | None = None,
+) -> dict[str, Any]:
+    return dr.make_request(
+        node=node,
+        action=action,
+        reason="fleetwatch: XID 79",
+        severity="critical",
+        findings=findings or (uuid.uuid4().hex,),
+        issued_at=time.time() if issued_at is None else issued_at,  # the drainer refuses stale ones
+        key=key,
+    )
+
+
+def raw(msg: dict[str, Any]) -> bytes:
+    return orjson.dumps(msg)
+
+
+@pytest.fixture
+def drainer(slurm: Slurm, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Drainer]:
+    producer = kafka_io.make_producer(kafka_bootstrap)
+    d = Drainer(SlurmClient(slurm.conf), Journal(tmp_path / "journal.sqlite"), KEY, producer)
+    yield d
+    producer.flush(10)
+    producer.close(5)
+    d.journal.close()
+
+
+def test_drain_and_resume_a_real_node(drainer: Drainer, slurm: Slurm) -> None:
+    slurm.reset("gpu-node-03")
+    drain = req("gpu-node-03")
+    assert drainer.handle(raw(drain), "t:0:1") == "executed"
+    state, reason = slurm.state("gpu-node-03")
+    assert state.startswith("drain") and reason == f"fleetwatch: XID 79 [fw:{drain['request_id'][:12]}]"
+    resume = req("gpu-node-03", "resume", tuple(drain["findings"]))
+    assert drainer.handle(raw(resume), "t:0:2") == "executed"
+    state, reason = slurm.state("gpu-node-03")
+    assert state.rstrip("*") == "idle" and reason == "none"
+    # The old drain delivered again (Kafka at-least-once, a replaying act) must not drain it again.
+    assert drainer.handle(raw(drain), "t:0:1") == "duplicate"
+    assert slurm.state("gpu-node-03")[0].startswith("idle")
+    assert [(e.action, e.status) for e in drainer.journal.entries("gpu-node-03")] == [
+        ("drain", "executed"),
+        ("resume", "executed"),
+    ]
+
+
+def test_refuses_unknown_unsigned_forged_and_tampered_requests(
+    drainer: Drainer,
+    slurm: Slurm,
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    slurm.reset("gpu-node-02")
+    dead = topic_tail(topics.DEADLETTER)
+    good = req("gpu-node-02")
+    unsigned = {k: v for k, v in good.items() if k != "signature"}
+    forged = req("gpu-node-02", key=b"attacker-key-attacker-key-123456")
+    tampered = {**req("gpu-node-01"), "node": "gpu-node-02"}
+    cases = [
+        (raw(req("gpu-node-99")), "unknown_node"),
+        (raw(unsigned), "malformed"),
+        (raw(forged), "forged"),
+        (raw(tampered), "forged"),
+        (b"\xff not json", "malformed"),
+    ]
+    for i, (value, outcome) in enumerate(cases):
+        assert drainer.handle(value, f"t:0:{i}") == outcome
+    drainer.producer.flush(10)
+    assert slurm.state("gpu-node-02")[0].startswith("idle")  # nothing reached scontrol
+    got = dead.collect(lambda rs: len(rs) >= len(cases))
+    reasons = sorted(dict(r.headers)["reason"].decode() for r in got)
+    assert reasons == sorted(o for _, o in cases)
+    assert {r.value for r in got} == {v for v, _ in cases}  # original bytes, untouched
+
+
+def test_never_overrules_a_human_drain(drainer: Drainer, slurm: Slurm) -> None:
+    subprocess.run(
+        ["scontrol", "update", "NodeName=gpu-node-04", "State=DRAIN", "Reason=admin: bad fan"],
+        env=slurm.env,
+        check=True,
+    )
+    try:
+        assert drainer.handle(raw(req("gpu-node-04", "resume")), "t:0:1") == "not_ours"
+        assert drainer.handle(raw(req("gpu-node-04", "drain")), "t:0:2") == "not_ours"
+        state, reason = slurm.state("gpu-node-04")
+        assert state.startswith("drain") and reason == "admin: bad fan"
+    finally:
+        slurm.reset("gpu-node-04")
+
+
+def test_crash_between_journal_and_scontrol_is_recovered_without_repeating(
+    drainer: Drainer,
+    slurm: Slurm,
+) -> None:
+    slurm.reset("gpu-node-01")
+    drain = req("gpu-node-01")
+    tag = f"[fw:{drain['request_id'][:12]}]"
+    # What a drainer that died right after scontrol (before journaling the outcome) leaves behind:
+    drainer.journal.begin(drain["request_id"], "gpu-node-01", "drain", drain["issued_at"], "t:0:1")
+    drainer.slurm.drain("gpu-node-01", f"fleetwatch: XID 79 {tag}")
+    assert drainer.handle(raw(drain), "t:0:1") == "executed"
+    e = drainer.journal.get(drain["request_id"])
+    assert e is not None and e.status == "executed" and e.detail == "found done after a restart"
+    # ... and one that died before scontrol ran: the restart executes it.
+    slurm.reset("gpu-node-01")
+    other = req("gpu-node-01")
+    drainer.journal.begin(other["request_id"], "gpu-node-01", "drain", other["issued_at"], "t:0:2")
+    assert drainer.handle(raw(other), "t:0:2") == "executed"
+    assert drainer.journal.get(other["request_id"]).detail == ""  # type: ignore[union-attr]
+    assert slurm.state("gpu-node-01")[1].endswith(f"[fw:{other['request_id'][:12]}]")
+    slurm.reset("gpu-node-01")
+
+
+def test_cli_consumes_the_topic_and_commits(
+    kafka_bootstrap: str,
+    slurm: Slurm,
+    tmp_path: Path,
+) -> None:
+    slurm.reset("gpu-node-02")
+    topic = f"test.drain.{uuid.uuid4().hex[:8]}"
+    kafka_io.ensure_topics(kafka_bootstrap, [topic])
+    producer = kafka_io.make_producer(kafka_bootstrap)
+    drain = req("gpu-node-02")
+    for m in (drain, drain, {**req("gpu-node-03"), "signature": "0" * 64}):
+        producer.send(topic, key=m["node"].encode(), value=schemas.encode(m))
+    producer.flush(10)
+    producer.close(5)
+    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
+    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap]
+    argv += [
+        "--drain-topic",
+        topic,
+        "--group",
+        f"g-{topic}",
+        "--state-dir",
+        str(tmp_path),
+        "--idle-exit",
+        "2",
+    ]
+    for _ in range(2):  # the second run finds everything committed and does nothing
+        r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+    try:
+        assert slurm.state("gpu-node-02")[0].startswith("drain")
+        assert slurm.state("gpu-node-03")[0].startswith("idle")
+        j = Journal(tmp_path / "journal.sqlite")
+        assert [(e.node, e.status) for e in j.entries()] == [("gpu-node-02", "executed")]
+        j.close()
+    finally:
+        slurm.reset("gpu-node-02")
+
+
+def test_cli_without_a_key_fails_with_one_line(kafka_bootstrap: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "FLEETWATCH_DRAIN_KEY"}
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("fleetwatch slurm-drainer: no drain signing key")
+
+
+# ---------------------------------------------------------------- issue 15: results, freshness, crashes
+
+
+def results_of(
+    tail: TopicTail, *requests: dict[str, Any], timeout_s: float = 30.0
+) -> dict[str, list[dict[str, Any]]]:
+    """request_id -> the drain_result/1 messages produced for it, in order (the topic is shared)."""
+    want = {m["request_id"] for m in requests}
+
+    def mine(records: list[Any]) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for m in (orjson.loads(r.value) for r in records if r.value):
+            if m.get("request_id") in want:
+                out.setdefault(m["request_id"], []).append(m)
+        return out
+
+    return mine(tail.collect(lambda rs: set(mine(rs)) >= want, timeout_s))
+
+
+def test_stale_and_far_future_requests_are_refused_with_a_reason(
+    drainer: Drainer,
+    slurm: Slurm,
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    slurm.reset("gpu-node-03")
+    dead, results = topic_tail(topics.DEADLETTER), topic_tail(topics.DRAIN_RESULTS)
+    now = time.time()
+    month_old = req("gpu-node-03", issued_at=now - 30 * 86400)
+    from_the_future = req("gpu-node-03", issued_at=now + 10 * 365 * 86400)
+    assert drainer.handle(raw(month_old), "t:0:1") == "stale"
+    assert drainer.handle(raw(from_the_future), "t:0:2") == "stale"
+    assert drainer.handle(raw(month_old), "t:0:1") == "duplicate"  # refused once and for all
+    assert slurm.state("gpu-node-03")[0].rstrip("*") == "idle"  # scontrol never ran
+    details = {e.request_id: (e.status, e.detail) for e in drainer.journal.entries("gpu-node-03")}
+    status, detail = details[month_old["request_id"]]
+    assert status == "rejected" and detail.startswith("issued 25920") and detail.endswith("(limit 600 s)")
+    assert details[from_the_future["request_id"]][1].endswith("s in the future (limit 60 s)")
+    drainer.producer.flush(10)
+    got = results_of(results, month_old, from_the_future)
+    assert [m["outcome"] for m in got[from_the_future["request_id"]]] == ["rejected_stale"]
+    assert got[month_old["request_id"]][0]["outcome"] == "rejected_stale"  # (then duplicate)
+    assert all(dr.verify(m, KEY) for ms in got.values() for m in ms)
+    letters = dead.collect(lambda rs: sum(r.value == raw(month_old) for r in rs) >= 1)
+    letter = next(r for r in letters if r.value == raw(month_old))
+    assert dict(letter.headers)["reason"] == b"stale"
+    fresh = req("gpu-node-03", issued_at=now - 590)  # inside the window
+    try:
+        assert drainer.handle(raw(fresh), "t:0:3") == "executed"
+    finally:
+        slurm.reset("gpu-node-03")
+
+
+def test_every_request_handled_gets_one_signed_result(
+    drainer: Drainer,
+    slurm: Slurm,
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    slurm.reset("gpu-node-02", "gpu-node-04")
+    results = topic_tail(topics.DRAIN_RESULTS)
+    subprocess.run(
+        ["scontrol", "update", "NodeName=gpu-node-04", "State=DRAIN", "Reason=admin: bad fan"],
+        env=slurm.env,
+        check=True,
+    )
+    good, unknown, forged = req("gpu-node-02"), req("gpu-node-99"), req("gpu-node-02", key=b"k" * 32)
+    unsigned = {k: v for k, v in req("gpu-node-02").items() if k != "signature"}
+    human = req("gpu-node-04")
+    try:
+        outcomes = [
+            drainer.handle(raw(m), f"t:0:{i}")
+            for i, m in enumerate((good, good, unknown, forged, unsigned, human))
+        ]
+        assert drainer.handle(b"\xff not json", "t:0:9") == "malformed"  # nobody to tell: no result
+    finally:
+        slurm.reset("gpu-node-02", "gpu-node-04")
+    assert outcomes == ["executed", "duplicate", "unknown_node", "forged", "malformed", "not_ours"]
+    drainer.producer.flush(10)
+    got = results_of(results, good, unknown, forged, unsigned, human)
+    assert {rid: [m["outcome"] for m in ms] for rid, ms in got.items()} == {
+        good["request_id"]: ["executed", "duplicate"],
+        unknown["request_id"]: ["rejected_unknown_node"],
+        forged["request_id"]: ["rejected_forged"],
+        unsigned["request_id"]: ["rejected_malformed"],
+        human["request_id"]: ["rejected_not_ours"],
+    }
+    assert got[human["request_id"]][0]["detail"] == "already drained: admin: bad fan"
+    assert all(dr.verify(m, KEY) for ms in got.values() for m in ms)
+
+
+def test_slurm_keeps_the_request_id_across_a_resume_so_a_replay_never_overrules_an_operator(
+    drainer: Drainer,
+    slurm: Slurm,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = "gpu-node-01"
+    slurm.reset(node)
+    drain = req(node)
+    rid = drain["request_id"]
+
+    def killed(*_a: Any, **_k: Any) -> None:
+        raise KeyboardInterrupt("slurm-drainer killed after scontrol, before journalling the outcome")
+
+    monkeypatch.setattr(drainer.journal, "finish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        drainer.handle(raw(drain), "t:0:1")
+    monkeypatch.undo()
+    assert drainer.journal.get(rid).status == "executing"  # type: ignore[union-attr]
+    assert slurm.state(node)[0].startswith("drain")
+    # The operator checks the node, finds it fine and puts it back in service; Slurm drops the
+    # drain reason but keeps the Comment the drain wrote in the same scontrol call.
+    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=slurm.env, check=True)
+    assert slurm.state(node)[1] == "none"
+    assert f"[fw:{rid}]" in SlurmClient(slurm.conf).comment(node)
+
+    # The restarted drainer, on the same journal, gets the uncommitted request again.
+    restarted = Drainer(SlurmClient(slurm.conf), Journal(tmp_path / "journal.sqlite"), KEY, drainer.producer)
+    try:
+        assert restarted.handle(raw(drain), "t:0:1") == "executed"
+        assert slurm.state(node)[0].rstrip("*") == "idle"  # still in service: the operator decided
+        e = restarted.journal.get(rid)
+        assert e is not None and (e.status, e.detail) == ("executed", "found done after a restart")
+        assert restarted.handle(raw(drain), "t:0:1") == "duplicate"
+        assert slurm.state(node)[0].rstrip("*") == "idle"
+    finally:
+        restarted.journal.close()
+        slurm.reset(node)
+
+
+def test_after_a_crash_before_scontrol_it_drains_unless_someone_changed_the_node_since(
+    drainer: Drainer,
+    slurm: Slurm,
+    topic_tail: Callable[[str], TopicTail],
+) -> None:
+    node = "gpu-node-01"
+    slurm.reset(node)
+    results = topic_tail(topics.DRAIN_RESULTS)
+    first, second = req(node), req(node)
+    # Died after journalling `executing` (with the node's Comment as it was), before scontrol:
+    before = drainer.slurm.comment(node)
+    drainer.journal.begin(first["request_id"], node, "drain", first["issued_at"], "t:0:1", before)
+    assert drainer.handle(raw(first), "t:0:1") == "executed"
+    assert slurm.state(node)[0].startswith("drain")
+    assert drainer.slurm.comment(node).endswith(f"[fw:{first['request_id']}]")  # with the drain
+    slurm.reset(node)
+    # The same crash, but an operator wrote on the node in between: Slurm can no longer tell
+    # whether the drain ran, so it is not run, and a human is told.
+    drainer.journal.begin(
+        second["request_id"], node, "drain", second["issued_at"], "t:0:2", drainer.slurm.comment(node)
+    )
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={node}", "Comment=ticket 4711: fan replaced"],
+        env=slurm.env,
+        check=True,
+    )
+    try:
+        assert drainer.handle(raw(second), "t:0:2") == "undetermined"
+        assert slurm.state(node)[0].rstrip("*") == "idle"
+        assert drainer.journal.get(second["request_id"]).status == "undetermined"  # type: ignore[union-attr]
+        drainer.producer.flush(10)
+        got = results_of(results, second)[second["request_id"]]
+        assert [m["outcome"] for m in got] == ["undetermined"]
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "Comment="], env=slurm.env, check=False)
+        slurm.reset(node)

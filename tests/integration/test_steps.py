@@ -1,0 +1,209 @@
+"""fleetwatch.steps against the real broker (issue 16, part 2): the StepReporter's messages read
+back and decoded with the readers' own validation (schemas.decode with the key and the clock),
+through a broker outage, a bad producer setting and close. Without a broker:
+tests/unit/test_steps.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.steps import StepReporter
+from tests.helpers.paths import REPO
+from tests.helpers.steps import EXIT_SCRIPT, new_job
+from tests.integration.services import PrivateBroker
+
+
+def _steps_consumer(bootstrap: str) -> tuple[KafkaConsumer, list[TopicPartition]]:
+    consumer = KafkaConsumer(**kafka_io.client_config(bootstrap), enable_auto_commit=False)
+    parts = consumer.partitions_for_topic(topics.STEPS)
+    deadline = time.monotonic() + 10
+    while not parts and time.monotonic() < deadline:
+        time.sleep(0.2)
+        parts = consumer.partitions_for_topic(topics.STEPS)
+    assert parts, f"no partitions for {topics.STEPS}"
+    return consumer, [TopicPartition(topics.STEPS, p) for p in sorted(parts)]
+
+
+def _end_offsets(bootstrap: str) -> dict[TopicPartition, int]:
+    """Where the steps topic ends now: a test reads only what it produced after this."""
+    consumer, tps = _steps_consumer(bootstrap)
+    try:
+        return dict(consumer.end_offsets(tps))
+    finally:
+        consumer.close()
+
+
+def _read_steps(
+    bootstrap: str, since: dict[TopicPartition, int], job: str, last_step: int, timeout_s: float = 30.0
+) -> list[dict[str, Any]]:
+    """The step/1 messages of `job` from the offsets `since` on, until the one of `last_step`,
+    each decoded as the detect workers decode it: schema, key and clock checked. A fresh consumer,
+    so that one connected before a broker restart does not sit out its reconnect backoff."""
+    consumer, tps = _steps_consumer(bootstrap)
+    key = job.encode()
+    out: list[dict[str, Any]] = []
+    try:
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, since.get(tp, 0))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not any(m["step"] == last_step for m in out):
+            for batch in consumer.poll(timeout_ms=200).values():
+                for rec in batch:
+                    if rec.key != key:
+                        continue  # another test's or simulation's job
+                    ref = kafka_io.reference_time(rec, time.time())
+                    m = schemas.decode(
+                        rec.value, schemas.STEP, key=rec.key, ref_ts=ref, clock=schemas.DEFAULT_CLOCK
+                    )
+                    out.append(m)
+        return out
+    finally:
+        consumer.close()
+
+
+def test_steps_reach_the_topic_as_valid_step_messages(kafka_bootstrap: str) -> None:
+    job = new_job()
+    env = {"SLURM_JOB_ID": job, "SLURM_PROCID": "3", "SLURMD_NODENAME": "gpu-node-02"}
+    since = _end_offsets(kafka_bootstrap)
+    t0 = time.time()
+    with StepReporter(kafka_bootstrap, env=env) as r:
+        r.step(0)  # starts the clock
+        for i in range(1, 21):
+            time.sleep(0.002)
+            r.step(i)  # measured
+        for i in range(21, 41):
+            r.step(i, 0.5 + i / 1000, wait_time_s=0.01)
+    assert r.closed
+    assert (r.accepted, r.sent, r.dropped, r.pending, r.rejected) == (40, 40, 0, 0, 0)
+    msgs = _read_steps(kafka_bootstrap, since, job, 40)
+    assert [m["step"] for m in msgs] == list(range(1, 41))  # one partition per job: in order
+    assert {(m["job"], m["node"], m["rank"], m["schema"]) for m in msgs} == {
+        (job, "gpu-node-02", 3, schemas.STEP)
+    }
+    measured = [m["step_time_s"] for m in msgs[:20]]
+    assert all(0.002 <= t < 1.0 for t in measured)
+    assert [m["step_time_s"] for m in msgs[20:]] == [0.5 + i / 1000 for i in range(21, 41)]
+    assert all("wait_time_s" not in m for m in msgs[:20])
+    assert all(m["wait_time_s"] == 0.01 for m in msgs[20:])
+    ts = [m["ts"] for m in msgs]
+    assert ts == sorted(ts) and t0 <= ts[0] and ts[-1] <= time.time()
+
+
+def test_an_outage_drops_within_the_bound_and_later_steps_arrive(private_broker: PrivateBroker) -> None:
+    bootstrap = private_broker.bootstrap
+    job = new_job()
+    since = _end_offsets(bootstrap)
+    r = StepReporter(
+        bootstrap,
+        job=job,
+        rank=1,
+        node="gpu-node-03",
+        max_buffered=200,
+        max_in_flight=20,
+        delivery_timeout_s=1.0,  # the outage is noticed when steps handed over expire
+        retry_backoff_s=(0.1, 0.5),
+    )
+    # A second process with a connected reporter, to exit during the outage (see below).
+    child = subprocess.Popen(
+        [sys.executable, "-c", EXIT_SCRIPT, bootstrap, "wait"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for i in range(20):
+            r.step(i, 0.1)
+        _wait_for(lambda: r.sent == 20, 15, "steps before the outage were not acknowledged")
+        assert child.stdout is not None
+        assert json.loads(child.stdout.readline())["sent"] == 4999, "the child is connected"
+
+        private_broker.stop()
+        # The child leaves with steps unacknowledged and its broker gone: exit must not hang.
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        t0 = time.monotonic()
+        t_outage = time.monotonic()
+        for i in range(20, 1020):
+            r.step(i, 0.1)
+        held = r.pending
+        assert held <= 200 + 20, "memory is bounded: at most max_buffered + max_in_flight held"
+        assert r.dropped >= 1000 - held
+        _wait_for(lambda: not r.broker_up, 10, "the outage was not noticed")
+        out, err = child.communicate(timeout=30)
+        child_exit_s = time.monotonic() - t0  # an upper bound: the outage was noticed meanwhile
+        private_broker.start()
+        outage_s = time.monotonic() - t_outage
+
+        _wait_for(lambda: r.broker_up and r.pending == 0, 30, "the reporter did not recover")
+        for i in range(1020, 1040):
+            r.step(i, 0.1)
+        assert r.close(10) is False  # True only when every step was delivered
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        private_broker.start()  # a no-op when it is up; other tests need it
+    assert child.returncode == 0, err[-2000:]
+    assert json.loads(out)["pending"] == 100, "the child left with steps it could not deliver"
+    assert "Traceback" not in err
+    assert child_exit_s < 6.0, f"exit during the outage took {child_exit_s:.1f} s"
+    assert r.closed and r.pending == 0
+    assert r.accepted == r.sent + r.dropped == 1040
+    assert 1000 - 220 <= r.dropped <= 1000, "only steps of the outage may be lost"
+
+    msgs = _read_steps(bootstrap, since, job, 1039)
+    got = {m["step"] for m in msgs}
+    assert set(range(20)) <= got, "steps before the outage arrived"
+    assert set(range(1020, 1040)) <= got, "steps after the broker returned arrived"
+    assert set(range(1000, 1020)) <= got, "the newest steps of the outage were kept and arrived"
+    assert len(got & set(range(20, 1020))) <= 220, "the outage's steps beyond the bound were dropped"
+    assert len(got) >= r.sent, "every acknowledged step is on the topic (repeats are allowed)"
+    assert all(m["node"] == "gpu-node-03" and m["rank"] == 1 for m in msgs)
+    assert outage_s > 1.0
+
+
+def _wait_for(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(what)
+        time.sleep(0.02)
+
+
+def test_a_bad_producer_setting_is_logged_not_raised(kafka_bootstrap: str, caplog: Any) -> None:
+    bad = {"delivery_timeout_ms": 10, "request_timeout_ms": 30000}  # kafka-python refuses this
+    with caplog.at_level(logging.ERROR, logger="fleetwatch.steps"):
+        r = StepReporter(kafka_bootstrap, job=new_job(), rank=0, node="n1", producer_config=bad)
+        try:
+            for i in range(10):
+                r.step(i, 0.1)
+            _wait_for(
+                lambda: any("cannot create the Kafka producer" in m for m in caplog.messages), 15, "no log"
+            )
+            assert r.sent == 0 and r.pending == 10 and not r.broker_up
+        finally:
+            assert r.close(0.5) is False
+    assert r.dropped == 10
+    assert sum("cannot create the Kafka producer" in m for m in caplog.messages) == 1
+
+
+def test_no_thread_is_left_behind_after_close(kafka_bootstrap: str) -> None:
+    before = {t.ident for t in threading.enumerate()}
+    with StepReporter(kafka_bootstrap, job=new_job(), rank=0, node="n1") as r:
+        for i in range(10):
+            r.step(i, 0.1)
+        _wait_for(lambda: r.sent == 10, 15, "steps were not acknowledged")
+    _wait_for(lambda: {t.ident for t in threading.enumerate() if t.is_alive()} <= before, 5, "threads left")

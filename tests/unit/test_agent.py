@@ -1,0 +1,145 @@
+"""The node agent without a broker: sampling with per-source deadlines, the spool while the broker
+is down, and the `fleetwatch collect` CLI's argument checks. Delivery through the spool to a real
+Kafka broker, including a broker stopped and restarted mid-run: tests/integration/test_agent.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetwatch import schemas
+from fleetwatch.collectors.agent import SourceRunner
+from tests.helpers.agents import CountingSource, make_agent
+from tests.helpers.paths import REPO
+
+
+class HangingSource:
+    name = "host"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def sample(self) -> dict[str, Any]:
+        self.release.wait(30)
+        return {"host": {"load1": 1.0}}
+
+    def close(self) -> None:
+        self.release.set()
+
+
+def test_hung_source_is_reported_not_blocking(tmp_path: Path) -> None:
+    hang = HangingSource()
+    gpu = CountingSource()
+    agent = make_agent(
+        tmp_path,
+        "127.0.0.1:1",
+        [SourceRunner("nvml", lambda: gpu), SourceRunner("host", lambda: hang)],
+        call_timeout_s=0.2,
+    )
+    t0 = time.monotonic()
+    first = agent.sample()
+    second = agent.sample()
+    assert time.monotonic() - t0 < 2.0
+    assert first["agent"]["source_errors"] == {"host": "timeout"}
+    assert second["agent"]["source_errors"]["host"].startswith("hung")
+    assert len(first["gpus"]) == 8 and "host" not in first  # what answered is kept, the rest absent
+    assert (first["seq"], second["seq"]) == (0, 1)
+    schemas.validate(second, schemas.TELEMETRY)
+    hang.release.set()
+    agent.close(drain_timeout_s=0)
+
+
+def test_unavailable_source_is_reported_and_retried(tmp_path: Path) -> None:
+    attempts = []
+
+    def broken() -> Any:
+        attempts.append(1)
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    runner = SourceRunner("nvml", broken, reinit_every_s=0.0)
+    agent = make_agent(tmp_path, "127.0.0.1:1", [runner])
+    m1, m2 = agent.sample(), agent.sample()
+    assert "NVML Shared Library Not Found" in m1["agent"]["source_errors"]["nvml"]
+    assert m2["gpus"] == [] and len(attempts) == 2
+    agent.close(drain_timeout_s=0)
+
+
+def test_spool_bound_drops_oldest_while_broker_is_down(tmp_path: Path) -> None:
+    gpu = CountingSource()
+    agent = make_agent(tmp_path, "127.0.0.1:1", [SourceRunner("nvml", lambda: gpu)], max_bytes=20_000)
+    for _ in range(200):
+        agent.tick()
+    assert agent.spool.bytes <= 20_000
+    assert agent.spool.dropped_total > 0
+    assert len(agent.spool) + agent.spool.dropped_total == 200
+    # the survivors are the newest samples, in order
+    seqs = [schemas.decode(r.value)["seq"] for r in agent.spool.peek(limit=1000)]
+    assert seqs == list(range(200 - len(seqs), 200))
+    agent.close(drain_timeout_s=0)
+
+
+def test_seq_continues_across_restart(tmp_path: Path) -> None:
+    gpu = CountingSource()
+    a = make_agent(tmp_path, "127.0.0.1:1", [SourceRunner("nvml", lambda: gpu)])
+    for _ in range(3):
+        a.tick()
+    a.close(drain_timeout_s=0)
+    b = make_agent(tmp_path, "127.0.0.1:1", [SourceRunner("nvml", lambda: gpu)])
+    assert b.tick()["seq"] == 3
+    assert len(b.spool) == 4  # nothing was delivered, nothing lost
+    b.close(drain_timeout_s=0)
+
+
+def test_agent_samples_take_the_detect_workers_fast_path(tmp_path: Path) -> None:
+    """What the agent sends from NVML (fake pynvml, real code path: remapped row counts, NVLinks
+    up, a lost GPU, an XID) and /proc is all in the contract, so the detect worker's compiled
+    scanner takes it whole: a field outside the contract would send every sample of every node to
+    the slower decoders (fleetwatch/telemetry_scan.py)."""
+    from fleetwatch import telemetry_scan
+    from fleetwatch.collectors.host import HostSource
+    from fleetwatch.collectors.nvml import NvmlSource
+    from tests.fakes import FakeGpu, FakeLink, FakeNvml
+
+    gpu = FakeGpu(util=90, remapped_rows=(5, 2, 1, 0), nvlinks=[FakeLink(crc_flit=1), FakeLink(active=False)])
+    fake = FakeNvml([gpu] * 8)
+    nvml = NvmlSource(nvml=fake.module)
+    agent = make_agent(
+        tmp_path, "127.0.0.1:1", [SourceRunner("nvml", lambda: nvml), SourceRunner("host", HostSource)]
+    )
+    fake.inject_xid(1, 48)
+    fake.lose(6)
+    raws = [schemas.encode(agent.tick()) for _ in range(2)]  # what it spools and sends
+    agent.close(drain_timeout_s=0)
+    assert {"remapped_rows_correctable", "nvlink_links_active"} <= schemas.decode(raws[0])["gpus"][0].keys()
+    assert telemetry_scan.scan(raws).taken.tolist() == [0, 1]
+
+
+def test_collect_cli_rejects_bad_arguments() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetwatch.cli", "collect", "--source", "gpu", "--node", "n1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    )
+    assert r.returncode == 2
+    assert "unknown source 'gpu'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("bad_node", ["bad node", "-x", "a/b"])
+def test_collect_cli_rejects_bad_node_name(bad_node: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetwatch.cli", "collect", f"--node={bad_node}", "--source", "host"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    )
+    assert r.returncode == 2 and "not valid" in r.stderr

@@ -1,0 +1,145 @@
+"""TelemetryBatch: columnar arrays from telemetry/1 dicts. The message builders (telemetry,
+gpu_entry, ib_port) are in tests/helpers/batches.py, shared with the other detector tests."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetwatch import schemas
+from fleetwatch.detectors.batch import GPU_COL, GPU_NUMERIC, HOST_NUMERIC, IB_COL, IB_NUMERIC, TelemetryBatch
+from tests.helpers.batches import assert_same_batch, gpu_entry, ib_port, telemetry
+
+# ---------------------------------------------------------------- tests
+
+
+def test_shapes_and_values() -> None:
+    msgs = [telemetry("n1", 100.0), telemetry("n2", 100.5, 4), telemetry("n1", 101.0)]
+    b = TelemetryBatch.from_messages(msgs)
+    assert b.size == 3
+    assert b.node_names == ["n1", "n2"]
+    assert b.nodes() == ["n1", "n2", "n1"]
+    assert b.gpu.shape == (3, 8, len(GPU_NUMERIC))
+    assert b.present.sum(axis=1).tolist() == [8, 4, 8]
+    # n2 has 4 GPUs: the other slots are absent, NaN, and not "lost" (never reported at all).
+    assert np.isnan(b.gpu[1, 4:]).all()
+    assert not b.lost.any()
+    assert b.gpu[0, 2, GPU_COL["temp_c"]] == 62.0
+    assert b.ts.tolist() == [100.0, 100.5, 101.0]
+    assert b.host.shape == (3, len(HOST_NUMERIC))
+    assert b.ib.shape == (3, len(IB_NUMERIC))
+    assert b.ib_key == ["mlx5_0/1"] * 3
+    assert b.ib_active.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_missing_fields_are_nan_not_invented() -> None:
+    gpus = [gpu_entry(0, ecc_sbe_volatile=None, temp_c=None), gpu_entry(1)]
+    b = TelemetryBatch.from_messages([telemetry("n1", 1.0, gpus, host={"cpu_util": 5.0})])
+    assert math.isnan(b.gpu[0, 0, GPU_COL["ecc_sbe_volatile"]])
+    assert math.isnan(b.gpu[0, 0, GPU_COL["temp_c"]])
+    assert b.gpu[0, 0, GPU_COL["util"]] == 95.0
+    assert b.gpu[0, 1, GPU_COL["temp_c"]] == 62.0
+    assert b.host[0].tolist()[0] == 5.0 and np.isnan(b.host[0, 1:]).all()
+
+
+def test_lost_gpus_and_index_gaps() -> None:
+    gpus = [gpu_entry(0), {"index": 3, "uuid": "GPU-3"}, {"index": 5, "lost": True}]
+    b = TelemetryBatch.from_messages([telemetry("n1", 1.0, gpus)])
+    assert b.gpu.shape[1] == 6
+    assert b.present[0].tolist() == [True, False, False, True, False, True]
+    assert b.lost[0].tolist() == [False, False, False, True, False, True]
+
+
+def test_xids_flattened() -> None:
+    msgs = [
+        telemetry("n1", 1.0, [gpu_entry(0), gpu_entry(2, xids=[79, 48])]),
+        telemetry("n2", 1.0, [gpu_entry(1, xids=[13])]),
+    ]
+    b = TelemetryBatch.from_messages(msgs)
+    assert list(zip(b.xid_msg.tolist(), b.xid_gpu.tolist(), b.xid_code.tolist(), strict=True)) == [
+        (0, 2, 79),
+        (0, 2, 48),
+        (1, 1, 13),
+    ]
+
+
+def test_ib_ports() -> None:
+    ports = [ib_port("mlx5_0", 1), ib_port("mlx5_1", 1, state="1: DOWN", symbol_errors=7)]
+    b = TelemetryBatch.from_messages([telemetry("n1", 1.0, ib=ports), telemetry("n2", 1.0, ib=[])])
+    assert b.ib_msg.tolist() == [0, 0]
+    assert b.ib_key == ["mlx5_0/1", "mlx5_1/1"]
+    assert b.ib_active.tolist() == [1.0, 0.0]
+    assert b.ib[1, IB_COL["symbol_errors"]] == 7.0
+    assert b.ib_state == ["ACTIVE", "1: DOWN"]
+
+
+def test_empty_batch() -> None:
+    b = TelemetryBatch.from_messages([])
+    assert b.size == 0 and b.gpu.shape[0] == 0 and len(b.xid_code) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sets(st.sampled_from(GPU_NUMERIC)), min_size=0, max_size=4),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_matches_per_field_reference(drops: list[list[set[str]]]) -> None:
+    """Whatever fields are missing, the fast path gives what a plain per-field loop would."""
+    msgs = []
+    for k, per_gpu in enumerate(drops):
+        gpus = [gpu_entry(i, **{"temp_c": 50.0 + i + k, **dict.fromkeys(d)}) for i, d in enumerate(per_gpu)]
+        msgs.append(telemetry(f"n{k % 2}", float(k), gpus))
+    b = TelemetryBatch.from_messages(msgs)
+    for k, m in enumerate(msgs):
+        for g in m["gpus"]:
+            want = [float(g.get(f, math.nan)) for f in GPU_NUMERIC]
+            got = b.gpu[k, g["index"]].tolist()
+            assert np.array_equal(np.array(got), np.array(want), equal_nan=True)
+
+
+# ---------------------------------------------------------------- the worker's struct path
+
+
+def _structs(msgs: list[dict[str, Any]]) -> list[Any]:
+    return [schemas.decode(schemas.encode(m), schemas.TELEMETRY, struct=True) for m in msgs]
+
+
+def test_structs_give_the_same_batch_as_dicts_on_simulated_telemetry() -> None:
+    """The worker decodes telemetry to compiled structs; the evaluator hands dicts: same columns.
+    Simulated telemetry of a faulty cluster has XIDs, lost GPUs, IB ports down, missing fields."""
+    from fleetwatch import topics
+    from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
+
+    sim = Simulation(load_scenario(str(packaged_path("default.yaml")), {"nodes": 16, "duration_s": 240}))
+    msgs = [m for ms in sim.ticks() for t, _k, m in ms if t == topics.TELEMETRY]
+    structs = _structs(msgs)
+    assert all(type(s) is not dict for s in structs)
+    for i in range(0, len(msgs), 500):
+        assert_same_batch(
+            TelemetryBatch.from_messages(msgs[i : i + 500]), TelemetryBatch.from_any(structs[i : i + 500])
+        )
+    assert any(
+        len(TelemetryBatch.from_messages(msgs[i : i + 500]).xid_code) for i in range(0, len(msgs), 500)
+    )
+
+
+def test_structs_and_dicts_mixed_and_edge_cases() -> None:
+    gpus = [gpu_entry(0, temp_c=None, xids=[79]), {"index": 3, "uuid": "GPU-3"}, {"index": 5, "lost": True}]
+    msgs = [
+        telemetry("n1", 1.0, gpus, host={"cpu_util": 5.0}),
+        telemetry("n2", 1.0, ib=[ib_port("mlx5_1", 1, state="1: DOWN", symbol_errors=7)]),
+        telemetry("n3", 1.0, [gpu_entry(0)], ib=[]),
+    ]
+    del msgs[2]["host"], msgs[2]["net"]
+    want = TelemetryBatch.from_messages(msgs)
+    structs = _structs(msgs)
+    assert_same_batch(want, TelemetryBatch.from_structs(structs))
+    assert_same_batch(want, TelemetryBatch.from_any([structs[0], msgs[1], structs[2]]))
+    assert_same_batch(TelemetryBatch.from_messages([]), TelemetryBatch.from_structs([]))

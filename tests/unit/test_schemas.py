@@ -1,0 +1,268 @@
+"""Message validation: every kind of bad message gets its own clear reason."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetwatch import fast_schema, schemas
+from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.schemas import MessageError
+from tests.helpers.batches import assert_same_batch
+from tests.helpers.messages import GOOD, mutated_telemetry, python_accepts, telemetry
+
+
+@pytest.mark.parametrize("schema", sorted(GOOD))
+def test_good_messages_round_trip(schema: str) -> None:
+    raw = schemas.encode(GOOD[schema])
+    assert schemas.decode(raw, schema) == GOOD[schema]
+
+
+def test_missing_optional_fields_are_fine() -> None:
+    m = telemetry(gpus=[{"index": 0}], host={})
+    del m["net"]
+    assert schemas.validate(m) is m
+
+
+def _mutate(path: list[Any], value: Any) -> dict[str, Any]:
+    m = copy.deepcopy(telemetry())
+    target = m
+    for p in path[:-1]:
+        target = target[p]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return m
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "reason", "words"),
+    [
+        (["node"], KeyError, "missing_field", "telemetry.node is required"),
+        (["gpus", 0, "index"], KeyError, "missing_field", "telemetry.gpus[0].index is required"),
+        (["ts"], "yesterday", "wrong_type", "telemetry.ts must be a number"),
+        (["seq"], 1.5, "wrong_type", "telemetry.seq must be an integer"),
+        (["seq"], True, "wrong_type", "telemetry.seq must be an integer"),
+        (["gpus"], {"0": {}}, "wrong_type", "telemetry.gpus must be an array"),
+        (["gpus", 2, "util"], 140.0, "out_of_range", "telemetry.gpus[2].util must be <= 100"),
+        (
+            ["gpus", 2, "ecc_sbe_volatile"],
+            -1,
+            "out_of_range",
+            "telemetry.gpus[2].ecc_sbe_volatile must be >= 0",
+        ),
+        (["gpus", 1, "power_w"], float("nan"), "out_of_range", "must be finite"),
+        (["gpus", 1, "temp_c"], float("inf"), "out_of_range", "must be finite"),
+        (["gpus", 3, "xids"], [79, "x"], "wrong_type", "telemetry.gpus[3].xids[1] must be an integer"),
+        (["gpus", 1, "index"], 0, "out_of_range", "appears twice"),
+        (["node"], "node; rm -rf /", "out_of_range", "is not a valid name"),
+        (["host", "mem_used_frac"], 1.5, "out_of_range", "telemetry.host.mem_used_frac must be <= 1"),
+        (["net", "ib", 0, "link_downed"], -3, "out_of_range", "telemetry.net.ib[0].link_downed must be >= 0"),
+        (["net", "eth"], "eth0", "wrong_type", "telemetry.net.eth must be an array"),
+        (["schema"], "telemetry/2", "unknown_schema", "unknown schema 'telemetry/2'"),
+        (["gpus", 0, "index"], 64, "out_of_range", "telemetry.gpus[0].index must be <= 63"),
+        (["gpus", 0, "xids"], [79] * 1025, "out_of_range", "has 1025 entries, more than 1024"),
+        (["gpus"], [{"index": i % 8} for i in range(65)], "out_of_range", "has 65 entries, more than 64"),
+        (["schema"], KeyError, "missing_field", "schema is required"),
+    ],
+)
+def test_bad_telemetry_has_clear_reason(path: list[Any], value: Any, reason: str, words: str) -> None:
+    with pytest.raises(MessageError) as e:
+        schemas.validate(_mutate(path, value))
+    assert e.value.reason == reason
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"\xff\xfe{}", "not_utf8"),
+        (b'{"schema": "telemetry/1", "node": "n"', "not_json"),  # truncated
+        (b"[1, 2, 3]", "not_object"),
+        (b'{"schema": "telemetry/1", "ts": NaN}', "not_json"),
+        (b"x" * (schemas.MAX_MESSAGE_BYTES + 1), "oversized"),
+    ],
+)
+def test_bad_bytes(raw: bytes, reason: str) -> None:
+    with pytest.raises(MessageError) as e:
+        schemas.decode(raw)
+    assert e.value.reason == reason
+
+
+def test_schema_on_wrong_topic() -> None:
+    with pytest.raises(MessageError, match="does not belong on this topic"):
+        schemas.decode(schemas.encode(GOOD["job/1"]), schemas.TELEMETRY)
+
+
+@pytest.mark.parametrize(
+    ("ref_ts", "accepted"),
+    [
+        (1000.0, True),
+        (940.0, True),  # 60 s ahead of its arrival: the limit
+        (939.0, False),  # 61 s ahead: a clock in the future
+        (1600.0, True),  # 600 s late (spooled through an outage): the limit
+        (1601.0, False),
+    ],
+)
+def test_clock_skew_is_judged_against_the_messages_arrival(ref_ts: float, accepted: bool) -> None:
+    raw = schemas.encode(telemetry(ts=1000.0))
+    clock = schemas.ClockLimits(ahead_s=60, behind_s=600)
+    if accepted:
+        assert schemas.decode(raw, ref_ts=ref_ts, clock=clock)["ts"] == 1000.0
+        return
+    with pytest.raises(MessageError) as e:
+        schemas.decode(raw, ref_ts=ref_ts, clock=clock)
+    assert e.value.reason == "clock_skew"
+    assert e.value.skew_s == 1000.0 - ref_ts
+
+
+@pytest.mark.parametrize(
+    ("schema", "field", "value", "reason"),
+    [
+        ("job/1", "state", "exploded", "out_of_range"),
+        ("job/1", "nodes", "gpu-node-0001", "wrong_type"),
+        ("step/1", "step_time_s", -0.1, "out_of_range"),
+        ("step/1", "rank", KeyError, "missing_field"),
+        ("truth/1", "end_ts", 1.0, "out_of_range"),  # ends before its onset
+        ("truth/1", "fault", 79, "wrong_type"),
+    ],
+)
+def test_bad_other_schemas(schema: str, field: str, value: Any, reason: str) -> None:
+    m = copy.deepcopy(GOOD[schema])
+    if value is KeyError:
+        del m[field]
+    else:
+        m[field] = value
+    with pytest.raises(MessageError) as e:
+        schemas.validate(m)
+    assert e.value.reason == reason
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_decoder_never_fails_other_than_message_error(raw: bytes) -> None:
+    try:
+        schemas.decode(raw)
+    except MessageError as e:
+        assert e.reason in schemas.REASONS
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(GOOD)), st.data())
+def test_mutated_good_messages_fail_cleanly(schema: str, data: st.DataObject) -> None:
+    m = copy.deepcopy(GOOD[schema])
+    key = data.draw(st.sampled_from(sorted(m)))
+    m[key] = data.draw(json_values)
+    try:
+        schemas.validate(m)
+    except MessageError as e:
+        assert e.reason in schemas.REASONS
+
+
+field_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 300),
+    st.floats(-100, 400, allow_nan=False),
+    st.text(max_size=6),
+    st.lists(st.integers(-2, 100), max_size=3),
+    st.just(1e308),
+    st.just(-0.0),
+    # the edges of the declared ranges: NVML's u32 / u64 "not available", int64, beyond
+    st.sampled_from([2**32 - 1, 2**63 - 1, 2**63, 2**64 - 1]),
+    st.text(alphabet="ab", min_size=schemas.MAX_ID_LEN, max_size=schemas.MAX_ID_LEN + 1),
+)
+
+
+def _beyond_int64(v: Any) -> bool:
+    """msgspec's integer bounds stop at int64: a counter above it is left to the Python validator."""
+    if isinstance(v, dict):
+        return any(_beyond_int64(x) for x in v.values())
+    if isinstance(v, list):
+        return any(_beyond_int64(x) for x in v)
+    return isinstance(v, int) and not isinstance(v, bool) and v > schemas.I64_MAX
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_fast_validator_agrees_with_the_python_one(data: st.DataObject) -> None:
+    """fleetwatch/fast_schema.py (the hot path) must accept exactly what schemas.validate accepts."""
+    m = mutated_telemetry(data, field_values)
+    raw = json.dumps(m).encode()
+    accepted = python_accepts(json.loads(raw))
+    fast = fast_schema.telemetry_ok(raw)
+    if fast != accepted:  # the one difference: msgspec's int64 bounds; decode() takes it as a dict
+        assert accepted and _beyond_int64(m), raw[:300]
+        assert type(schemas.decode(raw, schemas.TELEMETRY, struct=True)) is dict
+        return
+    if accepted:  # and the struct the worker's node stage reads holds what the dict holds
+        struct = schemas.decode(raw, schemas.TELEMETRY, struct=True)
+        assert type(struct) is not dict
+        assert_same_batch(
+            TelemetryBatch.from_messages([json.loads(raw)]), TelemetryBatch.from_structs([struct])
+        )
+
+
+CLOCK = schemas.ClockLimits(ahead_s=3600, behind_s=3600)
+
+
+def _outcome(raw: Any, struct: bool) -> tuple[str, Any]:
+    try:
+        m = schemas.decode(raw, schemas.TELEMETRY, ref_ts=1_764_000_000.0, clock=CLOCK, struct=struct)
+    except MessageError as e:
+        return "error", (e.reason, e.detail)
+    return "ok", m
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                schemas.encode(telemetry()),
+                schemas.encode(telemetry(ts=1.0)),  # clock skew
+                schemas.encode(telemetry(node="", seq=-1)),
+                schemas.encode(GOOD["job/1"]),  # wrong topic
+                b"\xff\xfe{}",
+                b'{"schema": "telemetry/1"',
+                b"x" * (schemas.MAX_MESSAGE_BYTES + 1),
+                None,
+            ]
+        )
+        | st.binary(max_size=60),
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_decode_batch_equals_decode_one_by_one(raws: list[Any], struct: bool) -> None:
+    """The worker decodes a polled batch at once: same messages, same errors, same order."""
+    ok, bad = schemas.decode_batch(
+        raws, schemas.TELEMETRY, ref_ts=1_764_000_000.0, clock=CLOCK, struct=struct
+    )
+    want = [_outcome(r, struct) for r in raws]
+    assert [(i, (e.reason, e.detail)) for i, e in bad] == [
+        (i, v) for i, (k, v) in enumerate(want) if k == "error"
+    ]
+    wanted_ok = [v for k, v in want if k == "ok"]
+    assert len(ok) == len(wanted_ok)
+    for got, exp in zip(ok, wanted_ok, strict=True):
+        assert type(got) is type(exp)
+        assert (got if type(got) is dict else msgspec.to_builtins(got)) == (
+            exp if type(exp) is dict else msgspec.to_builtins(exp)
+        )
