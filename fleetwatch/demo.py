@@ -73,7 +73,22 @@ def start_demo_broker(home: Path) -> str:
     _sh("services/kafka/kafka.sh", "stop", env)
     shutil.rmtree(home / f"kafka-{DEMO_KAFKA_PORT}", ignore_errors=True)  # every demo starts empty
     _sh("services/kafka/kafka.sh", "start", env)
-    return f"127.0.0.1:{DEMO_KAFKA_PORT}"
+    bootstrap = f"127.0.0.1:{DEMO_KAFKA_PORT}"
+    # A broker started for another checkout (its own FLEETWATCH_HOME) may still hold the port: this
+    # stop cannot see it, and its old telemetry would be scored as this run's findings.
+    kafka_io.wait_for_broker(bootstrap)
+    admin = kafka_io.make_admin(bootstrap)
+    try:
+        leftover = sorted(t for t in admin.list_topics() if t.startswith("fleet."))
+    finally:
+        admin.close()
+    if leftover:
+        raise SystemExit(
+            f"fleetwatch demo: the broker on port {DEMO_KAFKA_PORT} is not a fresh one (it holds "
+            f"{', '.join(leftover[:3])}, ...): another checkout's demo broker is still running; stop it "
+            f"(FLEETWATCH_HOME=<its .fleetwatch> KAFKA_PORT={DEMO_KAFKA_PORT} services/kafka/kafka.sh stop)"
+        )
+    return bootstrap
 
 
 def _spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
