@@ -6,10 +6,12 @@ tests/unit/test_demo.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher
@@ -95,3 +97,34 @@ def test_the_console_learns_of_this_runs_storm_from_its_alert(
         "declared_t": 12.5,
         "over_t": None,
     }
+
+
+def test_the_demo_refuses_a_broker_left_on_its_port_by_another_checkout(tmp_path: Path) -> None:
+    """Its own broker's stop cannot see one started from another FLEETWATCH_HOME; that broker's
+    old telemetry would be scored as this run's findings (it was: 16 false ones)."""
+    from fleetwatch import kafka_io
+    from fleetwatch.demo import DEMO_KAFKA_PORT
+
+    env = {
+        **os.environ,
+        "FLEETWATCH_HOME": str(tmp_path / "other-checkout"),
+        "KAFKA_PORT": str(DEMO_KAFKA_PORT),
+        "KAFKA_CONTROLLER_PORT": str(DEMO_KAFKA_PORT + 1),
+    }
+    kafka_sh = ["bash", str(REPO / "services" / "kafka" / "kafka.sh")]
+    ours = {**env, "FLEETWATCH_HOME": str(REPO / ".fleetwatch")}
+    subprocess.run([*kafka_sh, "stop"], env=ours, capture_output=True, timeout=120)  # an earlier demo's
+    subprocess.run([*kafka_sh, "start"], env=env, check=True, capture_output=True, timeout=300)
+    try:
+        kafka_io.ensure_topics(f"127.0.0.1:{DEMO_KAFKA_PORT}", ["fleet.telemetry.v1"])
+        r = subprocess.run(
+            [sys.executable, "-m", "fleetwatch.cli", "demo", "--duration", "10"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+        )
+        assert r.returncode != 0
+        assert "is not a fresh one" in r.stdout + r.stderr and "fleet.telemetry.v1" in r.stdout + r.stderr
+    finally:
+        subprocess.run([*kafka_sh, "stop"], env=env, capture_output=True, timeout=120)
