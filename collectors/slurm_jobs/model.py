@@ -39,7 +39,6 @@ FAILED = frozenset({"FAILED", "NODE_FAIL", "BOOT_FAIL"})
 # The end state published when Slurm has forgotten a job and no jobcomp record names its end.
 UNKNOWN_END = "UNKNOWN"
 
-STATE_RE = schemas.SLURM_STATE_RE
 MAX_HOSTLIST_LEN = 1 << 16  # a 32k-node job's compressed list is far shorter
 
 
@@ -105,6 +104,6 @@ def job_id(value: object, raw: str) -> str:
 
 
 def state_name(value: str, raw: str) -> str:
-    if not STATE_RE.match(value):
+    if not schemas.SLURM_STATE_RE.match(value):
         raise SlurmParseError("job", f"state {value[:40]!r} is not a Slurm state name", raw)
     return value

@@ -27,7 +27,6 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from kafka import TopicPartition
 from kafka.errors import KafkaError
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -36,6 +35,7 @@ from fleetwatch.collectors.slurm_jobs import squeue
 from fleetwatch.collectors.slurm_jobs.jobcomp import JobcompLog
 from fleetwatch.collectors.slurm_jobs.ledger import Ledger
 from fleetwatch.collectors.slurm_jobs.model import SlurmJob, SlurmParseError
+from fleetwatch.follow import TopicFollower
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class Publisher:
             # keep what consumers still accept (older records are dead-lettered as stale)
             self.jobcomp.forget_before(now - self.max_behind_s + 60.0)
             for e in self.jobcomp.refresh():
-                self._bad(e)
+                self.report(e)
         msgs = self.ledger.observe(jobs, self.jobcomp)
         if all(e.job is not None for e in errors):  # every listed job is accounted for
             seen = {j.job for j in jobs} | {e.job for e in errors if e.job is not None}
@@ -141,7 +141,7 @@ class Publisher:
     def parse(self, answer: bytes) -> tuple[list[SlurmJob], list[SlurmParseError]]:
         jobs, errors = squeue.parse(answer)
         for e in errors:
-            self._bad(e)
+            self.report(e)
         return jobs, errors
 
     def _fresh(self, msg: dict[str, Any], now: float) -> bool:
@@ -185,7 +185,8 @@ class Publisher:
         UNSENT.set(len(futures) - acked)
         return acked
 
-    def _bad(self, e: SlurmParseError) -> None:
+    def report(self, e: SlurmParseError) -> None:
+        """Counts an answer, job or line that did not parse; logs each distinct one once, with its text."""
         BAD_ANSWERS.labels(e.what).inc()
         digest = hashlib.sha256(f"{e}|{e.raw}".encode()).hexdigest()
         if digest in self._logged:
@@ -196,42 +197,45 @@ class Publisher:
         log.error("unparsable Slurm %s, not published: %s; text: %s", e.what, e, e.raw)
 
 
+class _LedgerReader(TopicFollower):
+    """The jobs topic from its beginning into a Ledger (TopicFollower: every partition, tombstones
+    as value None), read once at start-up."""
+
+    def __init__(self, ledger: Ledger, topic: str, consumer_factory: Any) -> None:
+        super().__init__(topic, None, consumer_factory)
+        self.ledger = ledger
+        self.records = 0
+
+    def apply_record(self, record: Any, now: float) -> None:
+        self.records += 1
+        if record.key is None:
+            return
+        key = record.key.decode(errors="replace")
+        if record.value is None:
+            self.ledger.load(key, None)
+            return
+        try:
+            msg = schemas.decode(record.value, schemas.JOB, key=record.key, clock=None)
+        except schemas.MessageError:
+            return  # someone else's bad record: the workers dead-letter it
+        self.ledger.load(key, msg)
+
+
 def load_ledger(bootstrap: str, ledger: Ledger, topic: str = topics.JOBS, timeout_s: float = 300.0) -> int:
     """Reads the whole (compacted) jobs topic into `ledger`; returns the records read."""
-    consumer = kafka_io.make_consumer(bootstrap)
+    reader = _LedgerReader(ledger, topic, lambda: kafka_io.make_consumer(bootstrap))
+    reader.start()
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        if not tps:
-            return 0
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
         deadline = time.monotonic() + timeout_s
-        n = 0
-        while any(consumer.position(tp) < end[tp] for tp in tps):
+        while not reader.caught_up.wait(0.5):
+            if not reader.is_alive():
+                raise RuntimeError(f"reading {topic} failed (see the log)")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"could not read {topic} to its end within {timeout_s:.0f} s")
-            for records in consumer.poll(timeout_ms=500).values():
-                for r in records:
-                    n += 1
-                    _load_record(ledger, r)
-        return n
     finally:
-        consumer.close()
-
-
-def _load_record(ledger: Ledger, record: Any) -> None:
-    if record.key is None:
-        return
-    key = record.key.decode(errors="replace")
-    if record.value is None:
-        ledger.load(key, None)
-        return
-    try:
-        msg = schemas.decode(record.value, schemas.JOB, key=record.key, clock=None)
-    except schemas.MessageError:
-        return  # someone else's bad record: the workers dead-letter it
-    ledger.load(key, msg)
+        reader.stop()
+        reader.join(timeout=30)
+    return reader.records
 
 
 def run(args: argparse.Namespace) -> int:
@@ -269,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
                 POLL_ERRORS.labels("timeout" if str(e) == "timeout" else "error").inc()
                 log.warning("squeue failed (%s); nothing published from this poll", e)
             except SlurmParseError as e:
-                publisher._bad(e)
+                publisher.report(e)
             if args.once:
                 break
             stop.wait(max(0.0, args.interval - (time.monotonic() - started)))

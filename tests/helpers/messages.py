@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from fleetwatch import schemas
 from fleetwatch.schemas import MessageError
+from tests.helpers.batches import ib_port
 
 
 def telemetry(**over: Any) -> dict[str, Any]:
@@ -41,20 +42,7 @@ def telemetry(**over: Any) -> dict[str, Any]:
             "procs_d_state": 0,
         },
         "net": {
-            "ib": [
-                {
-                    "device": "mlx5_0",
-                    "port": 1,
-                    "state": "ACTIVE",
-                    "rate_gbps": 400.0,
-                    "symbol_errors": 0,
-                    "link_downed": 0,
-                    "rcv_errors": 0,
-                    "xmit_discards": 0,
-                    "tx_bytes": 10,
-                    "rx_bytes": 20,
-                }
-            ],
+            "ib": [ib_port(tx_bytes=10, rx_bytes=20)],
             "eth": [{"iface": "eth0", "rx_bytes": 1, "tx_bytes": 2}],
         },
     }
