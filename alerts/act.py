@@ -33,12 +33,14 @@ from fleetwatch.alerts.alert_model import AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher, dead_letter_alert
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
 from fleetwatch.alerts.policy import Policy, PolicyConfig
+from fleetwatch.bus import Bus, Outgoing, TopicPart
 from fleetwatch.census import Census
 from fleetwatch.detectors.findings import FINDING  # importing it registers finding/1 with the decoder
 from fleetwatch.follow import TopicFollower
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.tasks import Stage
 from fleetwatch.pipeline.worker import Worker
+from fleetwatch.record_block import RecordBlock
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -51,11 +53,11 @@ class ActWorker(Worker):
     """Worker with static group membership, telling the actor which partitions each poll holds.
 
     Like every Worker, it snapshots a fresh task at its start offset before processing anything
-    (Worker._restore), so a restart always seeks to a snapshot, never to a later commit."""
+    (Worker._load), so a restart always resumes from a snapshot, never from a later commit."""
 
     def __init__(
         self,
-        bootstrap: str,
+        bus: Bus | str,
         group: str,
         stages: Sequence[Stage],
         *,
@@ -64,32 +66,22 @@ class ActWorker(Worker):
         on_poll: Callable[[set[int]], None] = lambda _p: None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(bootstrap, group, stages, **kwargs)
         # Static membership: a restarted act with the same instance id takes its partitions back at
-        # once, instead of waiting out the dead member's session (45 s by default). The Worker
-        # builds its consumer without these settings, so it is rebuilt here before its first poll
-        # (nothing has been fetched or joined yet). Same fetch settings as pipeline/worker.py.
-        self.consumer.close()
-        self.consumer = kafka_io.make_consumer(
-            bootstrap,
-            group_id=group,
-            client_id=kwargs.get("client_id") or f"{group}-worker",
-            max_poll_records=kwargs.get("max_poll_records", 2000),
-            fetch_max_bytes=64 << 20,
-            max_partition_fetch_bytes=8 << 20,
-            auto_offset_reset=kwargs.get("start_at", "earliest"),
-            group_instance_id=instance_id,
+        # once, instead of waiting out the dead member's session.
+        super().__init__(
+            bus,
+            group,
+            stages,
+            instance_id=instance_id,
             session_timeout_ms=int(session_timeout_s * 1000),
             heartbeat_interval_ms=max(500, int(session_timeout_s * 1000 / 4)),
+            **kwargs,
         )
-        kafka_io.subscribe_with_metadata(self.consumer, sorted(self.topic_stage), listener=self)
         self._on_poll = on_poll
-        self._consumer_poll = self.consumer.poll
-        self.consumer.poll = self._poll  # type: ignore[method-assign]
 
-    def _poll(self, *args: Any, **kwargs: Any) -> Any:
+    def _poll(self, timeout_ms: int) -> dict[TopicPart, RecordBlock]:
         """The consumer's poll, telling the actor which partitions the batch holds (see ActTask)."""
-        polled = self._consumer_poll(*args, **kwargs)
+        polled = super()._poll(timeout_ms)
         self._on_poll({tp.partition for tp in polled})
         return polled
 
@@ -145,13 +137,13 @@ def run(args: argparse.Namespace) -> int:
     def share() -> float:
         if worker is None:
             return 1.0
-        total = len(worker.consumer.partitions_for_topic(args.findings_topic) or ()) or 1
+        total = worker.consumer.partition_count(args.findings_topic) or 1
         return min(1.0, len(worker.tasks) / total)
 
     def task_for_node(node: str) -> ActTask | None:
         if worker is None:
             return None
-        n = len(worker.consumer.partitions_for_topic(args.findings_topic) or ())
+        n = worker.consumer.partition_count(args.findings_topic)
         if not n:
             return None
         p = (murmur2(node.encode()) & 0x7FFFFFFF) % n  # the producers' default partitioner
@@ -218,9 +210,13 @@ def run(args: argparse.Namespace) -> int:
                 idle_since = time.monotonic()
             if time.monotonic() - last_tick >= TICK_S and worker.tasks:
                 last_tick = time.monotonic()
-                for topic, k, msg in actor.tick():
-                    worker.producer.send(topic, key=k.encode() if k else None, value=schemas.encode(msg))
-                worker.producer.flush(timeout=60)
+                # acknowledged before the next step, as the worker's own outputs are
+                worker.deliver(
+                    [
+                        Outgoing(topic, k.encode() if k else None, schemas.encode(msg), None, None)
+                        for topic, k, msg in actor.tick()
+                    ]
+                )
             if args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
                 break
     finally:

@@ -407,7 +407,7 @@ def _worker_proc(
     # owner, every member owns some, no share changed for a second, and every member is back
     # from its last poll (a member inside a rebalance reports a stale share).
     while True:
-        worker.consumer.pause(*worker.consumer.assignment())
+        worker.consumer.pause(sorted(worker.consumer.assignment()))
         k = worker.step(timeout_ms=50)  # joins and heartbeats; records fetched before the pause are processed
         if k:
             with done.get_lock():
@@ -422,7 +422,7 @@ def _worker_proc(
                 go.value = now + 0.2  # every member sees it within one 50 ms poll
         if go.value and time.perf_counter() >= go.value:
             break
-    worker.consumer.resume(*worker.consumer.assignment())
+    worker.consumer.resume(sorted(worker.consumer.assignment()))
     steps: list[tuple[float, int]] = []
     settled = time.perf_counter()
     deadline = settled + 600

@@ -9,7 +9,7 @@ Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
 - `node_names` (U,) the distinct node names of the batch; `node_idx` (M,) index into it. A
   detector maps `node_names` to rows of its own `NodeRegistry` once per batch.
 - `ts`, `seq` (M,); `received` (M,) when each message reached the broker (its clock reference,
-  fleetwatch.record_blocks.RecordBlock.reference_times), NaN where not known (not from Kafka)
+  fleetwatch.record_block.RecordBlock.reference_times), NaN where not known (not from Kafka)
 - `gpu` (M, G, F) float64, NaN where a field or the whole GPU is absent ("missing fields are
   absent, never invented"); `present` (M, G) the message has an entry for that index;
   `lost` (M, G) the entry says `lost: true` or carries no metric at all (a GPU that fell off the

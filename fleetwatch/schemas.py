@@ -490,7 +490,7 @@ def validate(m: Any, expected: str | frozenset[str] | None = None) -> dict[str, 
 class ClockLimits:
     """How far a message's own timestamp may lie from its reference time: when it reached the broker
     (topics fleetwatch creates keep LogAppendTime), or when it was read, where a topic keeps the
-    producers' times instead (fleetwatch.record_blocks.RecordBlock.reference_times).
+    producers' times instead (fleetwatch.record_block.RecordBlock.reference_times).
 
     Ahead is tight: a node whose clock runs ahead would otherwise move its event time forward and
     make its next correct samples look stale. Behind is loose: an agent that spooled through a

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from kafka import TopicPartition
 
 from fleetwatch import topics
+from fleetwatch.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -65,53 +65,41 @@ def write_snapshot(producer: Any, stage: str, partition: int, offsets: dict[str,
 
 
 def read_snapshots(
-    consumer_factory: Any,
+    bus: Bus,
     wanted: Iterable[tuple[str, int]],
     timeout_s: float = 60.0,
     on_lost: Callable[[tuple[str, int], str], None] = lambda _key, _reason: None,
 ) -> dict[tuple[str, int], Snapshot | None]:
     """The newest complete snapshot of each (stage, partition) in `wanted` (None: there is none).
 
-    One consumer reads every state partition involved to its end, once: a rebalance that hands a
-    worker many partitions costs one pass, not one consumer per partition. A snapshot that exists
-    but cannot be used is reported to `on_lost(key, reason)`, reason "timeout" (its partition was
-    not read to the end in `timeout_s`) or "incomplete" (a chunk of its generation is missing)."""
+    Every state partition involved is read to its end once: a rebalance that hands a worker many
+    partitions costs one pass, not one per partition. A snapshot that exists but cannot be used
+    is reported to `on_lost(key, reason)`, reason "timeout" (its partition was not read to the
+    end in `timeout_s`) or "incomplete" (a chunk of its generation is missing)."""
     keys = set(wanted)
     found: dict[tuple[str, int], Snapshot | None] = dict.fromkeys(keys)
     if not keys:
         return found
     prefixes = {_key(stage, p, ""): (stage, p) for stage, p in keys}
-    records: dict[bytes, bytes] = {}
-    consumer = consumer_factory()
-    try:
-        tps = [TopicPartition(topics.STATE, p) for p in sorted({p for _s, p in keys})]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
-        deadline = time.monotonic() + timeout_s
-        behind = [tp for tp in tps if consumer.position(tp) < ends[tp]]
-        while behind:
-            if time.monotonic() > deadline:
-                late = {tp.partition for tp in behind}
-                log.warning("timed out reading state partitions %s; they start cold", sorted(late))
-                for key in sorted(k for k in keys if k[1] in late):
-                    on_lost(key, "timeout")
-                prefixes = {k: v for k, v in prefixes.items() if v[1] not in late}
-                break
-            for batch in consumer.poll(timeout_ms=200).values():
-                for r in batch:
-                    if r.key and r.key[: r.key.rfind(b"/") + 1] in prefixes:
-                        records[r.key] = r.value
-            behind = [tp for tp in behind if consumer.position(tp) < ends[tp]]
-    finally:
-        consumer.close()
+    records: dict[bytes, bytes | None] = {}
+
+    def keep(_partition: int, key: bytes | None, value: bytes | None) -> None:
+        if key and key[: key.rfind(b"/") + 1] in prefixes:
+            records[key] = value
+
+    late = bus.read_to_end(topics.STATE, sorted({p for _s, p in keys}), keep, timeout_s)
+    if late:
+        log.warning("timed out reading state partitions %s; they start cold", sorted(late))
+        for key in sorted(k for k in keys if k[1] in late):
+            on_lost(key, "timeout")
+        prefixes = {k: v for k, v in prefixes.items() if v[1] not in late}
     for prefix, key in prefixes.items():
         found[key] = _assemble(records, prefix, key, on_lost)
     return found
 
 
 def _assemble(
-    records: dict[bytes, bytes],
+    records: dict[bytes, bytes | None],
     prefix: bytes,
     key: tuple[str, int],
     on_lost: Callable[[tuple[str, int], str], None],

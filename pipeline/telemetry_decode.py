@@ -19,7 +19,7 @@ import numpy as np
 
 from fleetwatch import schemas, telemetry_scan
 from fleetwatch.detectors.batch import TelemetryBatch
-from fleetwatch.record_blocks import RecordBlock
+from fleetwatch.record_block import RecordBlock
 
 
 def decode_telemetry(

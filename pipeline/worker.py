@@ -7,8 +7,10 @@ on close): at-least-once, and outputs carry stable ids so a replayed batch
 yields duplicates that downstream drops. Task state is snapshotted to the
 compacted state topic every `snapshot_every_s` and when partitions are revoked; a worker
 that takes a partition over restores the snapshot and resumes from the offsets stored in it
-(on its own thread before its next poll, the partition paused until then: kafka-python runs the
-rebalance callbacks on the thread that heartbeats).
+(inside the rebalance callback, on the worker's thread: the client heartbeats on its own).
+
+Kafka is reached through fleetwatch.bus (confluent-kafka on the real broker, an in-memory bus in
+unit tests); docs/ARCHITECTURE.md gives the commit and snapshot sequence step by step.
 """
 
 from __future__ import annotations
@@ -21,16 +23,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from kafka import ConsumerRebalanceListener, TopicPartition
-from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter, Gauge, Histogram
 
-from fleetwatch import kafka_io, record_blocks, schemas, socket_reads, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus import Bus, Outgoing, TopicPart
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.state_store import LOST_REASONS, read_snapshots, write_snapshot
 from fleetwatch.pipeline.tasks import Stage, Task
-from fleetwatch.record_blocks import RecordBlock
+from fleetwatch.record_block import RecordBlock
 from fleetwatch.runtime import StopFlag, gc_paused
 
 log = logging.getLogger(__name__)
@@ -78,10 +80,10 @@ class OutputTooLarge(RuntimeError):
     """A task produced an output over MAX_OUTPUT_BYTES: a detector bug, handled as one."""
 
 
-class Worker(ConsumerRebalanceListener):
+class Worker:
     def __init__(
         self,
-        bootstrap: str,
+        bus: Bus | str,
         group: str,
         stages: Sequence[Stage],
         *,
@@ -91,15 +93,20 @@ class Worker(ConsumerRebalanceListener):
         clock: Callable[[], float] = time.time,
         start_at: str = "earliest",
         session_timeout_ms: int = 10000,
+        heartbeat_interval_ms: int | None = None,
+        instance_id: str | None = None,
         poll_stall_s: float = 120.0,
         on_poll_stall: Callable[[float], None] | None = None,
     ) -> None:
-        """start_at: where a group with no committed offset begins ("earliest" or "latest").
+        """bus: the Kafka interface (a bootstrap address: the real broker there).
+
+        start_at: where a group with no committed offset begins ("earliest" or "latest").
+        instance_id: static group membership (see Bus.group_consumer).
 
         poll_stall_s: run() treats a consumer poll() that has not returned for this long as a
         client stall and calls on_poll_stall(seconds), by default exiting the process (see
         _watch_polls)."""
-        self.bootstrap = bootstrap
+        self.bus: Bus = KafkaBus(bus) if isinstance(bus, str) else bus
         self.poll_stall_s = poll_stall_s
         self.on_poll_stall = on_poll_stall or _exit_for_restart
         self._poll_started: float | None = None  # monotonic start of the poll() in progress
@@ -107,23 +114,22 @@ class Worker(ConsumerRebalanceListener):
         self.stages = {s.name: s for s in stages}
         self.topic_stage = {t: s for s in stages for t in s.inputs}
         self.snapshot_every_s = snapshot_every_s
+        self.max_poll_records = max_poll_records
         self.clock = clock
         self.tasks: dict[tuple[str, int], Task] = {}
         # input offsets each task's newest snapshot reflects (where to resume after a restore)
         self._snap_offsets: dict[tuple[str, int], dict[str, int]] = {}
         # tasks of revoked partitions, kept in case the rebalance hands them straight back
         self._parked: dict[tuple[str, int], Task] = {}
-        self._parked_offsets: dict[TopicPartition, int] = {}  # where each parked task's input resumes
-        # assigned partitions whose task has no snapshot naming its start offset yet
-        self._unanchored: set[TopicPartition] = set()
-        # assigned partitions, paused, whose tasks the worker's thread has yet to restore
-        self._restoring: set[TopicPartition] = set()
-        self.offsets: dict[TopicPartition, int] = {}  # next offset to process, per owned partition
+        self._parked_offsets: dict[TopicPart, int] = {}  # where each parked task's input resumes
+        # partitions whose task raised (_quarantine), to rebuild from its snapshot before the next poll
+        self._restoring: set[TopicPart] = set()
+        self.offsets: dict[TopicPart, int] = {}  # next offset to process, per owned partition
         # Internal errors (see _quarantine): records dead-lettered because handling them raised, to
         # skip when their partition is replayed; and per partition the offsets of a batch that
         # raised, to replay one record at a time until the one that raises is found.
-        self._poison: dict[TopicPartition, set[int]] = {}
-        self._suspect: dict[TopicPartition, tuple[int, int]] = {}
+        self._poison: dict[TopicPart, set[int]] = {}
+        self._suspect: dict[TopicPart, tuple[int, int]] = {}
         self._last_snapshot = time.monotonic()
         self._rebalanced_at = time.monotonic()  # when partitions were last assigned
         # Exported at 0 from the start: a member stuck in its first join shows 0 partitions (the
@@ -133,27 +139,20 @@ class Worker(ConsumerRebalanceListener):
             INTERNAL_ERRORS.labels(group, name)
             for reason in LOST_REASONS:
                 STATE_LOST.labels(group, name, reason)
-        record_blocks.warm_up()  # before joining the group, as Stage.warm_up
-        socket_reads.install()  # 256 KB socket reads, for the clients made next
-        for stage in stages:
+        for stage in stages:  # compiled kernels load before the member joins (not in its first batch)
             if stage.warm_up is not None:
                 stage.warm_up()
-        self.producer = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=256 * 1024)
-        self.consumer = kafka_io.make_consumer(
-            bootstrap,
-            group_id=group,
+        self.producer = self.bus.producer()
+        self.consumer = self.bus.group_consumer(
+            group,
             client_id=client_id or f"{group}-worker",
-            max_poll_records=max_poll_records,
-            fetch_max_bytes=64 << 20,
-            max_partition_fetch_bytes=8 << 20,
-            auto_offset_reset=start_at,
-            # A crashed member's partitions wait this long for a new owner (kafka-python's default
-            # is 45 s); heartbeats go every 3 s.
+            start_at=start_at,
             session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            instance_id=instance_id,
+            on_commit_failure=self._on_commit_failure,
         )
-        # poll() returns each partition's plain records as one block, parsed in one compiled pass
-        record_blocks.install(self.consumer)
-        kafka_io.subscribe_with_metadata(self.consumer, sorted(self.topic_stage), listener=self)
+        self.consumer.subscribe(sorted(self.topic_stage), self._on_assign, self._on_revoke)
 
     # ------------------------------------------------------------ rebalance
 
@@ -161,58 +160,57 @@ class Worker(ConsumerRebalanceListener):
         # State belongs to a consumer group: two pipelines on one cluster must not share it.
         return f"{self.group}/{stage}"
 
-    def _task_key(self, tp: TopicPartition) -> tuple[str, int]:
+    def _task_key(self, tp: TopicPart) -> tuple[str, int]:
         """The task an input partition feeds: (stage name, partition number)."""
         return (self.topic_stage[tp.topic].name, tp.partition)
 
-    def _state_consumer(self) -> Any:
-        return kafka_io.make_consumer(self.bootstrap, enable_auto_commit=False)
-
-    def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        # This runs on kafka-python's IO thread, which also sends the heartbeats: reading snapshots
-        # here would block them, and a restore longer than the session timeout would get this
-        # member expelled (and the next owner would restore again). New partitions are paused
-        # instead and restored by the worker's own thread before its next poll (_restore).
-        handed_back: set[tuple[str, int]] = set()  # parked tasks this assignment gives back
+    def _on_assign(self, assigned: list[TopicPart]) -> dict[TopicPart, int]:
+        """The partitions this member now owns: their tasks, and the offset each input is read
+        from. A task revoked a moment ago and handed straight back resumes where its state ends
+        (the commit made at revocation may not have landed); any other is restored from its
+        snapshot (this runs on the worker's thread, and the client heartbeats on its own, so a
+        long restore does not cost the membership)."""
+        starts: dict[TopicPart, int] = {}
+        anchor: set[tuple[str, int]] = set()
+        restore: list[TopicPart] = []
         for tp in assigned:
             key = self._task_key(tp)
             if key in self._parked:
                 self.tasks[key] = self._parked.pop(key)
-                handed_back.add(key)
-            if key in handed_back:
-                # Ours before the rebalance: resume each input exactly where its state ends (the
-                # asynchronous commit made at revocation may not have landed).
+            if key in self.tasks:
                 off = self._parked_offsets.pop(tp, None)
-                if off is not None:
-                    self.consumer.seek(tp, off)
-                self._unanchored.add(tp)
-            elif key in self.tasks:  # kept through the rebalance (cooperative protocols)
-                self._unanchored.add(tp)
+                if off is None:
+                    off = self.consumer.group_offsets([tp])[tp]
+                starts[tp] = self.offsets[tp] = off
+                anchor.add(key)
             else:
-                self._restoring.add(tp)
-        if self._restoring:
-            self.consumer.pause(*self._restoring)
+                restore.append(tp)
         for task in self._parked.values():  # revoked and not handed back: gone to another worker
-            close = getattr(task, "close", None)
-            if close:
-                close()
+            _close(task)
         self._parked = {}
         self._parked_offsets = {}
+        starts.update(self._load(restore))
+        if anchor:
+            self._snapshot(anchor, reset_timer=False)
+            self.producer.flush(timeout_s=30)
         self._rebalanced_at = time.monotonic()
-        PARTITIONS.labels(self.group).inc(len([tp for tp in assigned if tp not in self._restoring]))
+        PARTITIONS.labels(self.group).inc(len(assigned))
         log.info("assigned %s", sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+        return starts
 
-    def _restore(self) -> None:
-        """Build the tasks of newly assigned partitions from their snapshots (one pass over the
-        state topic), point each input at the offset its state ends, and resume fetching. A task
-        with no snapshot is anchored at once: a snapshot of its empty state and its start offset,
-        written before it processes anything."""
-        restoring = [tp for tp in self._restoring if tp in self.consumer.assignment()]
-        self._restoring = set()
-        keys = {self._task_key(tp) for tp in restoring}
+    def _load(self, parts: list[TopicPart]) -> dict[TopicPart, int]:
+        """Build the tasks of these partitions from their snapshots (one pass over the state
+        topic); the offset each input resumes from: where its task's state ends. A task with no
+        snapshot starts where the group stands and is anchored at once: a snapshot of its empty
+        state and that offset, written before it processes anything, so that a worker that
+        crashes before its first periodic snapshot still leaves its successor a place to replay
+        from (else the successor would start at the committed offset with none of this state)."""
+        if not parts:
+            return {}
+        keys = {self._task_key(tp) for tp in parts}
         names = {self._state_name(s): s for s, _p in keys}
         snaps = read_snapshots(
-            self._state_consumer,
+            self.bus,
             [(self._state_name(s), p) for s, p in keys],
             on_lost=lambda key, why: STATE_LOST.labels(self.group, names[key[0]], why).inc(),
         )
@@ -231,34 +229,44 @@ class Worker(ConsumerRebalanceListener):
                     p,
                     time.time() - snap.written_at,
                 )
-        anchor = set()
-        for tp in restoring:
-            key = self._task_key(tp)
-            resume = self._snap_offsets[key].get(tp.topic)
-            if resume is not None:
-                # The state reflects input up to `resume`; reprocess from there (duplicates carry
-                # the same ids) rather than from a later committed offset, which would skip input.
-                self.consumer.seek(tp, resume)
+        starts: dict[TopicPart, int] = {}
+        unknown: list[TopicPart] = []
+        for tp in parts:
+            # The state reflects input up to here; reprocess from there (duplicates carry the same
+            # ids) rather than from a later committed offset, which would skip input.
+            resume = self._snap_offsets[self._task_key(tp)].get(tp.topic)
+            if resume is None:
+                unknown.append(tp)
             else:
-                self.offsets[tp] = self.consumer.position(tp)
-                anchor.add(key)
+                starts[tp] = resume
+        anchor = set()
+        for tp, off in self.consumer.group_offsets(unknown).items():
+            starts[tp] = self.offsets[tp] = off
+            anchor.add(self._task_key(tp))
         if anchor:
             self._snapshot(anchor, reset_timer=False)
-            self.producer.flush(timeout=30)
-        self.consumer.resume(*restoring)
+            self.producer.flush(timeout_s=30)
+        return starts
+
+    def _restore(self) -> None:
+        """Rebuild the tasks of partitions whose handling raised (_quarantine) from their last
+        snapshots, and read their input again from where that state ends."""
+        restoring = [tp for tp in self._restoring if tp in self.consumer.assignment()]
+        self._restoring = set()
+        for tp, off in self._load(restoring).items():
+            self.consumer.seek(tp, off)
         self._rebalanced_at = time.monotonic()
         PARTITIONS.labels(self.group).inc(len(restoring))
 
-    def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        # Everything processed is already produced (see step()). This runs on kafka-python's IO
-        # thread, where a blocking commit is not allowed: the commit goes out asynchronously, and
-        # no owner depends on it landing (a new one resumes from the snapshot's offsets, this one
-        # from the offsets it remembers for its parked tasks).
-        if self.offsets:  # nothing to commit on joining (and no member id to commit with yet)
-            self.consumer.commit_async(self._commit_offsets(), callback=self._on_commit)
+    def _on_revoke(self, revoked: list[TopicPart]) -> None:
+        # Everything processed is already produced (see step()). The commit goes out
+        # asynchronously, and no owner depends on it landing (a new one resumes from the
+        # snapshot's offsets, this one from the offsets it remembers for its parked tasks).
+        if self.offsets:  # nothing to commit on joining
+            self.consumer.commit(self._commit_offsets(), asynchronous=True)
         keys = {self._task_key(tp) for tp in revoked}
         self._snapshot(keys)
-        self.producer.flush(timeout=30)
+        self.producer.flush(timeout_s=30)
         for key in keys:
             task = self.tasks.pop(key, None)
             if task is not None:
@@ -283,26 +291,27 @@ class Worker(ConsumerRebalanceListener):
         with gc_paused():
             return self._step(timeout_ms)
 
+    def _poll(self, timeout_ms: int) -> dict[TopicPart, RecordBlock]:
+        return self.consumer.poll(self.max_poll_records, timeout_ms / 1000.0)
+
     def _step(self, timeout_ms: int) -> int:
         if self._restoring:
             self._restore()
         self._poll_started = time.monotonic()
-        polled = self.consumer.poll(timeout_ms=timeout_ms)
+        polled = self._poll(timeout_ms)
         self._poll_started = None
         if not polled:
-            self._anchor()
             self._maybe_snapshot()
             return 0
         t0 = time.perf_counter()
         handled = 0
         now = self.clock()
         out = _Outbox()
-        for tp, records in polled.items():
+        for tp, block in polled.items():
             stage = self.topic_stage[tp.topic]
             task = self.tasks.get(self._task_key(tp))
-            if task is None:  # revoked between fetch and now, or being restored (_quarantine)
+            if task is None or tp in self._restoring:  # revoked since, or being restored (_quarantine)
                 continue
-            block = record_blocks.gather(records)
             if not self._handle(tp, stage, task, block, now, out):
                 continue  # an internal error: the partition's task is being restored
             last = int(block.offsets[-1])
@@ -314,20 +323,19 @@ class Worker(ConsumerRebalanceListener):
             CONSUMED.labels(self.group, tp.topic).inc(len(block))
             self.offsets[tp] = last + 1
             handled += len(block)
-        self._deliver(out.items)
+        self.deliver(out.items)
         # Asynchronous: a synchronous commit is a coordinator round trip per batch (~10 us a
         # message here). Outputs are already acknowledged, so a commit that is lost (crash, failure)
         # only means this batch is replayed, with the same output ids. A partition that changes
         # hands resumes from its snapshot's offsets, not from the committed one; close() commits
         # synchronously.
-        self.consumer.commit_async(self._commit_offsets(), callback=self._on_commit)
-        self._anchor()
+        self.consumer.commit(self._commit_offsets(), asynchronous=True)
         BATCH_SECONDS.labels(self.group).observe(time.perf_counter() - t0)
         self._maybe_snapshot()
         return handled
 
     def _handle(
-        self, tp: TopicPartition, stage: Stage, task: Task, block: RecordBlock, now: float, out: _Outbox
+        self, tp: TopicPart, stage: Stage, task: Task, block: RecordBlock, now: float, out: _Outbox
     ) -> bool:
         """Decode one partition's records, dead-letter the bad ones, run the task, queue its outputs.
         False when handling raised (see _quarantine): nothing of it is queued, the offset stays."""
@@ -348,7 +356,7 @@ class Worker(ConsumerRebalanceListener):
         return True
 
     def _handle_part(
-        self, tp: TopicPartition, stage: Stage, task: Task, block: RecordBlock, now: float, out: _Outbox
+        self, tp: TopicPart, stage: Stage, task: Task, block: RecordBlock, now: float, out: _Outbox
     ) -> bool:
         if tp.topic in stage.skip_tombstones:
             block = _without_tombstones(block)
@@ -384,7 +392,7 @@ class Worker(ConsumerRebalanceListener):
         return True
 
     def _decode(
-        self, stage: Stage, tp: TopicPartition, block: RecordBlock, now: float
+        self, stage: Stage, tp: TopicPart, block: RecordBlock, now: float
     ) -> tuple[Any, list[tuple[int, schemas.MessageError]]]:
         """The stage's decoder over a block: (messages, [(index, error)]). Decoding changes no state,
         so when it raises, the records are decoded one at a time and only the one that raises is
@@ -428,7 +436,7 @@ class Worker(ConsumerRebalanceListener):
         return msgs, bad
 
     def _quarantine(
-        self, tp: TopicPartition, stage: Stage, block: RecordBlock, exc: Exception, out: _Outbox
+        self, tp: TopicPart, stage: Stage, block: RecordBlock, exc: Exception, out: _Outbox
     ) -> None:
         """Handling `block` raised. The task may have applied part of it, so it is rebuilt from its
         last snapshot and its input replayed from there (the outputs of the replay carry the ids
@@ -462,79 +470,52 @@ class Worker(ConsumerRebalanceListener):
 
     def _reload(self, key: tuple[str, int]) -> None:
         """Drop a task and restore it from its last snapshot before the next poll (see _restore)."""
-        task = self.tasks.pop(key, None)
-        close = getattr(task, "close", None)
-        if close:
-            close()
-        self.producer.flush(timeout=30)  # the latest snapshot, if still in the producer's buffer
+        _close(self.tasks.pop(key, None))
+        self.producer.flush(timeout_s=30)  # the latest snapshot, if still in the producer's queue
         tps = [tp for tp in self.consumer.assignment() if self._task_key(tp) == key]
         for tp in tps:
             self.offsets.pop(tp, None)
-        self.consumer.pause(*tps)
         self._restoring.update(tps)
         PARTITIONS.labels(self.group).dec(len(tps))
 
-    def _commit_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        return {tp: OffsetAndMetadata(off, "", -1) for tp, off in self.offsets.items()}
+    def _commit_offsets(self) -> dict[TopicPart, int]:
+        return dict(self.offsets)
 
-    def _on_commit(self, offsets: Any, response: Any) -> None:
-        if isinstance(response, Exception):
-            COMMIT_FAILURES.labels(self.group).inc()
-            log.warning(
-                "offset commit failed (the batch will be replayed if this worker stops): %s", response
-            )
+    def _on_commit_failure(self, error: Exception) -> None:
+        COMMIT_FAILURES.labels(self.group).inc()
+        log.warning("offset commit failed (the batch will be replayed if this worker stops): %s", error)
 
     def _commit_sync(self) -> None:
         if not self.offsets:
             return
         try:
-            self.consumer.commit(self._commit_offsets())
+            self.consumer.commit(self._commit_offsets(), asynchronous=False)
         except Exception as e:  # e.g. the group already moved on: the next owner replays, same ids
-            COMMIT_FAILURES.labels(self.group).inc()
-            log.warning("offset commit failed: %s", e)
+            self._on_commit_failure(e)
 
-    def _deliver(self, items: list[tuple[str, bytes | None, bytes | None, Any]], attempts: int = 6) -> None:
+    def deliver(self, items: list[Outgoing], attempts: int = 6) -> None:
         """Produce a batch's outputs and make sure every one was acknowledged before the input
-        offsets are committed. flush() does not raise for a failed record (after a broker restart
-        an idempotent producer can fail whole batches), so each future is checked and the failed
-        ones are sent again from a fresh producer. The task already applied the batch and would
-        not produce these outputs a second time: giving up would lose them, so the worker stops
+        offsets are committed. A failed record does not raise (after a broker restart an
+        idempotent producer can fail whole batches): flush() names what was not acknowledged,
+        outputs and anything else sent since the last flush (a snapshot's chunks), and those are
+        sent again from a fresh producer. The task already applied the batch and would not
+        produce these outputs a second time: giving up would lose them, so the worker stops
         instead (its successor replays from the last snapshot)."""
         pending = items
         for attempt in range(1, attempts + 1):
-            futures = [
-                (it, self.producer.send(it[0], key=it[1], value=it[2], headers=it[3])) for it in pending
-            ]
-            self.producer.flush(timeout=60)
-            pending = [it for it, f in futures if not (f.is_done and f.succeeded())]
+            for it in pending:
+                self.producer.send(*it)
+            pending = self.producer.flush(timeout_s=60)
             if not pending:
                 return
             log.warning("%d outputs were not acknowledged (attempt %d); resending", len(pending), attempt)
             try:
-                kafka_io.close_producer(self.producer, 5)
+                self.producer.close(timeout_s=5)
             except Exception:  # a producer whose broker went away may fail to close cleanly
                 log.debug("error closing producer", exc_info=True)
             time.sleep(min(5.0, float(attempt)))
-            self.producer = kafka_io.make_producer(self.bootstrap, linger_ms=20, batch_size=256 * 1024)
+            self.producer = self.bus.producer()
         raise RuntimeError(f"{len(pending)} outputs could not be produced; stopping before committing input")
-
-    def _anchor(self) -> None:
-        """Snapshot new tasks at once, with the offsets they start from, so that a worker that
-        crashes before its first periodic snapshot still leaves its successor a place to replay
-        from (else the successor would start at the committed offset with none of this state)."""
-        if not self._unanchored:
-            return
-        keys = set()
-        for tp in list(self._unanchored):
-            if tp not in self.consumer.assignment():
-                self._unanchored.discard(tp)
-                continue
-            if tp not in self.offsets:  # nothing processed yet: it starts where the consumer stands
-                self.offsets[tp] = self.consumer.position(tp)
-            keys.add(self._task_key(tp))
-            self._unanchored.discard(tp)
-        self._snapshot(keys, reset_timer=False)
-        self.producer.flush(timeout=30)
 
     def _maybe_snapshot(self) -> None:
         if time.monotonic() - self._last_snapshot >= self.snapshot_every_s:
@@ -550,7 +531,7 @@ class Worker(ConsumerRebalanceListener):
             stage = self.stages[key[0]]
             offsets = dict(self._snap_offsets.get(key, {}))
             for topic in stage.inputs:
-                off = self.offsets.get(TopicPartition(topic, key[1]))
+                off = self.offsets.get(TopicPart(topic, key[1]))
                 if off is not None:
                     offsets[topic] = off
             write_snapshot(self.producer, self._state_name(key[0]), key[1], offsets, task.to_bytes())
@@ -581,9 +562,9 @@ class Worker(ConsumerRebalanceListener):
             watcher.join(timeout=5)
 
     def _watch_polls(self, done: threading.Event) -> None:
-        """Report a poll() that does not return. kafka-python 3 can block in poll() for good (a
-        rebalance whose join never completes, seen with poll() waiting in send_fetches and its IO
-        thread idle); nothing inside the process can unblock it, but a restarted process rejoins
+        """Report a poll() that does not return (kafka-python 3, this worker's earlier client, could
+        block in poll() for good, in a join that never completed; any client can hang in a bug of
+        its own). Nothing inside the process can unblock it, but a restarted process rejoins
         cleanly, and input is replayed from the snapshots' offsets (at-least-once), so by default
         the process exits for its supervisor to restart it. Our own slow work (a restore, resends
         during a broker outage) runs outside poll() and is never mistaken for a stall."""
@@ -601,14 +582,18 @@ class Worker(ConsumerRebalanceListener):
     def close(self) -> None:
         """Snapshot, flush and leave the group (partitions move to the other members at once)."""
         self._snapshot(set(self.tasks))
-        self.producer.flush(timeout=30)
+        self.producer.flush(timeout_s=30)
         self._commit_sync()
         for task in [*self.tasks.values(), *self._parked.values()]:
-            close = getattr(task, "close", None)
-            if close:
-                close()
+            _close(task)
         self.consumer.close()
-        kafka_io.close_producer(self.producer, 10)
+        self.producer.close(timeout_s=10)
+
+
+def _close(task: Task | None) -> None:
+    close = getattr(task, "close", None)
+    if close:
+        close()
 
 
 def _exit_for_restart(stalled_s: float) -> None:
@@ -643,9 +628,9 @@ class _Outbox:
     checked together before the input offsets are committed."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[str, bytes | None, bytes | None, Any]] = []
+        self.items: list[Outgoing] = []
 
     def send(
         self, topic: str, key: bytes | None = None, value: bytes | None = b"", headers: Any = None
     ) -> None:
-        self.items.append((topic, key, value, headers))
+        self.items.append(Outgoing(topic, key, value, headers, None))

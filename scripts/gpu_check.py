@@ -41,7 +41,7 @@ from fleetwatch.collectors.spool import Spool
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from fleetwatch.pipeline.telemetry_decode import decode_telemetry
-from fleetwatch.record_blocks import RecordBlock
+from fleetwatch.record_block import RecordBlock
 
 NVIDIA_LINE = re.compile(r"NVRM|Xid|SXid|nvidia", re.IGNORECASE)
 

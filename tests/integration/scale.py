@@ -15,6 +15,7 @@ from kafka.structs import OffsetAndMetadata
 
 import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.bus import TopicPart
 from fleetwatch.collectors.sim import Simulation
 from fleetwatch.collectors.sim.scenario import Scenario, parse_scenario
 from fleetwatch.pipeline.detect import stages
@@ -195,7 +196,7 @@ class Member:
             start_at="latest",
         )
         self.stop = StopFlag(install=False)
-        self.assigned: frozenset[TopicPartition] = frozenset()
+        self.assigned: frozenset[TopicPart] = frozenset()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"member-{name}", daemon=True)
         self.thread.start()

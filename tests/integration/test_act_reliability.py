@@ -103,6 +103,14 @@ class ActRig:
         )
         assert r.returncode == 0, r.stderr[-2000:]
 
+    def wait_for_log(self, proc: int, text: str, timeout_s: float = 60) -> None:
+        """Until the log of the proc-th act started contains `text`."""
+        path = self.tmp / f"act-{proc}.log"
+        deadline = time.monotonic() + timeout_s
+        while text not in path.read_text(errors="replace"):
+            assert time.monotonic() < deadline, f"act {proc} never logged {text!r}: {self.logs()}"
+            time.sleep(0.1)
+
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("act-*.log")))
 
@@ -205,8 +213,10 @@ def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
         # A clean restart resumes from the closing snapshot: nothing is re-issued, alerts stay.
         before = len(got)
         act = rig.act("--fleet-size", "100", "--snapshot-every", "1", "--resume-after", "3600")
-        time.sleep(4)
-        assert labels_of(rig.am.alerts(cluster=rig.cluster)) == expected
+        rig.wait_for_log(len(rig.procs) - 1, "assigned")  # up, its snapshot restored
+        # the closing snapshot's alerts are sent again (those the stopped process sent expire 8 s on)
+        alerts = rig.am.wait_for(lambda a: labels_of(a) == expected, timeout_s=30, cluster=rig.cluster)
+        assert labels_of(alerts) == expected, rig.logs()
         assert drains.collect(lambda rs: False, timeout_s=0.5) == [] and len(got) == before
         act.send_signal(signal.SIGTERM)
         assert act.wait(30) == 0

@@ -9,11 +9,12 @@ import uuid
 import pytest
 
 from fleetwatch import kafka_io, topics
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline import state_store
 from fleetwatch.pipeline.state_store import read_snapshots, write_snapshot
 
 
-def test_snapshots_of_several_stages_and_partitions_come_back_from_one_consumer(
+def test_snapshots_of_several_stages_and_partitions_come_back_from_one_read(
     kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(state_store, "CHUNK_BYTES", 1000)  # several chunks per snapshot
@@ -33,16 +34,19 @@ def test_snapshots_of_several_stages_and_partitions_come_back_from_one_consumer(
     producer.flush()
     producer.close()
 
-    made = []
+    made: list[tuple[str, list[int]]] = []
 
-    def factory() -> object:
-        made.append(1)
-        return kafka_io.make_consumer(kafka_bootstrap, enable_auto_commit=False)
+    class CountingBus(KafkaBus):
+        def read_to_end(self, topic, partitions, on_record, timeout_s):  # type: ignore[no-untyped-def]
+            made.append((topic, sorted(partitions)))
+            return super().read_to_end(topic, partitions, on_record, timeout_s)
+
+    factory = CountingBus(kafka_bootstrap)
 
     missing = (f"g-{run}/none", 0)
     lost: list[tuple[tuple[str, int], str]] = []
     got = read_snapshots(factory, [*states, (job, 1), missing], on_lost=lambda k, why: lost.append((k, why)))
-    assert len(made) == 1
+    assert made == [(topics.STATE, [0, 1])]  # one pass over the partitions involved
     for (stage, p), state in states.items():
         snap = got[(stage, p)]
         assert snap is not None

@@ -18,7 +18,8 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from fleetwatch import kafka_io, record_blocks, schemas, socket_reads
+from fleetwatch import kafka_io, schemas
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
 from tests.helpers.messages import telemetry
@@ -81,9 +82,10 @@ def test_worker_dead_letters_commits_and_resumes_from_snapshot(kafka_bootstrap: 
 def test_a_restore_longer_than_the_session_timeout_keeps_the_member_in_its_group(
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Snapshots are restored by the worker's own thread, not in the rebalance callback: that
-    callback runs on kafka-python's IO thread, which also heartbeats, so a restore there longer
-    than the session timeout got the member expelled and the group rebalanced under it."""
+    """Snapshots are restored in the rebalance callback, on the worker's thread; the client
+    heartbeats on its own thread, so a restore longer than the session timeout does not get the
+    member expelled. (With kafka-python, whose callbacks ran on the thread that heartbeats, it
+    did, and the group rebalanced under it.)"""
     in_topic, out_topic, group, stage = _names()
     kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
     nodes = [f"snode-{i}" for i in range(4)]
@@ -112,9 +114,10 @@ def test_a_restore_longer_than_the_session_timeout_keeps_the_member_in_its_group
 
 
 def test_a_poll_that_never_returns_is_reported_and_normal_polls_are_not(kafka_bootstrap: str) -> None:
-    """kafka-python 3 can block in poll() for good (a join that never completes). run() reports
-    a poll that has not returned within poll_stall_s (by default the process exits for its
-    supervisor to restart it); its own slow work and ordinary polls are not stalls."""
+    """A client can block in poll() for good (kafka-python 3 did, in a join that never
+    completed). run() reports a poll that has not returned within poll_stall_s (by default the
+    process exits for its supervisor to restart it); its own slow work and ordinary polls are not
+    stalls."""
     in_topic, out_topic, group, stage = _names()
     kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
     nodes = [f"pnode-{i}" for i in range(4)]
@@ -136,7 +139,7 @@ def test_a_poll_that_never_returns_is_reported_and_normal_polls_are_not(kafka_bo
     real_poll = w.consumer.poll
 
     def stuck_poll(*args: Any, **kwargs: Any) -> Any:
-        release.wait(30)  # as kafka-python's poll() waiting on a join that never completes
+        release.wait(30)  # as a client's poll() waiting on a join that never completes
         return real_poll(*args, **kwargs)
 
     w.consumer.poll = stuck_poll  # type: ignore[method-assign]
@@ -169,27 +172,20 @@ def test_stages_load_their_compiled_code_before_the_worker_joins(
     kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A compile (or a cache load) inside the first batch would hold up the member's partitions:
-    the record-block reader and Stage.warm_up are loaded before the consumer that joins the group
-    exists, and the consumer reads blocks (fleetwatch/record_blocks.py), 256 KB a socket read
-    (fleetwatch/socket_reads.py). The detect stage's
+    Stage.warm_up runs before the consumer that joins the group exists. The detect stage's
     warm_up leaves the scanner, the counter and the statistical kernels compiled."""
     events: list[str] = []
-    make_consumer = kafka_io.make_consumer
-    blocks_warm_up, install = record_blocks.warm_up, record_blocks.install
+    group_consumer = KafkaBus.group_consumer
 
-    def recording(*args: Any, **kwargs: Any) -> Any:
+    def recording(self: KafkaBus, *args: Any, **kwargs: Any) -> Any:
         events.append("consumer")
-        return make_consumer(*args, **kwargs)
+        return group_consumer(self, *args, **kwargs)
 
-    monkeypatch.setattr(kafka_io, "make_consumer", recording)
-    monkeypatch.setattr(record_blocks, "warm_up", lambda: events.append("blocks") or blocks_warm_up())
-    monkeypatch.setattr(record_blocks, "install", lambda c: events.append(f"installed {install(c)}"))
-    reads = socket_reads.install
-    monkeypatch.setattr(socket_reads, "install", lambda: events.append(f"reads {reads()}"))
+    monkeypatch.setattr(KafkaBus, "group_consumer", recording)
     in_topic, out_topic, group, stage = _names()
     counting = replace(counting_stage(stage, in_topic, out_topic), warm_up=lambda: events.append("warm_up"))
     Worker(kafka_bootstrap, group, [counting], snapshot_every_s=3600).close()
-    assert events == ["blocks", "reads True", "warm_up", "consumer", "installed True"]
+    assert events == ["warm_up", "consumer"]
 
     # In a fresh process (this one may have run the kernels already): nothing is loaded before.
     check = """

@@ -26,7 +26,7 @@ from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 from fleetwatch.pipeline.worker import MAX_OUTPUT_BYTES
-from fleetwatch.record_blocks import RecordBlock
+from fleetwatch.record_block import RecordBlock
 from tests.helpers.act import Rig
 from tests.helpers.messages import telemetry
 

@@ -12,7 +12,7 @@ from fleetwatch.collectors.nvml import NvmlSource
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from fleetwatch.pipeline.telemetry_decode import decode_telemetry
-from fleetwatch.record_blocks import RecordBlock
+from fleetwatch.record_block import RecordBlock
 from tests.fakes import FakeGpu, FakeNvml
 from tests.helpers.paths import FIXTURES
 

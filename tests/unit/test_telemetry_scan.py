@@ -21,7 +21,7 @@ from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from fleetwatch.pipeline.telemetry_decode import decode_telemetry
-from fleetwatch.record_blocks import RecordBlock
+from fleetwatch.record_block import RecordBlock
 from tests.helpers.batches import assert_same_batch
 from tests.helpers.bounds_checked import run_bounds_checked
 from tests.helpers.messages import mutated_telemetry, python_accepts, telemetry

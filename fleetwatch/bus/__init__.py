@@ -1,0 +1,134 @@
+"""The one small interface the worker runs Kafka through: a group consumer, a producer, and a
+reader of whole partitions (snapshots).
+
+Two implementations, with the same behaviour where the worker can tell:
+- fleetwatch.bus.kafka: the real broker, through confluent-kafka (librdkafka) and its public API
+  only. The worker uses it because it reads ~2-4x more messages per CPU-second than kafka-python
+  and decompresses in C (benchmarks/README.md, "Kafka clients").
+- fleetwatch.bus.memory: in-process topics, for fast unit tests of stages and the worker loop.
+
+Offsets are Kafka's: the offset of the next record to read. Group members follow the eager
+protocol: on a rebalance every member's partitions are revoked, then the new share assigned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+from fleetwatch.record_block import RecordBlock
+
+
+class TopicPart(NamedTuple):
+    topic: str
+    partition: int
+
+
+class Outgoing(NamedTuple):
+    """One record handed to a Producer."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Any  # [(name, bytes)] or None
+    partition: int | None  # None: the producer's murmur2 partitioner (Kafka's default) on the key
+
+
+# on_assign(partitions) -> the offset each partition is to be read from
+OnAssign = Callable[[list[TopicPart]], Mapping[TopicPart, int]]
+OnRevoke = Callable[[list[TopicPart]], None]
+
+
+class GroupConsumer(Protocol):
+    """A member of a consumer group. Rebalance callbacks run on the thread that calls poll(),
+    inside it; the member's heartbeats do not depend on that thread."""
+
+    def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None: ...
+
+    def poll(self, max_records: int, timeout_s: float) -> dict[TopicPart, RecordBlock]:
+        """Up to max_records records, each partition's in offset order."""
+        ...
+
+    def assignment(self) -> set[TopicPart]: ...
+
+    def group_offsets(self, parts: Sequence[TopicPart]) -> dict[TopicPart, int]:
+        """Where the group stands on each partition: its committed offset, else the start or the
+        end of the partition (the member's start_at)."""
+        ...
+
+    def seek(self, part: TopicPart, offset: int) -> None:
+        """Read an assigned partition from `offset` on (records already fetched are dropped)."""
+        ...
+
+    def pause(self, parts: Sequence[TopicPart]) -> None:
+        """Stop fetching these partitions (the member keeps them and its place in them)."""
+        ...
+
+    def resume(self, parts: Sequence[TopicPart]) -> None: ...
+
+    def highwater(self, part: TopicPart) -> int | None:
+        """The partition's end offset as of the last fetch, if known."""
+        ...
+
+    def commit(self, offsets: Mapping[TopicPart, int], *, asynchronous: bool) -> None:
+        """Commit. An asynchronous commit that fails is reported to the member's on_commit_failure;
+        a synchronous one raises."""
+        ...
+
+    def partition_count(self, topic: str) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Producer(Protocol):
+    def send(
+        self,
+        topic: str,
+        key: bytes | None = None,
+        value: bytes | None = None,
+        headers: Any = None,
+        partition: int | None = None,
+    ) -> None:
+        """Queue one record (None value: a tombstone)."""
+        ...
+
+    def flush(self, timeout_s: float) -> list[Outgoing]:
+        """Wait for everything queued since the last flush; the records the broker did not
+        acknowledge (failed, or still pending at the timeout), in the order sent."""
+        ...
+
+    def close(self, timeout_s: float) -> None:
+        """Flush what it can within timeout_s, then drop the rest."""
+        ...
+
+
+class Bus(Protocol):
+    def group_consumer(
+        self,
+        group: str,
+        *,
+        client_id: str,
+        start_at: str = "earliest",
+        session_timeout_ms: int = 10000,
+        heartbeat_interval_ms: int | None = None,
+        instance_id: str | None = None,
+        on_commit_failure: Callable[[Exception], None] = lambda _e: None,
+    ) -> GroupConsumer:
+        """start_at: where a partition with no committed offset is read from ("earliest" or
+        "latest"). instance_id: static membership (a restarted member with the same id gets its
+        partitions back without waiting out its old session)."""
+        ...
+
+    def producer(self) -> Producer: ...
+
+    def read_to_end(
+        self,
+        topic: str,
+        partitions: Sequence[int],
+        on_record: Callable[[int, bytes | None, bytes | None], None],
+        timeout_s: float,
+    ) -> set[int]:
+        """Call on_record(partition, key, value) for every record of these partitions from their
+        start to their end as of the call, in offset order per partition; the partitions not read
+        to the end within timeout_s."""
+        ...

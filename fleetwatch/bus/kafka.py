@@ -1,0 +1,342 @@
+"""The bus on the real broker, through confluent-kafka (librdkafka) and its public API.
+
+Security settings come from the same FLEETWATCH_KAFKA_* variables as every other client
+(fleetwatch/kafka_io.py), translated to librdkafka's names. Producers compress with zstd and
+partition keys with murmur2, as Kafka's Java client and kafka-python do, so a node's records land
+on the partition every other fleetwatch producer picks for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka import Producer as _Producer
+
+from fleetwatch.bus import OnAssign, OnRevoke, Outgoing, TopicPart
+from fleetwatch.kafka_io import BrokerUnavailable, unavailable
+from fleetwatch.record_block import RecordBlock
+
+log = logging.getLogger(__name__)
+
+# FLEETWATCH_KAFKA_* -> librdkafka's setting
+_ENV_TO_RDKAFKA = {
+    "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "security.protocol",
+    "FLEETWATCH_KAFKA_SASL_MECHANISM": "sasl.mechanism",
+    "FLEETWATCH_KAFKA_SASL_USERNAME": "sasl.username",
+    "FLEETWATCH_KAFKA_SASL_PASSWORD": "sasl.password",
+    "FLEETWATCH_KAFKA_SSL_CAFILE": "ssl.ca.location",
+    "FLEETWATCH_KAFKA_SSL_CERTFILE": "ssl.certificate.location",
+    "FLEETWATCH_KAFKA_SSL_KEYFILE": "ssl.key.location",
+}
+COMPRESSION = "zstd"  # benchmarks/README.md, "Kafka clients and compression"
+METADATA_TIMEOUT_S = 10.0
+
+
+def rdkafka_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if env is None else env
+    cfg: dict[str, Any] = {"bootstrap.servers": bootstrap}
+    for var, key in _ENV_TO_RDKAFKA.items():
+        if env.get(var):
+            cfg[key] = env[var]
+    return cfg
+
+
+def _check_reachable(client: Any, bootstrap: str, cfg: Mapping[str, Any], timeout_s: float) -> None:
+    """librdkafka connects lazily and retries for ever: one metadata request says now whether the
+    broker answers (with the given security settings), as kafka-python's constructors do."""
+    try:
+        client.list_topics(timeout=timeout_s)
+    except KafkaException as e:
+        protocol = str(cfg.get("security.protocol", "PLAINTEXT")).upper()
+        raise BrokerUnavailable(unavailable(bootstrap, {"security_protocol": protocol})) from e
+
+
+class KafkaBus:
+    """The real broker at `bootstrap`."""
+
+    def __init__(self, bootstrap: str, connect_timeout_s: float = METADATA_TIMEOUT_S) -> None:
+        self.bootstrap = bootstrap
+        self.connect_timeout_s = connect_timeout_s
+
+    def group_consumer(
+        self,
+        group: str,
+        *,
+        client_id: str,
+        start_at: str = "earliest",
+        session_timeout_ms: int = 10000,
+        heartbeat_interval_ms: int | None = None,
+        instance_id: str | None = None,
+        on_commit_failure: Callable[[Exception], None] = lambda _e: None,
+    ) -> KafkaGroupConsumer:
+        return KafkaGroupConsumer(
+            self,
+            group,
+            client_id=client_id,
+            start_at=start_at,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            instance_id=instance_id,
+            on_commit_failure=on_commit_failure,
+        )
+
+    def producer(self) -> KafkaProducer:
+        return KafkaProducer(self)
+
+    def read_to_end(
+        self,
+        topic: str,
+        partitions: Sequence[int],
+        on_record: Callable[[int, bytes | None, bytes | None], None],
+        timeout_s: float,
+    ) -> set[int]:
+        left = set(partitions)
+        if not left:
+            return left
+        cfg = rdkafka_config(self.bootstrap) | {
+            # a throwaway group: this consumer is assigned partitions and never joins nor commits
+            "group.id": f"fleetwatch-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,  # an event at each partition's end: when to stop
+            # a fetch at the end answers at once (the default waits 500 ms for more to arrive)
+            "fetch.wait.max.ms": 10,
+        }
+        consumer = Consumer(cfg)
+        try:
+            _check_reachable(consumer, self.bootstrap, cfg, self.connect_timeout_s)
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(left)])
+            deadline = time.monotonic() + timeout_s
+            while left and time.monotonic() < deadline:
+                for m in consumer.consume(1000, 0.2):
+                    err = m.error()
+                    if err is None:
+                        on_record(m.partition(), m.key(), m.value())
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        left.discard(m.partition())
+                    else:
+                        log.warning("reading %s: %s", topic, err)
+        finally:
+            consumer.close()
+        return left
+
+
+class KafkaGroupConsumer:
+    def __init__(
+        self,
+        bus: KafkaBus,
+        group: str,
+        *,
+        client_id: str,
+        start_at: str,
+        session_timeout_ms: int,
+        heartbeat_interval_ms: int | None,
+        instance_id: str | None,
+        on_commit_failure: Callable[[Exception], None],
+    ) -> None:
+        if start_at not in ("earliest", "latest"):
+            raise ValueError(f"start_at must be earliest or latest, not {start_at!r}")
+        self.start_at = start_at
+        self._on_commit_failure = on_commit_failure
+        cfg = rdkafka_config(bus.bootstrap) | {
+            "group.id": group,
+            "client.id": client_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": start_at,
+            # A crashed member's partitions wait this long for a new owner.
+            "session.timeout.ms": session_timeout_ms,
+            "heartbeat.interval.ms": heartbeat_interval_ms or max(500, min(3000, session_timeout_ms // 3)),
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+            "on_commit": self._committed,
+        }
+        if instance_id:
+            cfg["group.instance.id"] = instance_id
+        self._consumer = Consumer(cfg)
+        _check_reachable(self._consumer, bus.bootstrap, cfg, bus.connect_timeout_s)
+        self._assigned: set[TopicPart] = set()
+        self._on_assign: OnAssign | None = None
+        self._on_revoke: OnRevoke | None = None
+
+    # --------------------------------------------------------- group membership
+
+    def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._consumer.subscribe(
+            list(topics), on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
+        )
+
+    def _assign(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        assert self._on_assign is not None
+        tps = [TopicPart(p.topic, p.partition) for p in parts]
+        # The starting offsets go into assign(): librdkafka refuses a seek() on a partition whose
+        # fetching has not started yet.
+        starts = self._on_assign(tps)
+        consumer.assign([TopicPartition(t.topic, t.partition, int(starts[t])) for t in tps])
+        self._assigned = set(tps)
+
+    def _revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        assert self._on_revoke is not None
+        tps = [TopicPart(p.topic, p.partition) for p in parts]
+        try:
+            self._on_revoke(tps)
+        finally:
+            self._assigned.difference_update(tps)
+            consumer.unassign()
+
+    def _committed(self, err: KafkaError | None, _parts: list[TopicPartition]) -> None:
+        if err is not None:
+            self._on_commit_failure(KafkaException(err))
+
+    def assignment(self) -> set[TopicPart]:
+        return set(self._assigned)
+
+    def group_offsets(self, parts: Sequence[TopicPart]) -> dict[TopicPart, int]:
+        if not parts:
+            return {}
+        committed = self._consumer.committed(
+            [TopicPartition(t.topic, t.partition) for t in parts], timeout=METADATA_TIMEOUT_S
+        )
+        out: dict[TopicPart, int] = {}
+        for t, c in zip(parts, committed, strict=True):
+            if c.offset >= 0:
+                out[t] = c.offset
+            else:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(t.topic, t.partition), timeout=METADATA_TIMEOUT_S
+                )
+                out[t] = low if self.start_at == "earliest" else high
+        return out
+
+    # --------------------------------------------------------- reading
+
+    def poll(self, max_records: int, timeout_s: float) -> dict[TopicPart, RecordBlock]:
+        msgs = self._consumer.consume(max_records, timeout_s)
+        if not msgs:
+            return {}
+        columns: dict[TopicPart, tuple[list[Any], list[Any], list[int], list[int]]] = {}
+        for m in msgs:
+            if m.error() is not None:
+                # librdkafka retries what it can itself; what reaches here is for the log only
+                log.warning("consumer: %s", m.error())
+                continue
+            tp = TopicPart(m.topic(), m.partition())
+            cols = columns.get(tp)
+            if cols is None:
+                cols = columns[tp] = ([], [], [], [])
+            kind, ms = m.timestamp()
+            cols[0].append(m.value())
+            cols[1].append(m.key())
+            cols[2].append(m.offset())
+            cols[3].append(ms if kind == TIMESTAMP_LOG_APPEND_TIME else -1)
+        return {
+            tp: RecordBlock.from_values(values, offsets, keys, append_ms)
+            for tp, (values, keys, offsets, append_ms) in columns.items()
+        }
+
+    def seek(self, part: TopicPart, offset: int) -> None:
+        self._consumer.seek(TopicPartition(part.topic, part.partition, int(offset)))
+
+    def pause(self, parts: Sequence[TopicPart]) -> None:
+        if parts:
+            self._consumer.pause([TopicPartition(t.topic, t.partition) for t in parts])
+
+    def resume(self, parts: Sequence[TopicPart]) -> None:
+        if parts:
+            self._consumer.resume([TopicPartition(t.topic, t.partition) for t in parts])
+
+    def highwater(self, part: TopicPart) -> int | None:
+        _low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(part.topic, part.partition), cached=True
+        )
+        return None if high < 0 else int(high)
+
+    def commit(self, offsets: Mapping[TopicPart, int], *, asynchronous: bool) -> None:
+        if not offsets:
+            return
+        self._consumer.commit(
+            offsets=[TopicPartition(t.topic, t.partition, int(o)) for t, o in offsets.items()],
+            asynchronous=asynchronous,
+        )
+
+    def partition_count(self, topic: str) -> int:
+        meta = self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+        return 0 if meta is None or meta.error is not None else len(meta.partitions)
+
+    def close(self) -> None:
+        self._consumer.close()  # leaves the group: its partitions move at once
+
+
+class _Delivery:
+    """One sent record and whether the broker acknowledged it (set by librdkafka's callback)."""
+
+    __slots__ = ("acked", "item")
+
+    def __init__(self, item: Outgoing) -> None:
+        self.item = item
+        self.acked = False
+
+    def __call__(self, err: KafkaError | None, _msg: Any) -> None:
+        self.acked = err is None
+
+
+class KafkaProducer:
+    def __init__(self, bus: KafkaBus) -> None:
+        cfg = rdkafka_config(bus.bootstrap) | {
+            # acks=all + idempotence: an acknowledged record is on every in-sync replica once.
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "compression.type": COMPRESSION,
+            "partitioner": "murmur2_random",  # Kafka's default for keyed records (see module doc)
+        }
+        self._producer = _Producer(cfg)
+        _check_reachable(self._producer, bus.bootstrap, cfg, bus.connect_timeout_s)
+        self._sent: list[_Delivery] = []
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None = None,
+        value: bytes | None = None,
+        headers: Any = None,
+        partition: int | None = None,
+    ) -> None:
+        delivery = _Delivery(Outgoing(topic, key, value, headers, partition))
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivery}
+        if headers:
+            kwargs["headers"] = headers
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.1)
+        self._sent.append(delivery)
+        self._producer.poll(0)  # serve callbacks of earlier sends
+
+    def flush(self, timeout_s: float) -> list[Outgoing]:
+        self._producer.flush(timeout_s)
+        sent, self._sent = self._sent, []
+        return [d.item for d in sent if not d.acked]
+
+    def close(self, timeout_s: float) -> None:
+        if self._producer.flush(timeout_s):
+            self._producer.purge()  # drop what is still queued or in flight
+            self._producer.flush(0)
+        self._sent = []

@@ -1,0 +1,162 @@
+"""The worker loop on the in-memory bus (fleetwatch/bus/memory.py): the same Worker class that runs
+on the real broker (tests/integration/test_worker.py, test_worker_guard.py), with its consumer and
+producer injected. Commits follow acknowledged outputs, bad records are dead-lettered, a task that
+raises is rebuilt from its snapshot, and partitions change hands with their state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from fleetwatch import schemas, topics
+from fleetwatch.bus import TopicPart
+from fleetwatch.bus.memory import MemoryBus
+from fleetwatch.pipeline.tasks import Output, Stage
+from fleetwatch.pipeline.worker import Worker
+from fleetwatch.runtime import StopFlag
+from tests.helpers.counting import CountingTask, counting_stage
+from tests.helpers.messages import telemetry
+
+IN, OUT = "in.v1", "out.v1"
+NODES = [f"node-{i:02d}" for i in range(8)]
+
+
+def _bus() -> MemoryBus:
+    bus = MemoryBus(partitions=4, log_append_time=())
+    for t in (IN, OUT, topics.STATE, topics.DEADLETTER):
+        bus.create_topic(t)
+    return bus
+
+
+def _feed(bus: MemoryBus, seqs: range, nodes: Sequence[str] = NODES) -> None:
+    for s in seqs:
+        for n in nodes:
+            bus.append(IN, n.encode(), schemas.encode(telemetry(node=n, seq=s)))
+
+
+def _counts(bus: MemoryBus) -> dict[str, list[int]]:
+    by_node: dict[str, list[int]] = {}
+    for r in bus.records(OUT):
+        m = orjson.loads(r.value)
+        by_node.setdefault(m["node"], []).append(m["n"])
+    return by_node
+
+
+def _drain(worker: Worker) -> None:
+    while worker.step(timeout_ms=0):
+        pass
+
+
+def _committed(bus: MemoryBus, group: str) -> dict[TopicPart, int]:
+    return dict(bus._group(group).committed)
+
+
+def test_outputs_are_produced_before_the_input_is_committed_and_bad_records_are_dead_lettered() -> None:
+    bus = _bus()
+    _feed(bus, range(5))
+    bus.append(IN, b"node-00", b"{not json")
+    worker = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _drain(worker)
+    assert _counts(bus) == {n: [1, 2, 3, 4, 5] for n in NODES}
+    [dead] = bus.records(topics.DEADLETTER)
+    assert dict(dead.headers)["reason"] == b"not_json"
+    ends = {TopicPart(IN, p): len(log) for p, log in enumerate(bus.partitions(IN))}
+    assert _committed(bus, "g") == ends
+
+
+def test_outputs_the_broker_never_acknowledges_stop_the_worker_before_it_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("fleetwatch.pipeline.worker.time.sleep", lambda _s: None)
+    bus = _bus()
+    worker = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    worker.step(timeout_ms=0)  # joins (the anchoring snapshots go out)
+    _feed(bus, range(1))
+    bus.fail_next = 3  # the first three sends fail, then the broker is back: resent, all there
+    _drain(worker)
+    assert _counts(bus) == {n: [1] for n in NODES}
+    committed = _committed(bus, "g")
+    assert sum(committed.values()) == len(NODES)
+
+    _feed(bus, range(1, 2))
+    bus.fail_next = 10**9  # an outage that never ends: nothing committed past what was delivered
+    with pytest.raises(RuntimeError, match="could not be produced"):
+        worker.step(timeout_ms=0)
+    assert _committed(bus, "g") == committed
+
+
+class RaisingTask(CountingTask):
+    """Counts, and raises part-way through a batch on node-02's sample seq 3."""
+
+    def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
+        out: list[Output] = []
+        for m in msgs:
+            if m["node"] == "node-02" and m["seq"] == 3:
+                raise ZeroDivisionError("a detector bug")
+            out += super().process(topic, [m])
+        return out
+
+
+def test_a_record_that_raises_is_dead_lettered_and_every_other_is_counted_once() -> None:
+    bus = _bus()
+    _feed(bus, range(6))
+    stage = Stage(
+        name="count",
+        inputs=(IN,),
+        schemas={IN: schemas.TELEMETRY},
+        new_task=lambda _p: RaisingTask(OUT),
+        load_task=lambda _p, raw: RaisingTask(OUT, orjson.loads(raw)),
+    )
+    worker = Worker(bus, "g", [stage], snapshot_every_s=3600)
+    for _ in range(20):
+        worker.step(timeout_ms=0)
+    counts = _counts(bus)
+    # replayed outputs repeat with the same value: the last of each node is its count
+    final = {n: max(v) for n, v in counts.items()}
+    assert final == {**{n: 6 for n in NODES}, "node-02": 5}
+    [dead] = [r for r in bus.records(topics.DEADLETTER) if dict(r.headers)["reason"] == b"internal_error"]
+    assert orjson.loads(dead.value)["seq"] == 3 and b"ZeroDivisionError" in dict(dead.headers)["detail"]
+
+
+def test_partitions_change_hands_with_their_state() -> None:
+    """A second member joins: the first snapshots what it gives up, the second restores it and
+    counts on; then the first leaves and the second takes everything, still counting on."""
+    bus = _bus()
+    _feed(bus, range(3))
+    a = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _drain(a)
+    b = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    a.step(timeout_ms=0)
+    b.step(timeout_ms=0)
+    assert a.consumer.assignment() and b.consumer.assignment()
+    assert not a.consumer.assignment() & b.consumer.assignment()
+    _feed(bus, range(3, 5))
+    _drain(a)
+    _drain(b)
+    a.close()
+    _feed(bus, range(5, 6))
+    _drain(b)
+    assert len(b.consumer.assignment()) == 4
+    assert {n: v[-1] for n, v in _counts(bus).items()} == {n: 6 for n in NODES}
+    b.close()
+
+
+def test_a_restarted_worker_resumes_from_its_snapshot_not_from_the_start() -> None:
+    bus = _bus()
+    _feed(bus, range(4))
+    a = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    a.run(StopFlag(install=False), idle_exit_s=0)
+    a.close()
+    produced = [len(log) for log in bus.partitions(OUT)]
+    _feed(bus, range(4, 5))
+    b = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _drain(b)
+    new = [
+        orjson.loads(r.value)["n"]
+        for log, k in zip(bus.partitions(OUT), produced, strict=True)
+        for r in log[k:]
+    ]
+    assert sorted(new) == [5] * len(NODES)
