@@ -10,6 +10,7 @@ Kafka.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import socket
 from dataclasses import replace
@@ -50,7 +51,7 @@ def stages(
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs, cfg),
         clock={t: c for t, c in checked.items() if t == topics.TELEMETRY},
         columnar_telemetry=True,
-        warm_up=NodeTask.warm_up,
+        warm_up=functools.partial(NodeTask.warm_up, scanner_in_background=True),
     )
     job = Stage(
         name="detect-job",

@@ -121,15 +121,21 @@ class NodeTask:
         fleet_metrics.COLLECTOR.add_nodes(self)
 
     @staticmethod
-    def warm_up() -> None:
-        """Load the compiled code the stage runs (the telemetry scanner, the counter and statistical
-        kernels) from numba's cache, compiling it first on a fresh install (~2 min on 2 cores)."""
-        from fleetwatch import telemetry_scan
+    def warm_up(scanner_in_background: bool = False) -> None:
+        """Load the compiled code the stage runs (the counter and statistical kernels, and the
+        telemetry scanner) from numba's cache, compiling it first on a fresh install. With
+        scanner_in_background the scanner, the longest compile (~1.5-2 min on 2 cores), loads on a
+        thread while the worker already decodes with the message decoders
+        (pipeline/telemetry_decode.py): what `fleetwatch detect` does, so a fresh install starts
+        at once."""
         from fleetwatch.detectors import counter_kernels, stat_kernels
+        from fleetwatch.pipeline.telemetry_decode import load_scanner
 
-        telemetry_scan.warm_up()
+        # the kernels first: numba compiles one function at a time (a process-wide lock), and
+        # the first batch needs them
         counter_kernels.warm_up()
         stat_kernels.warm_up()
+        load_scanner(background=scanner_in_background)
 
     def process(self, topic: str, msgs: Sequence[Any] | TelemetryBatch) -> list[Output]:
         """Telemetry as dicts (evaluator, tests), fleetwatch.fast_schema structs, or already a

@@ -8,18 +8,61 @@ their way, so that the task still sees every message in offset order.
 
 Both ways apply the same checks after the message itself: the record's key must be the message's
 node, and its timestamp must lie within the clock limits of the record's reference time.
+
+On a fresh install numba compiles the scanner first (~1.5-2 min on 2 cores; later starts load it
+from numba's cache in about a second). `fleetwatch detect` does not wait for that:
+load_scanner(background=True) compiles it on a thread, and until it is ready every batch goes
+through the message decoders, which give the same messages and errors, ~3x slower per record.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from fleetwatch import schemas, telemetry_scan
+from fleetwatch import schemas
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.record_block import RecordBlock
+
+log = logging.getLogger(__name__)
+
+_scanner_ready = threading.Event()
+_scanner_lock = threading.Lock()
+_scanner_loader: threading.Thread | None = None  # the thread loading it in the background, if any
+
+
+def load_scanner(background: bool = False) -> None:
+    """Make the compiled scanner ready: load it from numba's cache, compiling it first where there
+    is none. With background=True on a thread, and decode_telemetry uses the message decoders
+    until it is done; else now (a background load under way is waited for)."""
+    global _scanner_loader
+    with _scanner_lock:
+        loader = _scanner_loader
+        if loader is None and not _scanner_ready.is_set():
+            loader = _scanner_loader = threading.Thread(
+                target=_load_scanner, name="scanner-load", daemon=True
+            )
+            loader.start()
+    if not background and loader is not None:
+        loader.join()
+
+
+def scanner_ready() -> bool:
+    return _scanner_ready.is_set()
+
+
+def _load_scanner() -> None:
+    t0 = time.monotonic()
+    from fleetwatch import telemetry_scan  # numba's compile happens on the first call
+
+    telemetry_scan.warm_up()
+    _scanner_ready.set()
+    log.info("telemetry scanner ready after %.1f s", time.monotonic() - t0)
 
 
 def decode_telemetry(
@@ -39,6 +82,12 @@ def decode_telemetry(
     n = len(block)
     refs = block.reference_times(now)
     keys = block.keys() if check_keys and isinstance(records, RecordBlock) else None
+    if not _scanner_ready.is_set():
+        if _scanner_loader is not None:  # being compiled in the background: not waited for
+            return _decode_all(block, keys, refs, clock, max_bytes)
+        load_scanner()
+    from fleetwatch import telemetry_scan
+
     # tombstones and oversized values are left to the decoders, which name them
     usable = (block.starts >= 0) & (block.ends - block.starts <= max_bytes)
     if usable.all():
@@ -73,22 +122,35 @@ def decode_telemetry(
             struct=True,
         )
         if ok:
-            msgs, bad = schemas.decode_batch(
-                block.values(),
-                schemas.TELEMETRY,
-                keys=keys,
-                ref_ts=refs,
-                clock=clock,
-                max_bytes=max_bytes,
-                struct=True,
-            )
-            accepted = np.setdiff1d(np.arange(n), [i for i, _e in bad])
-            return _with_received(TelemetryBatch.from_any(msgs), refs[accepted]), bad
+            return _decode_all(block, keys, refs, clock, max_bytes)
         bad = [(left[j], e) for j, e in refused]
     if not len(taken):
         return [], bad
     batch = TelemetryBatch.from_scan(sc)
     return _with_received(batch if keep.all() else batch.select(keep), refs[taken]), bad
+
+
+def _decode_all(
+    block: RecordBlock,
+    keys: list[bytes | None] | None,
+    refs: np.ndarray,
+    clock: schemas.ClockLimits | None,
+    max_bytes: int,
+) -> tuple[TelemetryBatch | list[Any], list[tuple[int, schemas.MessageError]]]:
+    """The whole block through the message decoders (msgspec structs, then columns)."""
+    msgs, bad = schemas.decode_batch(
+        block.values(),
+        schemas.TELEMETRY,
+        keys=keys,
+        ref_ts=refs,
+        clock=clock,
+        max_bytes=max_bytes,
+        struct=True,
+    )
+    if not msgs:
+        return [], bad
+    accepted = np.setdiff1d(np.arange(len(block)), [i for i, _e in bad])
+    return _with_received(TelemetryBatch.from_any(msgs), refs[accepted]), bad
 
 
 def _with_received(batch: TelemetryBatch, received: np.ndarray) -> TelemetryBatch:

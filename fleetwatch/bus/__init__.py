@@ -97,7 +97,7 @@ class Producer(Protocol):
         acknowledge (failed, or still pending at the timeout), in the order sent."""
         ...
 
-    def close(self, timeout_s: float) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
         """Flush what it can within timeout_s, then drop the rest."""
         ...
 

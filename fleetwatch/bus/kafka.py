@@ -26,7 +26,7 @@ from confluent_kafka import (
 from confluent_kafka import Producer as _Producer
 
 from fleetwatch.bus import OnAssign, OnRevoke, Outgoing, TopicPart
-from fleetwatch.kafka_io import BrokerUnavailable, unavailable
+from fleetwatch.kafka_io import COMPRESSION, BrokerUnavailable, unavailable
 from fleetwatch.record_block import RecordBlock
 
 log = logging.getLogger(__name__)
@@ -41,13 +41,16 @@ _ENV_TO_RDKAFKA = {
     "FLEETWATCH_KAFKA_SSL_CERTFILE": "ssl.certificate.location",
     "FLEETWATCH_KAFKA_SSL_KEYFILE": "ssl.key.location",
 }
-COMPRESSION = "zstd"  # benchmarks/README.md, "Kafka clients and compression"
 METADATA_TIMEOUT_S = 10.0
 
 
 def rdkafka_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if env is None else env
-    cfg: dict[str, Any] = {"bootstrap.servers": bootstrap}
+    # librdkafka's own log lines (connection failures, retries) go to Python logging, not stderr
+    cfg: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "logger": logging.getLogger("fleetwatch.bus.rdkafka"),
+    }
     for var, key in _ENV_TO_RDKAFKA.items():
         if env.get(var):
             cfg[key] = env[var]
@@ -60,6 +63,11 @@ def _check_reachable(client: Any, bootstrap: str, cfg: Mapping[str, Any], timeou
     try:
         client.list_topics(timeout=timeout_s)
     except KafkaException as e:
+        # stop its retries now (a client left to the garbage collector keeps reconnecting)
+        if isinstance(client, Consumer):
+            client.close()
+        else:
+            client.purge()
         protocol = str(cfg.get("security.protocol", "PLAINTEXT")).upper()
         raise BrokerUnavailable(unavailable(bootstrap, {"security_protocol": protocol})) from e
 
@@ -159,8 +167,10 @@ class KafkaGroupConsumer:
             # A crashed member's partitions wait this long for a new owner.
             "session.timeout.ms": session_timeout_ms,
             "heartbeat.interval.ms": heartbeat_interval_ms or max(500, min(3000, session_timeout_ms // 3)),
-            "fetch.max.bytes": 64 << 20,
-            "max.partition.fetch.bytes": 8 << 20,
+            # With 5 KB records the prefetch queue fills by bytes (64 MB), not by count, and
+            # librdkafka then postpones the next fetch by this long (default 1 s): the worker
+            # emptied the queue and idled 0.4-0.6 s every ~14,000 records.
+            "fetch.queue.backoff.ms": 20,
             "on_commit": self._committed,
         }
         if instance_id:
@@ -224,9 +234,15 @@ class KafkaGroupConsumer:
     # --------------------------------------------------------- reading
 
     def poll(self, max_records: int, timeout_s: float) -> dict[TopicPart, RecordBlock]:
-        msgs = self._consumer.consume(max_records, timeout_s)
+        # consume(n, timeout) waits until n records are there or the timeout passes: asked for a
+        # full batch while fewer were fetched, it idled the worker (70% of a plain topic's time).
+        # So: what is there now; if nothing, wait for one record, and take what came with it.
+        msgs = self._consumer.consume(max_records, 0)
         if not msgs:
-            return {}
+            msgs = self._consumer.consume(1, timeout_s)
+            if not msgs:
+                return {}
+            msgs += self._consumer.consume(max_records - 1, 0)
         columns: dict[TopicPart, tuple[list[Any], list[Any], list[int], list[int]]] = {}
         for m in msgs:
             if m.error() is not None:
@@ -335,7 +351,7 @@ class KafkaProducer:
         sent, self._sent = self._sent, []
         return [d.item for d in sent if not d.acked]
 
-    def close(self, timeout_s: float) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
         if self._producer.flush(timeout_s):
             self._producer.purge()  # drop what is still queued or in flight
             self._producer.flush(0)

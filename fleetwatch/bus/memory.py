@@ -271,5 +271,5 @@ class MemoryProducer:
         failed, self._failed = self._failed, []
         return failed
 
-    def close(self, timeout_s: float) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
         self._failed = []

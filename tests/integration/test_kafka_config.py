@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.bus import TopicPart
+from fleetwatch.bus.kafka import KafkaBus
 
 
 def test_every_client_is_built_with_them(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,6 +27,10 @@ def test_every_client_is_built_with_them(kafka_bootstrap: str, monkeypatch: pyte
         lambda: kafka_io.make_producer(kafka_bootstrap, bootstrap_timeout_ms=fast),
         lambda: kafka_io.make_consumer(kafka_bootstrap, bootstrap_timeout_ms=fast),
         lambda: kafka_io.make_admin(kafka_bootstrap, timeout_ms=fast),
+        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast / 1000).group_consumer(
+            "cfg", client_id="cfg"
+        ),
+        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast / 1000).producer(),
     )
     for make in makers:
         make().close()
@@ -104,13 +110,35 @@ def _round_trip(bootstrap: str, env: dict[str, str], tmp_path: Path, secret: str
     assert sorted(got) == [str(i).encode() for i in range(5)]
     assert replayed, f"the replayed sample did not arrive through {bootstrap}"
 
+    # The worker's client (librdkafka) takes the same settings from the same variables.
+    bus = KafkaBus(bootstrap)
+    producer_b = bus.producer()
+    producer_b.send(topic, key=b"k", value=b"from the bus")
+    assert producer_b.flush(30) == []
+    producer_b.close(5)
+    member = bus.group_consumer(f"sec-bus-{uuid.uuid4().hex}", client_id="sec")
+    member.subscribe([topic], lambda parts: member.group_offsets(parts), lambda _parts: None)
+    values: list[bytes | None] = []
+    deadline = time.monotonic() + 60
+    while b"from the bus" not in values and time.monotonic() < deadline:
+        for tp, block in member.poll(100, 0.5).items():
+            assert tp == TopicPart(topic, tp.partition)
+            values += block.values()
+    member.close()
+    assert sorted(v for v in values if v is not None) == sorted(
+        [b"from the bus", *(str(i).encode() for i in range(5))]
+    )
+
 
 def _refused(bootstrap: str, secret: str | None = None) -> None:
     """No client connects, and the one-line error says where to look without showing `secret`."""
+    bus = KafkaBus(bootstrap, connect_timeout_s=3)
     for make in (
         lambda: kafka_io.make_producer(bootstrap, bootstrap_timeout_ms=3000),
         lambda: kafka_io.make_consumer(bootstrap, bootstrap_timeout_ms=3000),
         lambda: kafka_io.make_admin(bootstrap, timeout_ms=3000),
+        lambda: bus.group_consumer("refused", client_id="refused"),
+        bus.producer,
     ):
         with pytest.raises(kafka_io.BrokerUnavailable) as err:
             make().close()

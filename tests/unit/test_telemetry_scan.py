@@ -4,10 +4,13 @@ same columns; what it leaves, the worker hands to the decoders (pipeline/telemet
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import textwrap
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,6 +21,7 @@ from hypothesis import strategies as st
 
 from fleetwatch import fast_schema, schemas, telemetry_scan
 from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.pipeline import telemetry_decode
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from fleetwatch.pipeline.telemetry_decode import decode_telemetry
@@ -286,6 +290,23 @@ _SAMPLES = [
 _KEYS = [b"gpu-node-0001", b"gpu-node-0002", b"ghost", None]
 
 
+@contextlib.contextmanager
+def scanner_loading() -> Iterator[None]:
+    """As while load_scanner(background=True) is compiling: a loader thread, not ready yet; and a
+    scanner that must not be called."""
+
+    def not_ready(*_args: Any) -> Any:
+        raise AssertionError("the scanner was called before it was ready")
+
+    saved = telemetry_decode._scanner_ready, telemetry_decode._scanner_loader, telemetry_scan.scan_spans
+    telemetry_decode._scanner_ready, telemetry_decode._scanner_loader = threading.Event(), threading.Thread()
+    telemetry_scan.scan_spans = not_ready  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        telemetry_decode._scanner_ready, telemetry_decode._scanner_loader, telemetry_scan.scan_spans = saved
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(
@@ -295,12 +316,15 @@ _KEYS = [b"gpu-node-0001", b"gpu-node-0002", b"ghost", None]
             st.sampled_from([-1, int(NOW * 1000), int((NOW - 7200) * 1000)]),  # CreateTime, or appended
         ),
         max_size=12,
-    )
+    ),
+    st.booleans(),
 )
-def test_the_workers_decode_equals_the_decoders(records: list[tuple[Any, Any, int]]) -> None:
+def test_the_workers_decode_equals_the_decoders(records: list[tuple[Any, Any, int]], loading: bool) -> None:
     """pipeline/telemetry_decode.py over records from Kafka: the same messages, in the same order,
     and the same errors (index, reason, detail) as schemas.decode_batch with the same keys and
-    reference times (the broker's append time where the record has one, else now)."""
+    reference times (the broker's append time where the record has one, else now). The same
+    while the scanner is still being compiled in the background (loading: a fresh install's
+    first minutes), when the scanner is not used at all."""
     raws = [r for r, _k, _t in records]
     block = RecordBlock.from_values(
         raws, keys=[k for _r, k, _t in records], append_ms=[t for *_, t in records]
@@ -309,7 +333,8 @@ def test_the_workers_decode_equals_the_decoders(records: list[tuple[Any, Any, in
     want_ok, want_bad = schemas.decode_batch(
         raws, schemas.TELEMETRY, keys=block.keys(), ref_ts=refs, clock=CLOCK, struct=True
     )
-    got, bad = decode_telemetry(block, now=NOW, clock=CLOCK)
+    with scanner_loading() if loading else contextlib.nullcontext():
+        got, bad = decode_telemetry(block, now=NOW, clock=CLOCK)
     assert [(i, e.reason, e.detail) for i, e in bad] == [(i, e.reason, e.detail) for i, e in want_bad]
     if not want_ok:
         assert got == []
