@@ -397,6 +397,14 @@ def _worker_proc(
         warm_up=NodeTask.warm_up,
     )
     worker = Worker(bootstrap, group, [stage], snapshot_every_s=3600)
+    if os.environ.get("FLEETWATCH_BENCH_DECODER") == "msgspec":
+        # the worker as it runs while the scanner is still compiling: the message decoders only
+        import threading
+
+        from fleetwatch.pipeline import telemetry_decode
+
+        telemetry_decode._scanner_ready.clear()
+        telemetry_decode._scanner_loader = threading.Thread()
     with started.get_lock():
         started.value += 1
     while started.value < n:
@@ -453,8 +461,15 @@ def main() -> int:
         default="none",
         help="producer codecs of the benchmark topic, one Kafka measurement each (e.g. none,zstd)",
     )
+    ap.add_argument(
+        "--decoder",
+        choices=("scanner", "msgspec"),
+        default="scanner",
+        help="the workers' telemetry decoder (msgspec: as while the scanner is compiling)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    os.environ["FLEETWATCH_BENCH_DECODER"] = args.decoder  # read by the worker processes
 
     msgs = generate(args.nodes, args.ticks, args.seed)
     fw = bench_fleetwatch(msgs, args.batch)

@@ -30,6 +30,7 @@ import numpy as np
 from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch, known_rows
 from fleetwatch.detectors.counters import Compaction, decode_array, encode_array
 from fleetwatch.detectors.findings import Forgotten, IncidentBook, severity_score
+from fleetwatch.detectors.protocol import NodeContext
 from fleetwatch.detectors.statistical import RobustScorer, sibling_robust_z
 
 # signal -> resolution below which peers count as equal (no MAD = 0 blow-ups on quantised values)
@@ -121,6 +122,10 @@ class GpuStats:
         return out
 
     # ------------------------------------------------------------ main entry
+
+    def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
+        """The NodeDetector protocol (detectors/protocol.py)."""
+        return self.process(batch, ctx.nodes)
 
     def process(self, batch: TelemetryBatch, nodes: list[str]) -> list[dict[str, Any]]:
         """nodes: per message. Returns findings; `self.last_score` holds each series' latest score."""

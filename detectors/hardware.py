@@ -74,6 +74,7 @@ from fleetwatch.detectors.counters import (
     increasing_in_group,
 )
 from fleetwatch.detectors.findings import SEVERITIES, SEVERITY_RANK, Forgotten, IncidentBook, severity_score
+from fleetwatch.detectors.protocol import NodeContext
 from fleetwatch.schemas import GPU_COUNTERS
 
 STATE_VERSION = 1
@@ -266,6 +267,10 @@ class HardwareDetector:
         return self.cfg.xid_quiet_s if (kind, rule) == ("xid", "xid_burst") else self.cfg.clear_after_s
 
     # ------------------------------------------------------------ main entry
+
+    def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
+        """The NodeDetector protocol (detectors/protocol.py): the rules need the batch only."""
+        return self.process(batch)
 
     def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
         if batch.size == 0:

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 from scipy.stats import poisson
 
-from fleetwatch.detectors.batch import known_rows
+from fleetwatch.detectors.batch import TelemetryBatch, known_rows
 from fleetwatch.detectors.counters import Compaction
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.protocol import NodeContext
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class LemonConfig:
     # Findings on one node closer together than this are one episode (one fault often raises
     # several findings: SBE rate, then DBE, then its XID) and count once.
     episode_gap_s: float = 600.0
+    judge_every_s: float = 60.0  # event-time period of the judgements (observe())
 
 
 class LemonScorer:
@@ -53,6 +55,33 @@ class LemonScorer:
         self.last_ts = np.zeros(0)
         self.last_event = np.zeros(0)
         self.book = IncidentBook()
+        self.next_judgement = 0.0  # event time of the next judgement (state)
+
+    def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
+        """The NodeDetector protocol (detectors/protocol.py): the batch's samples are exposure; a
+        node's history is its XIDs (Meta's lemon signal counts them), the findings that open on it
+        (those of the detectors before this one) and the failed jobs it was in (ctx.job_failures);
+        events close in time are one episode. Judged every judge_every_s of event time."""
+        nodes, ts = ctx.nodes, batch.ts
+        self.observe_samples(nodes, ts)
+        events = [(float(ts[m]), nodes[m], 1.0) for m in batch.xid_msg.tolist()]
+        events += [
+            (f["ts"], f["node"], 1.0)
+            for f in ctx.findings
+            if not f["resolved"]
+            and f["ts"] == f["first_seen"]
+            and f["kind"] != "lemon"
+            and f["severity"] != "info"
+        ]
+        events += ctx.job_failures
+        if events:
+            events.sort()
+            self.observe_events([e[1] for e in events], [e[0] for e in events], [e[2] for e in events])
+        now = float(ts.max())
+        if now < self.next_judgement:
+            return []
+        self.next_judgement = now + self.cfg.judge_every_s
+        return self.judge(now)
 
     def _row(self, node: str) -> int:
         r = self.rows.get(node)
@@ -174,6 +203,7 @@ class LemonScorer:
             "last_ts": [None if math.isnan(x) else x for x in self.last_ts[:n].tolist()],
             "last_event": [None if math.isinf(x) else x for x in self.last_event[:n].tolist()],
             "book": self.book.to_state(),
+            "next_judgement": self.next_judgement,
         }
 
     @classmethod
@@ -192,4 +222,5 @@ class LemonScorer:
         self.last_ts[:k] = [np.nan if x is None else x for x in d["last_ts"]]
         self.last_event[:k] = [-np.inf if x is None else x for x in d["last_event"]]
         self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
+        self.next_judgement = d.get("next_judgement", 0.0)  # older snapshots: the task's next_lemon
         return self

@@ -32,6 +32,7 @@ import numpy as np
 
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.protocol import NodeContext
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,14 @@ class SilenceDetector:
         self.cfg = config or SilenceConfig()
         self.book = IncidentBook()
 
+    def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
+        """The NodeDetector protocol (detectors/protocol.py): every node's latest sample and the
+        batch's nodes' samples before it, from the task."""
+        return self.process(ctx.last_ts, ctx.seen, float(batch.ts.max()), batch=batch, prev_ts=ctx.prev_ts)
+
     def process(
         self,
-        last_ts: dict[str, float],
+        last_ts: Mapping[str, float],
         seen: set[str],
         now: float,
         *,
@@ -100,7 +106,7 @@ class SilenceDetector:
 
     def _backlog(
         self,
-        last_ts: dict[str, float],
+        last_ts: Mapping[str, float],
         batch: TelemetryBatch,
         prev_ts: Mapping[str, float],
         resolved: set[str],

@@ -41,6 +41,8 @@ from fleetwatch.detectors.findings import Forgotten
 from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
+from fleetwatch.detectors.protocol import NodeContext, NodeDetector
+from fleetwatch.detectors.registry import NODE_DETECTORS
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector, reference_time
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.job_table import JobTable
@@ -64,7 +66,6 @@ _FEATURE_COLS = {
 
 @dataclass
 class NodeTaskConfig:
-    lemon_every_s: float = 60.0  # event-time period of lemon judgements
     census_every_s: float = 600.0  # event-time period of a node's node/1 refresh (fleetwatch/census.py)
     forget_after_s: float = 86400.0  # a node unseen this long (event time) is forgotten; inf: never
     forget_every_s: float = 60.0  # event-time period of the check
@@ -79,9 +80,9 @@ class NodeTaskConfig:
         """Defaults with the day-long lemon windows shortened by `scale` (compressed scenarios)."""
         lemon = LemonConfig()
         return cls(
-            lemon_every_s=cls.lemon_every_s * scale,
             lemon=replace(
                 lemon,
+                judge_every_s=lemon.judge_every_s * scale,
                 tau_s=lemon.tau_s * scale,
                 episode_gap_s=lemon.episode_gap_s * scale,
                 clear_after_s=lemon.clear_after_s * scale,
@@ -99,7 +100,6 @@ class NodeTask:
     stats: GpuStats | None = None
     last_ts: dict[str, float] = field(default_factory=dict)
     failed_jobs_seen: set[str] = field(default_factory=set)
-    next_lemon: float = 0.0
     first_seen: dict[str, float] = field(default_factory=dict)  # node -> its first sample's ts
     census_at: dict[str, float] = field(default_factory=dict)  # node -> ts of its last node/1
     # node -> its latest sample's ts minus the time the broker took it (metric only, not snapshotted)
@@ -110,15 +110,15 @@ class NodeTask:
     _failed_version: int = field(default=-1, repr=False)
 
     def __post_init__(self) -> None:
-        if self.hardware is None:
-            self.hardware = HardwareDetector(self.config.hardware)
-        if self.lemon is None:
-            self.lemon = LemonScorer(self.config.lemon)
-        if self.silence is None:
-            self.silence = SilenceDetector(self.config.silence)
-        if self.stats is None:
-            self.stats = GpuStats(self.config.stats)
+        for reg in NODE_DETECTORS:  # each one the task was not given starts empty
+            if getattr(self, reg.name) is None:
+                setattr(self, reg.name, reg.detector(getattr(self.config, reg.name)))
         fleet_metrics.COLLECTOR.add_nodes(self)
+
+    @property
+    def detectors(self) -> list[NodeDetector]:
+        """The registered detectors (detectors/registry.py), in the order they run."""
+        return [getattr(self, reg.name) for reg in NODE_DETECTORS]
 
     @staticmethod
     def warm_up(scanner_in_background: bool = False) -> None:
@@ -154,22 +154,22 @@ class NodeTask:
             if not fresh:
                 return []
             batch = TelemetryBatch.from_any(fresh)
-        findings = self.hardware.process(batch)
         nodes = batch.nodes()
         seen = set(nodes)
-        jobs = self.jobs.jobs_of(nodes)
-        findings += self.silence.process(
-            self.last_ts,
-            seen,
-            float(batch.ts.max()),
-            batch=batch,
+        ctx = NodeContext(
+            nodes=nodes,
+            seen=seen,
+            last_ts=self.last_ts,
             prev_ts=prev_ts,
+            job_failures=self._failed_job_events(float(batch.ts.max()), seen),
         )
-        findings += self.stats.process(batch, nodes)
+        findings: list[dict[str, Any]] = []
+        for detector in self.detectors:
+            findings += detector.observe(batch, replace(ctx, findings=findings))
+        jobs = self.jobs.jobs_of(nodes)
         self._note_skew(batch, nodes)
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
         out += self._census(batch, nodes)
-        out += self._lemon(batch, nodes, seen, findings)
         if self.config.emit_features:
             out += self._features(batch, nodes, jobs)
         out += self._sweep(float(batch.ts.max()), seen)
@@ -199,7 +199,7 @@ class NodeTask:
         """Forget these nodes: every detector resolves their open incidents (saying why) and drops
         their state; the task drops them from its tables and removes them from the census."""
         findings: list[dict[str, Any]] = []
-        for detector in (self.hardware, self.silence, self.stats, self.lemon):
+        for detector in self.detectors:
             findings += detector.forget(gone)
         for table in (self.last_ts, self.first_seen, self.census_at, self.clock_skew):
             for node in gone:
@@ -212,7 +212,7 @@ class NodeTask:
 
     def node_health(self) -> Iterator[tuple[str, float, str]]:
         worst: dict[str, tuple[float, str]] = {}
-        for book in (self.hardware.book, self.silence.book, self.stats.book, self.lemon.book):
+        for book in (d.book for d in self.detectors):
             for inc in list(book.open.values()):
                 health = fleet_metrics.HEALTH_BY_SEVERITY[inc.severity]
                 state = "suspect" if inc.kind == "statistical" or inc.severity == "info" else "degraded"
@@ -226,7 +226,7 @@ class NodeTask:
         yield from self.stats.latest()
 
     def open_incidents(self) -> Iterator[tuple[str, str]]:
-        for book in (self.hardware.book, self.silence.book, self.stats.book, self.lemon.book):
+        for book in (d.book for d in self.detectors):
             for inc in list(book.open.values()):
                 yield inc.kind, inc.severity
 
@@ -298,32 +298,6 @@ class NodeTask:
             STALE.inc(stale)
         return keep, prev
 
-    def _lemon(
-        self, batch: TelemetryBatch, nodes: list[str], seen: set[str], findings: list[dict[str, Any]]
-    ) -> list[Output]:
-        lemon, ts = self.lemon, batch.ts
-        lemon.observe_samples(nodes, ts)
-        # A node's history: its XIDs (Meta's lemon signal counts them), the findings that open on
-        # it and the failed jobs it was in; the scorer merges events close in time into one episode.
-        events = [(float(ts[m]), nodes[m], 1.0) for m in batch.xid_msg.tolist()]
-        events += [
-            (f["ts"], f["node"], 1.0)
-            for f in findings
-            if not f["resolved"]
-            and f["ts"] == f["first_seen"]
-            and f["kind"] != "lemon"
-            and f["severity"] != "info"
-        ]
-        now = float(ts.max())
-        events += self._failed_job_events(now, seen)
-        if events:
-            events.sort()
-            lemon.observe_events([e[1] for e in events], [e[0] for e in events], [e[2] for e in events])
-        if now < self.next_lemon:
-            return []
-        self.next_lemon = now + self.config.lemon_every_s
-        return [(topics.FINDINGS, f["node"], f) for f in lemon.judge(now)]
-
     def _failed_job_events(self, now: float, mine: set[str]) -> list[tuple[float, str, float]]:
         """Lemon events of the failed jobs not counted yet (the table is only scanned when it has
         gained one: it may hold 100k)."""
@@ -372,13 +346,11 @@ class NodeTask:
     def to_bytes(self) -> bytes:
         return orjson.dumps(
             {
-                "hardware": self.hardware.to_state(),
-                "lemon": self.lemon.to_state(),
-                "silence": self.silence.to_state(),
-                "stats": self.stats.to_state(),
+                **{reg.name: getattr(self, reg.name).to_state() for reg in NODE_DETECTORS},
                 "last_ts": self.last_ts,
                 "failed_jobs_seen": sorted(self.failed_jobs_seen),
-                "next_lemon": self.next_lemon,
+                # a worker of the previous version restores its lemon timing from here
+                "next_lemon": self.lemon.next_judgement,
                 "first_seen": self.first_seen,
                 "census_at": self.census_at,
                 "forget_clock": self.forget_clock,
@@ -388,21 +360,22 @@ class NodeTask:
     @classmethod
     def from_bytes(cls, raw: bytes, jobs: JobTable, config: NodeTaskConfig | None = None) -> NodeTask:
         """State from the snapshot, every detector's configuration from `config`: the deployment's
-        (the worker's), never the one that wrote the snapshot. next_lemon and forget_clock are state
-        (when the next lemon judgement and forget check are due); a changed forget_after_s applies
-        at the next check."""
+        (the worker's), never the one that wrote the snapshot. The lemon's next judgement and
+        forget_clock are state (when the next lemon judgement and forget check are due); a changed
+        forget_after_s applies at the next check."""
         d = orjson.loads(raw)
         config = config or NodeTaskConfig()
+        # snapshots before the detector protocol kept the lemon's timing in the task
+        d["lemon"].setdefault("next_judgement", d.get("next_lemon", 0.0))
         return cls(
             jobs=jobs,
             config=config,
-            hardware=HardwareDetector.from_state(d["hardware"], config.hardware),
-            lemon=LemonScorer.from_state(d["lemon"], config.lemon),
-            silence=SilenceDetector.from_state(d["silence"], config.silence),
-            stats=GpuStats.from_state(d["stats"], config.stats),
+            **{
+                reg.name: reg.detector.from_state(d[reg.name], getattr(config, reg.name))
+                for reg in NODE_DETECTORS
+            },
             last_ts=d["last_ts"],
             failed_jobs_seen=set(d["failed_jobs_seen"]),
-            next_lemon=d["next_lemon"],
             first_seen=d.get("first_seen", {}),  # older snapshots: the census starts again
             census_at=d.get("census_at", {}),
             forget_clock=d.get("forget_clock", 0.0),  # older snapshots: checked on the first batch

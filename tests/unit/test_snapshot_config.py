@@ -209,10 +209,9 @@ def _node_task() -> Restored:
     before = NodeTask(JobTable(), NodeTaskConfig())
     before.process("fleet.telemetry.v1", series(40, _hw_fault))
     b = NodeTaskConfig(
-        lemon_every_s=600.0,
         hardware=HW_B,
         stats=GpuStatsConfig(threshold=0.99),
-        lemon=LemonConfig(clear_after_s=3600.0),
+        lemon=LemonConfig(clear_after_s=3600.0, judge_every_s=600.0),
         silence=SilenceConfig(silent_after_s=30.0),
     )
     after = NodeTask.from_bytes(before.to_bytes(), JobTable(), b)
@@ -229,7 +228,7 @@ def _node_task() -> Restored:
         books=[(before.hardware.book, after.hardware.book, lambda i: 20.0 if i.kind == "xid" else 30.0)],
         state=[
             (before.last_ts, after.last_ts),
-            (before.next_lemon, after.next_lemon),
+            (before.lemon.next_judgement, after.lemon.next_judgement),
             (before.hardware.gpu_decay.s[: before.hardware.n_gpu], after.hardware.gpu_decay.s),
         ],
     )

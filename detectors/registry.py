@@ -1,0 +1,32 @@
+"""The per-node detectors, in the order the node stage runs them on each batch.
+
+Adding one: a module in detectors/ whose class follows detectors/protocol.NodeDetector, a line
+here, and its configuration as a field of the same name in pipeline/node_stage.NodeTaskConfig.
+The name is also its key in the task's snapshot. The generic checks
+(tests/unit/test_detector_checks.py) then run against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
+from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
+from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
+from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str  # NodeTaskConfig's field with its configuration; its key in the task's snapshot
+    detector: Any  # the class: Detector(config), Detector.from_state(state, config)
+    config: type  # its configuration's class (defaults: config())
+
+
+NODE_DETECTORS: tuple[Registered, ...] = (
+    Registered("hardware", HardwareDetector, HardwareConfig),
+    Registered("silence", SilenceDetector, SilenceConfig),
+    Registered("stats", GpuStats, GpuStatsConfig),
+    Registered("lemon", LemonScorer, LemonConfig),  # last: its history includes the others' findings
+)
