@@ -22,11 +22,10 @@ if ((${#missing[@]})); then
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
-# Compile the telemetry scanner, the counter and statistical kernels and the record-block reader
-# once (numba caches them beside their source: ~2 min on a fresh clone, ~1 s after), rather than
-# in the first detect worker or test.
+# Compile the telemetry scanner and the counter and statistical kernels once (numba caches them
+# beside their source: ~1 min on a fresh clone, ~1 s after), rather than in the first test. (A
+# detect worker does not need this: it starts without the scanner and loads it on a thread.)
 python3 -c "from fleetwatch.pipeline.node_stage import NodeTask; NodeTask.warm_up()"
-python3 -c "from fleetwatch import record_blocks; record_blocks.warm_up()"
 bash services/kafka/kafka.sh fetch
 # Dashboard and compose checks (tests/integration/test_dashboards.py, test_compose.py): Node.js for
 # the @grafana/schema type check (dashboards/package-lock.json), and the static Compose v2 binary
