@@ -4,6 +4,10 @@ Delivery is at-least-once: after a failure the forwarder starts a fresh producer
 from the oldest unacknowledged record, so a record acknowledged late may arrive twice.
 Consumers drop duplicates by (node, seq). A fresh producer per outage also resets the
 idempotent producer's sequence state, which expired batches would otherwise wedge.
+
+The producer is the bus's (fleetwatch/bus/kafka.py, librdkafka): send() queues locally and never
+waits on a dead broker, a record not acknowledged within DELIVERY_TIMEOUT_S fails, and a producer
+given up on is stopped through the client's public API (its queue purged).
 """
 
 from __future__ import annotations
@@ -14,14 +18,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from kafka.errors import KafkaError, KafkaTimeoutError
-
 from fleetwatch import kafka_io
+from fleetwatch.bus import Delivery, SendError
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.spool import Spool
 
 log = logging.getLogger(__name__)
 
 ProducerFactory = Callable[[], Any]
+DELIVERY_TIMEOUT_S = 15.0  # then the record is retried from the spool by a fresh producer
 
 
 class SpoolForwarder:
@@ -41,7 +46,7 @@ class SpoolForwarder:
         self.retry_backoff_s = retry_backoff_s
         self._factory = producer_factory or (lambda: self._default_producer(bootstrap))
         self._producer: Any = None
-        self._in_flight: deque[tuple[int, Any]] = deque()
+        self._in_flight: deque[tuple[int, Delivery]] = deque()
         self._last_sent_id = 0
         self._retry_at = 0.0
         self.broker_up = False
@@ -50,13 +55,9 @@ class SpoolForwarder:
 
     @staticmethod
     def _default_producer(bootstrap: str) -> Any:
-        return kafka_io.make_producer(
-            bootstrap,
-            bootstrap_timeout_ms=2000,
-            max_block_ms=2000,  # send() must not stall the sampling loop for long on a dead broker
-            delivery_timeout_ms=15000,  # then the record is retried from the spool by a fresh producer
-            request_timeout_ms=5000,
-            linger_ms=5,
+        # a dead broker is found within 2 s at connect; after that send() only queues
+        return KafkaBus(bootstrap, connect_timeout_s=2.0).producer(
+            linger_ms=5, delivery_timeout_s=DELIVERY_TIMEOUT_S
         )
 
     # ------------------------------------------------------------ one round of work
@@ -69,13 +70,12 @@ class SpoolForwarder:
         try:
             self._send_more()
             while self._in_flight and time.monotonic() < deadline:
-                self._producer.flush(timeout=max(0.01, min(0.2, deadline - time.monotonic())))
+                # serves the acknowledgements; what is not acknowledged yet stays in flight
+                self._producer.flush(max(0.01, min(0.2, deadline - time.monotonic())))
                 if not self._retire():
                     return
                 self._send_more()
-        except KafkaTimeoutError:
-            pass  # flush() running out of time is normal while the broker is slow
-        except KafkaError as e:
+        except SendError as e:
             if self._producer is not None:
                 self._fail(e)
             return
@@ -98,7 +98,7 @@ class SpoolForwarder:
             return False
         try:
             self._producer = self._factory()
-        except (kafka_io.BrokerUnavailable, KafkaError, OSError) as e:
+        except (kafka_io.BrokerUnavailable, OSError) as e:
             self._mark_down(f"cannot connect: {e}")
             return False
         if not self.broker_up:
@@ -111,21 +111,17 @@ class SpoolForwarder:
         if room <= 0:
             return
         for rec in self.spool.peek(after_id=self._last_sent_id, limit=room):
-            try:
-                fut = self._producer.send(self.topic, key=rec.key, value=rec.value)
-            except KafkaTimeoutError as e:  # no metadata within max_block_ms: the broker is gone
-                self._fail(e)
-                raise KafkaError("send timed out") from e
-            self._in_flight.append((rec.id, fut))
+            delivery = self._producer.send(self.topic, key=rec.key, value=rec.value)
+            self._in_flight.append((rec.id, delivery))
             self._last_sent_id = rec.id
 
     def _retire(self) -> bool:
         """Acknowledge the completed head of the in-flight queue; False after a failure."""
         acked = None
-        while self._in_flight and self._in_flight[0][1].is_done:
-            rec_id, fut = self._in_flight[0]
-            if fut.failed():
-                self._fail(fut.exception)
+        while self._in_flight and self._in_flight[0][1].done:
+            rec_id, delivery = self._in_flight[0]
+            if delivery.error is not None:
+                self._fail(delivery.error)
                 return False
             self._in_flight.popleft()
             acked = rec_id
@@ -140,7 +136,7 @@ class SpoolForwarder:
         self._last_sent_id = 0  # resend from the oldest record still in the spool
         if self._producer is not None:
             try:
-                kafka_io.close_producer(self._producer, 0)
+                self._producer.close(0)  # its queue purged: these records are resent from the spool
             except Exception:  # closing a producer whose broker is gone may raise anything
                 log.debug("error closing producer", exc_info=True)
             self._producer = None
@@ -155,7 +151,7 @@ class SpoolForwarder:
     def close(self) -> None:
         if self._producer is not None:
             try:
-                kafka_io.close_producer(self._producer, 5)
+                self._producer.close(5)
             except Exception:
                 log.debug("error closing producer", exc_info=True)
             self._producer = None

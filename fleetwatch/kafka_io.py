@@ -106,26 +106,6 @@ def subscribe_with_metadata(consumer: KafkaConsumer, topic_names: list[str], lis
     consumer.topics()  # always a metadata round trip (partitions_for_topic would use the cache)
 
 
-def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
-    """Close `producer`, giving up on records it could not deliver within `timeout_s`.
-
-    kafka-python 3's close() flushes first and raises KafkaTimeoutError while records are still
-    pending, before it stops its sender thread: a producer closed during a broker outage kept
-    that thread (and its retries) alive until garbage collection. Callers close such a producer
-    because they resend its records themselves (from the spool, or from a new producer), so the
-    sender is stopped without them (its batches fail) and the close completes."""
-    try:
-        producer.close(timeout=timeout_s)
-        return
-    except KafkaTimeoutError:
-        pass
-    sender = getattr(producer, "_sender", None)  # kafka-python has no public abort
-    if sender is not None:
-        sender.force_close()
-        sender.join(timeout=5)
-    producer.close(timeout=0)
-
-
 def make_admin(bootstrap: str, timeout_ms: int = 10000) -> KafkaAdminClient:
     cfg = client_config(bootstrap)
     cfg["bootstrap_timeout_ms"] = min(timeout_ms, cfg["bootstrap_timeout_ms"])

@@ -27,10 +27,11 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from kafka.errors import KafkaError
 from prometheus_client import Counter, Gauge, Histogram
 
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.bus import Producer, SendError
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.slurm_jobs import squeue
 from fleetwatch.collectors.slurm_jobs.jobcomp import JobcompLog
 from fleetwatch.collectors.slurm_jobs.ledger import Ledger
@@ -104,7 +105,7 @@ class Publisher:
 
     def __init__(
         self,
-        producer: Any,
+        producer: Producer,
         ledger: Ledger,
         jobcomp: JobcompLog | None,
         topic: str = topics.JOBS,
@@ -158,20 +159,26 @@ class Publisher:
         return False
 
     def send(self, msgs: list[dict[str, Any]], tombstones: list[str]) -> int:
-        futures = [(m, self.producer.send(self.topic, key=m["job"].encode(), value=encode(m))) for m in msgs]
-        futures += [(j, self.producer.send(self.topic, key=j.encode(), value=None)) for j in tombstones]
-        UNSENT.set(len(futures))
-        if not futures:
+        items: list[tuple[dict[str, Any] | str, bytes, bytes | None]] = [
+            (m, m["job"].encode(), encode(m)) for m in msgs
+        ]
+        items += [(j, j.encode(), None) for j in tombstones]
+        UNSENT.set(len(items))
+        if not items:
             return 0
         try:
-            self.producer.flush(timeout=30)
-        except KafkaError as e:
-            log.warning(
-                "broker did not acknowledge %d job records (%s); they are sent again", len(futures), e
-            )
+            sent = [
+                (item, self.producer.send(self.topic, key=key, value=value)) for item, key, value in items
+            ]
+        except SendError as e:  # nothing is in the ledger yet: all of it is computed and sent again
+            log.warning("the producer refused a job record (%s); sent again next loop", e)
+            return 0
+        unacked = self.producer.flush(30)
+        if unacked:
+            log.warning("broker did not acknowledge %d job records; they are sent again", len(unacked))
         acked = 0
-        for item, fut in futures:
-            if not fut.is_done or fut.failed():
+        for item, delivery in sent:
+            if not delivery.acked:
                 continue  # not in the ledger: computed and sent again next loop
             acked += 1
             if isinstance(item, str):
@@ -182,7 +189,7 @@ class Publisher:
             PUBLISHED.labels(item["state"]).inc()
             if item["state"] == "started":
                 START_LAG.observe(max(0.0, time.time() - item["ts"]))
-        UNSENT.set(len(futures) - acked)
+        UNSENT.set(len(items) - acked)
         return acked
 
     def report(self, e: SlurmParseError) -> None:
@@ -258,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         len(ledger.running()),
         args.jobcomp or "not used",
     )
-    producer = kafka_io.make_producer(args.bootstrap, linger_ms=0)
+    producer = KafkaBus(args.bootstrap).producer(linger_ms=0)
     publisher = Publisher(producer, ledger, jobcomp, args.topic)
     stop = StopFlag()
     try:
@@ -278,5 +285,5 @@ def run(args: argparse.Namespace) -> int:
                 break
             stop.wait(max(0.0, args.interval - (time.monotonic() - started)))
     finally:
-        kafka_io.close_producer(producer, 10)
+        producer.close(10)
     return 0

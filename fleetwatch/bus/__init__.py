@@ -34,6 +34,29 @@ class Outgoing(NamedTuple):
     partition: int | None  # None: the producer's murmur2 partitioner (Kafka's default) on the key
 
 
+class Delivery:
+    """What became of one record handed to a Producer: done once the broker acknowledged it, or
+    the producer gave up on it (error set). Updated while the producer flushes."""
+
+    __slots__ = ("done", "error", "item")
+
+    def __init__(self, item: Outgoing) -> None:
+        self.item = item
+        self.done = False
+        self.error: Exception | None = None
+
+    def settle(self, error: Exception | None) -> None:
+        self.done, self.error = True, error
+
+    @property
+    def acked(self) -> bool:
+        return self.done and self.error is None
+
+
+class SendError(RuntimeError):
+    """The producer refused a record outright (too large, an unknown topic, a fatal client error)."""
+
+
 # on_assign(partitions) -> the offset each partition is to be read from
 OnAssign = Callable[[list[TopicPart]], Mapping[TopicPart, int]]
 OnRevoke = Callable[[list[TopicPart]], None]
@@ -88,8 +111,8 @@ class Producer(Protocol):
         value: bytes | None = None,
         headers: Any = None,
         partition: int | None = None,
-    ) -> None:
-        """Queue one record (None value: a tombstone)."""
+    ) -> Delivery:
+        """Queue one record (None value: a tombstone); raises SendError if it is refused outright."""
         ...
 
     def flush(self, timeout_s: float) -> list[Outgoing]:

@@ -25,7 +25,7 @@ from confluent_kafka import (
 )
 from confluent_kafka import Producer as _Producer
 
-from fleetwatch.bus import OnAssign, OnRevoke, Outgoing, TopicPart
+from fleetwatch.bus import Delivery, OnAssign, OnRevoke, Outgoing, SendError, TopicPart
 from fleetwatch.kafka_io import COMPRESSION, BrokerUnavailable, unavailable
 from fleetwatch.record_block import RecordBlock
 
@@ -101,8 +101,9 @@ class KafkaBus:
             on_commit_failure=on_commit_failure,
         )
 
-    def producer(self) -> KafkaProducer:
-        return KafkaProducer(self)
+    def producer(self, *, linger_ms: int = 20, delivery_timeout_s: float | None = None) -> KafkaProducer:
+        """delivery_timeout_s: a record not acknowledged by then fails (librdkafka's default: 300 s)."""
+        return KafkaProducer(self, linger_ms=linger_ms, delivery_timeout_s=delivery_timeout_s)
 
     def read_to_end(
         self,
@@ -296,32 +297,23 @@ class KafkaGroupConsumer:
         self._consumer.close()  # leaves the group: its partitions move at once
 
 
-class _Delivery:
-    """One sent record and whether the broker acknowledged it (set by librdkafka's callback)."""
-
-    __slots__ = ("acked", "item")
-
-    def __init__(self, item: Outgoing) -> None:
-        self.item = item
-        self.acked = False
-
-    def __call__(self, err: KafkaError | None, _msg: Any) -> None:
-        self.acked = err is None
-
-
 class KafkaProducer:
-    def __init__(self, bus: KafkaBus) -> None:
+    def __init__(
+        self, bus: KafkaBus, *, linger_ms: int = 20, delivery_timeout_s: float | None = None
+    ) -> None:
         cfg = rdkafka_config(bus.bootstrap) | {
             # acks=all + idempotence: an acknowledged record is on every in-sync replica once.
             "acks": "all",
             "enable.idempotence": True,
-            "linger.ms": 20,
+            "linger.ms": linger_ms,
             "compression.type": COMPRESSION,
             "partitioner": "murmur2_random",  # Kafka's default for keyed records (see module doc)
         }
+        if delivery_timeout_s is not None:
+            cfg["message.timeout.ms"] = int(delivery_timeout_s * 1000)
         self._producer = _Producer(cfg)
         _check_reachable(self._producer, bus.bootstrap, cfg, bus.connect_timeout_s)
-        self._sent: list[_Delivery] = []
+        self._sent: list[Delivery] = []
 
     def send(
         self,
@@ -330,9 +322,13 @@ class KafkaProducer:
         value: bytes | None = None,
         headers: Any = None,
         partition: int | None = None,
-    ) -> None:
-        delivery = _Delivery(Outgoing(topic, key, value, headers, partition))
-        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivery}
+    ) -> Delivery:
+        delivery = Delivery(Outgoing(topic, key, value, headers, partition))
+
+        def settle(err: KafkaError | None, _msg: Any) -> None:
+            delivery.settle(None if err is None else KafkaException(err))
+
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": settle}
         if headers:
             kwargs["headers"] = headers
         if partition is not None:
@@ -343,8 +339,11 @@ class KafkaProducer:
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 self._producer.poll(0.1)
+            except KafkaException as e:
+                raise SendError(str(e)) from e
         self._sent.append(delivery)
         self._producer.poll(0)  # serve callbacks of earlier sends
+        return delivery
 
     def flush(self, timeout_s: float) -> list[Outgoing]:
         self._producer.flush(timeout_s)

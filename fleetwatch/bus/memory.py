@@ -18,7 +18,7 @@ from typing import Any
 from kafka.partitioner.default import murmur2
 
 from fleetwatch import topics as fleet_topics
-from fleetwatch.bus import OnAssign, OnRevoke, Outgoing, TopicPart
+from fleetwatch.bus import Delivery, OnAssign, OnRevoke, Outgoing, TopicPart
 from fleetwatch.record_block import RecordBlock
 
 
@@ -258,14 +258,18 @@ class MemoryProducer:
         value: bytes | None = None,
         headers: Any = None,
         partition: int | None = None,
-    ) -> None:
+    ) -> Delivery:
         item = Outgoing(topic, key, value, headers, partition)
+        delivery = Delivery(item)
         with self.bus._lock:
             if self.bus.fail_next > 0:
                 self.bus.fail_next -= 1
                 self._failed.append(item)
-                return
+                delivery.settle(ConnectionError("the in-memory broker failed this record (fail_next)"))
+                return delivery
         self.bus.append(topic, key, value, headers, partition)
+        delivery.settle(None)
+        return delivery
 
     def flush(self, timeout_s: float) -> list[Outgoing]:
         failed, self._failed = self._failed, []
