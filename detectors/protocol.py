@@ -12,7 +12,7 @@ detectors/registry.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,3 +55,20 @@ class NodeDetector(Protocol):
     def from_state(cls, state: Any, config: Any) -> NodeDetector:
         """State from a snapshot, configuration from the deployment."""
         ...
+
+
+class JobDetector(Protocol):
+    """A detector of the job stage (pipeline/job_stage.py): it compares the nodes of a job with
+    each other, from the job's own records (step/1, nodefeatures/1, job/1), not from a node's
+    telemetry. Same state contract as NodeDetector."""
+
+    book: IncidentBook
+
+    def observe(self, msgs: Sequence[Mapping[str, Any]]) -> list[Finding]:
+        """Learn from records of one job-keyed partition, in offset order (any of the three schemas)."""
+        ...
+
+    def to_state(self) -> Any: ...
+
+    @classmethod
+    def from_state(cls, state: Any, config: Any) -> JobDetector: ...

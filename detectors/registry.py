@@ -15,6 +15,7 @@ from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector
+from fleetwatch.detectors.straggler import StragglerConfig, StragglerDetector
 
 
 @dataclass(frozen=True)
@@ -30,3 +31,7 @@ NODE_DETECTORS: tuple[Registered, ...] = (
     Registered("stats", GpuStats, GpuStatsConfig),
     Registered("lemon", LemonScorer, LemonConfig),  # last: its history includes the others' findings
 )
+
+# The job stage's detectors (detectors/protocol.JobDetector). The stage holds its one detector by
+# name (pipeline/job_stage.JobTask.straggler); the generic checks run on every one listed here.
+JOB_DETECTORS: tuple[Registered, ...] = (Registered("straggler", StragglerDetector, StragglerConfig),)

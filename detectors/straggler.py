@@ -28,14 +28,16 @@ All timing is event time (message ts), so a replay gives the same findings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 import numpy as np
 import orjson
 
 from fleetwatch.detectors.findings import IncidentBook, severity_score
+from fleetwatch.schemas import JOB, NODE_FEATURES, STEP
 
 NAN = np.nan
 
@@ -60,6 +62,8 @@ class Signal:
     higher_is_worse: bool
     unit: str
 
+
+ENDED_STATES = frozenset({"finished", "failed"})  # job/1 states that end a job
 
 STEP_TIME = Signal("step_time_s", True, "s")
 SM_CLOCK = Signal("sm_clock_mhz", False, "MHz")
@@ -168,6 +172,22 @@ class StragglerDetector:
         self.book = IncidentBook()
 
     # ------------------------------------------------------------ inputs
+
+    def observe(self, msgs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The JobDetector protocol (detectors/protocol.py): step times, node features and job
+        records, each run of one schema handled together, in order."""
+        out: list[dict[str, Any]] = []
+        for schema, run in groupby(msgs, key=lambda m: m["schema"]):
+            part = list(run)
+            if schema == STEP:
+                out += self.process_steps(part)
+            elif schema == NODE_FEATURES:
+                out += self.process_features(part)
+            elif schema == JOB:
+                for m in part:
+                    if m["state"] in ENDED_STATES:
+                        out += self.job_ended(m["job"], m["ts"])
+        return out
 
     def process_steps(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return self._process(STEP_TIME, [(m["job"], m["node"], m["step_time_s"], m["ts"]) for m in msgs])
@@ -292,21 +312,24 @@ class StragglerDetector:
 
     # ------------------------------------------------------------ state
 
-    def to_bytes(self) -> bytes:
-        return orjson.dumps(
-            {
-                "windows": [[j, s, w.to_state()] for (j, s), w in self.windows.items()],
-                "book": self.book.to_state(),
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
-        )
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "windows": [[j, s, w.to_state()] for (j, s), w in self.windows.items()],
+            "book": self.book.to_state(),
+        }
 
     @classmethod
-    def from_bytes(cls, raw: bytes, config: StragglerConfig | None = None) -> StragglerDetector:
+    def from_state(cls, d: dict[str, Any], config: StragglerConfig | None = None) -> StragglerDetector:
         """Windows and incidents from the snapshot, configuration from `config` (the deployment's)."""
-        d = orjson.loads(raw)
         self = cls(config)
         window = self.cfg.window
         self.windows = {(j, s): JobWindow.from_state(w, window) for j, s, w in d["windows"]}
         self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
         return self
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self.to_state(), option=orjson.OPT_SERIALIZE_NUMPY)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, config: StragglerConfig | None = None) -> StragglerDetector:
+        return cls.from_state(orjson.loads(raw), config)

@@ -12,18 +12,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
+from prometheus_client import Counter
 
 from fleetwatch import topics
-from fleetwatch.detectors.straggler import STEP_TIME, StragglerConfig, StragglerDetector, loo_median
+from fleetwatch.detectors.straggler import (
+    ENDED_STATES,
+    STEP_TIME,
+    StragglerConfig,
+    StragglerDetector,
+    loo_median,
+)
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.tasks import Output
+from fleetwatch.schemas import JOB
 
-ENDED = frozenset({"finished", "failed"})
+STALE = Counter(
+    "fleetwatch_detect_stale_job_records_total",
+    "step and node-feature records dropped as duplicate or out of order",
+)
 
 
 @dataclass(eq=False)  # identity: tasks are registered with the metrics collector
 class JobTask:
     straggler: StragglerDetector = field(default_factory=StragglerDetector)
+    # job -> "schema node" -> the ts of the latest record taken: a redelivered or late step or
+    # feature record is dropped here, once for every job detector, as the node stage drops stale
+    # telemetry (at-least-once delivery upstream makes them normal). A job's entries go with its end.
+    last_ts: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         fleet_metrics.COLLECTOR.add_jobs(self)
@@ -53,21 +69,35 @@ class JobTask:
         fleet_metrics.COLLECTOR.remove(self)
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
-        if topic == topics.STEPS:
-            findings = self.straggler.process_steps(msgs)
-        elif topic == topics.NODE_FEATURES:
-            findings = self.straggler.process_features(msgs)
-        else:  # jobs
-            findings = []
-            for m in msgs:
-                if m["state"] in ENDED:
-                    findings += self.straggler.job_ended(m["job"], m["ts"])
-        return [(topics.FINDINGS, f["node"], f) for f in findings]
+        # steps, node features or jobs: each message says which by its schema
+        fresh = self._fresh(msgs)
+        return [(topics.FINDINGS, f["node"], f) for f in self.straggler.observe(fresh)] if fresh else []
+
+    def _fresh(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for m in msgs:
+            if m["schema"] == JOB:
+                if m["state"] in ENDED_STATES:
+                    self.last_ts.pop(m["job"], None)
+                out.append(m)
+                continue
+            seen = self.last_ts.setdefault(m["job"], {})
+            key = f"{m['schema']} {m['node']}"
+            if m["ts"] <= seen.get(key, float("-inf")):
+                STALE.inc()
+                continue
+            seen[key] = m["ts"]
+            out.append(m)
+        return out
 
     def to_bytes(self) -> bytes:
-        return self.straggler.to_bytes()
+        state = {"straggler": self.straggler.to_state(), "last_ts": self.last_ts}
+        return orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY)
 
     @classmethod
     def from_bytes(cls, raw: bytes, config: StragglerConfig | None = None) -> JobTask:
         """State from the snapshot, configuration from `config`: the deployment's, as new tasks get."""
-        return cls(StragglerDetector.from_bytes(raw, config))
+        d = orjson.loads(raw)
+        if "straggler" not in d:  # snapshots before the job stage kept what it had taken
+            return cls(StragglerDetector.from_state(d, config))
+        return cls(StragglerDetector.from_state(d["straggler"], config), d["last_ts"])
