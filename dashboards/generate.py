@@ -840,7 +840,13 @@ def pipeline() -> dict:
         ),
         ts(
             "Duplicate or out-of-order samples dropped",
-            targets((f"sum(rate(fleetwatch_detect_stale_samples_total{{{C}}}[{RATE}]))", "stale")),
+            targets(
+                (f"sum(rate(fleetwatch_detect_stale_samples_total{{{C}}}[{RATE}]))", "telemetry"),
+                (
+                    f"sum(rate(fleetwatch_detect_stale_job_records_total{{{C}}}[{RATE}]))",
+                    "steps and features",
+                ),
+            ),
         ),
         ts(
             "State snapshots written and lost",
