@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleetwatch.schemas import ClockLimits
+from fleetwatch.schemas import ClockLimits, encode
 
 Output = tuple[str, str | None, dict[str, Any] | None]  # topic, key, message (None: a tombstone)
 
@@ -49,3 +49,10 @@ class Stage:
     # dead-lettered or counted as rejected. For compacted inputs whose producer forgets a key that
     # way (fleet.jobs.v1); on any other input a tombstone is bad input (not_json), as before.
     skip_tombstones: frozenset[str] = frozenset()
+    # Output topic -> how the stage's messages to it are written; a topic not named gets compact
+    # JSON (fleetwatch.schemas.encode), as every fleetwatch topic carries. The input side is
+    # `schemas`: each input topic's messages are decoded and checked as that schema.
+    serializers: Mapping[str, Callable[[dict[str, Any]], bytes]] = field(default_factory=dict)
+
+    def serializer(self, topic: str) -> Callable[[dict[str, Any]], bytes]:
+        return self.serializers.get(topic, encode)

@@ -365,7 +365,10 @@ class Worker:
         msgs, bad = self._decode(stage, tp, block, now)
         try:
             outputs = task.process(tp.topic, msgs)
-            encoded = [(topic, key.encode() if key else None, _encode(msg)) for topic, key, msg in outputs]
+            encoded = [
+                (topic, key.encode() if key else None, _encode(msg, stage.serializer(topic)))
+                for topic, key, msg in outputs
+            ]
             findings = [m for t, _k, m in outputs if t == topics.FINDINGS and m is not None]
             fleet_metrics.count_findings(findings, time.time())
         except Exception as e:  # a bug, or input no check foresaw: that record's problem only
@@ -609,11 +612,12 @@ def _without_tombstones(block: RecordBlock) -> RecordBlock:
     return block if len(keep) == len(block) else block.subset(keep)
 
 
-def _encode(msg: dict[str, Any] | None) -> bytes | None:
-    """An output's value; None (a tombstone: a compacted topic forgets the key) stays None."""
+def _encode(msg: dict[str, Any] | None, serialize: Callable[[dict[str, Any]], bytes]) -> bytes | None:
+    """An output's value, written by its topic's serializer (Stage.serializer); None (a tombstone:
+    a compacted topic forgets the key) stays None."""
     if msg is None:
         return None
-    value = schemas.encode(msg)
+    value = serialize(msg)
     if len(value) > MAX_OUTPUT_BYTES:
         raise OutputTooLarge(f"a {msg.get('schema')} output of {len(value)} bytes (limit {MAX_OUTPUT_BYTES})")
     return value

@@ -160,3 +160,34 @@ def test_a_restarted_worker_resumes_from_its_snapshot_not_from_the_start() -> No
         for r in log[k:]
     ]
     assert sorted(new) == [5] * len(NODES)
+
+
+def test_each_output_topic_is_written_by_its_stages_serializer() -> None:
+    """A stage owns how its outputs are written: a topic it names gets its serializer, the others
+    compact JSON, and the snapshot of the task is not affected."""
+    bus = _bus()
+    bus.create_topic("other.v1")
+    _feed(bus, range(2), nodes=NODES[:2])
+
+    class TwoTopics(CountingTask):
+        def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
+            out = super().process(topic, msgs)
+            return out + [("other.v1", k, m) for _t, k, m in out]
+
+    stage = Stage(
+        name="count",
+        inputs=(IN,),
+        schemas={IN: schemas.TELEMETRY},
+        new_task=lambda _p: TwoTopics(OUT),
+        load_task=lambda _p, raw: TwoTopics(OUT, orjson.loads(raw)),
+        serializers={OUT: lambda m: f"{m['node']}={m['n']}".encode()},
+    )
+    worker = Worker(bus, "g", [stage], snapshot_every_s=3600)
+    _drain(worker)
+    assert sorted(r.value for r in bus.records(OUT)) == sorted(
+        f"{n}={k}".encode() for n in NODES[:2] for k in (1, 2)
+    )
+    assert sorted((m["node"], m["n"]) for m in (orjson.loads(r.value) for r in bus.records("other.v1"))) == [
+        (n, k) for n in NODES[:2] for k in (1, 2)
+    ]
+    worker.close()
