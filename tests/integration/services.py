@@ -169,7 +169,24 @@ class Slurm:
         return state, reason
 
     def reset(self, *nodes: str) -> None:
-        """Put nodes back to service (a test may leave them drained)."""
+        """Put nodes back to service: no job left on them (an earlier test's, or one a restarted
+        slurmctld recovered from its state), and not drained (a test may leave them so)."""
+        if nodes:
+            subprocess.run(
+                ["scancel", "--nodelist", ",".join(nodes)], env=self.env, capture_output=True, check=False
+            )
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                left = subprocess.run(
+                    ["squeue", "-h", "-w", ",".join(nodes), "-o", "%i"],
+                    env=self.env,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stdout.split()
+                if not left:
+                    break
+                time.sleep(0.2)
         for n in nodes:
             subprocess.run(
                 ["scontrol", "update", f"NodeName={n}", "State=RESUME"],
