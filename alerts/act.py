@@ -53,7 +53,7 @@ class ActWorker(Worker):
     """Worker with static group membership, telling the actor which partitions each poll holds.
 
     Like every Worker, it snapshots a fresh task at its start offset before processing anything
-    (Worker._load), so a restart always resumes from a snapshot, never from a later commit."""
+    (Worker._anchor), so a restart always resumes from a snapshot, never from a later commit."""
 
     def __init__(
         self,

@@ -23,14 +23,15 @@ from fleetwatch import topics
 
 log = logging.getLogger(__name__)
 
-_ENV_TO_CLIENT = {
-    "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "security_protocol",
-    "FLEETWATCH_KAFKA_SASL_MECHANISM": "sasl_mechanism",
-    "FLEETWATCH_KAFKA_SASL_USERNAME": "sasl_plain_username",
-    "FLEETWATCH_KAFKA_SASL_PASSWORD": "sasl_plain_password",
-    "FLEETWATCH_KAFKA_SSL_CAFILE": "ssl_cafile",
-    "FLEETWATCH_KAFKA_SSL_CERTFILE": "ssl_certfile",
-    "FLEETWATCH_KAFKA_SSL_KEYFILE": "ssl_keyfile",
+# FLEETWATCH_KAFKA_* -> (kafka-python's setting, librdkafka's: fleetwatch/bus/kafka.py)
+SECURITY_SETTINGS = {
+    "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": ("security_protocol", "security.protocol"),
+    "FLEETWATCH_KAFKA_SASL_MECHANISM": ("sasl_mechanism", "sasl.mechanism"),
+    "FLEETWATCH_KAFKA_SASL_USERNAME": ("sasl_plain_username", "sasl.username"),
+    "FLEETWATCH_KAFKA_SASL_PASSWORD": ("sasl_plain_password", "sasl.password"),
+    "FLEETWATCH_KAFKA_SSL_CAFILE": ("ssl_cafile", "ssl.ca.location"),
+    "FLEETWATCH_KAFKA_SSL_CERTFILE": ("ssl_certfile", "ssl.certificate.location"),
+    "FLEETWATCH_KAFKA_SSL_KEYFILE": ("ssl_keyfile", "ssl.key.location"),
 }
 
 
@@ -45,18 +46,17 @@ def client_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict[
     env = os.environ if env is None else env
     # kafka-python 3.0 raises KafkaTimeoutError from a constructor that cannot bootstrap in time.
     cfg: dict[str, Any] = {"bootstrap_servers": bootstrap.split(","), "bootstrap_timeout_ms": 10000}
-    for var, key in _ENV_TO_CLIENT.items():
+    for var, (key, _rdkafka) in SECURITY_SETTINGS.items():
         if env.get(var):
             cfg[key] = env[var]
     return cfg
 
 
-def unavailable(bootstrap: str, cfg: Mapping[str, Any]) -> str:
-    """The one-line reason for a bootstrap that failed. kafka-python reports a refused SASL login or
-    TLS handshake as the same timeout as a broker that is down, so where security is configured
-    the message says which settings to check (never their values)."""
+def unavailable(bootstrap: str, protocol: str = "PLAINTEXT") -> str:
+    """The one-line reason for a bootstrap that failed. Both clients report a refused SASL login
+    or TLS handshake as the same timeout as a broker that is down, so where security is configured
+    (`protocol`) the message says which settings to check (never their values)."""
     msg = f"no Kafka broker answered at {bootstrap}"
-    protocol = cfg.get("security_protocol", "PLAINTEXT")
     if protocol == "PLAINTEXT":
         return msg
     what = {
@@ -75,7 +75,7 @@ def make_producer(bootstrap: str, **overrides: Any) -> KafkaProducer:
     try:
         return KafkaProducer(**cfg)
     except KafkaTimeoutError as e:
-        raise BrokerUnavailable(unavailable(bootstrap, cfg)) from e
+        raise BrokerUnavailable(unavailable(bootstrap, cfg.get("security_protocol", "PLAINTEXT"))) from e
 
 
 def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaConsumer:
@@ -85,7 +85,7 @@ def make_consumer(bootstrap: str, *subscribe: str, **overrides: Any) -> KafkaCon
     try:
         consumer = KafkaConsumer(**cfg)
     except KafkaTimeoutError as e:
-        raise BrokerUnavailable(unavailable(bootstrap, cfg)) from e
+        raise BrokerUnavailable(unavailable(bootstrap, cfg.get("security_protocol", "PLAINTEXT"))) from e
     if subscribe:
         subscribe_with_metadata(consumer, list(subscribe))
     return consumer
@@ -112,7 +112,7 @@ def make_admin(bootstrap: str, timeout_ms: int = 10000) -> KafkaAdminClient:
     try:
         return KafkaAdminClient(**cfg, request_timeout_ms=10000)
     except KafkaTimeoutError as e:
-        raise BrokerUnavailable(unavailable(bootstrap, cfg)) from e
+        raise BrokerUnavailable(unavailable(bootstrap, cfg.get("security_protocol", "PLAINTEXT"))) from e
 
 
 def connect_timeout_s(default: float = 30.0) -> float:

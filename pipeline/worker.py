@@ -173,6 +173,7 @@ class Worker:
         starts: dict[TopicPart, int] = {}
         anchor: set[tuple[str, int]] = set()
         restore: list[TopicPart] = []
+        unknown: list[TopicPart] = []  # handed back without an offset of its own
         for tp in assigned:
             key = self._task_key(tp)
             if key in self._parked:
@@ -180,33 +181,32 @@ class Worker:
             if key in self.tasks:
                 off = self._parked_offsets.pop(tp, None)
                 if off is None:
-                    off = self.consumer.group_offsets([tp])[tp]
-                starts[tp] = self.offsets[tp] = off
+                    unknown.append(tp)
+                else:
+                    starts[tp] = self.offsets[tp] = off
                 anchor.add(key)
             else:
                 restore.append(tp)
+        for tp, off in self.consumer.group_offsets(unknown).items():
+            starts[tp] = self.offsets[tp] = off
         for task in self._parked.values():  # revoked and not handed back: gone to another worker
             _close(task)
         self._parked = {}
         self._parked_offsets = {}
-        starts.update(self._load(restore))
-        if anchor:
-            self._snapshot(anchor, reset_timer=False)
-            self.producer.flush(timeout_s=30)
+        loaded, fresh = self._load(restore)
+        starts.update(loaded)
+        self._anchor(anchor | fresh)
         self._rebalanced_at = time.monotonic()
         PARTITIONS.labels(self.group).inc(len(assigned))
         log.info("assigned %s", sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
         return starts
 
-    def _load(self, parts: list[TopicPart]) -> dict[TopicPart, int]:
+    def _load(self, parts: list[TopicPart]) -> tuple[dict[TopicPart, int], set[tuple[str, int]]]:
         """Build the tasks of these partitions from their snapshots (one pass over the state
-        topic); the offset each input resumes from: where its task's state ends. A task with no
-        snapshot starts where the group stands and is anchored at once: a snapshot of its empty
-        state and that offset, written before it processes anything, so that a worker that
-        crashes before its first periodic snapshot still leaves its successor a place to replay
-        from (else the successor would start at the committed offset with none of this state)."""
+        topic): (the offset each input resumes from, where its task's state ends; the tasks to
+        anchor). A task with no snapshot starts where the group stands, and is to be anchored."""
         if not parts:
-            return {}
+            return {}, set()
         keys = {self._task_key(tp) for tp in parts}
         names = {self._state_name(s): s for s, _p in keys}
         snaps = read_snapshots(
@@ -243,17 +243,25 @@ class Worker:
         for tp, off in self.consumer.group_offsets(unknown).items():
             starts[tp] = self.offsets[tp] = off
             anchor.add(self._task_key(tp))
-        if anchor:
-            self._snapshot(anchor, reset_timer=False)
+        return starts, anchor
+
+    def _anchor(self, keys: set[tuple[str, int]]) -> None:
+        """Snapshot these tasks at once, with the offsets they start from, before they process
+        anything: a worker that crashes before its first periodic snapshot still leaves its
+        successor a place to replay from (else the successor would start at the committed offset
+        with none of this state)."""
+        if keys:
+            self._snapshot(keys, reset_timer=False)
             self.producer.flush(timeout_s=30)
-        return starts
 
     def _restore(self) -> None:
         """Rebuild the tasks of partitions whose handling raised (_quarantine) from their last
         snapshots, and read their input again from where that state ends."""
         restoring = [tp for tp in self._restoring if tp in self.consumer.assignment()]
         self._restoring = set()
-        for tp, off in self._load(restoring).items():
+        loaded, fresh = self._load(restoring)
+        self._anchor(fresh)
+        for tp, off in loaded.items():
             self.consumer.seek(tp, off)
         self._rebalanced_at = time.monotonic()
         PARTITIONS.labels(self.group).inc(len(restoring))

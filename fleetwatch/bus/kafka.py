@@ -17,6 +17,7 @@ from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    OFFSET_INVALID,
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaError,
@@ -26,21 +27,11 @@ from confluent_kafka import (
 from confluent_kafka import Producer as _Producer
 
 from fleetwatch.bus import Delivery, OnAssign, OnRevoke, Outgoing, SendError, TopicPart
-from fleetwatch.kafka_io import COMPRESSION, BrokerUnavailable, unavailable
+from fleetwatch.kafka_io import COMPRESSION, SECURITY_SETTINGS, BrokerUnavailable, unavailable
 from fleetwatch.record_block import RecordBlock
 
 log = logging.getLogger(__name__)
 
-# FLEETWATCH_KAFKA_* -> librdkafka's setting
-_ENV_TO_RDKAFKA = {
-    "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "security.protocol",
-    "FLEETWATCH_KAFKA_SASL_MECHANISM": "sasl.mechanism",
-    "FLEETWATCH_KAFKA_SASL_USERNAME": "sasl.username",
-    "FLEETWATCH_KAFKA_SASL_PASSWORD": "sasl.password",
-    "FLEETWATCH_KAFKA_SSL_CAFILE": "ssl.ca.location",
-    "FLEETWATCH_KAFKA_SSL_CERTFILE": "ssl.certificate.location",
-    "FLEETWATCH_KAFKA_SSL_KEYFILE": "ssl.key.location",
-}
 METADATA_TIMEOUT_S = 10.0
 
 
@@ -51,7 +42,7 @@ def rdkafka_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict
         "bootstrap.servers": bootstrap,
         "logger": logging.getLogger("fleetwatch.bus.rdkafka"),
     }
-    for var, key in _ENV_TO_RDKAFKA.items():
+    for var, (_kafka_python, key) in SECURITY_SETTINGS.items():
         if env.get(var):
             cfg[key] = env[var]
     return cfg
@@ -69,7 +60,12 @@ def _check_reachable(client: Any, bootstrap: str, cfg: Mapping[str, Any], timeou
         else:
             client.purge()
         protocol = str(cfg.get("security.protocol", "PLAINTEXT")).upper()
-        raise BrokerUnavailable(unavailable(bootstrap, {"security_protocol": protocol})) from e
+        raise BrokerUnavailable(unavailable(bootstrap, protocol)) from e
+
+
+def _native(part: TopicPart, offset: int = OFFSET_INVALID) -> TopicPartition:
+    """confluent-kafka's TopicPartition (its default offset, OFFSET_INVALID: none given)."""
+    return TopicPartition(part.topic, part.partition, int(offset))
 
 
 class KafkaBus:
@@ -196,7 +192,7 @@ class KafkaGroupConsumer:
         # The starting offsets go into assign(): librdkafka refuses a seek() on a partition whose
         # fetching has not started yet.
         starts = self._on_assign(tps)
-        consumer.assign([TopicPartition(t.topic, t.partition, int(starts[t])) for t in tps])
+        consumer.assign([_native(t, starts[t]) for t in tps])
         self._assigned = set(tps)
 
     def _revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
@@ -218,17 +214,13 @@ class KafkaGroupConsumer:
     def group_offsets(self, parts: Sequence[TopicPart]) -> dict[TopicPart, int]:
         if not parts:
             return {}
-        committed = self._consumer.committed(
-            [TopicPartition(t.topic, t.partition) for t in parts], timeout=METADATA_TIMEOUT_S
-        )
+        committed = self._consumer.committed([_native(t) for t in parts], timeout=METADATA_TIMEOUT_S)
         out: dict[TopicPart, int] = {}
         for t, c in zip(parts, committed, strict=True):
             if c.offset >= 0:
                 out[t] = c.offset
             else:
-                low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(t.topic, t.partition), timeout=METADATA_TIMEOUT_S
-                )
+                low, high = self._consumer.get_watermark_offsets(_native(t), timeout=METADATA_TIMEOUT_S)
                 out[t] = low if self.start_at == "earliest" else high
         return out
 
@@ -265,27 +257,25 @@ class KafkaGroupConsumer:
         }
 
     def seek(self, part: TopicPart, offset: int) -> None:
-        self._consumer.seek(TopicPartition(part.topic, part.partition, int(offset)))
+        self._consumer.seek(_native(part, offset))
 
     def pause(self, parts: Sequence[TopicPart]) -> None:
         if parts:
-            self._consumer.pause([TopicPartition(t.topic, t.partition) for t in parts])
+            self._consumer.pause([_native(t) for t in parts])
 
     def resume(self, parts: Sequence[TopicPart]) -> None:
         if parts:
-            self._consumer.resume([TopicPartition(t.topic, t.partition) for t in parts])
+            self._consumer.resume([_native(t) for t in parts])
 
     def highwater(self, part: TopicPart) -> int | None:
-        _low, high = self._consumer.get_watermark_offsets(
-            TopicPartition(part.topic, part.partition), cached=True
-        )
+        _low, high = self._consumer.get_watermark_offsets(_native(part), cached=True)
         return None if high < 0 else int(high)
 
     def commit(self, offsets: Mapping[TopicPart, int], *, asynchronous: bool) -> None:
         if not offsets:
             return
         self._consumer.commit(
-            offsets=[TopicPartition(t.topic, t.partition, int(o)) for t, o in offsets.items()],
+            offsets=[_native(t, o) for t, o in offsets.items()],
             asynchronous=asynchronous,
         )
 

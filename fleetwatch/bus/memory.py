@@ -80,6 +80,10 @@ class MemoryBus:
             parts[partition].append(Stored(key, value, headers, ms))
             return partition, len(parts[partition]) - 1
 
+    def committed(self, group: str) -> dict[TopicPart, int]:
+        """The group's committed offsets (for test assertions)."""
+        return dict(self._group(group).committed)
+
     def records(self, topic: str) -> list[Stored]:
         """Every record of the topic, partition by partition (for test assertions)."""
         return [r for part in self.partitions(topic) for r in part]

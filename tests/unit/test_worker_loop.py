@@ -50,10 +50,6 @@ def _drain(worker: Worker) -> None:
         pass
 
 
-def _committed(bus: MemoryBus, group: str) -> dict[TopicPart, int]:
-    return dict(bus._group(group).committed)
-
-
 def test_outputs_are_produced_before_the_input_is_committed_and_bad_records_are_dead_lettered() -> None:
     bus = _bus()
     _feed(bus, range(5))
@@ -64,7 +60,7 @@ def test_outputs_are_produced_before_the_input_is_committed_and_bad_records_are_
     [dead] = bus.records(topics.DEADLETTER)
     assert dict(dead.headers)["reason"] == b"not_json"
     ends = {TopicPart(IN, p): len(log) for p, log in enumerate(bus.partitions(IN))}
-    assert _committed(bus, "g") == ends
+    assert bus.committed("g") == ends
 
 
 def test_outputs_the_broker_never_acknowledges_stop_the_worker_before_it_commits(
@@ -78,14 +74,14 @@ def test_outputs_the_broker_never_acknowledges_stop_the_worker_before_it_commits
     bus.fail_next = 3  # the first three sends fail, then the broker is back: resent, all there
     _drain(worker)
     assert _counts(bus) == {n: [1] for n in NODES}
-    committed = _committed(bus, "g")
+    committed = bus.committed("g")
     assert sum(committed.values()) == len(NODES)
 
     _feed(bus, range(1, 2))
     bus.fail_next = 10**9  # an outage that never ends: nothing committed past what was delivered
     with pytest.raises(RuntimeError, match="could not be produced"):
         worker.step(timeout_ms=0)
-    assert _committed(bus, "g") == committed
+    assert bus.committed("g") == committed
 
 
 class RaisingTask(CountingTask):
