@@ -175,7 +175,7 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
     collector.add_nodes(task)
     series = sum(len(family.samples) for family in collector.collect())
     raw = task.to_bytes()
-    held = len(task.last_ts)
+    held = len(task.index)
     task.close()
     del task
     gc.collect()

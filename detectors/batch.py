@@ -6,8 +6,8 @@ loops here are the unavoidable ones that pull values out of the message dicts, a
 C-level iteration where possible (`operator.itemgetter` + `np.fromiter`).
 
 Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
-- `node_names` (U,) the distinct node names of the batch; `node_idx` (M,) index into it. A
-  detector maps `node_names` to rows of its own `NodeRegistry` once per batch.
+- `node_names` (U,) the distinct node names of the batch; `node_idx` (M,) index into it. The node
+  stage maps `node_names` to the rows of its node index once per batch (detectors/node_index.py).
 - `ts`, `seq` (M,); `received` (M,) when each message reached the broker (its clock reference,
   fleetwatch.record_block.RecordBlock.reference_times), NaN where not known (not from Kafka)
 - `gpu` (M, G, F) float64, NaN where a field or the whole GPU is absent ("missing fields are
@@ -31,7 +31,7 @@ lose sub-byte precision only beyond ~9 PB, which rates do not care about.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter, itemgetter
@@ -79,41 +79,6 @@ def _codes_of(values: list[Any]) -> dict[Any, int]:
     for i, v in enumerate(codes):
         codes[v] = i
     return codes
-
-
-def known_rows(rows: dict[str, int], names: Sequence[str]) -> np.ndarray | None:
-    """Rows of `names` in a name -> row table if every one is in it (the usual batch: one C-level
-    pass), else None, for the caller to register the new names its own way."""
-    try:
-        return np.fromiter(map(rows.__getitem__, names), dtype=np.int64, count=len(names))
-    except KeyError:
-        return None
-
-
-class NodeRegistry:
-    """Node name -> dense row number, so per-node state can live in numpy arrays. Names are
-    appended as they arrive; forgetting nodes builds a new registry of the rest (HardwareDetector)."""
-
-    def __init__(self, names: Iterable[str] = ()) -> None:
-        self.names: list[str] = list(dict.fromkeys(names))  # a name once, at its first place
-        self.rows: dict[str, int] = dict(zip(self.names, range(len(self.names)), strict=True))
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def row(self, name: str) -> int:
-        r = self.rows.get(name)
-        if r is None:
-            r = self.rows[name] = len(self.names)
-            self.names.append(name)
-        return r
-
-    def lookup(self, names: Sequence[str]) -> np.ndarray:
-        """Rows of `names`, registering the new ones (in the order given, so replays agree)."""
-        known = known_rows(self.rows, names)
-        if known is not None:
-            return known
-        return np.fromiter((self.row(n) for n in names), dtype=np.int64, count=len(names))
 
 
 def _table(entries: list[dict[str, Any]], getter: itemgetter, keys: tuple[str, ...]) -> np.ndarray:

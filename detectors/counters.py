@@ -38,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from fleetwatch.detectors import counter_kernels as kernels
+from fleetwatch.detectors.rows import Compaction, grow
 
 NAN = np.nan
 
@@ -63,74 +64,6 @@ def _ints(a: np.ndarray) -> np.ndarray:
 
 def _floats(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float64)
-
-
-def grow(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
-    """Return `a` with at least n rows (doubling, so appends stay amortised O(1))."""
-    if len(a) >= n:
-        return a
-    cap = max(n, 2 * len(a), 16)
-    out = np.full((cap, *a.shape[1:]), fill, dtype=a.dtype)
-    out[: len(a)] = a
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Compaction:
-    """Dense rows after some are dropped (forgotten nodes and their GPUs, ports, series): `keep`
-    holds the surviving old rows in order, `new` maps an old row to its new one (-1: dropped).
-
-    Every array indexed by those rows is rebuilt with `take`, every array that holds such rows as
-    values is renumbered with `renumber`."""
-
-    keep: np.ndarray
-    new: np.ndarray
-
-    @classmethod
-    def keeping(cls, n: int, keep: np.ndarray) -> Compaction:
-        """Rows `keep` (ascending) of n."""
-        new = np.full(n, -1, dtype=np.int64)
-        new[keep] = np.arange(len(keep))
-        return cls(np.asarray(keep, dtype=np.int64), new)
-
-    @classmethod
-    def referenced(cls, n: int, rows: np.ndarray) -> Compaction:
-        """The rows of n that `rows` (any shape; -1 = none) refer to: the entities still owned."""
-        alive = np.zeros(n, dtype=bool)
-        alive[rows[rows >= 0]] = True
-        return cls.keeping(n, np.flatnonzero(alive))
-
-    @classmethod
-    def dropping(cls, n: int, drop: np.ndarray) -> Compaction:
-        """Every row of n except `drop`, in their order."""
-        alive = np.ones(n, dtype=bool)
-        alive[drop] = False
-        return cls.keeping(n, np.flatnonzero(alive))
-
-    def take(self, a: np.ndarray, fill: Any, size: int | None = None) -> np.ndarray:
-        """The kept rows of `a` in their new places, `fill` in every row after them.
-
-        `a` is an owner's whole array, spare rows included (`grow` doubles it). It keeps its size
-        while the kept rows fill more than a quarter of it (the rows move in place); below that it
-        is replaced by an array of twice the kept rows, so memory follows the nodes down by halves
-        while a partition that keeps forgetting and meeting nodes does not reallocate each time.
-        `size`: the rows of the result instead (a new array unless it is len(a)). Rows past the end
-        of `a` (an owner that grows it lazily) were never written: they get `fill`."""
-        k = len(self.keep)
-        if size is None:
-            size = len(a) if 4 * k > len(a) else 2 * k
-        have = self.keep[self.keep < len(a)]  # ascending, so the first len(have) of keep
-        if max(size, k) == len(a):
-            a[: len(have)] = a[have]  # the right side is a copy: overlapping moves are safe
-            a[len(have) :] = fill
-            return a
-        out = np.full((max(size, k), *a.shape[1:]), fill, dtype=a.dtype)
-        out[: len(have)] = a[have]
-        return out
-
-    def renumber(self, rows: np.ndarray) -> np.ndarray:
-        """Old row numbers (any shape; -1 = none) -> new ones (-1: none, or dropped)."""
-        return np.where(rows >= 0, self.new[np.maximum(rows, 0)], -1)
 
 
 @dataclass(slots=True)

@@ -22,15 +22,16 @@ per-incident one. Findings are kind `statistical`, severity warning, and resolve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress
 from typing import Any
 
 import numpy as np
 
-from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch, known_rows
-from fleetwatch.detectors.counters import Compaction, decode_array, encode_array
+from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
+from fleetwatch.detectors.counters import decode_array, encode_array
 from fleetwatch.detectors.findings import Forgotten, IncidentBook, severity_score
+from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext
+from fleetwatch.detectors.rows import Compaction
 from fleetwatch.detectors.statistical import RobustScorer, sibling_robust_z
 
 # signal -> resolution below which peers count as equal (no MAD = 0 blow-ups on quantised values)
@@ -61,10 +62,10 @@ def _rounds(rows: np.ndarray) -> np.ndarray:
 
 
 class GpuStats:
-    def __init__(self, config: GpuStatsConfig | None = None) -> None:
+    def __init__(self, config: GpuStatsConfig | None = None, index: NodeIndex | None = None) -> None:
         self.cfg = config or GpuStatsConfig()
-        self.nodes: dict[str, int] = {}
-        self.cap = 0
+        self.index = NodeIndex() if index is None else index  # node rows (the task's, shared)
+        self.cap = 0  # node rows the series arrays have room for (_PER_NODE series each)
         self.scorer = RobustScorer(0, groups=np.zeros(0, dtype=np.int64))
         self.run = np.zeros(0, dtype=np.int64)
         self.book = IncidentBook()
@@ -97,8 +98,9 @@ class GpuStats:
     def _relayout(self, nodes: Compaction, cap: int) -> None:
         """Every per-series array with the node rows `nodes` keeps, in their new places, room for
         `cap` nodes; the calibration histograms (one per signal, fleet-wide) stay as they are."""
+        kept = nodes.keep[nodes.keep < self.cap]  # rows past the arrays' end have no series yet
         series = Compaction.keeping(
-            self.cap * _PER_NODE, (nodes.keep[:, None] * _PER_NODE + np.arange(_PER_NODE)).ravel()
+            self.cap * _PER_NODE, (kept[:, None] * _PER_NODE + np.arange(_PER_NODE)).ravel()
         )
         k = cap * _PER_NODE
         self.scorer.relayout(series, np.tile(np.arange(len(SIGNALS), dtype=np.int64), cap * 8))
@@ -107,37 +109,34 @@ class GpuStats:
         self.last_value = series.take(self.last_value, np.nan, k)
         self.cap = cap
 
-    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+    def forget(self, gone: Forgotten, nodes: Compaction | None) -> list[dict[str, Any]]:
         """Forgotten nodes (pipeline/node_stage.py): their statistical findings resolve, saying so,
-        and their series go (baselines, runs, latest values: what fleet_metrics exports)."""
+        and their series go (baselines, runs, latest values: what fleet_metrics exports); `nodes`
+        is the index's compaction."""
         out = self.book.forget(gone)
-        drop = [self.nodes[n] for n in gone if n in self.nodes]
-        if not drop:
+        if nodes is None or self.cap == 0:
             return out
-        nodes = Compaction.dropping(len(self.nodes), np.array(drop, dtype=np.int64))
-        names = list(compress(self.nodes, nodes.new >= 0))
-        self.nodes = dict(zip(names, range(len(names)), strict=True))
         # room for as many nodes until they are down to a quarter of it (Compaction.take)
-        self._relayout(nodes, self.cap if 4 * len(names) > self.cap else max(64, 2 * len(names)))
+        left = len(nodes.keep)
+        self._relayout(nodes, self.cap if 4 * left > self.cap else max(64, 2 * left))
         return out
 
     # ------------------------------------------------------------ main entry
 
     def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
         """The NodeDetector protocol (detectors/protocol.py)."""
-        return self.process(batch, ctx.nodes)
+        return self._process(batch, ctx.rows, ctx.nodes)
 
-    def process(self, batch: TelemetryBatch, nodes: list[str]) -> list[dict[str, Any]]:
-        """nodes: per message. Returns findings; `self.last_score` holds each series' latest score."""
+    def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
+        """A batch without the task (tests, tools): rows from this detector's index."""
+        return self._process(batch, self.index.lookup(batch.node_names)[batch.node_idx], batch.nodes())
+
+    def _process(self, batch: TelemetryBatch, rows: np.ndarray, nodes: list[str]) -> list[dict[str, Any]]:
+        """rows, nodes: each message's node row and name. Returns findings; `self.last_score`
+        holds each series' latest score."""
         if batch.size == 0 or batch.gpu.shape[1] == 0:
             return []
-        rows = known_rows(self.nodes, batch.node_names)
-        if rows is None:
-            for n in batch.node_names:
-                self.nodes.setdefault(n, len(self.nodes))
-            rows = np.fromiter(map(self.nodes.__getitem__, batch.node_names), dtype=np.int64)
-        rows = rows[batch.node_idx]
-        self._ensure(len(self.nodes))
+        self._ensure(len(self.index))
         g = min(batch.gpu.shape[1], 8)
         values = batch.gpu[:, :g, :][:, :, _COLS]  # (M, G, S)
         series = self._series(rows, g)
@@ -215,7 +214,7 @@ class GpuStats:
     def latest(self) -> list[tuple[str, int, str, float, float]]:
         """(node, gpu, signal, latest value, latest score or NaN) of every series with a value."""
         s = len(SIGNALS)
-        names, sigs = list(self.nodes), list(SIGNALS)
+        names, sigs = self.index.names, list(SIGNALS)
         n = len(names) * 8 * s
         ids = np.flatnonzero(~np.isnan(self.last_value[:n]))
         vals, scores = self.last_value[ids].tolist(), self.last_score[ids].tolist()
@@ -227,12 +226,13 @@ class GpuStats:
     # ------------------------------------------------------------ state
 
     def to_state(self) -> dict[str, Any]:
-        n = len(self.nodes) * 8 * len(SIGNALS)
+        n = len(self.index) * _PER_NODE  # rows past self.cap (never seen here) are left out
         st = self.scorer.to_state()
         series = {k: encode_array(st[k][:n]) for k in _SERIES_STATE}
         hists = {k: encode_array(st[k]) for k in ("hist_point", "hist_drift", "hist_fleet")}
         return {  # no "config": a restore takes it from the deployment (from_state)
-            "nodes": list(self.nodes),
+            # the node rows' names, as the previous release reads them (the task's index)
+            "nodes": list(self.index.names),
             "series": series,
             "hists": hists,
             "run": encode_array(self.run[:n]),
@@ -240,22 +240,27 @@ class GpuStats:
         }
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], config: GpuStatsConfig | None = None) -> GpuStats:
+    def from_state(
+        cls, d: dict[str, Any], config: GpuStatsConfig | None = None, index: NodeIndex | None = None
+    ) -> GpuStats:
         """Baselines, runs and incidents from the snapshot; threshold, persistence and clear-after
-        from `config`, the deployment's (an old snapshot's "config" is ignored). No state array is
-        shaped by the config: a run already longer than a lowered persist_samples fires on the
-        series' next flagged sample."""
-        self = cls(config)
-        self.nodes = {n: i for i, n in enumerate(d["nodes"])}
-        self._ensure(max(1, len(self.nodes)))
+        from `config`, the deployment's (an old snapshot's "config" is ignored); node rows from
+        `index` (the task's, restored; without one, the snapshot's own). No state array is shaped
+        by the config: a run already longer than a lowered persist_samples fires on the series'
+        next flagged sample."""
+        saved = d["nodes"]
+        self = cls(config, NodeIndex(saved) if index is None else index)
+        self._ensure(max(1, len(self.index)))
+
+        def place(values: np.ndarray, into: np.ndarray) -> None:  # per node row: _PER_NODE series
+            self.index.place(saved, values.reshape(-1, _PER_NODE), into.reshape(-1, _PER_NODE))
+
         st = self.scorer.to_state()
         for k, enc in d["series"].items():
-            a = decode_array(enc)
-            st[k][: len(a)] = a
+            place(decode_array(enc), st[k])
         for k, enc in d["hists"].items():
             st[k] = decode_array(enc)
         self.scorer = RobustScorer.from_state(st)
-        run = decode_array(d["run"])
-        self.run[: len(run)] = run
+        place(decode_array(d["run"]), self.run)
         self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
         return self

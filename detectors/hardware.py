@@ -54,27 +54,26 @@ Thresholds (HardwareConfig) and why:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress
 from typing import Any
 
 import numpy as np
 import orjson
 
 from fleetwatch.detectors import xid_catalog
-from fleetwatch.detectors.batch import GPU_COL, IB_COL, NodeRegistry, TelemetryBatch
+from fleetwatch.detectors.batch import GPU_COL, IB_COL, TelemetryBatch
 from fleetwatch.detectors.counters import (
-    Compaction,
     CounterTracker,
     DecayingCount,
     RunLength,
     Segments,
     decode_array,
     encode_array,
-    grow,
     increasing_in_group,
 )
 from fleetwatch.detectors.findings import SEVERITIES, SEVERITY_RANK, Forgotten, IncidentBook, severity_score
+from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext
+from fleetwatch.detectors.rows import Compaction, RowIndex, grow
 from fleetwatch.schemas import GPU_COUNTERS
 
 STATE_VERSION = 1
@@ -150,9 +149,10 @@ def _f(x: Any) -> float | int | None:
 class HardwareDetector:
     """Stateful rule engine: `process(batch)` -> finding/1 dicts; `to_state()`/`from_state()` resume."""
 
-    def __init__(self, config: HardwareConfig | None = None) -> None:
+    def __init__(self, config: HardwareConfig | None = None, index: NodeIndex | None = None) -> None:
         self.cfg = config or HardwareConfig()
-        self.nodes = NodeRegistry()
+        self.index = NodeIndex() if index is None else index  # node rows (the task's, shared)
+        # each node row's latest ts seen here: process() without the task drops stale samples by it
         self.node_ts = np.full(0, -np.inf)
         # GPU entities: (node row, gpu index) -> entity row; -1 = never seen.
         self.gpu_rows = np.full((0, 8), -1, dtype=np.int64)
@@ -164,7 +164,7 @@ class HardwareDetector:
         self.gpu_runs = RunLength(2)  # thermal, power brake
         # IB port entities: a node row x port code table (-1 = never seen) of entity rows, for
         # vectorised lookups; snapshots keep it as (node row, "device/port", entity row) triples.
-        self.ib_ports = NodeRegistry()  # "device/port" -> port code
+        self.ib_ports = RowIndex()  # "device/port" -> port code
         self.ib_table = np.full((0, 0), -1, dtype=np.int64)
         self.n_ib = 0
         self.ib_counters = CounterTracker(IB_COUNTERS, IB_LIMITS)
@@ -175,12 +175,14 @@ class HardwareDetector:
     # ------------------------------------------------------------ state
 
     def to_state(self) -> dict[str, Any]:
+        n = len(self.index)
         return {
             "version": STATE_VERSION,
             # No "config": a restore takes its configuration from the deployment (from_state).
-            "nodes": list(self.nodes.names),
-            "node_ts": encode_array(self.node_ts[: len(self.nodes)]),
-            "gpu_rows": encode_array(self.gpu_rows[: len(self.nodes)]),
+            # the node rows' names, as the previous release reads them (the task's index)
+            "nodes": list(self.index.names),
+            "node_ts": encode_array(grow(self.node_ts, n, -np.inf)[:n]),
+            "gpu_rows": encode_array(grow(self.gpu_rows, n, -1)[:n]),
             "n_gpu": self.n_gpu,
             # entity rows in use only: the arrays' spare rows (they grow by doubling) are not state
             "gpu_counters": self.gpu_counters.to_state(self.n_gpu),
@@ -196,23 +198,30 @@ class HardwareDetector:
         return orjson.dumps(self.to_state())
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], config: HardwareConfig | None = None) -> HardwareDetector:
+    def from_state(
+        cls, d: dict[str, Any], config: HardwareConfig | None = None, index: NodeIndex | None = None
+    ) -> HardwareDetector:
         """State from the snapshot, thresholds and windows from `config` (the deployment's; an old
-        snapshot's "config" is ignored). The decaying counts are shaped by the rules, not by the
-        window lengths, so a changed window restores too (DecayingCount.from_state says what the
-        counts then mean)."""
+        snapshot's "config" is ignored), node rows from `index` (the task's, restored; without
+        one, the snapshot's own). The decaying counts are shaped by the rules, not by the window
+        lengths, so a changed window restores too (DecayingCount.from_state says what the counts
+        then mean)."""
         if d.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported hardware detector state version {d.get('version')!r}")
-        self = cls(config)
-        self.nodes = NodeRegistry(d["nodes"])
-        self.node_ts = decode_array(d["node_ts"])
-        self.gpu_rows = decode_array(d["gpu_rows"])
+        saved = d["nodes"]
+        self = cls(config, NodeIndex(saved) if index is None else index)
+        n, gpu_rows = len(self.index), decode_array(d["gpu_rows"])
+        self.node_ts = self.index.place(saved, decode_array(d["node_ts"]), np.full(n, -np.inf))
+        self.gpu_rows = self.index.place(saved, gpu_rows, np.full((n, gpu_rows.shape[1]), -1, dtype=np.int64))
         self.n_gpu = int(d["n_gpu"])
         self.gpu_counters = CounterTracker.from_state(d["gpu_counters"], GPU_COUNTERS)
         self.gpu_decay = DecayingCount.from_state(d["gpu_decay"], tuple(self.gpu_decay.tau))
         self.gpu_runs = RunLength.from_state(d["gpu_runs"])
         triples = d["ib_rows"]
         self.n_ib = len(triples)
+        if triples and saved != self.index.names:  # a snapshot's node rows in this index's order
+            at = self.index.rows
+            triples = [[at[saved[r]], k, e] for r, k, e in triples if saved[r] in at]
         if triples:
             self._ib_table_set(
                 np.fromiter((r for r, _k, _e in triples), np.int64, len(triples)),
@@ -239,16 +248,14 @@ class HardwareDetector:
             for r, c, e in zip(rows[order].tolist(), codes[order].tolist(), ents[order].tolist(), strict=True)
         ]
 
-    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+    def forget(self, gone: Forgotten, nodes: Compaction | None) -> list[dict[str, Any]]:
         """Forgotten nodes (pipeline/node_stage.py): their open incidents resolve, saying so, and
-        their rows go from every table: node rows, then the entity rows of their GPUs and IB ports
-        (counters, decaying counts, runs), renumbered densely so that memory and snapshots shrink."""
+        their rows go from every table: node rows (`nodes`, the index's), then the entity rows of
+        their GPUs and IB ports (counters, decaying counts, runs), renumbered densely so that
+        memory and snapshots shrink."""
         out = self.book.forget(gone)
-        drop = [self.nodes.rows[n] for n in gone if n in self.nodes.rows]
-        if not drop:
+        if nodes is None:
             return out
-        nodes = Compaction.dropping(len(self.nodes), np.array(drop, dtype=np.int64))
-        self.nodes = NodeRegistry(compress(self.nodes.names, nodes.new >= 0))
         self.node_ts = nodes.take(self.node_ts, -np.inf)
         grid = nodes.take(self.gpu_rows, -1)
         gpus = Compaction.referenced(self.n_gpu, grid)
@@ -269,18 +276,25 @@ class HardwareDetector:
     # ------------------------------------------------------------ main entry
 
     def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
-        """The NodeDetector protocol (detectors/protocol.py): the rules need the batch only."""
-        return self.process(batch)
+        """The NodeDetector protocol (detectors/protocol.py): the rules need the batch and its
+        node rows only."""
+        return self._process(batch, ctx.rows)
 
     def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
+        """A batch without the task (tests, tools): rows from this detector's index."""
         if batch.size == 0:
             return []
-        node_rows = self.nodes.lookup(batch.node_names)[batch.node_idx]
-        self.node_ts = grow(self.node_ts, len(self.nodes), -np.inf)
-        self.gpu_rows = grow(self.gpu_rows, len(self.nodes), -1)
+        return self._process(batch, self.index.lookup(batch.node_names)[batch.node_idx])
+
+    def _process(self, batch: TelemetryBatch, node_rows: np.ndarray) -> list[dict[str, Any]]:
+        if batch.size == 0:
+            return []
+        self.node_ts = grow(self.node_ts, len(self.index), -np.inf)
+        self.gpu_rows = grow(self.gpu_rows, len(self.index), -1)
 
         # Whole messages that are duplicates or older than what the node already sent are dropped
-        # here, before any rule: a replayed sample must not count an XID twice.
+        # before any rule: a replayed sample must not count an XID twice. The task has dropped
+        # them already (NodeIndex.admit); this keeps process() without the task as safe.
         seg = Segments.of(node_rows)
         ok = increasing_in_group(seg, batch.ts[seg.order], self.node_ts[seg.rows])
         acc = seg.order[ok]  # accepted message indices, grouped by node, ts increasing
@@ -291,7 +305,7 @@ class HardwareDetector:
         last[:-1] = mrow[1:] != mrow[:-1]
         self.node_ts[mrow[last]] = mts[last]
 
-        ctx = _Ctx(self.nodes.names, self.nodes.rows, mrow, mts)
+        ctx = _Ctx(self.index.names, self.index.rows, mrow, mts)
 
         out: list[dict[str, Any]] = []
         out += self._gpu_rules(batch, acc, ctx)

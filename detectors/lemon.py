@@ -19,17 +19,18 @@ the expected false lemons below one in 10,000 healthy nodes per evaluation.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
 from typing import Any
 
 import numpy as np
 from scipy.stats import poisson
 
-from fleetwatch.detectors.batch import TelemetryBatch, known_rows
-from fleetwatch.detectors.counters import Compaction
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext
+from fleetwatch.detectors.rows import Compaction, grow
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,10 @@ class LemonConfig:
 
 
 class LemonScorer:
-    def __init__(self, config: LemonConfig | None = None) -> None:
+    def __init__(self, config: LemonConfig | None = None, index: NodeIndex | None = None) -> None:
         self.cfg = config or LemonConfig()
-        self.rows: dict[str, int] = {}
+        self.index = NodeIndex() if index is None else index  # node rows (the task's, shared)
+        # per node row (grown to the index by _ensure)
         self.events = np.zeros(0)
         self.exposure = np.zeros(0)  # decayed seconds observed
         self.last_ts = np.zeros(0)
@@ -63,7 +65,7 @@ class LemonScorer:
         (those of the detectors before this one) and the failed jobs it was in (ctx.job_failures);
         events close in time are one episode. Judged every judge_every_s of event time."""
         nodes, ts = ctx.nodes, batch.ts
-        self.observe_samples(nodes, ts)
+        self._samples(ctx.rows, ts)
         events = [(float(ts[m]), nodes[m], 1.0) for m in batch.xid_msg.tolist()]
         events += [
             (f["ts"], f["node"], 1.0)
@@ -83,17 +85,14 @@ class LemonScorer:
         self.next_judgement = now + self.cfg.judge_every_s
         return self.judge(now)
 
-    def _row(self, node: str) -> int:
-        r = self.rows.get(node)
-        if r is None:
-            r = self.rows[node] = len(self.rows)
-            if r >= len(self.events):
-                grow = max(64, len(self.events))
-                self.events = np.concatenate([self.events, np.zeros(grow)])
-                self.exposure = np.concatenate([self.exposure, np.zeros(grow)])
-                self.last_ts = np.concatenate([self.last_ts, np.full(grow, np.nan)])
-                self.last_event = np.concatenate([self.last_event, np.full(grow, -np.inf)])
-        return r
+    def _ensure(self) -> None:
+        """Room for every node of the index (new rows: no history)."""
+        n = len(self.index)
+        if len(self.events) < n:
+            self.events = grow(self.events, n, 0.0)
+            self.exposure = grow(self.exposure, n, 0.0)
+            self.last_ts = grow(self.last_ts, n, np.nan)
+            self.last_event = grow(self.last_event, n, -np.inf)
 
     def _advance(self, rows: np.ndarray, ts: np.ndarray) -> None:
         """Decay counts and add exposure up to `ts` for the given node rows (vectorised)."""
@@ -105,21 +104,23 @@ class LemonScorer:
         self.exposure[rows] = self.exposure[rows] * decay + self.cfg.tau_s * (1 - decay)
         self.last_ts[rows] = np.where(np.isnan(last), ts, np.maximum(last, ts))
 
-    def observe_samples(self, nodes: list[str], ts: np.ndarray) -> None:
+    def observe_samples(self, nodes: Sequence[str], ts: np.ndarray) -> None:
         """Nodes seen at these times (telemetry): they accrue exposure."""
-        rows = known_rows(self.rows, nodes)
-        if rows is None:
-            rows = np.fromiter((self._row(n) for n in nodes), dtype=np.int64, count=len(nodes))
+        self._samples(self.index.lookup(nodes), ts)
+
+    def _samples(self, rows: np.ndarray, ts: np.ndarray) -> None:
+        self._ensure()
         # keep the latest ts per node of this batch; np.maximum.at handles repeats
-        latest = np.full(len(self.rows), -np.inf)
+        latest = np.full(len(self.index), -np.inf)
         np.maximum.at(latest, rows, ts)
         uniq = np.unique(rows)
         self._advance(uniq, latest[uniq])
 
     def observe_events(self, nodes: list[str], ts: list[float], weights: list[float] | None = None) -> None:
         """Incidents (or failed jobs) on these nodes; events are rare, so a plain loop is fine."""
-        for i, (node, t) in enumerate(zip(nodes, ts, strict=True)):
-            r = self._row(node)
+        rows = self.index.lookup(nodes).tolist()
+        self._ensure()
+        for i, (r, t) in enumerate(zip(rows, ts, strict=True)):
             self._advance(np.array([r]), np.array([t]))
             if t - self.last_event[r] >= self.cfg.episode_gap_s:
                 self.events[r] += 1.0 if weights is None else weights[i]
@@ -127,7 +128,8 @@ class LemonScorer:
 
     def scores(self) -> tuple[list[str], np.ndarray, np.ndarray, float]:
         """(nodes, score in [0,1], decayed events, fleet rate per s)."""
-        n = len(self.rows)
+        self._ensure()
+        n = len(self.index)
         ev, ex = self.events[:n], self.exposure[:n]
         with np.errstate(divide="ignore", invalid="ignore"):
             rates = np.where(ex > 0, ev / ex, np.nan)
@@ -139,7 +141,7 @@ class LemonScorer:
         mu = fleet * ex
         # P(X >= k) for a non-integer decayed k: use the survival function at ceil(k) - 1
         tail = poisson.sf(np.ceil(ev) - 1, mu)
-        return list(self.rows), 1.0 - tail, ev, fleet
+        return self.index.names, 1.0 - tail, ev, fleet
 
     def judge(self, ts: float) -> list[dict[str, Any]]:
         nodes, score, ev, fleet = self.scores()
@@ -178,16 +180,13 @@ class LemonScorer:
                 out.append(done)
         return out
 
-    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+    def forget(self, gone: Forgotten, rows: Compaction | None) -> list[dict[str, Any]]:
         """Forgotten nodes (pipeline/node_stage.py): their lemon findings resolve, saying so, and
-        their history goes (a node that comes back starts a new one)."""
+        their history goes (a node that comes back starts a new one); `rows` is the index's
+        compaction."""
         out = self.book.forget(gone)
-        drop = [self.rows[n] for n in gone if n in self.rows]
-        if not drop:
+        if rows is None:
             return out
-        rows = Compaction.dropping(len(self.rows), np.array(drop, dtype=np.int64))
-        names = list(compress(self.rows, rows.new >= 0))
-        self.rows = dict(zip(names, range(len(names)), strict=True))
         self.events = rows.take(self.events, 0.0)
         self.exposure = rows.take(self.exposure, 0.0)
         self.last_ts = rows.take(self.last_ts, np.nan)
@@ -195,9 +194,11 @@ class LemonScorer:
         return out
 
     def to_state(self) -> dict[str, Any]:
-        n = len(self.rows)
+        self._ensure()
+        n = len(self.index)
         return {
-            "nodes": list(self.rows),
+            # the node rows' names, as the previous release reads them (the task's index)
+            "nodes": list(self.index.names),
             "events": self.events[:n].tolist(),
             "exposure": self.exposure[:n].tolist(),
             "last_ts": [None if math.isnan(x) else x for x in self.last_ts[:n].tolist()],
@@ -207,20 +208,24 @@ class LemonScorer:
         }
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], config: LemonConfig | None = None) -> LemonScorer:
+    def from_state(
+        cls, d: dict[str, Any], config: LemonConfig | None = None, index: NodeIndex | None = None
+    ) -> LemonScorer:
         """History from the snapshot, configuration from `config` (the deployment's). A changed
         tau_s keeps the decayed events and exposure as they are and decays them at the new rate
         from the restore on; both fade alike, so their ratio (the node's rate) carries over, while
         the counts that min_events and the Poisson tail judge reach the new window's sizes within
-        a few new taus."""
-        self = cls(config)
-        for n in d["nodes"]:
-            self._row(n)
-        k = len(d["nodes"])
-        self.events[:k] = d["events"]
-        self.exposure[:k] = d["exposure"]
-        self.last_ts[:k] = [np.nan if x is None else x for x in d["last_ts"]]
-        self.last_event[:k] = [-np.inf if x is None else x for x in d["last_event"]]
+        a few new taus. Node rows from `index` (the task's, restored; without one, the snapshot's)."""
+        saved = d["nodes"]
+        self = cls(config, NodeIndex(saved) if index is None else index)
+        self._ensure()
+        place = self.index.place
+        place(saved, np.array(d["events"], dtype=np.float64), self.events)
+        place(saved, np.array(d["exposure"], dtype=np.float64), self.exposure)
+        last_ts = [np.nan if x is None else x for x in d["last_ts"]]  # JSON has no NaN or inf
+        last_event = [-np.inf if x is None else x for x in d["last_event"]]
+        place(saved, np.array(last_ts, dtype=np.float64), self.last_ts)
+        place(saved, np.array(last_event, dtype=np.float64), self.last_event)
         self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
         self.next_judgement = d.get("next_judgement", 0.0)  # older snapshots: the task's next_lemon
         return self

@@ -3,8 +3,13 @@
 A detector sees a columnar batch of telemetry (detectors/batch.py) and returns finding/1 dicts
 (detectors/findings.py). The task that runs it (pipeline/node_stage.py) guarantees, once for all
 of them, that each (node, ts) arrives at most once and that a node's samples arrive in increasing
-ts: duplicates and late samples are dropped before any detector sees them. State is held by the
-detector and snapshotted with to_state(); from_state() takes the configuration from the
+ts: duplicates and late samples are dropped before any detector sees them (NodeIndex.admit).
+
+State is held the same way by every detector: per-node numpy arrays indexed by the rows of the
+task's one NodeIndex (detectors/node_index.py), which the detector is given at construction and
+the context carries with each message's row; open incidents in an IncidentBook. A detector grows
+its arrays to len(index) as nodes arrive and compacts them with the Compaction that forget() is
+given. It is snapshotted with to_state(); from_state() takes the configuration from the
 deployment, never from the snapshot (tests/unit/test_snapshot_config.py). The generic checks every
 registered detector passes are in tests/unit/test_detector_checks.py; the registry is
 detectors/registry.py.
@@ -16,8 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.node_index import NodeIndex
+from fleetwatch.detectors.rows import Compaction
 
 Finding = dict[str, Any]
 
@@ -26,25 +35,55 @@ Finding = dict[str, Any]
 class NodeContext:
     """What the task knows around one batch, beyond the batch itself."""
 
-    nodes: list[str]  # each message's node (batch.nodes())
+    # the task's nodes (detectors/node_index.py): names, rows (every detector's per-node arrays are
+    # indexed by them) and every node's latest sample ts, this batch's included
+    index: NodeIndex
+    rows: np.ndarray  # (M,) each message's node's row in the index
+    nodes: list[str]  # (M,) each message's node (batch.nodes())
     seen: set[str]  # the nodes that reported in this batch
-    last_ts: Mapping[str, float]  # every node the task holds: its latest sample's ts, this batch's included
-    prev_ts: Mapping[str, float]  # the batch's nodes: their latest ts before it (absent for a new node)
+    prev_ts: np.ndarray  # (U,) each of batch.node_names: its latest ts before this batch (NaN: new)
     # what the detectors before this one found in this batch (the registry's order)
     findings: list[Finding] = field(default_factory=list)
     # (ts, node, weight): failed jobs newly known that these nodes were in (the lemon's history)
     job_failures: list[tuple[float, str, float]] = field(default_factory=list)
 
+    @classmethod
+    def of(
+        cls,
+        batch: TelemetryBatch,
+        index: NodeIndex,
+        before: np.ndarray,
+        job_failures: list[tuple[float, str, float]] | None = None,
+    ) -> NodeContext:
+        """The context of an admitted batch; before: (M,) each message's Admission.before."""
+        nodes = batch.nodes()
+        prev = np.empty(len(batch.node_names))
+        prev[batch.node_idx] = before  # the same for every message of a node
+        return cls(
+            index=index,
+            rows=index.lookup(batch.node_names)[batch.node_idx],
+            nodes=nodes,
+            seen=set(batch.node_names),
+            prev_ts=prev,
+            job_failures=job_failures or [],
+        )
+
 
 class NodeDetector(Protocol):
     book: IncidentBook  # its open incidents (health, metrics and forgetting read them)
+
+    def __init__(self, config: Any = None, index: NodeIndex | None = None) -> None:
+        """Defaults for what is not given; a detector without the task's index keeps its own."""
+        ...
 
     def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[Finding]:
         """Learn from the batch; the findings it opens, updates or resolves."""
         ...
 
-    def forget(self, gone: Forgotten) -> list[Finding]:
-        """Drop these nodes' state; resolve their open incidents, saying why."""
+    def forget(self, gone: Forgotten, rows: Compaction | None) -> list[Finding]:
+        """Resolve these nodes' open incidents, saying why, and drop their state: the index has
+        dropped them already, and `rows` renumbers every per-node array (None: none of them was
+        in the index)."""
         ...
 
     def to_state(self) -> Any:
@@ -52,8 +91,9 @@ class NodeDetector(Protocol):
         ...
 
     @classmethod
-    def from_state(cls, state: Any, config: Any) -> NodeDetector:
-        """State from a snapshot, configuration from the deployment."""
+    def from_state(cls, state: Any, config: Any, index: NodeIndex) -> NodeDetector:
+        """State from a snapshot, configuration from the deployment, rows from the task's index
+        (restored first)."""
         ...
 
 

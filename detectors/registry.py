@@ -21,7 +21,9 @@ from fleetwatch.detectors.straggler import StragglerConfig, StragglerDetector
 @dataclass(frozen=True)
 class Registered:
     name: str  # NodeTaskConfig's field with its configuration; its key in the task's snapshot
-    detector: Any  # the class: Detector(config), Detector.from_state(state, config)
+    # the class: Detector(config, index), Detector.from_state(state, config, index) for a node
+    # detector (the task's NodeIndex); Detector(config), Detector.from_state(state, config) for a job one
+    detector: Any
     config: type  # its configuration's class (defaults: config())
 
 

@@ -24,7 +24,6 @@ the clock of the nodes still reporting, which does not lag).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,9 @@ import numpy as np
 
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext
+from fleetwatch.detectors.rows import Compaction
 
 
 @dataclass(frozen=True)
@@ -43,44 +44,47 @@ class SilenceConfig:
 
 
 class SilenceDetector:
-    def __init__(self, config: SilenceConfig | None = None) -> None:
+    def __init__(self, config: SilenceConfig | None = None, index: NodeIndex | None = None) -> None:
+        # no per-node state of its own: every node's latest ts is the index's, given with each batch
         self.cfg = config or SilenceConfig()
         self.book = IncidentBook()
 
     def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
         """The NodeDetector protocol (detectors/protocol.py): every node's latest sample and the
         batch's nodes' samples before it, from the task."""
-        return self.process(ctx.last_ts, ctx.seen, float(batch.ts.max()), batch=batch, prev_ts=ctx.prev_ts)
+        return self.process(ctx.index, ctx.seen, float(batch.ts.max()), batch=batch, prev_ts=ctx.prev_ts)
 
     def process(
         self,
-        last_ts: Mapping[str, float],
+        nodes: NodeIndex,
         seen: set[str],
         now: float,
         *,
         batch: TelemetryBatch | None = None,
-        prev_ts: Mapping[str, float] | None = None,
+        prev_ts: np.ndarray | None = None,
     ) -> list[dict[str, Any]]:
-        """last_ts: every node's latest sample time; seen: the nodes that reported in this batch.
-        With the batch (its new samples) and each of its nodes' latest ts before it (absent for a
-        new node), silences that began and ended inside the batch are found too."""
+        """nodes: every node the task holds, with its latest sample time; seen: the nodes that
+        reported in this batch. With the batch (its new samples) and prev_ts, each of
+        batch.node_names' latest ts before it (NaN for a new node), silences that began and ended
+        inside the batch are found too."""
         out: list[dict[str, Any]] = []
+        ts = nodes.last_ts
         reporting = [k for k in self.book.open if k[0] in seen]
         first = _first_sample(batch) if reporting and batch is not None else {}
         for key in reporting:
             inc = self.book.open.pop(key)
-            back = first.get(key[0], last_ts[key[0]])  # the node's first sample after the silence
+            # the node's first sample after the silence
+            back = first.get(key[0], float(ts[nodes.rows[key[0]]]))
             out.append(inc.finding(max(back, inc.last_bad), resolved=True))
-        if len(last_ts) < self.cfg.min_nodes:
+        if len(nodes) < self.cfg.min_nodes:
             return out
         if batch is not None and prev_ts is not None and batch.size:
             # No gap can exceed the span from the oldest previous sample to the newest one here:
             # the usual batch (a second or two of a live stream) stops at this test.
-            lo = min(float(batch.ts.min()), min(prev_ts.values(), default=np.inf))
+            lo = min(float(batch.ts.min()), float(np.fmin.reduce(prev_ts, initial=np.inf)))
             if float(batch.ts.max()) - lo > self.cfg.silent_after_s:
-                out += self._backlog(last_ts, batch, prev_ts, {k[0] for k in reporting})
-        names = list(last_ts)
-        ts = np.fromiter(last_ts.values(), dtype=float, count=len(names))
+                out += self._backlog(nodes, batch, prev_ts, {k[0] for k in reporting})
+        names = nodes.names
         now = min(now, reference_time(ts, self.cfg))
         for i in np.flatnonzero(now - ts > self.cfg.silent_after_s):
             node = names[i]
@@ -105,11 +109,7 @@ class SilenceDetector:
         )
 
     def _backlog(
-        self,
-        last_ts: Mapping[str, float],
-        batch: TelemetryBatch,
-        prev_ts: Mapping[str, float],
-        resolved: set[str],
+        self, nodes: NodeIndex, batch: TelemetryBatch, before_batch: np.ndarray, resolved: set[str]
     ) -> list[dict[str, Any]]:
         """Silences inside the batch: a node's gap between two of its samples (or from its sample
         before the batch to its first in it) longer than silent_after_s, at a time when the
@@ -121,7 +121,6 @@ class SilenceDetector:
         si, st = batch.node_idx[order], batch.ts[order]
         start = np.r_[True, si[1:] != si[:-1]]
         starts = np.flatnonzero(start)
-        before_batch = np.array([prev_ts.get(n, np.nan) for n in uniq], dtype=float)
         prev = np.empty(len(st))
         prev[1:] = st[:-1]
         prev[starts] = before_batch[si[starts]]
@@ -129,8 +128,9 @@ class SilenceDetector:
             cand = np.flatnonzero(st - prev > sa)
         if len(cand) == 0:
             return []
-        in_batch = set(uniq)
-        others = np.array([t for n, t in last_ts.items() if n not in in_batch], dtype=float)
+        elsewhere = np.ones(len(nodes), dtype=bool)
+        elsewhere[[nodes.rows[n] for n in uniq]] = False
+        others = nodes.last_ts[elsewhere]  # the latest sample of every node not in the batch
         floor = np.nan_to_num(before_batch, nan=-np.inf)
         refs: dict[float, float] = {}  # reference clock by return time (a paused fleet returns at once)
         out: list[dict[str, Any]] = []
@@ -154,7 +154,7 @@ class SilenceDetector:
                 out.append(inc.finding(back, resolved=True))
         return out
 
-    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+    def forget(self, gone: Forgotten, rows: Compaction | None) -> list[dict[str, Any]]:
         """Forgotten nodes (pipeline/node_stage.py): their silences resolve, saying so. A node
         silent for longer than the task's forget_after_s is no longer paged about."""
         return self.book.forget(gone)
@@ -163,8 +163,10 @@ class SilenceDetector:
         return self.book.to_state()
 
     @classmethod
-    def from_state(cls, items: list[dict[str, Any]], config: SilenceConfig | None = None) -> SilenceDetector:
-        self = cls(config)
+    def from_state(
+        cls, items: list[dict[str, Any]], config: SilenceConfig | None = None, index: NodeIndex | None = None
+    ) -> SilenceDetector:
+        self = cls(config, index)
         # the open silences only; a restored incident's clear-after is this deployment's, like a new one's
         self.book = IncidentBook.from_state(items, self.cfg.silent_after_s)
         return self

@@ -60,7 +60,7 @@ from fleetwatch.detectors.calibration import (
     ScalarTailCalibrator,
     TailCalibrator,
 )
-from fleetwatch.detectors.counters import Compaction
+from fleetwatch.detectors.rows import Compaction
 from fleetwatch.detectors.stat_kernels import MAD_TO_SIGMA, indexed_values, robust_pass, sibling_z_pass
 
 NAN = math.nan

@@ -1,10 +1,11 @@
 """The per-node stage: telemetry (keyed by node) -> hardware, statistical and lemon findings,
 plus per-node features re-keyed by job for the straggler stage.
 
-A task holds the detectors for the nodes of one fleet.telemetry.v1 partition. Duplicate and
-out-of-order samples (ts not after the node's last accepted ts) are dropped before any
-detector sees them and counted: at-least-once delivery upstream makes duplicates normal,
-and an XID must not be counted twice.
+A task holds the detectors for the nodes of one fleet.telemetry.v1 partition, and one index of
+those nodes (detectors/node_index.py) that its own per-node arrays and every detector's are
+indexed by. Duplicate and out-of-order samples (ts not after the node's last accepted ts) are
+dropped there before any detector sees them, and counted: at-least-once delivery upstream makes
+duplicates normal, and an XID must not be counted twice.
 
 Nodes come and go (re-imaged, renamed, retired): a node whose last sample is more than
 `forget_after_s` older than the partition's clock is forgotten, checked every `forget_every_s` of
@@ -14,7 +15,8 @@ rest forgotten; not of every node the task holds, as the silence detector takes 
 than a tenth of the names have gone quiet, that percentile stops where they stopped, and the
 names that made it stop would never be forgotten. Every detector resolves the
 node's open incidents with a finding that says so (evidence `resolution: forgotten`,
-`unseen_for_s`) and drops its state, compacting its dense tables; the task drops it from its own
+`unseen_for_s`) and drops its state, compacting its dense tables with the index's renumbering; the
+task drops it from its own
 and publishes a census tombstone (fleetwatch/census.py), so act neither counts it in the fleet
 nor keeps its alerts. A node silent for longer than forget_after_s is therefore no longer paged
 about. If it reports again it is a new node: new first_seen, a census message, fresh baselines.
@@ -28,7 +30,7 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import compress, repeat
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -41,8 +43,10 @@ from fleetwatch.detectors.findings import Forgotten
 from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
+from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext, NodeDetector
 from fleetwatch.detectors.registry import NODE_DETECTORS
+from fleetwatch.detectors.rows import Compaction, grow
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector, reference_time
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.job_table import JobTable
@@ -94,26 +98,39 @@ class NodeTaskConfig:
 class NodeTask:
     jobs: JobTable
     config: NodeTaskConfig = field(default_factory=NodeTaskConfig)
+    # the nodes the task holds and each one's latest sample ts; every per-node array below and in
+    # the detectors is indexed by its rows
+    index: NodeIndex = field(default_factory=NodeIndex)
     hardware: HardwareDetector | None = None
     lemon: LemonScorer | None = None
     silence: SilenceDetector | None = None
     stats: GpuStats | None = None
-    last_ts: dict[str, float] = field(default_factory=dict)
     failed_jobs_seen: set[str] = field(default_factory=set)
-    first_seen: dict[str, float] = field(default_factory=dict)  # node -> its first sample's ts
-    census_at: dict[str, float] = field(default_factory=dict)  # node -> ts of its last node/1
-    # node -> its latest sample's ts minus the time the broker took it (metric only, not snapshotted)
-    clock_skew: dict[str, float] = field(default_factory=dict)
+    # per node row (grown to the index by _grow): its first sample's ts (NaN: none yet)...
+    first_seen: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
+    # ... the ts of its last node/1 (-inf: none yet) ...
+    census_at: np.ndarray = field(default_factory=lambda: np.full(0, -np.inf))
+    # ... and its latest sample's ts minus the time the broker took it (NaN: not known; metric
+    # only, not snapshotted)
+    clock_skew: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
     forget_clock: float = 0.0  # the partition's clock at the last check for nodes to forget (0: none)
     # JobTable.failed_version when the failed jobs were last scanned (not snapshotted: a restored
     # task scans once; failed_jobs_seen says which it has counted)
     _failed_version: int = field(default=-1, repr=False)
 
     def __post_init__(self) -> None:
-        for reg in NODE_DETECTORS:  # each one the task was not given starts empty
+        for reg in NODE_DETECTORS:  # each one the task was not given starts empty, on its index
             if getattr(self, reg.name) is None:
-                setattr(self, reg.name, reg.detector(getattr(self.config, reg.name)))
+                setattr(self, reg.name, reg.detector(getattr(self.config, reg.name), self.index))
+        self._grow()
         fleet_metrics.COLLECTOR.add_nodes(self)
+
+    def _grow(self) -> None:
+        """Room in the task's per-node arrays for every node of the index."""
+        n = len(self.index)
+        self.first_seen = grow(self.first_seen, n, np.nan)
+        self.census_at = grow(self.census_at, n, -np.inf)
+        self.clock_skew = grow(self.clock_skew, n, np.nan)
 
     @property
     def detectors(self) -> list[NodeDetector]:
@@ -141,39 +158,45 @@ class NodeTask:
         """Telemetry as dicts (evaluator, tests), fleetwatch.fast_schema structs, or already a
         columnar batch (the worker's hot path, pipeline/telemetry_decode.py)."""
         if isinstance(msgs, TelemetryBatch):
-            keep, prev_ts = self._fresh(msgs.nodes(), msgs.ts.tolist())
+            admitted = self.index.admit(msgs.nodes(), msgs.ts)
+            keep = admitted.keep
             if not keep.any():
-                return []
+                return self._stale(keep)
             batch = msgs if keep.all() else msgs.select(keep)
         else:
             # dicts or structs
             names = [m["node"] if type(m) is dict else m.node for m in msgs]
             times = [m["ts"] if type(m) is dict else m.ts for m in msgs]
-            keep, prev_ts = self._fresh(names, times)
+            admitted = self.index.admit(names, np.array(times, dtype=np.float64))
+            keep = admitted.keep
             fresh = list(compress(msgs, keep.tolist()))
             if not fresh:
-                return []
+                return self._stale(keep)
             batch = TelemetryBatch.from_any(fresh)
-        nodes = batch.nodes()
-        seen = set(nodes)
-        ctx = NodeContext(
-            nodes=nodes,
-            seen=seen,
-            last_ts=self.last_ts,
-            prev_ts=prev_ts,
-            job_failures=self._failed_job_events(float(batch.ts.max()), seen),
-        )
+        self._stale(keep)
+        self._grow()
+        ctx = NodeContext.of(batch, self.index, admitted.before[keep])
+        ctx = replace(ctx, job_failures=self._failed_job_events(float(batch.ts.max()), ctx.seen))
         findings: list[dict[str, Any]] = []
         for detector in self.detectors:
             findings += detector.observe(batch, replace(ctx, findings=findings))
+        nodes = ctx.nodes
         jobs = self.jobs.jobs_of(nodes)
-        self._note_skew(batch, nodes)
+        self._note_skew(batch, ctx.rows)
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
-        out += self._census(batch, nodes)
+        out += self._census(batch, ctx)
         if self.config.emit_features:
             out += self._features(batch, nodes, jobs)
-        out += self._sweep(float(batch.ts.max()), seen)
+        out += self._sweep(float(batch.ts.max()), ctx.seen)
         return out
+
+    @staticmethod
+    def _stale(keep: np.ndarray) -> list[Output]:
+        """Count the samples admission dropped (duplicates or out of order)."""
+        stale = len(keep) - int(keep.sum())
+        if stale:
+            STALE.inc(stale)
+        return []
 
     # ------------------------------------------------------------ forgetting nodes
 
@@ -183,8 +206,7 @@ class NodeTask:
         due = self.forget_clock + self.config.forget_every_s
         if newest < due:  # the clock is at most the newest sample: nothing due yet
             return []
-        names = list(self.last_ts)
-        latest = np.fromiter(self.last_ts.values(), dtype=np.float64, count=len(names))
+        names, latest = self.index.names, self.index.last_ts
         # the nodes that reported since the last check (this batch's at least) set the clock
         clock = reference_time(latest[latest >= self.forget_clock], self.config.silence)
         if clock < due:
@@ -198,12 +220,12 @@ class NodeTask:
     def forget(self, gone: Forgotten) -> list[Output]:
         """Forget these nodes: every detector resolves their open incidents (saying why) and drops
         their state; the task drops them from its tables and removes them from the census."""
+        rows = self.index.drop(gone)
         findings: list[dict[str, Any]] = []
         for detector in self.detectors:
-            findings += detector.forget(gone)
-        for table in (self.last_ts, self.first_seen, self.census_at, self.clock_skew):
-            for node in gone:
-                table.pop(node, None)
+            findings += detector.forget(gone, rows)
+        if rows is not None:
+            self._compact(rows)
         FORGOTTEN.inc(len(gone))
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
         return out + [(topics.NODES, node, None) for node in sorted(gone)]  # census tombstones
@@ -218,7 +240,7 @@ class NodeTask:
                 state = "suspect" if inc.kind == "statistical" or inc.severity == "info" else "degraded"
                 h, st = worst.get(inc.node, (1.0, "healthy"))
                 worst[inc.node] = (min(h, health), "degraded" if "degraded" in (st, state) else state)
-        for node in list(self.last_ts):
+        for node in list(self.index.names):
             h, st = worst.get(node, (1.0, "healthy"))
             yield node, h, st
 
@@ -231,72 +253,50 @@ class NodeTask:
                 yield inc.kind, inc.severity
 
     def clock_skews(self) -> Iterator[tuple[str, float]]:
-        yield from list(self.clock_skew.items())
+        n = len(self.index)
+        known = np.flatnonzero(~np.isnan(self.clock_skew[:n]))
+        names = self.index.names
+        yield from [(names[r], float(self.clock_skew[r])) for r in known.tolist()]
 
     def clock_refused(self, key: bytes | None, skew_s: float) -> None:
         """A sample refused for its timestamp (the worker dead-lettered it): shown as the node's
         clock skew if the node is one this task holds (its key is then its name; an unknown or
         hostile key adds nothing)."""
         node = key.decode("ascii", "replace") if key is not None else None
-        if node is not None and node in self.last_ts:
-            self.clock_skew[node] = skew_s
+        row = self.index.rows.get(node) if node is not None else None
+        if row is not None:
+            self.clock_skew[row] = skew_s
 
-    def _note_skew(self, batch: TelemetryBatch, nodes: list[str]) -> None:
+    def _note_skew(self, batch: TelemetryBatch, rows: np.ndarray) -> None:
         skew = batch.ts - batch.received
-        known = np.flatnonzero(~np.isnan(skew))
-        if len(known):
-            self.clock_skew.update(zip([nodes[i] for i in known.tolist()], skew[known].tolist(), strict=True))
+        known = ~np.isnan(skew)
+        self.clock_skew[rows[known]] = skew[known]  # a node twice: its later sample's, as it arrived
 
-    def _census(self, batch: TelemetryBatch, nodes: list[str]) -> list[Output]:
+    def _census(self, batch: TelemetryBatch, ctx: NodeContext) -> list[Output]:
         """node/1 for a node's first sample and again every census_every_s of its event time: the
         census of reporting nodes that act sizes the drain budget on (fleetwatch/census.py)."""
-        last = np.fromiter(
-            map(self.census_at.get, nodes, repeat(-np.inf)), dtype=np.float64, count=len(nodes)
-        )
-        due = np.flatnonzero(batch.ts >= last + self.config.census_every_s)
+        every = self.config.census_every_s
+        due = np.flatnonzero(batch.ts >= self.census_at[ctx.rows] + every)
         out: list[Output] = []
         for i in due.tolist():
-            node, ts = nodes[i], float(batch.ts[i])
-            if ts < self.census_at.get(node, -np.inf) + self.config.census_every_s:
+            row, ts = int(ctx.rows[i]), float(batch.ts[i])
+            if ts < self.census_at[row] + every:
                 continue  # the node's earlier sample in this batch was due already
-            first = self.first_seen.setdefault(node, ts)
-            self.census_at[node] = ts
-            out.append((topics.NODES, node, census.node_message(node, first, ts)))
+            if np.isnan(self.first_seen[row]):
+                self.first_seen[row] = ts
+            self.census_at[row] = ts
+            node = ctx.nodes[i]
+            out.append((topics.NODES, node, census.node_message(node, float(self.first_seen[row]), ts)))
         return out
 
     def close(self) -> None:
         """The partition moved away: stop exporting its nodes."""
         fleet_metrics.COLLECTOR.remove(self)
 
-    def _fresh(self, nodes: list[str], times: list[float]) -> tuple[np.ndarray, dict[str, float]]:
-        """Which samples are new (the rest are duplicates or out of order, counted), and each of
-        their nodes' latest sample time before this batch (for the silence detector; a node seen
-        for the first time is absent)."""
-        last = self.last_ts
-        if len(set(nodes)) == len(nodes):  # one sample per node, as a batch nearly always has
-            old = np.fromiter(map(last.get, nodes, repeat(np.nan)), dtype=np.float64, count=len(nodes))
-            ts = np.asarray(times, dtype=np.float64)
-            seen = ~np.isnan(old)
-            keep = ~seen | (ts > old)
-            again = keep & seen  # kept, and seen before: their previous time goes to `prev`
-            prev = dict(zip(compress(nodes, again.tolist()), old[again].tolist(), strict=True))
-            last.update(zip(compress(nodes, keep.tolist()), ts[keep].tolist(), strict=True))
-        else:  # a node twice or more: each sample against the latest before it
-            kept = []
-            prev = {}
-            for node, t in zip(nodes, times, strict=True):
-                before = last.get(node)
-                new = before is None or t > before
-                if new:
-                    if before is not None and node not in prev:
-                        prev[node] = before
-                    last[node] = t
-                kept.append(new)
-            keep = np.array(kept, dtype=bool)
-        stale = len(keep) - int(keep.sum())
-        if stale:
-            STALE.inc(stale)
-        return keep, prev
+    def _compact(self, rows: Compaction) -> None:
+        self.first_seen = rows.take(self.first_seen, np.nan)
+        self.census_at = rows.take(self.census_at, -np.inf)
+        self.clock_skew = rows.take(self.clock_skew, np.nan)
 
     def _failed_job_events(self, now: float, mine: set[str]) -> list[tuple[float, str, float]]:
         """Lemon events of the failed jobs not counted yet (the table is only scanned when it has
@@ -344,15 +344,18 @@ class NodeTask:
         return out
 
     def to_bytes(self) -> bytes:
+        names = self.index.names
+        n = len(names)
         return orjson.dumps(
             {
                 **{reg.name: getattr(self, reg.name).to_state() for reg in NODE_DETECTORS},
-                "last_ts": self.last_ts,
+                # every node, in the index's row order (from_bytes rebuilds the index from it)
+                "last_ts": dict(zip(names, self.index.last_ts.tolist(), strict=True)),
                 "failed_jobs_seen": sorted(self.failed_jobs_seen),
                 # a worker of the previous version restores its lemon timing from here
                 "next_lemon": self.lemon.next_judgement,
-                "first_seen": self.first_seen,
-                "census_at": self.census_at,
+                "first_seen": _by_name(names, self.first_seen[:n], np.isfinite),
+                "census_at": _by_name(names, self.census_at[:n], np.isfinite),
                 "forget_clock": self.forget_clock,
             }
         )
@@ -367,16 +370,37 @@ class NodeTask:
         config = config or NodeTaskConfig()
         # snapshots before the detector protocol kept the lemon's timing in the task
         d["lemon"].setdefault("next_judgement", d.get("next_lemon", 0.0))
+        # the index first (its rows are every detector's); a snapshot written before the index
+        # had one node order per detector, which each detector's from_state puts in this order
+        last_ts = d["last_ts"]
+        index = NodeIndex(last_ts, [np.nan if t is None else t for t in last_ts.values()])
         return cls(
             jobs=jobs,
             config=config,
+            index=index,
             **{
-                reg.name: reg.detector.from_state(d[reg.name], getattr(config, reg.name))
+                reg.name: reg.detector.from_state(d[reg.name], getattr(config, reg.name), index)
                 for reg in NODE_DETECTORS
             },
-            last_ts=d["last_ts"],
             failed_jobs_seen=set(d["failed_jobs_seen"]),
-            first_seen=d.get("first_seen", {}),  # older snapshots: the census starts again
-            census_at=d.get("census_at", {}),
+            # older snapshots lack these: the census starts again
+            first_seen=_by_row(index, d.get("first_seen", {}), np.nan),
+            census_at=_by_row(index, d.get("census_at", {}), -np.inf),
             forget_clock=d.get("forget_clock", 0.0),  # older snapshots: checked on the first batch
         )
+
+
+def _by_name(names: list[str], values: np.ndarray, keep: Any) -> dict[str, float]:
+    """A per-node array as a snapshot keeps it: node -> value, where keep(value)."""
+    rows = np.flatnonzero(keep(values))
+    return dict(zip([names[r] for r in rows.tolist()], values[rows].tolist(), strict=True))
+
+
+def _by_row(index: NodeIndex, by_name: dict[str, float], fill: float) -> np.ndarray:
+    """A snapshot's node -> value as an array over the index's rows (fill where absent)."""
+    out = np.full(len(index), fill)
+    for node, value in by_name.items():
+        row = index.rows.get(node)
+        if row is not None:
+            out[row] = value
+    return out

@@ -51,10 +51,11 @@ def per_node_sizes(task: NodeTask) -> dict[str, int]:
     """Every per-node table of the task and its detectors, and the rows of their dense arrays."""
     hw, st = task.hardware, task.stats
     return {
-        "last_ts": len(task.last_ts),
+        "index": len(task.index),
+        "index.last_ts": task.index.allocated,
         "first_seen": len(task.first_seen),
         "census_at": len(task.census_at),
-        "hardware.nodes": len(hw.nodes),
+        "clock_skew": len(task.clock_skew),
         "hardware.node_ts": len(hw.node_ts),
         "hardware.gpu_rows": len(hw.gpu_rows),
         "hardware.gpu_counters": len(hw.gpu_counters.last_val),
@@ -63,9 +64,7 @@ def per_node_sizes(task: NodeTask) -> dict[str, int]:
         "hardware.ib_table": len(hw.ib_table),
         "hardware.ib_counters": len(hw.ib_counters.last_val),
         "hardware.ib_decay": len(hw.ib_decay.s),
-        "lemon.rows": len(task.lemon.rows),
         "lemon.events": len(task.lemon.events),
-        "stats.nodes": len(st.nodes),
         "stats.series": len(st.scorer.n),
         "stats.run": len(st.run),
         "stats.last_value": len(st.last_value),
@@ -92,7 +91,7 @@ def test_state_series_and_snapshot_are_bounded_by_the_steady_nodes_not_by_the_na
     outs = {case: feed(task, names) for case, (task, names) in tasks.items()}
     steady, churned, kept = (t for t, _names in tasks.values())
     try:
-        assert len(steady.last_ts) == len(churned.last_ts) == 50 and len(kept.last_ts) == 3050
+        assert len(steady.index) == len(churned.index) == 50 and len(kept.index) == 3050
         sizes = per_node_sizes(churned)
         bound = per_node_sizes(steady)  # grown by doubling: up to 2x the steady set's rows
         assert {k: v for k, v in sizes.items() if v > max(2 * bound[k], 64 * 8 * 3)} == {}
@@ -144,8 +143,8 @@ def test_a_silent_node_is_forgotten_its_silence_resolves_and_the_census_drops_it
         when = next(i for i, tick in enumerate(per_tick) if done in [m for _t, _k, m in tick])
         assert (topics.NODES, "gone", None) in per_tick[when] and tombstones(out) == ["gone"]
         assert 125 <= when <= 125 + 10  # the first check of the partition's clock past 125 s
-        assert "gone" not in task.last_ts and "gone" not in {n for n, _h, _s in task.node_health()}
-        assert "gone" not in task.census_at and "gone" not in task.hardware.nodes.rows
+        assert "gone" not in task.index.rows and "gone" not in {n for n, _h, _s in task.node_health()}
+        assert b'"gone"' not in task.to_bytes()
     finally:
         task.close()
 
@@ -169,7 +168,8 @@ def test_a_forgotten_node_that_reports_again_starts_fresh_and_its_faults_are_fou
             ("gone", 3, "critical", T0 + 201)
         ]
         assert [m for t, _k, m in again if t == topics.FINDINGS and m["kind"] != "xid"] == []
-        assert task.first_seen["gone"] == T0 + 201 and task.last_ts["gone"] == T0 + 201
+        row = task.index.rows["gone"]
+        assert task.first_seen[row] == T0 + 201 and task.index.last_ts[row] == T0 + 201
     finally:
         task.close()
 

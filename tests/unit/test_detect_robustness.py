@@ -144,33 +144,3 @@ def test_job_stage_survives_degenerate_steps(events: list[tuple[str, list[dict[s
         for _topic, _key, f in out:
             schemas.decode(schemas.encode(f))
     JobTask.from_bytes(task.to_bytes())
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    st.lists(
-        st.lists(st.tuples(st.sampled_from("abcde"), st.integers(0, 8).map(float)), max_size=8),
-        min_size=1,
-        max_size=8,
-    )
-)
-def test_fresh_keeps_each_nodes_newer_samples_in_order(batches: list[list[tuple[str, float]]]) -> None:
-    """NodeTask._fresh, on batches with and without a node twice (two code paths): a sample is
-    kept when it is newer than every earlier sample of its node, and each kept node's latest
-    time before the batch is reported."""
-    task = NodeTask(JobTable())
-    latest: dict[str, float] = {}
-    for batch in batches:
-        keep, prev = task._fresh([n for n, _t in batch], [t for _n, t in batch])
-        want_prev: dict[str, float] = {}
-        want_keep = []
-        for node, t in batch:
-            new = node not in latest or t > latest[node]
-            if new:
-                if node in latest:
-                    want_prev.setdefault(node, latest[node])
-                latest[node] = t
-            want_keep.append(new)
-        assert keep.tolist() == want_keep
-        assert prev == want_prev
-        assert task.last_ts == latest

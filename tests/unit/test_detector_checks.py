@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import random
 from functools import cache
+from itertools import compress
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
@@ -24,6 +26,7 @@ from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten
 from fleetwatch.detectors.lemon import LemonConfig
+from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext, NodeDetector
 from fleetwatch.detectors.registry import JOB_DETECTORS, NODE_DETECTORS, Registered
 from fleetwatch.pipeline.job_stage import JobTask
@@ -44,30 +47,33 @@ def config(reg: Registered) -> Any:
 
 
 class Feed:
-    """A detector fed as the node stage feeds it: stale samples dropped, the context kept."""
+    """A detector fed as the node stage feeds it: on the stage's node index (NodeIndex.admit drops
+    stale samples, as in the task), with the context the task gives."""
 
-    def __init__(self, detector: NodeDetector) -> None:
-        self.detector = detector
-        self.last_ts: dict[str, float] = {}
+    def __init__(self, reg: Registered, state: Any = None, index: NodeIndex | None = None) -> None:
+        self.index = NodeIndex() if index is None else index
+        if state is None:
+            self.detector = reg.detector(config(reg), self.index)
+        else:
+            self.detector = reg.detector.from_state(state, config(reg), self.index)
 
     def __call__(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        fresh: list[dict[str, Any]] = []
-        prev: dict[str, float] = {}
-        for m in msgs:
-            node, ts = m["node"], float(m["ts"])
-            before = self.last_ts.get(node)
-            if before is not None and ts <= before:
-                continue  # a duplicate or a late sample: the task drops it
-            if before is not None and node not in prev:
-                prev[node] = before
-            self.last_ts[node] = ts
-            fresh.append(m)
+        names = [m["node"] for m in msgs]
+        admitted = self.index.admit(names, np.array([m["ts"] for m in msgs], dtype=np.float64))
+        fresh = list(compress(msgs, admitted.keep.tolist()))
         if not fresh:
             return []
         batch = TelemetryBatch.from_messages(fresh)
-        nodes = batch.nodes()
-        ctx = NodeContext(nodes=nodes, seen=set(nodes), last_ts=self.last_ts, prev_ts=prev)
-        return self.detector.observe(batch, ctx)
+        return self.detector.observe(batch, NodeContext.of(batch, self.index, admitted.before[admitted.keep]))
+
+    def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
+        """As the task forgets: the index drops the nodes, then the detector, with its renumbering."""
+        return self.detector.forget(gone, self.index.drop(gone))
+
+    def restored(self, reg: Registered) -> Feed:
+        """A new feed from this one's snapshot: the index as the task restores it, the detector's state."""
+        index = NodeIndex(self.index.names, self.index.last_ts.tolist())
+        return Feed(reg, orjson.loads(state_bytes(self.detector)), index)
 
 
 @cache
@@ -78,8 +84,7 @@ def stream() -> tuple[tuple[dict[str, Any], ...], ...]:
     return tuple(tuple(ticks[i] + ticks[i + 1]) for i in range(0, len(ticks) - 1, 2))
 
 
-def run(detector: NodeDetector, batches: Any) -> list[dict[str, Any]]:
-    feed = Feed(detector)
+def run(feed: Feed, batches: Any) -> list[dict[str, Any]]:
     return [f for b in batches for f in feed([dict(m) for m in b])]
 
 
@@ -93,33 +98,29 @@ ALL = pytest.mark.parametrize("reg", NODE_DETECTORS, ids=[r.name for r in NODE_D
 def test_the_stream_gives_every_detector_something_to_find() -> None:
     """The checks below compare findings: each registered detector has some on this stream."""
     for reg in NODE_DETECTORS:
-        assert run(reg.detector(config(reg)), stream()), f"{reg.name} found nothing on the check stream"
+        assert run(Feed(reg), stream()), f"{reg.name} found nothing on the check stream"
 
 
 @ALL
 def test_deterministic(reg: Registered) -> None:
-    a, b = reg.detector(config(reg)), reg.detector(config(reg))
+    a, b = Feed(reg), Feed(reg)
     assert run(a, stream()) == run(b, stream())
-    assert state_bytes(a) == state_bytes(b)
+    assert state_bytes(a.detector) == state_bytes(b.detector)
 
 
 @ALL
 def test_a_snapshot_mid_stream_resumes_as_if_never_interrupted(reg: Registered) -> None:
     batches = stream()
     half = len(batches) // 2
-    whole = reg.detector(config(reg))
-    feed = Feed(whole)
-    first = [f for b in batches[:half] for f in feed([dict(m) for m in b])]
-    rest = [f for b in batches[half:] for f in feed([dict(m) for m in b])]
+    whole = Feed(reg)
+    first = run(whole, batches[:half])
+    rest = run(whole, batches[half:])
 
-    before = reg.detector(config(reg))
-    feed_b = Feed(before)
-    assert [f for b in batches[:half] for f in feed_b([dict(m) for m in b])] == first
-    restored = reg.detector.from_state(orjson.loads(state_bytes(before)), config(reg))
-    feed_r = Feed(restored)
-    feed_r.last_ts = dict(feed_b.last_ts)  # the task's own state, restored with it
-    assert [f for b in batches[half:] for f in feed_r([dict(m) for m in b])] == rest
-    assert state_bytes(restored) == state_bytes(whole)
+    before = Feed(reg)
+    assert run(before, batches[:half]) == first
+    restored = before.restored(reg)
+    assert run(restored, batches[half:]) == rest
+    assert state_bytes(restored.detector) == state_bytes(whole.detector)
 
 
 @ALL
@@ -137,7 +138,7 @@ def test_duplicate_and_late_samples_change_nothing(reg: Registered) -> None:
             batch += rng.sample(list(clean[i - 2]), 4)  # late copies of older samples, last
         noisy.append(batch)
     assert sum(map(len, noisy)) > sum(map(len, clean))
-    assert run(reg.detector(config(reg)), noisy) == run(reg.detector(config(reg)), clean)
+    assert run(Feed(reg), noisy) == run(Feed(reg), clean)
 
 
 @ALL
@@ -145,7 +146,7 @@ def test_constant_healthy_input_gives_no_findings(reg: Registered) -> None:
     """16 nodes reporting the same healthy values every second for 10 minutes."""
     [tick] = fleet(16, 1, seed=3)
     batches = [[{**m, "ts": m["ts"] + t, "seq": m["seq"] + t} for m in tick] for t in range(600)]
-    assert run(reg.detector(config(reg)), batches) == []
+    assert run(Feed(reg), batches) == []
 
 
 @cache
@@ -158,24 +159,23 @@ def test_state_is_bounded_by_the_nodes_not_by_time(reg: Registered) -> None:
     """The same 16 nodes for 2.5 and then 10 minutes of healthy, varying load: the state does not
     grow with time."""
     ticks = steady_fleet()
-    short, long = reg.detector(config(reg)), reg.detector(config(reg))
+    short, long = Feed(reg), Feed(reg)
     run(short, ticks[:150])
     run(long, ticks)
-    assert len(state_bytes(long)) <= 1.1 * len(state_bytes(short)) + 256
+    assert len(state_bytes(long.detector)) <= 1.1 * len(state_bytes(short.detector)) + 256
 
 
 @ALL
 def test_forgetting_every_node_leaves_no_trace_of_them_and_no_open_incident(reg: Registered) -> None:
     """What a detector learned about the fleet as a whole may stay; nothing of a forgotten node."""
-    det = reg.detector(config(reg))
-    feed = Feed(det)
-    for b in stream():
-        feed([dict(m) for m in b])
-    resolved = det.forget(Forgotten(dict(feed.last_ts), 3600.0))
+    feed = Feed(reg)
+    run(feed, stream())
+    names = list(feed.index.names)
+    resolved = feed.forget(Forgotten(dict(zip(names, feed.index.last_ts.tolist(), strict=True)), 3600.0))
     assert all(f["resolved"] for f in resolved)
-    assert not det.book.open
-    kept = state_bytes(det)
-    assert [n for n in feed.last_ts if f'"{n}"'.encode() in kept] == []
+    assert not feed.detector.book.open
+    kept = state_bytes(feed.detector)
+    assert [n for n in names if f'"{n}"'.encode() in kept] == []
 
 
 def test_a_snapshot_from_before_the_protocol_keeps_the_lemons_timing() -> None:

@@ -18,7 +18,7 @@ def run(det: GpuStats, ticks: list[list[dict[str, Any]]], per_batch: int = 1) ->
     for i in range(0, len(ticks), per_batch):
         msgs = [m for tick in ticks[i : i + per_batch] for m in tick]
         batch = TelemetryBatch.from_messages(msgs)
-        out += det.process(batch, batch.nodes())
+        out += det.process(batch)
     return out
 
 

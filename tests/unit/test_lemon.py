@@ -52,7 +52,7 @@ def test_one_fault_with_several_findings_is_one_episode() -> None:
     s.observe_samples(nodes, np.full(20, T0 + DAY))
     assert s.judge(T0 + DAY) == []
     _, _, ev, _ = s.scores()
-    assert ev[s.rows["n3"]] < 1.01
+    assert ev[s.index.rows["n3"]] < 1.01
 
 
 def test_state_round_trip_gives_the_same_scores() -> None:

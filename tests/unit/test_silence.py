@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.silence import SilenceDetector
 
 T0 = 1_764_000_000.0
+
+
+def held(last: dict[str, float]) -> NodeIndex:
+    """The nodes a task holds, with these latest sample times."""
+    return NodeIndex(last, list(last.values()))
 
 
 def test_a_silent_node_is_reported_and_resolves() -> None:
     det = SilenceDetector()
     last = {f"n{i}": T0 + 30 for i in range(10)}
     last["n3"] = T0 + 5
-    out = det.process(last, set(last) - {"n3"}, T0 + 30)
+    out = det.process(held(last), set(last) - {"n3"}, T0 + 30)
     assert [(f["node"], f["severity"], f["resolved"]) for f in out] == [("n3", "critical", False)]
     last["n3"] = T0 + 31
-    out = det.process(last, {"n3"}, T0 + 31)
+    out = det.process(held(last), {"n3"}, T0 + 31)
     assert [(f["node"], f["resolved"]) for f in out] == [("n3", True)]
 
 
@@ -23,7 +31,7 @@ def test_one_node_with_a_clock_ahead_does_not_silence_the_rest() -> None:
     det = SilenceDetector()
     last = {f"n{i}": T0 + 30 for i in range(20)}
     last["skewed"] = T0 + 3600  # an hour ahead
-    assert det.process(last, set(last), T0 + 3600) == []
+    assert det.process(held(last), set(last), T0 + 3600) == []
 
 
 def test_a_rack_going_quiet_is_still_seen() -> None:
@@ -31,7 +39,7 @@ def test_a_rack_going_quiet_is_still_seen() -> None:
     last = {f"n{i}": T0 + 60 for i in range(20)}
     for i in range(6):  # 30% of the nodes stop at once
         last[f"n{i}"] = T0 + 20
-    out = det.process(last, {f"n{i}" for i in range(6, 20)}, T0 + 60)
+    out = det.process(held(last), {f"n{i}" for i in range(6, 20)}, T0 + 60)
     assert {f["node"] for f in out} == {f"n{i}" for i in range(6)}
 
 
@@ -92,7 +100,7 @@ def test_a_partition_that_pauses_as_a_whole_is_not_a_silence() -> None:
     node fell behind the others, in one batch or tick by tick."""
     det = SilenceDetector()
     nodes = [f"n{i}" for i in range(10)]
-    prev = dict.fromkeys(nodes, T0)
+    prev = np.full(len(nodes), T0)  # each node's latest before the batch (batch.node_names' order)
     samples = [  # one sample each, then 59 s of nothing
         {"schema": "telemetry/1", "node": n, "ts": t, "seq": 0, "gpus": []}
         for t in (T0 + 1, T0 + 60)
@@ -100,4 +108,5 @@ def test_a_partition_that_pauses_as_a_whole_is_not_a_silence() -> None:
     ]
     batch = TelemetryBatch.from_messages(samples)
     last = dict.fromkeys(nodes, T0 + 60.0)
-    assert det.process(last, set(nodes), T0 + 60, batch=batch, prev_ts=prev) == []
+    assert batch.node_names == nodes
+    assert det.process(held(last), set(nodes), T0 + 60, batch=batch, prev_ts=prev) == []

@@ -22,6 +22,7 @@ from fleetwatch.detectors.findings import Incident, IncidentBook
 from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
+from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector
 from fleetwatch.detectors.straggler import JobWindow, StragglerConfig, StragglerDetector
 from fleetwatch.pipeline.job_stage import JobTask
@@ -77,7 +78,7 @@ def _hardware() -> Restored:
             (before.gpu_decay.t[: before.n_gpu], after.gpu_decay.t),
             (before.gpu_counters.last_val[: before.n_gpu], after.gpu_counters.last_val),
             (before.gpu_runs.run[: before.n_gpu], after.gpu_runs.run),
-            (before.node_ts[: len(before.nodes)], after.node_ts),
+            (before.node_ts[: len(before.index)], after.node_ts),
             # the windows are B's: the SBE hour, then B's rate window
             (after.gpu_decay.tau, np.array([3600.0, 120.0, 120.0, 120.0])),
         ],
@@ -89,11 +90,11 @@ def _gpu_stats() -> Restored:
     before = GpuStats()
     for tick in fleet(16, 320, seed=2, hot=(5, 3, 200)):
         batch = TelemetryBatch.from_messages(tick)
-        before.process(batch, batch.nodes())
+        before.process(batch)
     b = GpuStatsConfig(threshold=0.99, persist_samples=10, clear_after_s=5.0)
     after = GpuStats.from_state(orjson.loads(orjson.dumps(before.to_state())), b)
     st_before, st_after = before.scorer.to_state(), after.scorer.to_state()
-    n = len(before.nodes) * 8 * 3
+    n = len(before.index) * 8 * 3
     return Restored(
         configs=[(after.cfg, b)],
         books=[(before.book, after.book, lambda _i: 5.0)],
@@ -131,14 +132,15 @@ def _silence() -> Restored:
     before = SilenceDetector(SilenceConfig())
     last = {f"n{i}": T0 + 30 for i in range(10)}
     last["n3"] = T0 + 5
-    assert before.process(last, set(last) - {"n3"}, T0 + 30)
+    assert before.process(NodeIndex(last, list(last.values())), set(last) - {"n3"}, T0 + 30)
     b = SilenceConfig(silent_after_s=30.0)
     after = SilenceDetector.from_state(orjson.loads(orjson.dumps(before.to_state())), b)
 
     def then() -> None:
         # n5 quiet for 20 s: silent under A's 10 s, not under B's 30 s
         later = {**last, **{f"n{i}": T0 + 50 for i in range(10) if i not in (3, 5)}}
-        assert after.process(later, set(later) - {"n3", "n5"}, T0 + 50) == []
+        held = NodeIndex(later, list(later.values()))
+        assert after.process(held, set(later) - {"n3", "n5"}, T0 + 50) == []
 
     return Restored(
         configs=[(after.cfg, b)],
@@ -227,7 +229,8 @@ def _node_task() -> Restored:
         ],
         books=[(before.hardware.book, after.hardware.book, lambda i: 20.0 if i.kind == "xid" else 30.0)],
         state=[
-            (before.last_ts, after.last_ts),
+            (before.index.names, after.index.names),
+            (before.index.last_ts, after.index.last_ts),
             (before.lemon.next_judgement, after.lemon.next_judgement),
             (before.hardware.gpu_decay.s[: before.hardware.n_gpu], after.hardware.gpu_decay.s),
         ],
