@@ -25,7 +25,9 @@ from fleetwatch.bus import Bus
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 512 * 1024
-LOST_REASONS = ("timeout", "incomplete")  # why a snapshot that exists could not be restored
+# why a snapshot that exists could not be restored: not read in time, chunks missing, or read but
+# not loadable by its stage (pipeline/worker.py)
+LOST_REASONS = ("timeout", "incomplete", "unreadable")
 
 
 @dataclass(frozen=True)

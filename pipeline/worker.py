@@ -217,11 +217,12 @@ class Worker:
         for name, p in sorted(keys):
             stage = self.stages[name]
             snap = snaps[(self._state_name(name), p)]
-            if snap is None:
+            task = None if snap is None else self._restored(name, p, snap.state)
+            if task is None:
                 self.tasks[(name, p)] = stage.new_task(p)
                 self._snap_offsets[(name, p)] = {}
             else:
-                self.tasks[(name, p)] = stage.load_task(p, snap.state)
+                self.tasks[(name, p)] = task
                 self._snap_offsets[(name, p)] = snap.offsets
                 log.info(
                     "restored %s partition %d from a snapshot of %.0f s ago",
@@ -244,6 +245,19 @@ class Worker:
             starts[tp] = self.offsets[tp] = off
             anchor.add(self._task_key(tp))
         return starts, anchor
+
+    def _restored(self, name: str, partition: int, state: bytes) -> Any:
+        """The task of a snapshot, or None where the stage cannot load it (a bug, or a snapshot
+        no release this one reads wrote): that partition starts cold, counted and logged, rather
+        than stopping the worker on every restart."""
+        try:
+            return self.stages[name].load_task(partition, state)
+        except Exception:
+            log.exception(
+                "could not restore %s partition %d from its snapshot; it starts cold", name, partition
+            )
+            STATE_LOST.labels(self.group, name, "unreadable").inc()
+            return None
 
     def _anchor(self, keys: set[tuple[str, int]]) -> None:
         """Snapshot these tasks at once, with the offsets they start from, before they process

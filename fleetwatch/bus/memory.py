@@ -75,10 +75,14 @@ class MemoryBus:
         with self._lock:
             parts = self.partitions(topic)
             if partition is None:
-                partition = (murmur2(key) & 0x7FFFFFFF) % len(parts) if key is not None else 0
+                partition = self.partition_of(topic, key)
             ms = self._clock_ms() if topic in self.log_append_time else -1
             parts[partition].append(Stored(key, value, headers, ms))
             return partition, len(parts[partition]) - 1
+
+    def partition_of(self, topic: str, key: bytes | None) -> int:
+        """Where a keyed record goes: murmur2, as the real producers partition."""
+        return (murmur2(key) & 0x7FFFFFFF) % len(self.partitions(topic)) if key is not None else 0
 
     def committed(self, group: str) -> dict[TopicPart, int]:
         """The group's committed offsets (for test assertions)."""

@@ -10,10 +10,12 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from fleetwatch import schemas, topics
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.memory import MemoryBus
+from fleetwatch.pipeline.state_store import write_snapshot
 from fleetwatch.pipeline.tasks import Output, Stage
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
@@ -187,3 +189,35 @@ def test_each_output_topic_is_written_by_its_stages_serializer() -> None:
         (n, k) for n in NODES[:2] for k in (1, 2)
     ]
     worker.close()
+
+
+def test_a_snapshot_its_stage_cannot_load_starts_that_partition_cold_and_the_worker_goes_on() -> None:
+    """A snapshot a stage cannot load (a bug, or one written by a release this one does not read)
+    must not stop the worker on every restart: that partition starts from the group's offsets
+    with no state, counted as state lost ("unreadable"); the others restore as usual."""
+    bus = _bus()
+    _feed(bus, range(3))
+    a = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    a.run(StopFlag(install=False), idle_exit_s=0)
+    a.close()
+    producer = bus.producer()
+    write_snapshot(producer, "g/count", 0, {IN: 0}, b"{not a state")
+    producer.flush(timeout_s=1)
+    lost = REGISTRY.get_sample_value(
+        "fleetwatch_worker_state_lost_total", {"group": "g", "stage": "count", "reason": "unreadable"}
+    )
+    produced = [len(log) for log in bus.partitions(OUT)]
+    _feed(bus, range(3, 4))
+    b = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _drain(b)
+    after = REGISTRY.get_sample_value(
+        "fleetwatch_worker_state_lost_total", {"group": "g", "stage": "count", "reason": "unreadable"}
+    )
+    assert after == (lost or 0.0) + 1
+    new = {
+        (m := orjson.loads(r.value))["node"]: m["n"]
+        for log, k in zip(bus.partitions(OUT), produced, strict=True)
+        for r in log[k:]
+    }
+    cold = {n for n in NODES if bus.partition_of(IN, n.encode()) == 0}
+    assert cold and new == {n: 1 if n in cold else 4 for n in NODES}  # partition 0 counts afresh
