@@ -379,13 +379,13 @@ def _worker_proc(
     reports: Any,
 ) -> None:
     from fleetwatch import schemas
+    from fleetwatch.pipeline import telemetry_decode
     from fleetwatch.pipeline.job_table import JobTable
     from fleetwatch.pipeline.node_stage import NodeTask
     from fleetwatch.pipeline.tasks import Stage
     from fleetwatch.pipeline.worker import Worker
 
     me, n, parts = member
-    owned, changed, polled, go = forming
     jobs = JobTable()
     stage = Stage(
         name=group,
@@ -399,12 +399,25 @@ def _worker_proc(
     worker = Worker(bootstrap, group, [stage], snapshot_every_s=3600)
     if os.environ.get("FLEETWATCH_BENCH_DECODER") == "msgspec":
         # the worker as it runs while the scanner is still compiling: the message decoders only
-        import threading
+        with telemetry_decode.message_decoders_only():
+            _run_member(worker, me, n, parts, forming, started, done, total, reports)
+    else:
+        _run_member(worker, me, n, parts, forming, started, done, total, reports)
 
-        from fleetwatch.pipeline import telemetry_decode
 
-        telemetry_decode._scanner_ready.clear()
-        telemetry_decode._scanner_loader = threading.Thread()
+def _run_member(
+    worker: Any,
+    me: int,
+    n: int,
+    parts: int,
+    forming: Any,
+    started: Any,
+    done: Any,
+    total: int,
+    reports: Any,
+) -> None:
+    """One member's run: join, wait until the group has formed, then read until `total` are done."""
+    owned, changed, polled, go = forming
     with started.get_lock():
         started.value += 1
     while started.value < n:

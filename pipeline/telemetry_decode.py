@@ -17,10 +17,11 @@ through the message decoders, which give the same messages and errors, ~3x slowe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 _scanner_ready = threading.Event()
 _scanner_lock = threading.Lock()
 _scanner_loader: threading.Thread | None = None  # the thread loading it in the background, if any
+_decoders_only = 0  # > 0: inside message_decoders_only()
 
 
 def load_scanner(background: bool = False) -> None:
@@ -54,6 +56,31 @@ def load_scanner(background: bool = False) -> None:
 
 def scanner_ready() -> bool:
     return _scanner_ready.is_set()
+
+
+@contextlib.contextmanager
+def message_decoders_only() -> Iterator[None]:
+    """Decode every batch with the message decoders, as while the scanner loads in the background:
+    to compare the two ways (tests/unit/test_telemetry_scan.py) and to time the worker without the
+    scanner (benchmarks/detect_throughput.py --decoder msgspec)."""
+    global _decoders_only
+    _decoders_only += 1
+    try:
+        yield
+    finally:
+        _decoders_only -= 1
+
+
+def _use_scanner() -> bool:
+    """Whether this batch goes through the scanner: not while it loads in the background (it is
+    not waited for), nor inside message_decoders_only(); a first call with no loader loads it now."""
+    if _decoders_only:
+        return False
+    if not _scanner_ready.is_set():
+        if _scanner_loader is not None:
+            return False
+        load_scanner()
+    return True
 
 
 def _load_scanner() -> None:
@@ -82,10 +109,8 @@ def decode_telemetry(
     n = len(block)
     refs = block.reference_times(now)
     keys = block.keys() if check_keys and isinstance(records, RecordBlock) else None
-    if not _scanner_ready.is_set():
-        if _scanner_loader is not None:  # being compiled in the background: not waited for
-            return _decode_all(block, keys, refs, clock, max_bytes)
-        load_scanner()
+    if not _use_scanner():
+        return _decode_all(block, keys, refs, clock, max_bytes)
     from fleetwatch import telemetry_scan
 
     # tombstones and oversized values are left to the decoders, which name them

@@ -9,7 +9,6 @@ import json
 import random
 import re
 import textwrap
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -291,20 +290,16 @@ _KEYS = [b"gpu-node-0001", b"gpu-node-0002", b"ghost", None]
 
 
 @contextlib.contextmanager
-def scanner_loading() -> Iterator[None]:
-    """As while load_scanner(background=True) is compiling: a loader thread, not ready yet; and a
-    scanner that must not be called."""
+def scanner_loading(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The decoders only, as while load_scanner(background=True) is compiling; and a scanner that
+    must not be called."""
 
     def not_ready(*_args: Any) -> Any:
         raise AssertionError("the scanner was called before it was ready")
 
-    saved = telemetry_decode._scanner_ready, telemetry_decode._scanner_loader, telemetry_scan.scan_spans
-    telemetry_decode._scanner_ready, telemetry_decode._scanner_loader = threading.Event(), threading.Thread()
-    telemetry_scan.scan_spans = not_ready  # type: ignore[assignment]
-    try:
+    with monkeypatch.context() as patched, telemetry_decode.message_decoders_only():
+        patched.setattr(telemetry_scan, "scan_spans", not_ready)
         yield
-    finally:
-        telemetry_decode._scanner_ready, telemetry_decode._scanner_loader, telemetry_scan.scan_spans = saved
 
 
 @settings(max_examples=150, deadline=None)
@@ -333,7 +328,7 @@ def test_the_workers_decode_equals_the_decoders(records: list[tuple[Any, Any, in
     want_ok, want_bad = schemas.decode_batch(
         raws, schemas.TELEMETRY, keys=block.keys(), ref_ts=refs, clock=CLOCK, struct=True
     )
-    with scanner_loading() if loading else contextlib.nullcontext():
+    with pytest.MonkeyPatch.context() as mp, scanner_loading(mp) if loading else contextlib.nullcontext():
         got, bad = decode_telemetry(block, now=NOW, clock=CLOCK)
     assert [(i, e.reason, e.detail) for i, e in bad] == [(i, e.reason, e.detail) for i, e in want_bad]
     if not want_ok:
