@@ -22,7 +22,49 @@ tests/unit/test_telemetry_scan.py checks on generated and mutated messages that 
 accepts is accepted by fast_schema with the same columns.
 
 Memory safety: every read is checked against the message's end (`i < e` before `buf[i]`);
-the tests run the scanner with numba's bounds checking on as well.
+the tests run the scanner with numba's bounds checking on as well. libc's strtod, the one reader
+that is not the scanner's own, is only called on a token followed by a byte of its message that
+ends it (see _number).
+
+Reading guide
+-------------
+Input: the batch's messages lie in one uint8 buffer, message k at buf[starts[k]:ends[k]]. Every
+compiled reader takes (buf, i, e): read from index i, never at or past e (the message's end),
+and return the index just after what it read (first in a tuple where it returns more), or -1:
+"not certain; leave the message".
+
+Three passes:
+1. Import (Python): the contract in schemas.py becomes lookup tables. KEY_NAMES lists every key
+   the contract names anywhere (a key's id is its index there). An object's kind is a
+   *context* (TOP, GPU, HOST, NET, IB, ETH, AGENT), and KEY_MEANING[ctx, key id] says what the
+   key means in it: a column number (>= 0) for a numeric field, a negative code for any other
+   field (T_*, G_*, N_*, P_*, STRING, A_*), UNKNOWN for a key the contract does not name there.
+   LO / HI / INTEGER[ctx, column] are the field's bounds; KEY_SLOTS is a hash table of the names.
+2. Compiled, one pass over the batch: _scan calls _message for each message, which walks the
+   top-level object one member at a time (_member_of reads a key and looks up its meaning) and
+   hands each value to its reader: _number / _string_end for scalars, _gpu_list -> _gpu_object
+   for "gpus", _flat_object for "host" and each port, _net_object -> _port_list for "net",
+   _agent_object for "agent". Values go straight into the output arrays at the next free row.
+3. Python (scan_spans): strings were recorded as (start, end) spans into buf; _intern gives each
+   distinct node name / IB port / IB state a code, and only the distinct ones become str.
+
+Taken or left: _message returns _OK when it reached the end of the object, with nothing after
+it and every required key seen; on any doubt it returns _BAIL at once. _scan advances its row
+counters only for an _OK message, so a left message needs no undo: the rows it wrote are written
+over by the next message, and fast_schema decodes it later. _FULL_* means an output array ran out
+of rows: _scan stops, and scan_spans runs the whole batch again (from scratch) with that array
+4x larger.
+
+Output rows (the Scan fields): one row per taken message (node span, ts, seq, host); one per GPU
+object (entries, entry_lost, entry_msg = its message's row); one per XID (xid_entry = its GPU
+entry's row, xid_code); one per IB port (ib, ib_spans, ib_msg). Ethernet ports are checked, not
+kept. Absent numeric fields are NaN.
+
+Key prediction (key_guess): collectors write an object's keys in the same order every time, so
+key_guess[id] remembers the id of the key that followed key `id` last time, and
+key_guess[_GUESS_FIRST + ctx] the first key of the last `ctx` object. _key tries that guess with
+one comparison and hashes the key only on a miss. It is a guess, never trusted: a wrong one costs
+a hash lookup, nothing else.
 """
 
 from __future__ import annotations
@@ -42,27 +84,34 @@ from fleetwatch import schemas as s
 # libc loaded, and the C locale's decimal point is '.' (Python never sets LC_NUMERIC).
 _strtod = types.ExternalFunction("strtod", types.float64(types.voidptr, types.voidptr))
 
-# Contexts: one object kind each; ACT[ctx, key id] says what a key means there.
+# ---------------------------------------------------------------- the contract, as tables
+
+# Contexts: one kind of JSON object each.
 TOP, GPU, HOST, NET, IB, ETH, AGENT = range(7)
+N_CONTEXTS = 7
+# What a key means in a context (KEY_MEANING[ctx, key id]): a numeric field is its column number
+# (>= 0) in that context's output row; every other field has a negative code, numbered per
+# context (so -2 is "schema" at the top level but "uuid" in a GPU object).
 UNKNOWN = -1  # a key the contract does not name here: the message is left to the other decoder
-# Non-numeric keys, by context (numeric keys are their column number, >= 0).
 T_SCHEMA, T_NODE, T_TS, T_SEQ, T_GPUS, T_HOST, T_NET, T_AGENT = (-2, -3, -4, -5, -6, -7, -8, -9)
 G_UUID, G_XIDS, G_LOST = -2, -3, -4
 N_IB, N_ETH = -2, -3
 P_DEVICE, P_PORT, P_STATE = -2, -3, -4  # IB ports; Ethernet's iface/state are plain strings (-5)
-STRING = -5
+STRING = -5  # a string checked and not kept (ETH and AGENT only, where -5 means nothing else)
 A_SOURCE_ERRORS = -2
 
+# The numeric columns of each output row, in order: the Scan arrays' second axis.
 GPU_COLUMNS = ("index", *(f for f in s.GPU_FIELDS if f not in ("uuid", "xids")))
 HOST_COLUMNS = tuple(s.HOST_FIELDS)
 IB_COLUMNS = tuple(f for f in s.IB_FIELDS if f not in ("device", "port", "state"))
 ETH_COLUMNS = tuple(f for f in s.ETH_FIELDS if f not in ("iface", "state"))
-MAX_COLS = 32
+MAX_COLS = 32  # room for the columns of any one context in LO / HI / INTEGER
 SCHEMA_BYTES = np.frombuffer(s.TELEMETRY.encode(), dtype=np.uint8).copy()
 
 
 def _tables() -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Key names, ACT (ctx x key -> meaning), and per ctx x column: lo, hi, integers only."""
+    """(KEY_NAMES; KEY_MEANING[ctx, key id]; and per [ctx, column] the field's bounds lo, hi and
+    whether it takes integers only), from schemas.py's field tables."""
     specials = {
         TOP: {
             "schema": T_SCHEMA,
@@ -93,28 +142,29 @@ def _tables() -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray
     specs = {GPU: s.GPU_FIELDS, HOST: s.HOST_FIELDS, IB: s.IB_FIELDS, ETH: s.ETH_FIELDS}
     names = sorted({k for d in specials.values() for k in d} | {c for cs in columns.values() for c in cs})
     key_id = {k: i for i, k in enumerate(names)}
-    act = np.full((7, len(names)), UNKNOWN, dtype=np.int64)
-    lo = np.zeros((7, MAX_COLS))
-    hi = np.zeros((7, MAX_COLS))
-    integer = np.zeros((7, MAX_COLS), dtype=np.bool_)
-    for ctx in range(7):
+    meaning = np.full((N_CONTEXTS, len(names)), UNKNOWN, dtype=np.int64)
+    lo = np.zeros((N_CONTEXTS, MAX_COLS))
+    hi = np.zeros((N_CONTEXTS, MAX_COLS))
+    integer = np.zeros((N_CONTEXTS, MAX_COLS), dtype=np.bool_)
+    for ctx in range(N_CONTEXTS):
         for k, code in specials[ctx].items():
-            act[ctx, key_id[k]] = code
+            meaning[ctx, key_id[k]] = code
         for col, k in enumerate(columns[ctx]):
-            act[ctx, key_id[k]] = col
+            meaning[ctx, key_id[k]] = col
             if k == "index":  # GPU index: an integer 0..MAX_GPU_INDEX (uniqueness checked apart)
                 lo[ctx, col], hi[ctx, col], integer[ctx, col] = 0, s.MAX_GPU_INDEX, True
             else:
                 lo[ctx, col], hi[ctx, col], integer[ctx, col] = s._RANGES[specs[ctx][k]]
-    return names, act, lo, hi, integer
+    return names, meaning, lo, hi, integer
 
 
-KEY_NAMES, ACT, LO, HI, INTEGER = _tables()
+KEY_NAMES, KEY_MEANING, LO, HI, INTEGER = _tables()
 
 
 def _key_table(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An open-addressing hash table of key names: slot -> key id (-1 empty), plus the names'
-    bytes (concatenated, with offsets) to confirm a hit."""
+    """An open-addressing hash table of key names: slot -> key id (-1 empty), at most a quarter
+    full so that probes are short; plus the names' bytes (concatenated: name k is
+    KEY_BLOB[KEY_OFFS[k]:KEY_OFFS[k + 1]]) to confirm a hit."""
     blob = b"".join(n.encode() for n in names)
     offs = np.zeros(len(names) + 1, dtype=np.int64)
     np.cumsum([len(n) for n in names], out=offs[1:])
@@ -135,140 +185,59 @@ def _hash_py(b: bytes) -> int:  # the same hash as _key computes
     return h
 
 
-SLOTS, KEY_BLOB, KEY_OFFS = _key_table(KEY_NAMES)
-# A per-object bitmask of the keys seen (duplicates are left to the other decoder) needs < 63 keys.
+KEY_SLOTS, KEY_BLOB, KEY_OFFS = _key_table(KEY_NAMES)
+# `seen`, a per-object bitmask of the key ids read (a duplicate is left to the other decoder),
+# needs < 63 keys; `gpu_seen`, a bitmask of GPU indices, needs indices < 64.
 assert len(KEY_NAMES) < 63, len(KEY_NAMES)
-
-# ---------------------------------------------------------------- compiled helpers
-
-_POW10 = np.array([10.0**k for k in range(23)])
-_MAX_STRING = s.MAX_ID_LEN
-_EXACT = float(2**53)
-
-
-@njit(cache=True, inline="always", _nrt=False)
-def _ws(buf, i, e):  # type: ignore[no-untyped-def]
-    while i < e:
-        c = buf[i]
-        if c != 32 and c != 10 and c != 13 and c != 9:
-            return i
-        i += 1
-    return i
-
-
-@njit(cache=True, _nrt=False)
-def _string(buf, i, e):  # type: ignore[no-untyped-def]
-    """buf[i] is '"': the index after the closing quote, or -1 (escape, control, non-ASCII, open,
-    or longer than the longest string the contract allows where the scanner reads strings)."""
-    i += 1
-    e = min(e, i + _MAX_STRING + 1)
-    while i < e:
-        c = buf[i]
-        if c == 34:
-            return i + 1
-        if c == 92 or c < 32 or c >= 128:
-            return -1
-        i += 1
-    return -1
-
-
-@njit(cache=True, _nrt=False)
-def _number(buf, i, e):  # type: ignore[no-untyped-def]
-    """A JSON number at buf[i]: (end, kind, int value, float value); kind 0 = not one we take,
-    1 = an integer token, 2 = a token with a fraction or exponent."""
-    start = i
-    neg = False
-    if i < e and buf[i] == 45:
-        neg = True
-        i += 1
-    if i >= e or buf[i] < 48 or buf[i] > 57:
-        return -1, 0, 0, 0.0
-    mant = 0
-    digits = 0  # significant digits in mant; beyond 18 it would overflow: `long` goes to strtod
-    long = False
-    if buf[i] == 48:
-        i += 1
-        if i < e and 48 <= buf[i] <= 57:
-            return -1, 0, 0, 0.0  # leading zero
-    else:
-        while i < e and 48 <= buf[i] <= 57:
-            if digits >= 18:
-                long = True
-            else:
-                mant = mant * 10 + (buf[i] - 48)
-                digits += 1
-            i += 1
-    frac = 0
-    is_float = False
-    if i < e and buf[i] == 46:
-        is_float = True
-        i += 1
-        if i >= e or buf[i] < 48 or buf[i] > 57:
-            return -1, 0, 0, 0.0
-        while i < e and 48 <= buf[i] <= 57:
-            if digits >= 18:
-                long = True
-            else:
-                mant = mant * 10 + (buf[i] - 48)
-                if mant != 0:
-                    digits += 1
-                frac += 1
-            i += 1
-    exp = 0
-    if i < e and (buf[i] == 101 or buf[i] == 69):
-        is_float = True
-        i += 1
-        eneg = False
-        if i < e and (buf[i] == 43 or buf[i] == 45):
-            eneg = buf[i] == 45
-            i += 1
-        if i >= e or buf[i] < 48 or buf[i] > 57:
-            return -1, 0, 0, 0.0
-        while i < e and 48 <= buf[i] <= 57:
-            if exp > 10000:
-                return -1, 0, 0, 0.0
-            exp = exp * 10 + (buf[i] - 48)
-            i += 1
-        if eneg:
-            exp = -exp
-    if not is_float:
-        if long:  # an integer beyond 18 digits: left to the other decoder
-            return -1, 0, 0, 0.0
-        v = -mant if neg else mant
-        return i, 1, v, float(v)
-    p = exp - frac
-    if mant == 0:
-        f = 0.0
-    elif not long and float(mant) <= _EXACT and -22 <= p <= 22:
-        # both operands exact: one IEEE operation is correctly rounded (Clinger's fast path)
-        f = float(mant) * _POW10[p] if p >= 0 else float(mant) / _POW10[-p]
-    else:
-        f = _strtod(buf[start:].ctypes, 0)
-        if neg:
-            f = -f  # strtod read the sign too; undo before the common negation below
-    if neg:
-        f = -f
-    if not math.isfinite(f):
-        return -1, 0, 0, 0.0
-    return i, 2, 0, f
-
-
-# Every numeric field of a GPU, host or port object (~9 in 10 of a message's values) goes through
-# inlined copies of _number, _member_of and _next (the same code): a call each cost ~25% of the
-# scanner's time. They are inlined there only: numba then compiles this in ~1.5 min (~15 s with
-# no inlining); at every call site it took ~2 min for ~0.2 us a message more.
-_number_inline = njit(cache=True, _nrt=False, inline="always")(_number.py_func)
-
-_MAX_GPUS = s.MAX_GPUS
-# pred[] slots: one per key (the key after it), one per context (its first key)
-_START = len(KEY_NAMES)
-_PRED_SLOTS = _START + 7
+assert s.MAX_GPU_INDEX < 64, s.MAX_GPU_INDEX
+# The top-level keys a message must have.
 _REQUIRED = sum(1 << KEY_NAMES.index(k) for k in ("schema", "node", "ts", "seq", "gpus"))
+# key_guess slots: one per key id (the key after it), then one per context (its first key).
+_GUESS_FIRST = len(KEY_NAMES)
+_GUESS_SLOTS = _GUESS_FIRST + N_CONTEXTS
+
+# The contract's limits (global numbers are compile-time constants to numba).
+_MAX_STRING = s.MAX_ID_LEN
+_MAX_GPUS = s.MAX_GPUS
 _MAX_PORTS = s.MAX_PORTS
 _MAX_XIDS = s.MAX_XIDS
 _MAX_XID = s.MAX_XID
 _MAX_PORT_NUMBER = s.MAX_PORT_NUMBER
+_MAX_NAME = 253  # a node name: schemas.NAME_RE, ^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$
+
+# Numbers.
+_MAX_EXACT_POW10 = 22  # 10.0**22 is the largest power of ten that is exact in float64
+_POW10 = np.array([10.0**k for k in range(_MAX_EXACT_POW10 + 1)])
+_EXACT = float(2**53)  # integers up to this are exact in float64
+_MAX_DIGITS = 18  # significant digits that always fit the int64 mantissa (10**18 < 2**63)
+_EXPONENT_CAP = 10000  # a digit more once past this: left to the other decoder (exp cannot overflow)
+# _number's kinds of token
+_NO_NUMBER, _INT_TOKEN, _FLOAT_TOKEN = 0, 1, 2
+# _literal's values
+_FALSE, _TRUE, _NULL = 0, 1, 2
+_TRUE_BYTES = np.frombuffer(b"true", dtype=np.uint8).copy()
+_FALSE_BYTES = np.frombuffer(b"false", dtype=np.uint8).copy()
+_NULL_BYTES = np.frombuffer(b"null", dtype=np.uint8).copy()
+
+# Status of a message (_message, _scan) or of one of its parts (_gpu_list, _net_object, ...).
+_OK = 0  # read in full: the message is taken
 _BAIL = -1  # the message is left to fast_schema
+_FULL_ENTRIES, _FULL_IB, _FULL_XIDS = 1, 2, 3  # an output array is full: the caller retries with more room
+_XIDS_FULL = -2  # _gpu_object's end index when xid_entry / xid_code are full
+
+# ib_spans columns: (start, end) in buf of an IB port's device, port and state text, -1 absent.
+_DEVICE_SPAN, _PORT_SPAN, _STATE_SPAN = 0, 2, 4
+_SPAN_COLS = 6
+
+# Bytes, by name (the same code as the literals: numba folds these constants in).
+_QUOTE, _BACKSLASH, _COLON, _COMMA = ord('"'), ord("\\"), ord(":"), ord(",")
+_OPEN_OBJECT, _CLOSE_OBJECT, _OPEN_ARRAY, _CLOSE_ARRAY = ord("{"), ord("}"), ord("["), ord("]")
+_MINUS, _PLUS, _DOT, _LOWER_E, _UPPER_E = ord("-"), ord("+"), ord("."), ord("e"), ord("E")
+_ZERO, _NINE = ord("0"), ord("9")
+_UPPER_A, _UPPER_Z, _LOWER_A, _LOWER_Z = ord("A"), ord("Z"), ord("a"), ord("z")
+_UNDERSCORE = ord("_")
+_SPACE, _TAB, _NEWLINE, _RETURN = ord(" "), ord("\t"), ord("\n"), ord("\r")
+_ASCII_END = 128  # a plain string byte is in [_SPACE, _ASCII_END): no control, no non-ASCII
 
 
 def _drop_stale_cache() -> None:
@@ -281,7 +250,7 @@ def _drop_stale_cache() -> None:
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     parts = [repr(KEY_NAMES).encode(), SCHEMA_BYTES.tobytes()]
-    parts += [a.tobytes() for a in (ACT, LO, HI, INTEGER, SLOTS, KEY_BLOB, KEY_OFFS)]
+    parts += [a.tobytes() for a in (KEY_MEANING, LO, HI, INTEGER, KEY_SLOTS, KEY_BLOB, KEY_OFFS)]
     parts.append(repr((_MAX_STRING, _MAX_GPUS, _MAX_PORTS, _MAX_XIDS, _MAX_XID, _MAX_PORT_NUMBER)).encode())
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
     cache = Path(__file__).parent / "__pycache__"
@@ -300,250 +269,189 @@ def _drop_stale_cache() -> None:
         pass
 
 
-_drop_stale_cache()
-_FULL_E, _FULL_P, _FULL_X = 1, 2, 3  # an output array is full: the caller retries with more room
+_drop_stale_cache()  # before any compiled function is first called, which is when numba loads it
+
+# ---------------------------------------------------------------- compiled: tokens
+# Each takes (buf, i, e) and returns the index after what it read, or -1 (see the reading guide).
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def _skip_space(buf, i, e):  # type: ignore[no-untyped-def]
+    """The index of the first byte at or after i that is not JSON whitespace (e if none)."""
+    while i < e:
+        c = buf[i]
+        if c != _SPACE and c != _NEWLINE and c != _RETURN and c != _TAB:
+            return i
+        i += 1
+    return i
+
+
+@njit(cache=True, _nrt=False)
+def _string_end(buf, i, e):  # type: ignore[no-untyped-def]
+    """buf[i] is '"': the index after the closing quote, or -1 (escape, control, non-ASCII, open,
+    or longer than the longest string the contract allows where the scanner reads strings)."""
+    i += 1
+    e = min(e, i + _MAX_STRING + 1)  # room for the longest string and its closing quote
+    while i < e:
+        c = buf[i]
+        if c == _QUOTE:
+            return i + 1
+        if c == _BACKSLASH or c < _SPACE or c >= _ASCII_END:
+            return -1
+        i += 1
+    return -1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _spelled(buf, i, e, word):  # type: ignore[no-untyped-def]
+    """buf[i:e] begins with the bytes of `word`."""
+    if i + len(word) > e:
+        return False
+    for k in range(len(word)):  # noqa: SIM110 (a loop, not all() over a generator: numba)
+        if buf[i + k] != word[k]:
+            return False
+    return True
 
 
 @njit(cache=True, _nrt=False)
 def _literal(buf, i, e):  # type: ignore[no-untyped-def]
-    """true / false / null at buf[i]: (end, 1 | 0 | 2), end -1 if none of them."""
-    if i + 4 <= e and buf[i] == 116 and buf[i + 1] == 114 and buf[i + 2] == 117 and buf[i + 3] == 101:
-        return i + 4, 1
-    if (
-        i + 5 <= e
-        and buf[i] == 102
-        and buf[i + 1] == 97
-        and buf[i + 2] == 108
-        and buf[i + 3] == 115
-        and buf[i + 4] == 101
-    ):
-        return i + 5, 0
-    if i + 4 <= e and buf[i] == 110 and buf[i + 1] == 117 and buf[i + 2] == 108 and buf[i + 3] == 108:
-        return i + 4, 2
-    return -1, 0
-
-
-@njit(cache=True, _nrt=False, inline="always")  # called by _member_of only
-def _key(buf, i, e, pred, prev):  # type: ignore[no-untyped-def]
-    """A key at buf[i]: (its id in KEY_NAMES or -1 if the contract does not name it, the index
-    of its value or -1 if malformed).
-
-    Collectors write keys in a fixed order, so the key that followed `prev` last time
-    (pred[prev]) is tried first with one comparison; only a miss hashes the key (and teaches
-    pred). A key that matches a known name byte for byte needs no further character checks."""
-    if i >= e or buf[i] != 34:
-        return -1, -1
-    a = i + 1
-    c = pred[prev]
-    if c >= 0:
-        start = KEY_OFFS[c]
-        n = KEY_OFFS[c + 1] - start
-        if a + n < e and buf[a + n] == 34:
-            same = True
-            for k in range(n):
-                if KEY_BLOB[start + k] != buf[a + k]:
-                    same = False
-                    break
-            if same:
-                j = _ws(buf, a + n + 1, e)
-                if j >= e or buf[j] != 58:
-                    return -1, -1
-                return c, _ws(buf, j + 1, e)
-    h = 0
-    j = a
-    while j < e:
-        ch = buf[j]
-        if ch == 34:
-            break
-        if ch == 92 or ch < 32 or ch >= 128:
-            return -1, -1
-        h = (h * 31 + ch) & 0xFFFFFFFF
-        j += 1
-    if j >= e:
-        return -1, -1
-    b = j
-    mask = len(SLOTS) - 1
-    h &= mask
-    kid = -1
-    while SLOTS[h] != -1:
-        c = SLOTS[h]
-        start = KEY_OFFS[c]
-        n = KEY_OFFS[c + 1] - start
-        if n == b - a:
-            same = True
-            for k in range(n):
-                if KEY_BLOB[start + k] != buf[a + k]:
-                    same = False
-                    break
-            if same:
-                kid = c
-                break
-        h = (h + 1) & mask
-    pred[prev] = kid
-    j = _ws(buf, b + 1, e)
-    if j >= e or buf[j] != 58:
-        return -1, -1
-    return kid, _ws(buf, j + 1, e)
+    """true / false / null at buf[i]: (end, _TRUE | _FALSE | _NULL), end -1 if none of them."""
+    if _spelled(buf, i, e, _TRUE_BYTES):
+        return i + len(_TRUE_BYTES), _TRUE
+    if _spelled(buf, i, e, _FALSE_BYTES):
+        return i + len(_FALSE_BYTES), _FALSE
+    if _spelled(buf, i, e, _NULL_BYTES):
+        return i + len(_NULL_BYTES), _NULL
+    return -1, _FALSE
 
 
 @njit(cache=True, _nrt=False)
-def _next(buf, i, e, close):  # type: ignore[no-untyped-def]
-    """After a member or element: (index of the next one, 0) after ',', (index after the close,
-    1) at the close, (-1, 0) otherwise."""
-    i = _ws(buf, i, e)
-    if i >= e:
-        return -1, 0
-    if buf[i] == 44:
-        return _ws(buf, i + 1, e), 0
-    if buf[i] == close:
-        return i + 1, 1
-    return -1, 0
+def _number(buf, i, e):  # type: ignore[no-untyped-def]
+    """A JSON number at buf[i]: (end, kind, int value, float value). kind _NO_NUMBER (end -1):
+    not JSON's grammar, or a number left to the other decoder; _INT_TOKEN: no fraction or
+    exponent, both values set; _FLOAT_TOKEN: a fraction or exponent, the float value only.
+
+    The digits are gathered into one integer mantissa `mant` (fraction digits included, `frac`
+    of them), so the value is mant * 10**(exp - frac)."""
+    start = i
+    neg = False
+    if i < e and buf[i] == _MINUS:
+        neg = True
+        i += 1
+    if i >= e or buf[i] < _ZERO or buf[i] > _NINE:
+        return -1, _NO_NUMBER, 0, 0.0
+    mant = 0
+    digits = 0  # significant digits in mant; past _MAX_DIGITS they are not added: `long` is set
+    long = False
+    # integer part: "0" alone, or digits without a leading zero
+    if buf[i] == _ZERO:
+        i += 1
+        if i < e and _ZERO <= buf[i] <= _NINE:
+            return -1, _NO_NUMBER, 0, 0.0  # leading zero
+    else:
+        while i < e and _ZERO <= buf[i] <= _NINE:
+            if digits >= _MAX_DIGITS:
+                long = True
+            else:
+                mant = mant * 10 + (buf[i] - _ZERO)
+                digits += 1
+            i += 1
+    # fraction: "." and at least one digit
+    frac = 0
+    is_float = False
+    if i < e and buf[i] == _DOT:
+        is_float = True
+        i += 1
+        if i >= e or buf[i] < _ZERO or buf[i] > _NINE:
+            return -1, _NO_NUMBER, 0, 0.0
+        while i < e and _ZERO <= buf[i] <= _NINE:
+            if digits >= _MAX_DIGITS:
+                long = True
+            else:
+                mant = mant * 10 + (buf[i] - _ZERO)
+                if mant != 0:  # zeros before the first non-zero digit are not significant
+                    digits += 1
+                frac += 1
+            i += 1
+    # exponent: "e" or "E", an optional sign, at least one digit
+    exp = 0
+    if i < e and (buf[i] == _LOWER_E or buf[i] == _UPPER_E):
+        is_float = True
+        i += 1
+        eneg = False
+        if i < e and (buf[i] == _PLUS or buf[i] == _MINUS):
+            eneg = buf[i] == _MINUS
+            i += 1
+        if i >= e or buf[i] < _ZERO or buf[i] > _NINE:
+            return -1, _NO_NUMBER, 0, 0.0
+        while i < e and _ZERO <= buf[i] <= _NINE:
+            if exp > _EXPONENT_CAP:
+                return -1, _NO_NUMBER, 0, 0.0
+            exp = exp * 10 + (buf[i] - _ZERO)
+            i += 1
+        if eneg:
+            exp = -exp
+    if not is_float:
+        if long:  # an integer beyond 18 digits: left to the other decoder
+            return -1, _NO_NUMBER, 0, 0.0
+        v = -mant if neg else mant
+        return i, _INT_TOKEN, v, float(v)
+    p = exp - frac
+    if mant == 0:
+        f = 0.0
+    elif not long and float(mant) <= _EXACT and -_MAX_EXACT_POW10 <= p <= _MAX_EXACT_POW10:
+        # both operands exact: one IEEE operation is correctly rounded (Clinger's fast path)
+        f = float(mant) * _POW10[p] if p >= 0 else float(mant) / _POW10[-p]
+    else:
+        if i >= e:
+            # The token runs to the message's end: strtod, which reads until a byte cannot
+            # continue a number, would read past it (into the next message, or past buf). No
+            # valid message ends in a number: left to the other decoder.
+            return -1, _NO_NUMBER, 0, 0.0
+        # strtod reads the token again from its start and stops at buf[i], inside the message:
+        # the grammar was checked above, so that byte cannot continue a number.
+        f = _strtod(buf[start:].ctypes, 0)
+        if neg:
+            f = -f  # strtod read the sign too; undo before the common negation below
+    if neg:
+        f = -f
+    if not math.isfinite(f):
+        return -1, _NO_NUMBER, 0, 0.0
+    return i, _FLOAT_TOKEN, 0, f
+
+
+# Every numeric field of a GPU, host or port object (~9 in 10 of a message's values) goes through
+# inlined copies of _number, _member_of and _next_or_close (the same code): a call each cost ~25%
+# of the scanner's time. They are inlined there only: numba then compiles this in ~1.5 min (~15 s
+# with no inlining); at every call site it took ~2 min for ~0.2 us a message more.
+_number_inline = njit(cache=True, _nrt=False, inline="always")(_number.py_func)
 
 
 @njit(cache=True, _nrt=False)
 def _name_ok(buf, a, b):  # type: ignore[no-untyped-def]
-    """NAME_RE: ^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$"""
-    if b - a < 1 or b - a > 253:
+    """buf[a:b] is a node name, schemas.NAME_RE: ^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$"""
+    if b - a < 1 or b - a > _MAX_NAME:
         return False
     for k in range(a, b):
         c = buf[k]
-        if (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122):
+        if (_ZERO <= c <= _NINE) or (_UPPER_A <= c <= _UPPER_Z) or (_LOWER_A <= c <= _LOWER_Z):
             continue
-        if k > a and (c == 46 or c == 95 or c == 58 or c == 45):
+        if k > a and c in (_DOT, _UNDERSCORE, _COLON, _MINUS):
             continue
         return False
     return True
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def _numeric(buf, i, e, ctx, col):  # type: ignore[no-untyped-def]
-    """A numeric field's value as the contract allows it: (end, value), end -1 if not."""
-    j, kind, _iv, fv = _number_inline(buf, i, e)
-    if kind == 0 or (INTEGER[ctx, col] and kind != 1):
-        return -1, 0.0
-    if not (LO[ctx, col] <= fv <= HI[ctx, col]):
-        return -1, 0.0
-    return j, fv
-
-
-@njit(cache=True, _nrt=False)
-def _flat(buf, i, e, ctx, out, row, refs, pred):  # type: ignore[no-untyped-def]
-    """A host, IB-port or Ethernet object at buf[i] ('{'): numbers into out[row], an IB port's
-    device / port / state spans into refs[row] (-1: absent). The index after it, or -1."""
-    i, closed = _object_open(buf, i, e)  # the caller saw the '{'
-    seen = 0
-    prev = _START + ctx
-    while not closed:
-        a, prev, i, seen = _member_of_inline(buf, i, e, ctx, pred, prev, seen)
-        if i < 0:
-            return -1
-        if a >= 0:
-            i, v = _numeric(buf, i, e, ctx, a)
-            if i < 0:
-                return -1
-            out[row, a] = v
-        elif a in (STRING, P_DEVICE, P_STATE):
-            if buf[i] != 34:
-                return -1
-            j = _string(buf, i, e)
-            if j < 0:
-                return -1
-            if a == P_DEVICE:
-                refs[row, 0] = i + 1
-                refs[row, 1] = j - 1
-            elif a == P_STATE:
-                refs[row, 4] = i + 1
-                refs[row, 5] = j - 1
-            i = j
-        elif a == P_PORT:  # a string or an integer; its name is the text either way
-            if buf[i] == 34:
-                j = _string(buf, i, e)
-                if j < 0:
-                    return -1
-                refs[row, 2] = i + 1
-                refs[row, 3] = j - 1
-            else:
-                j, kind, iv, _fv = _number(buf, i, e)
-                if kind != 1 or iv < 0 or iv > _MAX_PORT_NUMBER or (iv == 0 and buf[i] == 45):
-                    return -1  # (str(-0) is "0", not the text)
-                refs[row, 2] = i
-                refs[row, 3] = j
-            i = j
-        i, closed = _next_inline(buf, i, e, 125)
-        if i < 0:
-            return -1
-    return i
-
-
-@njit(cache=True, _nrt=False)
-def _gpu(buf, i, e, row, table, xe, xc, nx, pred):  # type: ignore[no-untyped-def]
-    """A GPU object at buf[i] ('{') into table[row] (NaN-filled by the caller), its XIDs into
-    xe/xc from nx: (end or -1, -2 when xe is full; new nx; lost: true; index)."""
-    i, closed = _object_open(buf, i, e)  # the caller saw the '{'
-    seen = 0
-    index = -1
-    lost = False
-    prev = _START + GPU
-    while not closed:
-        a, prev, i, seen = _member_of_inline(buf, i, e, GPU, pred, prev, seen)
-        if i < 0:
-            return -1, nx, lost, index
-        if a >= 0:
-            i, v = _numeric(buf, i, e, GPU, a)
-            if i < 0:
-                return -1, nx, lost, index
-            table[row, a] = v
-            if a == 0:
-                index = int(v)
-        elif a == G_UUID:
-            if buf[i] != 34:
-                return -1, nx, lost, index
-            i = _string(buf, i, e)
-            if i < 0:
-                return -1, nx, lost, index
-        elif a == G_XIDS:
-            if buf[i] != 91:
-                return -1, nx, lost, index
-            i = _ws(buf, i + 1, e)
-            if i < e and buf[i] == 93:
-                i += 1
-            else:
-                count = 0
-                while True:
-                    j, kind, iv, _fv = _number(buf, i, e)
-                    count += 1
-                    if kind != 1 or iv < 0 or iv > _MAX_XID or count > _MAX_XIDS:
-                        return -1, nx, lost, index
-                    if nx >= len(xc):
-                        return -2, nx, lost, index
-                    xe[nx] = row
-                    xc[nx] = iv
-                    nx += 1
-                    i, xids_closed = _next(buf, j, e, 93)
-                    if i < 0:
-                        return -1, nx, lost, index
-                    if xids_closed:
-                        break
-        elif a == G_LOST:  # only `true` says lost; other literals say nothing, anything else bails
-            i, w = _literal(buf, i, e)
-            if i < 0:
-                return -1, nx, lost, index
-            lost = w == 1
-        i, closed = _next_inline(buf, i, e, 125)
-        if i < 0:
-            return -1, nx, lost, index
-    if index < 0:  # required
-        return -1, nx, lost, index
-    return i, nx, lost, index
+# ---------------------------------------------------------------- compiled: objects and arrays
 
 
 @njit(cache=True, _nrt=False)
 def _array_open(buf, i, e):  # type: ignore[no-untyped-def]
     """buf[i] must be '[': (index of the first element or -1, 1 if the array is empty)."""
-    if i >= e or buf[i] != 91:
+    if i >= e or buf[i] != _OPEN_ARRAY:
         return -1, 0
-    i = _ws(buf, i + 1, e)
-    if i < e and buf[i] == 93:
+    i = _skip_space(buf, i + 1, e)
+    if i < e and buf[i] == _CLOSE_ARRAY:
         return i + 1, 1
     return i, 0
 
@@ -551,229 +459,492 @@ def _array_open(buf, i, e):  # type: ignore[no-untyped-def]
 @njit(cache=True, _nrt=False)
 def _object_open(buf, i, e):  # type: ignore[no-untyped-def]
     """buf[i] must be '{': (index of its first key or -1, 1 if the object is empty)."""
-    if i >= e or buf[i] != 123:
+    if i >= e or buf[i] != _OPEN_OBJECT:
         return -1, 0
-    i = _ws(buf, i + 1, e)
-    if i < e and buf[i] == 125:
+    i = _skip_space(buf, i + 1, e)
+    if i < e and buf[i] == _CLOSE_OBJECT:
         return i + 1, 1
     return i, 0
 
 
 @njit(cache=True, _nrt=False)
-def _member_of(buf, i, e, ctx, pred, prev, seen):  # type: ignore[no-untyped-def]
-    """The key of a member of a `ctx` object at buf[i]: (what ACT says it is; the key to predict
-    the next one from; the index of its value, -1 if malformed or a key seen before in this
-    object; `seen` with it)."""
-    kid, i = _key(buf, i, e, pred, prev)
+def _next_or_close(buf, i, e, close):  # type: ignore[no-untyped-def]
+    """After a member or element: (index of the next one, 0) after ',', (index after the close,
+    1) at the close (`close`: '}' or ']'), (-1, 0) otherwise."""
+    i = _skip_space(buf, i, e)
+    if i >= e:
+        return -1, 0
+    if buf[i] == _COMMA:
+        return _skip_space(buf, i + 1, e), 0
+    if buf[i] == close:
+        return i + 1, 1
+    return -1, 0
+
+
+_next_or_close_inline = njit(cache=True, _nrt=False, inline="always")(_next_or_close.py_func)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _spells_key(buf, a, kid):  # type: ignore[no-untyped-def]
+    """buf[a:] begins with the name of key `kid` (the caller has checked that it is long enough)."""
+    start = KEY_OFFS[kid]
+    for k in range(KEY_OFFS[kid + 1] - start):  # noqa: SIM110 (as in _spelled)
+        if KEY_BLOB[start + k] != buf[a + k]:
+            return False
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _value_start(buf, j, e):  # type: ignore[no-untyped-def]
+    """j is just after a key's closing quote: the index of its value (after ':'), or -1."""
+    j = _skip_space(buf, j, e)
+    if j >= e or buf[j] != _COLON:
+        return -1
+    return _skip_space(buf, j + 1, e)
+
+
+@njit(cache=True, _nrt=False, inline="always")  # called by _member_of only
+def _key(buf, i, e, key_guess, prev):  # type: ignore[no-untyped-def]
+    """A key at buf[i]: (its id in KEY_NAMES or -1 if the contract does not name it, the index
+    of its value or -1 if malformed, when the id means nothing).
+
+    The key that followed `prev` last time (key_guess[prev]) is tried first with one comparison;
+    only a miss hashes the key (and updates key_guess). A key that matches a known name byte for
+    byte needs no further character checks."""
+    if i >= e or buf[i] != _QUOTE:
+        return -1, -1
+    a = i + 1  # the key's first byte
+    guess = key_guess[prev]
+    if guess >= 0:
+        n = KEY_OFFS[guess + 1] - KEY_OFFS[guess]
+        if a + n < e and buf[a + n] == _QUOTE and _spells_key(buf, a, guess):
+            return guess, _value_start(buf, a + n + 1, e)
+    # a miss: find the closing quote, hashing the key as _hash_py does
+    h = 0
+    b = a
+    while b < e:
+        ch = buf[b]
+        if ch == _QUOTE:
+            break
+        if ch == _BACKSLASH or ch < _SPACE or ch >= _ASCII_END:
+            return -1, -1
+        h = (h * 31 + ch) & 0xFFFFFFFF
+        b += 1
+    if b >= e:
+        return -1, -1
+    mask = len(KEY_SLOTS) - 1
+    h &= mask
+    kid = -1
+    while KEY_SLOTS[h] != -1:
+        c = KEY_SLOTS[h]
+        if KEY_OFFS[c + 1] - KEY_OFFS[c] == b - a and _spells_key(buf, a, c):
+            kid = c
+            break
+        h = (h + 1) & mask
+    key_guess[prev] = kid
+    return kid, _value_start(buf, b + 1, e)
+
+
+@njit(cache=True, _nrt=False)
+def _member_of(buf, i, e, ctx, key_guess, prev, seen):  # type: ignore[no-untyped-def]
+    """The key of a member of a `ctx` object at buf[i]: (what KEY_MEANING says it is; the key to
+    predict the next one from; the index of its value, -1 if malformed, not named in `ctx` or a
+    key seen before in this object; `seen` with it). An index >= 0 is < e: buf[i] is readable."""
+    kid, i = _key(buf, i, e, key_guess, prev)
     if i < 0 or i >= e:
         return UNKNOWN, prev, -1, seen
-    if kid < 0 or ACT[ctx, kid] == UNKNOWN or seen & (1 << kid):  # unnamed here, or seen before
+    if kid < 0 or KEY_MEANING[ctx, kid] == UNKNOWN or seen & (1 << kid):  # unnamed here, or seen before
         return UNKNOWN, prev, -1, seen
-    return ACT[ctx, kid], kid, i, seen | (1 << kid)
+    return KEY_MEANING[ctx, kid], kid, i, seen | (1 << kid)
 
 
 _member_of_inline = njit(cache=True, _nrt=False, inline="always")(_member_of.py_func)
-_next_inline = njit(cache=True, _nrt=False, inline="always")(_next.py_func)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _numeric(buf, i, e, ctx, col):  # type: ignore[no-untyped-def]
+    """A numeric field's value as the contract allows it: (end, value), end -1 if not."""
+    j, kind, _iv, fv = _number_inline(buf, i, e)
+    if kind == _NO_NUMBER or (INTEGER[ctx, col] and kind != _INT_TOKEN):
+        return -1, 0.0
+    if not (LO[ctx, col] <= fv <= HI[ctx, col]):
+        return -1, 0.0
+    return j, fv
+
+
+@njit(cache=True, _nrt=False)
+def _flat_object(buf, i, e, ctx, out, row, spans, key_guess):  # type: ignore[no-untyped-def]
+    """A host, IB-port or Ethernet object (no nested objects) at buf[i] ('{'): numbers into
+    out[row], an IB port's device / port / state spans into spans[row] (-1: absent). The index
+    after it, or -1."""
+    i, closed = _object_open(buf, i, e)  # the caller saw the '{'
+    seen = 0
+    prev = _GUESS_FIRST + ctx
+    while not closed:
+        field, prev, i, seen = _member_of_inline(buf, i, e, ctx, key_guess, prev, seen)
+        if i < 0:
+            return -1
+        if field >= 0:  # a numeric field: `field` is its column
+            i, v = _numeric(buf, i, e, ctx, field)
+            if i < 0:
+                return -1
+            out[row, field] = v
+        elif field in (STRING, P_DEVICE, P_STATE):
+            if buf[i] != _QUOTE:
+                return -1
+            j = _string_end(buf, i, e)
+            if j < 0:
+                return -1
+            if field == P_DEVICE:  # the text between the quotes
+                spans[row, _DEVICE_SPAN] = i + 1
+                spans[row, _DEVICE_SPAN + 1] = j - 1
+            elif field == P_STATE:
+                spans[row, _STATE_SPAN] = i + 1
+                spans[row, _STATE_SPAN + 1] = j - 1
+            i = j
+        elif field == P_PORT:  # a string or an integer; its name is the text either way
+            if buf[i] == _QUOTE:
+                j = _string_end(buf, i, e)
+                if j < 0:
+                    return -1
+                spans[row, _PORT_SPAN] = i + 1
+                spans[row, _PORT_SPAN + 1] = j - 1
+            else:
+                j, kind, iv, _fv = _number(buf, i, e)
+                if kind != _INT_TOKEN or iv < 0 or iv > _MAX_PORT_NUMBER or (iv == 0 and buf[i] == _MINUS):
+                    return -1  # (str(-0) is "0", not the text)
+                spans[row, _PORT_SPAN] = i
+                spans[row, _PORT_SPAN + 1] = j
+            i = j
+        i, closed = _next_or_close_inline(buf, i, e, _CLOSE_OBJECT)
+        if i < 0:
+            return -1
+    return i
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _xid_list(buf, i, e, row, xid_entry, xid_code, n_xids):  # type: ignore[no-untyped-def]
+    """A GPU's "xids" at buf[i]: each XID into xid_code[n_xids...], with the GPU's entry row in
+    xid_entry. (end, or -1, or _XIDS_FULL when the arrays are full; the new n_xids)."""
+    if buf[i] != _OPEN_ARRAY:
+        return -1, n_xids
+    i = _skip_space(buf, i + 1, e)
+    if i < e and buf[i] == _CLOSE_ARRAY:
+        return i + 1, n_xids
+    count = 0
+    while True:
+        j, kind, iv, _fv = _number(buf, i, e)
+        count += 1
+        if kind != _INT_TOKEN or iv < 0 or iv > _MAX_XID or count > _MAX_XIDS:
+            return -1, n_xids
+        if n_xids >= len(xid_code):
+            return _XIDS_FULL, n_xids
+        xid_entry[n_xids] = row
+        xid_code[n_xids] = iv
+        n_xids += 1
+        i, closed = _next_or_close(buf, j, e, _CLOSE_ARRAY)
+        if i < 0 or closed:
+            return i, n_xids
+
+
+@njit(cache=True, _nrt=False)
+def _gpu_object(buf, i, e, row, entries, xid_entry, xid_code, n_xids, key_guess):  # type: ignore[no-untyped-def]
+    """A GPU object at buf[i] ('{') into entries[row] (NaN-filled by the caller), its XIDs into
+    xid_entry / xid_code from n_xids: (end, or -1, or _XIDS_FULL; new n_xids; lost: true; index)."""
+    i, closed = _object_open(buf, i, e)  # the caller saw the '{'
+    seen = 0
+    index = -1
+    lost = False
+    prev = _GUESS_FIRST + GPU
+    while not closed:
+        field, prev, i, seen = _member_of_inline(buf, i, e, GPU, key_guess, prev, seen)
+        if i < 0:
+            return -1, n_xids, lost, index
+        if field >= 0:  # a numeric field: `field` is its column (0: the index)
+            i, v = _numeric(buf, i, e, GPU, field)
+            if i < 0:
+                return -1, n_xids, lost, index
+            entries[row, field] = v
+            if field == 0:
+                index = int(v)
+        elif field == G_UUID:
+            if buf[i] != _QUOTE:
+                return -1, n_xids, lost, index
+            i = _string_end(buf, i, e)
+            if i < 0:
+                return -1, n_xids, lost, index
+        elif field == G_XIDS:
+            i, n_xids = _xid_list(buf, i, e, row, xid_entry, xid_code, n_xids)
+            if i < 0:  # -1, or _XIDS_FULL
+                return i, n_xids, lost, index
+        elif field == G_LOST:  # only `true` says lost; other literals say nothing, anything else bails
+            i, word = _literal(buf, i, e)
+            if i < 0:
+                return -1, n_xids, lost, index
+            lost = word == _TRUE
+        i, closed = _next_or_close_inline(buf, i, e, _CLOSE_OBJECT)
+        if i < 0:
+            return -1, n_xids, lost, index
+    if index < 0:  # required
+        return -1, n_xids, lost, index
+    return i, n_xids, lost, index
+
+
+@njit(cache=True, _nrt=False)
+def _gpu_list(  # type: ignore[no-untyped-def]
+    buf, i, e, row, n_entries, n_xids,
+    entries, entry_lost, entry_msg, xid_entry, xid_code, key_guess,
+):  # fmt: skip
+    """The "gpus" array at buf[i] of message row `row`: one entry row per GPU from n_entries,
+    their XIDs from n_xids. (status: _OK, _BAIL, _FULL_ENTRIES or _FULL_XIDS; the index after the
+    array; the new n_entries, n_xids)."""
+    i, empty = _array_open(buf, i, e)
+    if i < 0:
+        return _BAIL, -1, n_entries, n_xids
+    count = 0
+    gpu_seen = 0  # bitmask of the GPU indices read: an index twice is left to the other decoder
+    while not empty:
+        if i >= e or buf[i] != _OPEN_OBJECT:
+            return _BAIL, -1, n_entries, n_xids
+        count += 1
+        if count > _MAX_GPUS:
+            return _BAIL, -1, n_entries, n_xids
+        if n_entries >= entries.shape[0]:
+            return _FULL_ENTRIES, -1, n_entries, n_xids
+        for k in range(entries.shape[1]):
+            entries[n_entries, k] = np.nan  # absent fields stay NaN
+        i, n_xids, lost, index = _gpu_object(
+            buf, i, e, n_entries, entries, xid_entry, xid_code, n_xids, key_guess
+        )
+        if i == _XIDS_FULL:
+            return _FULL_XIDS, -1, n_entries, n_xids
+        if i < 0 or gpu_seen & (1 << index):
+            return _BAIL, -1, n_entries, n_xids
+        gpu_seen |= 1 << index
+        entry_lost[n_entries] = lost
+        entry_msg[n_entries] = row
+        n_entries += 1
+        i, empty = _next_or_close(buf, i, e, _CLOSE_ARRAY)
+        if i < 0:
+            return _BAIL, -1, n_entries, n_xids
+    return _OK, i, n_entries, n_xids
+
+
+@njit(cache=True, _nrt=False)
+def _port_list(  # type: ignore[no-untyped-def]
+    buf, i, e, is_ib, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess
+):  # fmt: skip
+    """An "ib" (is_ib) or "eth" array at buf[i] of message row `row`: IB ports get rows of ib
+    and ib_spans from n_ib; Ethernet ports are checked into a scratch row and dropped (no detector
+    reads them yet). (status: _OK, _BAIL or _FULL_IB; the index after the array; the new n_ib)."""
+    i, empty = _array_open(buf, i, e)
+    if i < 0:
+        return _BAIL, -1, n_ib
+    count = 0
+    while not empty:
+        if i >= e or buf[i] != _OPEN_OBJECT:
+            return _BAIL, -1, n_ib
+        count += 1
+        if count > _MAX_PORTS:
+            return _BAIL, -1, n_ib
+        if is_ib:
+            if n_ib >= ib.shape[0]:
+                return _FULL_IB, -1, n_ib
+            for k in range(ib.shape[1]):
+                ib[n_ib, k] = np.nan  # absent fields stay NaN
+            for k in range(_SPAN_COLS):
+                ib_spans[n_ib, k] = -1  # absent texts
+            i = _flat_object(buf, i, e, IB, ib, n_ib, ib_spans, key_guess)
+            ib_msg[n_ib] = row
+            n_ib += 1
+        else:  # (an Ethernet port has no span fields: ib_spans is not written)
+            i = _flat_object(buf, i, e, ETH, eth_scratch, 0, ib_spans, key_guess)
+        if i < 0:
+            return _BAIL, -1, n_ib
+        i, empty = _next_or_close(buf, i, e, _CLOSE_ARRAY)
+        if i < 0:
+            return _BAIL, -1, n_ib
+    return _OK, i, n_ib
+
+
+@njit(cache=True, _nrt=False)
+def _net_object(buf, i, e, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess):  # type: ignore[no-untyped-def]
+    """The "net" object at buf[i]: its "ib" and "eth" arrays (_port_list). (status: _OK, _BAIL or
+    _FULL_IB; the index after the object; the new n_ib)."""
+    i, closed = _object_open(buf, i, e)
+    if i < 0:
+        return _BAIL, -1, n_ib
+    seen = 0
+    prev = _GUESS_FIRST + NET
+    while not closed:
+        field, prev, i, seen = _member_of(buf, i, e, NET, key_guess, prev, seen)
+        if i < 0:
+            return _BAIL, -1, n_ib
+        if field in (N_IB, N_ETH):
+            status, i, n_ib = _port_list(
+                buf, i, e, field == N_IB, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess
+            )
+            if status != _OK:
+                return status, -1, n_ib
+        i, closed = _next_or_close(buf, i, e, _CLOSE_OBJECT)
+        if i < 0:
+            return _BAIL, -1, n_ib
+    return _OK, i, n_ib
+
+
+@njit(cache=True, _nrt=False)
+def _agent_object(buf, i, e, key_guess):  # type: ignore[no-untyped-def]
+    """The "agent" object at buf[i], checked and not kept: the index after it, or -1."""
+    i, closed = _object_open(buf, i, e)
+    if i < 0:
+        return -1
+    seen = 0
+    prev = _GUESS_FIRST + AGENT
+    while not closed:
+        field, prev, i, seen = _member_of(buf, i, e, AGENT, key_guess, prev, seen)
+        if i < 0:
+            return -1
+        if field == STRING:  # the agent's version
+            if buf[i] != _QUOTE:
+                return -1
+            i = _string_end(buf, i, e)
+        else:  # source_errors: empty, or left to the other decoder (its keys are free-form,
+            # so only a decoder that can compare them finds a duplicate)
+            i, empty = _object_open(buf, i, e)
+            if i >= 0 and not empty:
+                i = -1
+        if i < 0:
+            return -1
+        i, closed = _next_or_close(buf, i, e, _CLOSE_OBJECT)
+        if i < 0:
+            return -1
+    return i
 
 
 @njit(cache=True, _nrt=False)
 def _message(  # type: ignore[no-untyped-def]
-    buf, i, e, m, ne, nx, npt,
-    node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth,
-    pred,
+    buf, i, e, row, n_entries, n_xids, n_ib,
+    node_span, ts, seq, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans, ib_msg,
+    eth_scratch, key_guess,
 ):  # fmt: skip
-    """One message buf[i:e] as row m, its GPU entries from ne, XIDs from nx, IB ports from npt:
-    (status: 0 taken, _BAIL or _FULL_*; the new ne, nx, npt)."""
-    ne0, nx0, np0 = ne, nx, npt
-    i, closed = _object_open(buf, _ws(buf, i, e), e)
+    """One message buf[i:e] as row `row`, its GPU entries from n_entries, XIDs from n_xids, IB
+    ports from n_ib: (status: _OK, _BAIL or _FULL_*; the new n_entries, n_xids, n_ib, which mean
+    something for _OK only)."""
+    at_entries, at_xids, at_ib = n_entries, n_xids, n_ib  # returned unchanged unless _OK
+    i, closed = _object_open(buf, _skip_space(buf, i, e), e)
     if i < 0:
-        return _BAIL, ne0, nx0, np0
+        return _BAIL, at_entries, at_xids, at_ib
     for k in range(host.shape[1]):
-        host[m, k] = np.nan
+        host[row, k] = np.nan  # absent fields stay NaN
     seen = 0
-    gpu_seen = 0  # bitmask of GPU indices
-    prev = _START + TOP
+    prev = _GUESS_FIRST + TOP
     while not closed:
-        a, prev, i, seen = _member_of(buf, i, e, TOP, pred, prev, seen)
+        field, prev, i, seen = _member_of(buf, i, e, TOP, key_guess, prev, seen)
         if i < 0:
-            return _BAIL, ne0, nx0, np0
-        if a in (T_SCHEMA, T_NODE):
-            if buf[i] != 34:
-                return _BAIL, ne0, nx0, np0
-            j = _string(buf, i, e)
+            return _BAIL, at_entries, at_xids, at_ib
+        if field in (T_SCHEMA, T_NODE):
+            if buf[i] != _QUOTE:
+                return _BAIL, at_entries, at_xids, at_ib
+            j = _string_end(buf, i, e)
             if j < 0:
-                return _BAIL, ne0, nx0, np0
-            if a == T_NODE:
-                if not _name_ok(buf, i + 1, j - 1):
-                    return _BAIL, ne0, nx0, np0
-                node_ab[m, 0] = i + 1
-                node_ab[m, 1] = j - 1
-            else:
-                if j - 2 - i != len(SCHEMA_BYTES):
-                    return _BAIL, ne0, nx0, np0
-                for k in range(len(SCHEMA_BYTES)):
-                    if buf[i + 1 + k] != SCHEMA_BYTES[k]:
-                        return _BAIL, ne0, nx0, np0
+                return _BAIL, at_entries, at_xids, at_ib
+            a, b = i + 1, j - 1  # the text between the quotes
+            if field == T_NODE:
+                if not _name_ok(buf, a, b):
+                    return _BAIL, at_entries, at_xids, at_ib
+                node_span[row, 0] = a
+                node_span[row, 1] = b
+            elif b - a != len(SCHEMA_BYTES) or not _spelled(buf, a, b, SCHEMA_BYTES):
+                return _BAIL, at_entries, at_xids, at_ib
             i = j
-        elif a in (T_TS, T_SEQ):
+        elif field in (T_TS, T_SEQ):
             j, kind, iv, fv = _number(buf, i, e)
-            if kind == 0 or fv < 0.0 or (a == T_SEQ and kind != 1):
-                return _BAIL, ne0, nx0, np0
-            if a == T_TS:
-                ts[m] = fv
+            if kind == _NO_NUMBER or fv < 0.0 or (field == T_SEQ and kind != _INT_TOKEN):
+                return _BAIL, at_entries, at_xids, at_ib
+            if field == T_TS:
+                ts[row] = fv
             else:
-                seq[m] = iv
+                seq[row] = iv
             i = j
-        elif a == T_GPUS:
-            i, empty = _array_open(buf, i, e)
+        elif field == T_GPUS:
+            status, i, n_entries, n_xids = _gpu_list(
+                buf, i, e, row, n_entries, n_xids,
+                entries, entry_lost, entry_msg, xid_entry, xid_code, key_guess,
+            )  # fmt: skip
+            if status != _OK:
+                return status, at_entries, at_xids, at_ib
+        elif field == T_HOST:
+            if buf[i] != _OPEN_OBJECT:
+                return _BAIL, at_entries, at_xids, at_ib
+            # (the host object has no span fields: ib_spans is not written)
+            i = _flat_object(buf, i, e, HOST, host, row, ib_spans, key_guess)
             if i < 0:
-                return _BAIL, ne0, nx0, np0
-            count = 0
-            while not empty:
-                if i >= e or buf[i] != 123:
-                    return _BAIL, ne0, nx0, np0
-                count += 1
-                if count > _MAX_GPUS:
-                    return _BAIL, ne0, nx0, np0
-                if ne >= table.shape[0]:
-                    return _FULL_E, ne0, nx0, np0
-                for k in range(table.shape[1]):
-                    table[ne, k] = np.nan
-                i, nx, lost, index = _gpu(buf, i, e, ne, table, xe, xc, nx, pred)
-                if i == -2:
-                    return _FULL_X, ne0, nx0, np0
-                if i < 0 or gpu_seen & (1 << index):
-                    return _BAIL, ne0, nx0, np0
-                gpu_seen |= 1 << index
-                lostf[ne] = lost
-                emsg[ne] = m
-                ne += 1
-                i, empty = _next(buf, i, e, 93)
-                if i < 0:
-                    return _BAIL, ne0, nx0, np0
-        elif a == T_HOST:
-            if buf[i] != 123:
-                return _BAIL, ne0, nx0, np0
-            i = _flat(buf, i, e, HOST, host, m, prefs, pred)
+                return _BAIL, at_entries, at_xids, at_ib
+        elif field == T_NET:
+            status, i, n_ib = _net_object(buf, i, e, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess)
+            if status != _OK:
+                return status, at_entries, at_xids, at_ib
+        elif field == T_AGENT:
+            i = _agent_object(buf, i, e, key_guess)
             if i < 0:
-                return _BAIL, ne0, nx0, np0
-        elif a == T_NET:
-            i, net_closed = _object_open(buf, i, e)
-            if i < 0:
-                return _BAIL, ne0, nx0, np0
-            net_seen = 0
-            nprev = _START + NET
-            while not net_closed:
-                na, nprev, i, net_seen = _member_of(buf, i, e, NET, pred, nprev, net_seen)
-                if i < 0:
-                    return _BAIL, ne0, nx0, np0
-                if na in (N_IB, N_ETH):
-                    i, empty = _array_open(buf, i, e)
-                    if i < 0:
-                        return _BAIL, ne0, nx0, np0
-                    count = 0
-                    while not empty:
-                        if i >= e or buf[i] != 123:
-                            return _BAIL, ne0, nx0, np0
-                        count += 1
-                        if count > _MAX_PORTS:
-                            return _BAIL, ne0, nx0, np0
-                        if na == N_IB:
-                            if npt >= ptable.shape[0]:
-                                return _FULL_P, ne0, nx0, np0
-                            for k in range(ptable.shape[1]):
-                                ptable[npt, k] = np.nan
-                            for k in range(6):
-                                prefs[npt, k] = -1
-                            i = _flat(buf, i, e, IB, ptable, npt, prefs, pred)  # fmt: skip
-                            pmsg[npt] = m
-                            npt += 1
-                        else:  # checked into a scratch row, not kept: no detector reads them yet
-                            i = _flat(buf, i, e, ETH, eth, 0, prefs, pred)
-                        if i < 0:
-                            return _BAIL, ne0, nx0, np0
-                        i, empty = _next(buf, i, e, 93)
-                        if i < 0:
-                            return _BAIL, ne0, nx0, np0
-                i, net_closed = _next(buf, i, e, 125)
-                if i < 0:
-                    return _BAIL, ne0, nx0, np0
-        elif a == T_AGENT:
-            i, agent_closed = _object_open(buf, i, e)
-            if i < 0:
-                return _BAIL, ne0, nx0, np0
-            agent_seen = 0
-            aprev = _START + AGENT
-            while not agent_closed:
-                aa, aprev, i, agent_seen = _member_of(buf, i, e, AGENT, pred, aprev, agent_seen)
-                if i < 0:
-                    return _BAIL, ne0, nx0, np0
-                if aa == STRING:  # the agent's version
-                    if buf[i] != 34:
-                        return _BAIL, ne0, nx0, np0
-                    i = _string(buf, i, e)
-                else:  # source_errors: empty, or left to the other decoder (its keys are free-form,
-                    # so only a decoder that can compare them finds a duplicate)
-                    i, done = _object_open(buf, i, e)
-                    if i >= 0 and not done:
-                        i = -1
-                if i < 0:
-                    return _BAIL, ne0, nx0, np0
-                i, agent_closed = _next(buf, i, e, 125)
-                if i < 0:
-                    return _BAIL, ne0, nx0, np0
-        i, closed = _next(buf, i, e, 125)
+                return _BAIL, at_entries, at_xids, at_ib
+        i, closed = _next_or_close(buf, i, e, _CLOSE_OBJECT)
         if i < 0:
-            return _BAIL, ne0, nx0, np0
-    if _ws(buf, i, e) != e:
-        return _BAIL, ne0, nx0, np0
+            return _BAIL, at_entries, at_xids, at_ib
+    if _skip_space(buf, i, e) != e:  # only whitespace may follow the object
+        return _BAIL, at_entries, at_xids, at_ib
     if seen & _REQUIRED != _REQUIRED:
-        return _BAIL, ne0, nx0, np0
-    return 0, ne, nx, npt
+        return _BAIL, at_entries, at_xids, at_ib
+    return _OK, n_entries, n_xids, n_ib
 
 
 @njit(cache=True, _nrt=False, nogil=True)
 def _scan(  # type: ignore[no-untyped-def]
     buf, starts, ends,
-    taken, node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth,
-    pred,
+    taken, node_span, ts, seq, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans,
+    ib_msg, eth_scratch, key_guess,
 ):  # fmt: skip
-    """Every message buf[starts[k]:ends[k]]: taken ones get consecutive rows (taken[row] = k).
-    Returns (status: 0 or _FULL_*, rows, entries, XIDs, ports)."""
-    m = ne = nx = npt = 0
+    """Every message buf[starts[k]:ends[k]]: taken ones get consecutive rows (taken[row] = k); a
+    left one gets none (the next message writes over whatever it wrote). Returns (status: _OK, or
+    _FULL_* to be retried with more room; rows, GPU entries, XIDs, IB ports)."""
+    row = n_entries = n_xids = n_ib = 0
     for k in range(len(starts)):
-        status, ne2, nx2, np2 = _message(
-            buf, starts[k], ends[k], m, ne, nx, npt,
-            node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth,
-            pred,
+        status, next_entries, next_xids, next_ib = _message(
+            buf, starts[k], ends[k], row, n_entries, n_xids, n_ib,
+            node_span, ts, seq, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans,
+            ib_msg, eth_scratch, key_guess,
         )  # fmt: skip
-        if status > 0:
-            return status, m, ne, nx, npt
-        if status == 0:
-            taken[m] = k
-            m += 1
-            ne, nx, npt = ne2, nx2, np2
-    return 0, m, ne, nx, npt
+        if status == _OK:
+            taken[row] = k
+            row += 1
+            n_entries, n_xids, n_ib = next_entries, next_xids, next_ib
+        elif status != _BAIL:
+            return status, row, n_entries, n_xids, n_ib
+    return _OK, row, n_entries, n_xids, n_ib
+
+
+# ---------------------------------------------------------------- compiled: after the scan
 
 
 @njit(cache=True, nogil=True)
 def _intern(buf, spans):  # type: ignore[no-untyped-def]
-    """Distinct values of byte-span pairs spans[k] = (a0, b0, a1, b1) (a0 = -1: absent, a value of
-    its own): (code of each, in order of first appearance; the first k of each code)."""
+    """Distinct values of byte-span pairs spans[k] = (a0, b0, a1, b1), the text buf[a0:b0] then
+    buf[a1:b1] (a0 = -1: absent, a value of its own): (code of each, in order of first appearance;
+    the first k of each code)."""
     n = spans.shape[0]
     size = 16
-    while size < 2 * n:
+    while size < 2 * n:  # an open-addressing table at most half full
         size *= 2
-    slots = np.full(size, -1, dtype=np.int64)
+    slots = np.full(size, -1, dtype=np.int64)  # slot -> code, -1 empty
     codes = np.empty(n, dtype=np.int64)
     reps = np.empty(n, dtype=np.int64)
     nrep = 0
     for k in range(n):
-        h = 7
+        h = 7  # every absent value hashes to this seed alone
         if spans[k, 0] >= 0:
             for j in range(spans[k, 0], spans[k, 1]):
                 h = (h * 31 + buf[j]) & 0xFFFFFFFF
-            h = (h * 31 + 256) & 0xFFFFFFFF
+            h = (h * 31 + 256) & 0xFFFFFFFF  # a separator no byte equals: "ab"+"c" and "a"+"bc" differ
             for j in range(spans[k, 2], spans[k, 3]):
                 h = (h * 31 + buf[j]) & 0xFFFFFFFF
         h &= size - 1
@@ -794,6 +965,8 @@ def _intern(buf, spans):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, _nrt=False)
 def _same(buf, spans, p, q):  # type: ignore[no-untyped-def]
+    """spans[p] and spans[q] (as in _intern) are the same value: both absent, or the same text in
+    each of the two parts."""
     if (spans[p, 0] < 0) or (spans[q, 0] < 0):
         return spans[p, 0] < 0 and spans[q, 0] < 0
     for part in (0, 2):
@@ -818,7 +991,7 @@ def _joined(buf, spans):  # type: ignore[no-untyped-def]
     j = 0
     for r in range(k):
         if r:
-            out[j] = 10
+            out[j] = _NEWLINE
             j += 1
         for i in range(spans[r, 0], spans[r, 1]):
             out[j] = buf[i]
@@ -863,45 +1036,48 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
     """scan() of the messages buf[starts[k]:ends[k]] (buf: read-only uint8, the flavour numba's
     cached build takes; starts and ends: int64). `taken` indexes these spans."""
     n = len(starts)
-    cap_e, cap_p, cap_x = 8 * n + 16, 8 * n + 16, n + 16
+    # First guess of room: 8 GPU entries and 8 IB ports a message (a typical node), one XID.
+    room_entries, room_ib, room_xids = 8 * n + 16, 8 * n + 16, n + 16
     while True:
         taken = np.empty(n, dtype=np.int64)
-        node_ab = np.empty((n, 2), dtype=np.int64)
+        node_span = np.empty((n, 2), dtype=np.int64)
         ts = np.empty(n)
         seq = np.empty(n, dtype=np.int64)
         host = np.empty((n, len(HOST_COLUMNS)))
-        table = np.empty((cap_e, len(GPU_COLUMNS)))
-        lostf = np.empty(cap_e, dtype=np.bool_)
-        emsg = np.empty(cap_e, dtype=np.int64)
-        xe = np.empty(cap_x, dtype=np.int64)
-        xc = np.empty(cap_x, dtype=np.int64)
-        ptable = np.empty((cap_p, len(IB_COLUMNS)))
-        prefs = np.empty((cap_p, 6), dtype=np.int64)
-        pmsg = np.empty(cap_p, dtype=np.int64)
-        eth = np.empty((1, len(ETH_COLUMNS)))  # an Ethernet port's numbers, checked and dropped
-        pred = np.full(_PRED_SLOTS, -1, dtype=np.int64)
-        status, m, ne, nx, npt = _scan(
+        entries = np.empty((room_entries, len(GPU_COLUMNS)))
+        entry_lost = np.empty(room_entries, dtype=np.bool_)
+        entry_msg = np.empty(room_entries, dtype=np.int64)
+        xid_entry = np.empty(room_xids, dtype=np.int64)
+        xid_code = np.empty(room_xids, dtype=np.int64)
+        ib = np.empty((room_ib, len(IB_COLUMNS)))
+        ib_spans = np.empty((room_ib, _SPAN_COLS), dtype=np.int64)
+        ib_msg = np.empty(room_ib, dtype=np.int64)
+        eth_scratch = np.empty((1, len(ETH_COLUMNS)))  # an Ethernet port's numbers, checked and dropped
+        key_guess = np.full(_GUESS_SLOTS, -1, dtype=np.int64)
+        status, m, n_entries, n_xids, n_ib = _scan(
             buf, starts, ends, taken,
-            node_ab, ts, seq, host, table, lostf, emsg, xe, xc, ptable, prefs, pmsg, eth, pred,
+            node_span, ts, seq, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans,
+            ib_msg, eth_scratch, key_guess,
         )  # fmt: skip
-        if status == 0:
+        if status == _OK:
             break
         # an output array was too small for this batch (GPU-dense nodes, XID storms): more room
-        cap_e *= 4 if status == _FULL_E else 1
-        cap_p *= 4 if status == _FULL_P else 1
-        cap_x *= 4 if status == _FULL_X else 1
-    node_codes, node_reps = _intern(buf, np.concatenate([node_ab[:m], np.zeros((m, 2), np.int64)], axis=1))
-    refs = prefs[:npt]
-    key_spans = np.where(refs[:, :4] < 0, 0, refs[:, :4])  # an absent device or port is ""
+        room_entries *= 4 if status == _FULL_ENTRIES else 1
+        room_ib *= 4 if status == _FULL_IB else 1
+        room_xids *= 4 if status == _FULL_XIDS else 1
+    # node names: spans with an empty second part, for _intern's pairs
+    node_codes, node_reps = _intern(buf, np.concatenate([node_span[:m], np.zeros((m, 2), np.int64)], axis=1))
+    spans = ib_spans[:n_ib]
+    key_spans = np.where(spans[:, :4] < 0, 0, spans[:, :4])  # device, port; an absent one is ""
     key_codes, key_reps = _intern(buf, key_spans)
-    state_spans = np.concatenate([refs[:, 4:6], np.zeros((npt, 2), np.int64)], axis=1)
+    state_spans = np.concatenate([spans[:, 4:6], np.zeros((n_ib, 2), np.int64)], axis=1)  # absent: None
     state_codes, state_reps = _intern(buf, state_spans)
 
     def text(a: int, b: int) -> str:
         return buf[a:b].tobytes().decode("ascii")
 
     # a node name is 1-253 of [A-Za-z0-9._:-] (_name_ok): never empty, never a newline
-    node_names = _joined(buf, node_ab[node_reps]).tobytes().decode("ascii").split("\n") if m else []
+    node_names = _joined(buf, node_span[node_reps]).tobytes().decode("ascii").split("\n") if m else []
 
     return Scan(
         taken=taken[:m],
@@ -910,16 +1086,16 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         ts=ts[:m],
         seq=seq[:m],
         host=host[:m],
-        entry_msg=emsg[:ne],
-        entries=table[:ne],
-        entry_lost=lostf[:ne],
-        xid_entry=xe[:nx],
-        xid_code=xc[:nx],
-        ib_msg=pmsg[:npt],
-        ib=ptable[:npt],
+        entry_msg=entry_msg[:n_entries],
+        entries=entries[:n_entries],
+        entry_lost=entry_lost[:n_entries],
+        xid_entry=xid_entry[:n_xids],
+        xid_code=xid_code[:n_xids],
+        ib_msg=ib_msg[:n_ib],
+        ib=ib[:n_ib],
         ib_key_names=[f"{text(*key_spans[r, :2])}/{text(*key_spans[r, 2:])}" for r in key_reps.tolist()],
         ib_key_idx=key_codes,
-        ib_state_names=[None if refs[r, 4] < 0 else text(*refs[r, 4:6]) for r in state_reps.tolist()],
+        ib_state_names=[None if spans[r, 4] < 0 else text(*spans[r, 4:6]) for r in state_reps.tolist()],
         ib_state_idx=state_codes,
     )
 
