@@ -259,10 +259,15 @@ def bench_kafka(
 
 def _while_all_work(members: list[list[tuple[float, int]]], start: float) -> tuple[float, int, float, float]:
     """Records per second of a group of members over the span in which every one of them is
-    working: from `start` (all have begun) to the first member's last record. A member that ran
-    out of work early (its partitions held fewer messages, or others had read part of them before
-    the group settled) would otherwise leave the rest working alone and be counted as slowness.
+    working: from the time all have begun (after `start`, each member's first records) to the
+    first member's last record. A member that ran out of work early (its partitions held fewer
+    messages, or others had read part of them before the group settled) would otherwise leave the
+    rest working alone and be counted as slowness. And a member's first records come ~0.8 s after
+    `start` on librdkafka, which restarts fetching that long after the partitions the members
+    held paused while the group formed are resumed: a wait of this benchmark's making (the
+    worker never pauses), so it is left out too.
     Returns (rate, records in the span, span start, span end)."""
+    start = max(min((t for t, n in steps if t > start and n), default=start) for steps in members)
     end = min(steps[-1][0] for steps in members)
     k = sum(n for steps in members for t, n in steps if start < t <= end)
     return (k / (end - start) if end > start else float("nan")), k, start, end
