@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real services: installs what is missing, starts the local
-# Kafka broker (idempotent), lints, then pytest. Extra arguments go to pytest.
+# Kafka broker (idempotent), lints, then pytest: the unit tier in two processes (pytest-xdist: it
+# needs no service, so its tests can run side by side), then the integration tier in one (its tests
+# share the real services). Extra arguments go to a single pytest run instead (e.g. -k, a file).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -8,4 +10,8 @@ bash scripts/install.sh
 bash services/kafka/kafka.sh start
 python3 -m ruff check .
 python3 -m ruff format --check .
-python3 -m pytest -q "$@"
+if [[ $# -gt 0 ]]; then
+  exec python3 -m pytest -q "$@"
+fi
+python3 -m pytest -q -n 2 tests/unit
+python3 -m pytest -q tests/integration
