@@ -34,6 +34,8 @@ NODE_DETECTORS: tuple[Registered, ...] = (
     Registered("lemon", LemonScorer, LemonConfig),  # last: its history includes the others' findings
 )
 
-# The job stage's detectors (detectors/protocol.JobDetector). The stage holds its one detector by
-# name (pipeline/job_stage.JobTask.straggler); the generic checks run on every one listed here.
+# The job stage's detectors (detectors/protocol.JobDetector), in the order it runs them. Adding
+# one: a module, a line here, its configuration as a field of the same name in
+# pipeline/job_stage.JobTaskConfig and the task (its key in the snapshot too). The generic checks
+# run on every one listed here.
 JOB_DETECTORS: tuple[Registered, ...] = (Registered("straggler", StragglerDetector, StragglerConfig),)

@@ -310,6 +310,28 @@ class StragglerDetector:
                 out.append(done)
         return out
 
+    # ------------------------------------------------------------ what Prometheus reads
+
+    def step_times(self) -> list[tuple[str, str | None, float, float]]:
+        """Per running job: (job, node, its median step time, its slowdown against the others'
+        median) for each node with enough samples, and (job, None, the job's median, 0.0)."""
+        out: list[tuple[str, str | None, float, float]] = []
+        for (job, signal), w in list(self.windows.items()):
+            if signal != STEP_TIME.name or len(w.count) < 2:
+                continue
+            ready = w.count >= self.cfg.min_samples
+            if ready.sum() < 2:
+                continue
+            names = [n for n, i in sorted(w.nodes.items(), key=lambda kv: kv[1])]
+            med = np.nanmedian(w.ring[ready], axis=1)
+            peer = loo_median(med)
+            for n, m, p in zip(
+                [names[i] for i in np.flatnonzero(ready)], med.tolist(), peer.tolist(), strict=True
+            ):
+                out.append((job, n, m, m / p - 1.0))
+            out.append((job, None, float(np.median(med)), 0.0))
+        return out
+
     # ------------------------------------------------------------ state
 
     def to_state(self) -> dict[str, Any]:

@@ -11,18 +11,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import orjson
 from prometheus_client import Counter
 
 from fleetwatch import topics
-from fleetwatch.detectors.straggler import (
-    ENDED_STATES,
-    STEP_TIME,
-    StragglerConfig,
-    StragglerDetector,
-    loo_median,
-)
+from fleetwatch.detectors.protocol import JobDetector
+from fleetwatch.detectors.registry import JOB_DETECTORS
+from fleetwatch.detectors.straggler import ENDED_STATES, StragglerConfig, StragglerDetector
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.tasks import Output
 from fleetwatch.schemas import JOB
@@ -33,37 +28,41 @@ STALE = Counter(
 )
 
 
+@dataclass(frozen=True)
+class JobTaskConfig:
+    """Each registered job detector's configuration, under its registry name."""
+
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+
+
 @dataclass(eq=False)  # identity: tasks are registered with the metrics collector
 class JobTask:
-    straggler: StragglerDetector = field(default_factory=StragglerDetector)
+    config: JobTaskConfig = field(default_factory=JobTaskConfig)
+    straggler: StragglerDetector | None = None
     # job -> "schema node" -> the ts of the latest record taken: a redelivered or late step or
     # feature record is dropped here, once for every job detector, as the node stage drops stale
     # telemetry (at-least-once delivery upstream makes them normal). A job's entries go with its end.
     last_ts: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for reg in JOB_DETECTORS:  # each one the task was not given starts empty
+            if getattr(self, reg.name) is None:
+                setattr(self, reg.name, reg.detector(getattr(self.config, reg.name)))
         fleet_metrics.COLLECTOR.add_jobs(self)
+
+    @property
+    def detectors(self) -> list[JobDetector]:
+        """The registered job detectors (detectors/registry.py), in the order they run."""
+        return [getattr(self, reg.name) for reg in JOB_DETECTORS]
 
     def job_step_times(self) -> Iterator[tuple[str, str | None, float, float]]:
         """Per running job: each node's median step time and slowdown, and the job median."""
-        for (job, signal), w in list(self.straggler.windows.items()):
-            if signal != STEP_TIME.name or len(w.count) < 2:
-                continue
-            ready = w.count >= self.straggler.cfg.min_samples
-            if ready.sum() < 2:
-                continue
-            names = [n for n, i in sorted(w.nodes.items(), key=lambda kv: kv[1])]
-            med = np.nanmedian(w.ring[ready], axis=1)
-            peer = loo_median(med)
-            for n, m, p in zip(
-                [names[i] for i in np.flatnonzero(ready)], med.tolist(), peer.tolist(), strict=True
-            ):
-                yield job, n, m, m / p - 1.0
-            yield job, None, float(np.median(med)), 0.0
+        yield from self.straggler.step_times()
 
     def open_incidents(self) -> Iterator[tuple[str, str]]:
-        for inc in list(self.straggler.book.open.values()):
-            yield inc.kind, inc.severity
+        for book in (d.book for d in self.detectors):
+            for inc in list(book.open.values()):
+                yield inc.kind, inc.severity
 
     def close(self) -> None:
         fleet_metrics.COLLECTOR.remove(self)
@@ -71,7 +70,9 @@ class JobTask:
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
         # steps, node features or jobs: each message says which by its schema
         fresh = self._fresh(msgs)
-        return [(topics.FINDINGS, f["node"], f) for f in self.straggler.observe(fresh)] if fresh else []
+        if not fresh:
+            return []
+        return [(topics.FINDINGS, f["node"], f) for d in self.detectors for f in d.observe(fresh)]
 
     def _fresh(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
@@ -91,13 +92,18 @@ class JobTask:
         return out
 
     def to_bytes(self) -> bytes:
-        state = {"straggler": self.straggler.to_state(), "last_ts": self.last_ts}
+        state: dict[str, Any] = {reg.name: getattr(self, reg.name).to_state() for reg in JOB_DETECTORS}
+        state["last_ts"] = self.last_ts
         return orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY)
 
     @classmethod
-    def from_bytes(cls, raw: bytes, config: StragglerConfig | None = None) -> JobTask:
+    def from_bytes(cls, raw: bytes, config: JobTaskConfig | None = None) -> JobTask:
         """State from the snapshot, configuration from `config`: the deployment's, as new tasks get."""
         d = orjson.loads(raw)
+        config = config or JobTaskConfig()
         if "straggler" not in d:  # snapshots before the job stage kept what it had taken
-            return cls(StragglerDetector.from_state(d, config))
-        return cls(StragglerDetector.from_state(d["straggler"], config), d["last_ts"])
+            d = {"straggler": d, "last_ts": {}}
+        detectors = {
+            reg.name: reg.detector.from_state(d[reg.name], getattr(config, reg.name)) for reg in JOB_DETECTORS
+        }
+        return cls(config, **detectors, last_ts=d["last_ts"])

@@ -25,7 +25,7 @@ from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector
 from fleetwatch.detectors.straggler import JobWindow, StragglerConfig, StragglerDetector
-from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch.pipeline.job_stage import JobTask, JobTaskConfig
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
 from tests.helpers.detector_inputs import fleet, series, steps
@@ -190,10 +190,10 @@ def _newest(w: JobWindow, k: int) -> np.ndarray:
 
 
 def _job_task() -> Restored:
-    before = JobTask(StragglerDetector(StragglerConfig()))
+    before = JobTask(straggler=StragglerDetector(StragglerConfig()))
     before.process("fleet.steps.v1", steps(4, 120, slow={2: 0.3}, seed=1))
     b = StragglerConfig(window=20, clear_after_s=10.0)
-    after = JobTask.from_bytes(before.to_bytes(), b)
+    after = JobTask.from_bytes(before.to_bytes(), JobTaskConfig(straggler=b))
     before.close()
     after.close()
     ((key, w_before),) = before.straggler.windows.items()
