@@ -15,6 +15,7 @@ every partition, and therefore every worker, has faults before and after the eve
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kafka.partitioner.default import murmur2
 
 from fleetwatch import kafka_io, schemas, topics
@@ -255,7 +257,9 @@ def test_restarted_worker_resumes_from_snapshot_without_false_findings(kafka_boo
 # ---------------------------------------------------------------- broker restarted
 
 
-def test_broker_restart_during_a_run(private_broker: Any) -> None:
+def test_broker_restart_during_a_run(private_broker: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # the member's own account (assignments, restores, resends) is shown if this fails
+    caplog.set_level(logging.INFO, logger="fleetwatch.pipeline")
     bootstrap = private_broker.bootstrap
     outage_s = 20
     prefix, group, sc, _epoch, ticks, expected = _plan("ftb", "broker", 45, outage_s)
