@@ -446,23 +446,13 @@ def _name_ok(buf, a, b):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, _nrt=False)
-def _array_open(buf, i, e):  # type: ignore[no-untyped-def]
-    """buf[i] must be '[': (index of the first element or -1, 1 if the array is empty)."""
-    if i >= e or buf[i] != _OPEN_ARRAY:
+def _opened(buf, i, e, open_, close):  # type: ignore[no-untyped-def]
+    """buf[i] must be `open_` ('{' or '['): (index of the first member or element, or -1; 1 if
+    the container is empty, closed at once by `close`)."""
+    if i >= e or buf[i] != open_:
         return -1, 0
     i = _skip_space(buf, i + 1, e)
-    if i < e and buf[i] == _CLOSE_ARRAY:
-        return i + 1, 1
-    return i, 0
-
-
-@njit(cache=True, _nrt=False)
-def _object_open(buf, i, e):  # type: ignore[no-untyped-def]
-    """buf[i] must be '{': (index of its first key or -1, 1 if the object is empty)."""
-    if i >= e or buf[i] != _OPEN_OBJECT:
-        return -1, 0
-    i = _skip_space(buf, i + 1, e)
-    if i < e and buf[i] == _CLOSE_OBJECT:
+    if i < e and buf[i] == close:
         return i + 1, 1
     return i, 0
 
@@ -577,7 +567,7 @@ def _flat_object(buf, i, e, ctx, out, row, spans, key_guess):  # type: ignore[no
     """A host, IB-port or Ethernet object (no nested objects) at buf[i] ('{'): numbers into
     out[row], an IB port's device / port / state spans into spans[row] (-1: absent). The index
     after it, or -1."""
-    i, closed = _object_open(buf, i, e)  # the caller saw the '{'
+    i, closed = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)  # the caller saw the '{'
     seen = 0
     prev = _GUESS_FIRST + ctx
     while not closed:
@@ -651,7 +641,7 @@ def _xid_list(buf, i, e, row, xid_entry, xid_code, n_xids):  # type: ignore[no-u
 def _gpu_object(buf, i, e, row, entries, xid_entry, xid_code, n_xids, key_guess):  # type: ignore[no-untyped-def]
     """A GPU object at buf[i] ('{') into entries[row] (NaN-filled by the caller), its XIDs into
     xid_entry / xid_code from n_xids: (end, or -1, or _XIDS_FULL; new n_xids; lost: true; index)."""
-    i, closed = _object_open(buf, i, e)  # the caller saw the '{'
+    i, closed = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)  # the caller saw the '{'
     seen = 0
     index = -1
     lost = False
@@ -698,7 +688,7 @@ def _gpu_list(  # type: ignore[no-untyped-def]
     """The "gpus" array at buf[i] of message row `row`: one entry row per GPU from n_entries,
     their XIDs from n_xids. (status: _OK, _BAIL, _FULL_ENTRIES or _FULL_XIDS; the index after the
     array; the new n_entries, n_xids)."""
-    i, empty = _array_open(buf, i, e)
+    i, empty = _opened(buf, i, e, _OPEN_ARRAY, _CLOSE_ARRAY)
     if i < 0:
         return _BAIL, -1, n_entries, n_xids
     count = 0
@@ -737,7 +727,7 @@ def _port_list(  # type: ignore[no-untyped-def]
     """An "ib" (is_ib) or "eth" array at buf[i] of message row `row`: IB ports get rows of ib
     and ib_spans from n_ib; Ethernet ports are checked into a scratch row and dropped (no detector
     reads them yet). (status: _OK, _BAIL or _FULL_IB; the index after the array; the new n_ib)."""
-    i, empty = _array_open(buf, i, e)
+    i, empty = _opened(buf, i, e, _OPEN_ARRAY, _CLOSE_ARRAY)
     if i < 0:
         return _BAIL, -1, n_ib
     count = 0
@@ -771,7 +761,7 @@ def _port_list(  # type: ignore[no-untyped-def]
 def _net_object(buf, i, e, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess):  # type: ignore[no-untyped-def]
     """The "net" object at buf[i]: its "ib" and "eth" arrays (_port_list). (status: _OK, _BAIL or
     _FULL_IB; the index after the object; the new n_ib)."""
-    i, closed = _object_open(buf, i, e)
+    i, closed = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)
     if i < 0:
         return _BAIL, -1, n_ib
     seen = 0
@@ -795,7 +785,7 @@ def _net_object(buf, i, e, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_gue
 @njit(cache=True, _nrt=False)
 def _agent_object(buf, i, e, key_guess):  # type: ignore[no-untyped-def]
     """The "agent" object at buf[i], checked and not kept: the index after it, or -1."""
-    i, closed = _object_open(buf, i, e)
+    i, closed = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)
     if i < 0:
         return -1
     seen = 0
@@ -810,7 +800,7 @@ def _agent_object(buf, i, e, key_guess):  # type: ignore[no-untyped-def]
             i = _string_end(buf, i, e)
         else:  # source_errors: empty, or left to the other decoder (its keys are free-form,
             # so only a decoder that can compare them finds a duplicate)
-            i, empty = _object_open(buf, i, e)
+            i, empty = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)
             if i >= 0 and not empty:
                 i = -1
         if i < 0:
@@ -831,7 +821,7 @@ def _message(  # type: ignore[no-untyped-def]
     ports from n_ib: (status: _OK, _BAIL or _FULL_*; the new n_entries, n_xids, n_ib, which mean
     something for _OK only)."""
     at_entries, at_xids, at_ib = n_entries, n_xids, n_ib  # returned unchanged unless _OK
-    i, closed = _object_open(buf, _skip_space(buf, i, e), e)
+    i, closed = _opened(buf, _skip_space(buf, i, e), e, _OPEN_OBJECT, _CLOSE_OBJECT)
     if i < 0:
         return _BAIL, at_entries, at_xids, at_ib
     for k in range(host.shape[1]):
