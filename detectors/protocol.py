@@ -17,7 +17,6 @@ detectors/registry.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.job_batch import JobBatch
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.rows import Compaction
 
@@ -99,12 +99,13 @@ class NodeDetector(Protocol):
 
 class JobDetector(Protocol):
     """A detector of the job stage (pipeline/job_stage.py): it compares the nodes of a job with
-    each other, from the job's own records (step/1, nodefeatures/1, job/1), not from a node's
-    telemetry. Same state contract as NodeDetector."""
+    each other, from the job's own records (step/1, nodefeatures/1, job/1) as a columnar
+    JobBatch, not from a node's telemetry. Same state contract as NodeDetector; a job's end,
+    in the batch, is where it forgets the job."""
 
     book: IncidentBook
 
-    def observe(self, msgs: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    def observe(self, batch: JobBatch) -> list[Finding]:
         """Learn from records of one job-keyed partition, in offset order (any of the three schemas)."""
         ...
 

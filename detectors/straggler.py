@@ -30,14 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby
 from typing import Any
 
 import numpy as np
 import orjson
 
 from fleetwatch.detectors.findings import IncidentBook, severity_score
-from fleetwatch.schemas import JOB, NODE_FEATURES, STEP
+from fleetwatch.detectors.job_batch import FEATURES_RECORD, JOB_RECORD, STEP_RECORD, JobBatch
 
 NAN = np.nan
 
@@ -62,8 +61,6 @@ class Signal:
     higher_is_worse: bool
     unit: str
 
-
-ENDED_STATES = frozenset({"finished", "failed"})  # job/1 states that end a job
 
 STEP_TIME = Signal("step_time_s", True, "s")
 SM_CLOCK = Signal("sm_clock_mhz", False, "MHz")
@@ -173,33 +170,26 @@ class StragglerDetector:
 
     # ------------------------------------------------------------ inputs
 
-    def observe(self, msgs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def observe(self, batch: JobBatch) -> list[dict[str, Any]]:
         """The JobDetector protocol (detectors/protocol.py): step times, node features and job
-        records, each run of one schema handled together, in order."""
+        ends, each run of one kind handled together, in order."""
         out: list[dict[str, Any]] = []
-        for schema, run in groupby(msgs, key=lambda m: m["schema"]):
-            part = list(run)
-            if schema == STEP:
-                out += self.process_steps(part)
-            elif schema == NODE_FEATURES:
-                out += self.process_features(part)
-            elif schema == JOB:
-                for m in part:
-                    if m["state"] in ENDED_STATES:
-                        out += self.job_ended(m["job"], m["ts"])
+        for kind, idx in batch.runs():
+            if kind == STEP_RECORD:
+                out += self._process(STEP_TIME, batch, idx, batch.step_time_s)
+            elif kind == FEATURES_RECORD:
+                # absent util counts as idle: a clock is only compared while the GPUs are busy
+                busy = np.nan_to_num(batch.util[idx], nan=0.0) >= self.cfg.busy_util_pct
+                take = idx[busy & ~np.isnan(batch.sm_clock_mhz[idx])]
+                out += self._process(SM_CLOCK, batch, take, batch.sm_clock_mhz)
+            elif kind == JOB_RECORD:
+                for i in idx[batch.ended[idx]].tolist():
+                    out += self.job_ended(batch.job[i], float(batch.ts[i]))
         return out
 
-    def process_steps(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        return self._process(STEP_TIME, [(m["job"], m["node"], m["step_time_s"], m["ts"]) for m in msgs])
-
-    def process_features(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        busy = self.cfg.busy_util_pct
-        rows = [
-            (m["job"], m["node"], m["sm_clock_mhz"], m["ts"])
-            for m in msgs
-            if m.get("sm_clock_mhz") is not None and m.get("util", 0.0) >= busy
-        ]
-        return self._process(SM_CLOCK, rows)
+    def process(self, msgs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Records of the three schemas without the job stage (tests, tools)."""
+        return self.observe(JobBatch.from_records(msgs))
 
     def job_ended(self, job: str, ts: float) -> list[dict[str, Any]]:
         """Resolve the job's open straggler findings and forget its windows."""
@@ -213,20 +203,25 @@ class StragglerDetector:
 
     # ------------------------------------------------------------ core
 
-    def _process(self, sig: Signal, rows: list[tuple[str, str, float, float]]) -> list[dict[str, Any]]:
-        by_job: dict[str, list[tuple[str, float, float]]] = {}
-        for job, node, value, ts in rows:
-            by_job.setdefault(job, []).append((node, value, ts))
+    def _process(
+        self, sig: Signal, batch: JobBatch, idx: np.ndarray, column: np.ndarray
+    ) -> list[dict[str, Any]]:
+        """The records `idx` of the batch, each a sample of `sig` (its value in `column`), job by
+        job in order of first appearance, each job's in ts order (ties: as they arrived)."""
+        by_job: dict[str, list[int]] = {}
+        for i in idx.tolist():
+            by_job.setdefault(batch.job[i], []).append(i)
         out: list[dict[str, Any]] = []
         step = self.cfg.eval_every_s
-        for job, items in by_job.items():
+        for job, rows in by_job.items():
             w = self.windows.get((job, sig.name))
             if w is None:
                 w = self.windows[(job, sig.name)] = JobWindow()
-            items.sort(key=lambda i: i[2])
-            ts = np.array([i[2] for i in items])
-            r = w.rows([i[0] for i in items], self.cfg.window)
-            values = np.array([i[1] for i in items], dtype=float)
+            mine = np.array(rows, dtype=np.int64)
+            mine = mine[np.argsort(batch.ts[mine], kind="stable")]
+            ts = batch.ts[mine]
+            r = w.rows([batch.node[i] for i in mine.tolist()], self.cfg.window)
+            values = column[mine]
             if np.isnan(w.next_eval):
                 w.next_eval = (np.floor(ts[0] / step) + 1) * step
             lo = 0

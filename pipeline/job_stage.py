@@ -15,9 +15,10 @@ import orjson
 from prometheus_client import Counter
 
 from fleetwatch import topics
+from fleetwatch.detectors.job_batch import ENDED_STATES, JobBatch
 from fleetwatch.detectors.protocol import JobDetector
 from fleetwatch.detectors.registry import JOB_DETECTORS
-from fleetwatch.detectors.straggler import ENDED_STATES, StragglerConfig, StragglerDetector
+from fleetwatch.detectors.straggler import StragglerConfig, StragglerDetector
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.tasks import Output
 from fleetwatch.schemas import JOB
@@ -72,7 +73,8 @@ class JobTask:
         fresh = self._fresh(msgs)
         if not fresh:
             return []
-        return [(topics.FINDINGS, f["node"], f) for d in self.detectors for f in d.observe(fresh)]
+        batch = JobBatch.from_records(fresh)
+        return [(topics.FINDINGS, f["node"], f) for d in self.detectors for f in d.observe(batch)]
 
     def _fresh(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []

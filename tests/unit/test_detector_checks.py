@@ -25,6 +25,7 @@ from fleetwatch import topics
 from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten
+from fleetwatch.detectors.job_batch import JobBatch
 from fleetwatch.detectors.lemon import LemonConfig
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext, NodeDetector
@@ -212,7 +213,7 @@ def job_stream() -> tuple[tuple[dict[str, Any], ...], ...]:
 
 
 def run_jobs(detector: Any, batches: Any) -> list[dict[str, Any]]:
-    return [f for b in batches for f in detector.observe([dict(m) for m in b])]
+    return [f for b in batches for f in detector.observe(JobBatch.from_records([dict(m) for m in b]))]
 
 
 @JOBS

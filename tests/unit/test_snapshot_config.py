@@ -152,7 +152,7 @@ def _silence() -> Restored:
 def _straggler() -> Restored:
     before = StragglerDetector(StragglerConfig())
     msgs = steps(4, 240, slow={2: 0.3}, seed=1)
-    before.process_steps(msgs[: 4 * 120])
+    before.process(msgs[: 4 * 120])
     b = StragglerConfig(window=6, clear_after_s=10.0, min_slowdown=0.5)
     after = StragglerDetector.from_bytes(before.to_bytes(), b)
     ((key, w_before),) = before.windows.items()
@@ -160,7 +160,7 @@ def _straggler() -> Restored:
 
     def then() -> None:
         # the 30% straggler is below B's 50%: its incident resolves once B's 10 s have passed
-        out = after.process_steps(msgs[4 * 120 :])
+        out = after.process(msgs[4 * 120 :])
         (done,) = out
         (inc,) = before.book.open.values()
         assert done["resolved"] and done["node"] == "node-02"

@@ -24,7 +24,7 @@ def test_loo_median_matches_definition() -> None:
 def test_straggler_found_named_and_quantified(slowdown: float) -> None:
     msgs = steps(8, 200, slow={5: slowdown}, slow_from=50)
     det = StragglerDetector()
-    findings = det.process_steps(msgs)
+    findings = det.process(msgs)
     assert findings, "the straggler must be found"
     first = findings[0]
     schemas.validate(first)
@@ -39,7 +39,7 @@ def test_straggler_found_named_and_quantified(slowdown: float) -> None:
 
 
 def test_two_node_job_blames_the_slow_one() -> None:
-    findings = StragglerDetector().process_steps(steps(2, 120, slow={1: 0.15}))
+    findings = StragglerDetector().process(steps(2, 120, slow={1: 0.15}))
     assert {f["node"] for f in findings} == {"node-01"}
 
 
@@ -47,7 +47,7 @@ def test_healthy_jitter_is_quiet() -> None:
     det = StragglerDetector()
     findings = []
     for seed in range(5):
-        findings += det.process_steps(steps(16, 400, jitter=0.03, seed=seed, job=f"job-{seed}"))
+        findings += det.process(steps(16, 400, jitter=0.03, seed=seed, job=f"job-{seed}"))
     assert findings == []
 
 
@@ -59,7 +59,7 @@ def test_escalates_when_persistent_and_resolves_after_recovery() -> None:
     shift = slow[-1]["ts"] - T0 + 1
     for m in healthy:
         m["ts"] += shift
-    out = det.process_steps(slow) + det.process_steps(healthy)
+    out = det.process(slow) + det.process(healthy)
     sev = [(f["severity"], f["resolved"]) for f in out]
     assert sev == [("warning", False), ("critical", False), ("critical", True)]
     assert len({f["id"] for f in out}) == 1  # one incident, one id
@@ -67,7 +67,7 @@ def test_escalates_when_persistent_and_resolves_after_recovery() -> None:
 
 def test_job_end_resolves() -> None:
     det = StragglerDetector()
-    out = det.process_steps(steps(4, 100, slow={0: 0.2}))
+    out = det.process(steps(4, 100, slow={0: 0.2}))
     assert out and not out[-1]["resolved"]
     done = det.job_ended("job-1", T0 + 1000)
     assert [f["resolved"] for f in done] == [True]
@@ -81,20 +81,27 @@ def test_sm_clock_throttled_node_from_features() -> None:
         for i in range(8):
             clock = 1980.0 * (0.85 if i == 3 and s > 20 else 1.0) + np.sin(s + i) * 5
             msgs.append(
-                {"job": "job-9", "node": f"node-{i:02d}", "ts": T0 + s, "sm_clock_mhz": clock, "util": 97.0}
+                {
+                    "schema": "nodefeatures/1",
+                    "job": "job-9",
+                    "node": f"node-{i:02d}",
+                    "ts": T0 + s,
+                    "sm_clock_mhz": clock,
+                    "util": 97.0,
+                }
             )
-    findings = det.process_features(msgs)
+    findings = det.process(msgs)
     assert {f["node"] for f in findings} == {"node-03"}
     assert findings[0]["evidence"]["signal"] == "sm_clock_mhz"
 
 
 def test_batching_and_snapshot_do_not_change_results() -> None:
     msgs = steps(8, 200, slow={5: 0.12}, slow_from=40, seed=7)
-    whole = StragglerDetector().process_steps(msgs)
+    whole = StragglerDetector().process(msgs)
     det = StragglerDetector()
     pieces: list[dict[str, Any]] = []
     for i in range(0, len(msgs), 37):
-        pieces += det.process_steps(msgs[i : i + 37])
+        pieces += det.process(msgs[i : i + 37])
         det = StragglerDetector.from_bytes(det.to_bytes())  # a restart between every batch
     assert [f["id"] for f in pieces] == [f["id"] for f in whole]
     assert [f["ts"] for f in pieces] == [f["ts"] for f in whole]
@@ -109,7 +116,7 @@ def test_second_straggler_beside_a_slow_peer_is_found_by_its_own_slowdown() -> N
     for m in late:
         m["ts"] += shift
     det = StragglerDetector()
-    findings = det.process_steps(early) + det.process_steps(late)
+    findings = det.process(early) + det.process(late)
     found = {f["node"] for f in findings if not f["resolved"]}
     assert found == {"node-00", "node-01"}
     late_one = next(f for f in findings if f["node"] == "node-01")
@@ -123,7 +130,7 @@ def test_job_wide_slowdown_blames_nobody() -> None:
     for m in late:
         m["ts"] += shift
     det = StragglerDetector()
-    assert det.process_steps(early) + det.process_steps(late) == []
+    assert det.process(early) + det.process(late) == []
 
 
 def test_idle_clocks_are_not_compared() -> None:
@@ -135,6 +142,13 @@ def test_idle_clocks_are_not_compared() -> None:
             idle = (i == 2 and s % 40 < 25) or s < 10 * (i + 1)
             clock, util = (345.0, 5.0) if idle else (1980.0, 97.0)
             msgs.append(
-                {"job": "job-3", "node": f"node-{i:02d}", "ts": T0 + s, "sm_clock_mhz": clock, "util": util}
+                {
+                    "schema": "nodefeatures/1",
+                    "job": "job-3",
+                    "node": f"node-{i:02d}",
+                    "ts": T0 + s,
+                    "sm_clock_mhz": clock,
+                    "util": util,
+                }
             )
-    assert det.process_features(msgs) == []
+    assert det.process(msgs) == []
