@@ -224,6 +224,30 @@ def test_job_detectors_find_something_and_are_deterministic(reg: Registered) -> 
     assert any(f["resolved"] for f in found)  # the job's end resolves its incident
 
 
+def _batches(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    return [recs[i : i + 40] for i in range(0, len(recs), 40)]
+
+
+@JOBS
+def test_job_detectors_give_no_findings_on_constant_healthy_input(reg: Registered) -> None:
+    """A 16-node job whose every rank takes the same time at every step, for 600 steps."""
+    assert run_jobs(reg.detector(reg.config()), _batches(steps(16, 600, jitter=0.0))) == []
+
+
+@JOBS
+def test_job_detectors_state_is_bounded_by_the_nodes_not_by_time(reg: Registered) -> None:
+    """The same healthy 16-node job for 150 and then 600 steps: the state does not grow with time;
+    and the job's end leaves nothing of it."""
+    recs = steps(16, 600, seed=9)
+    short, long = reg.detector(reg.config()), reg.detector(reg.config())
+    run_jobs(short, _batches(recs[: 16 * 150]))
+    run_jobs(long, _batches(recs))
+    assert len(state_bytes(long)) <= 1.1 * len(state_bytes(short)) + 256
+    end = {"schema": "job/1", "job": "job-1", "state": "finished", "ts": recs[-1]["ts"] + 1, "nodes": []}
+    run_jobs(long, [[end]])
+    assert b"job-1" not in state_bytes(long)
+
+
 @JOBS
 def test_job_detectors_resume_from_a_snapshot_mid_stream(reg: Registered) -> None:
     batches = job_stream()
