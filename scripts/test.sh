@@ -13,5 +13,8 @@ python3 -m ruff format --check .
 if [[ $# -gt 0 ]]; then
   exec python3 -m pytest -q "$@"
 fi
+# the scanner compiled with bounds checks, which one unit test runs: a build step (~2 min on a fresh
+# clone, a second once cached), kept out of the unit tier's own time
+python3 -c "from tests.helpers.bounds_checked import warm; warm()"
 python3 -m pytest -q -n 2 tests/unit
 python3 -m pytest -q tests/integration

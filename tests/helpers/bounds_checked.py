@@ -25,3 +25,12 @@ def run_bounds_checked(
     env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(cache_dir))
     code = [sys.executable, "-c", script]
     return subprocess.run(code, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+
+
+def warm(timeout_s: float = 600) -> None:
+    """Compile the bounds-checked scanner into its cache before the unit tier (scripts/test.sh): a
+    build step, as the project's own kernels are compiled at install, so that a fresh clone's unit
+    tier does not spend two minutes of its time compiling."""
+    done = run_bounds_checked("from fleetwatch import telemetry_scan; telemetry_scan.warm_up()", timeout_s)
+    if done.returncode != 0:
+        raise SystemExit(f"compiling the bounds-checked scanner failed:\n{done.stderr}")
