@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.counters import Segments, increasing_in_group
 from fleetwatch.detectors.rows import Compaction, RowIndex, grow
 
@@ -24,6 +25,7 @@ from fleetwatch.detectors.rows import Compaction, RowIndex, grow
 class Admission:
     """Which samples of a batch are new, and what their nodes had before it."""
 
+    rows: np.ndarray  # (M,) each sample's node's row
     keep: np.ndarray  # (M,) bool: new samples; the rest are duplicates or late
     before: np.ndarray  # (M,) each sample's node's latest ts before the batch (NaN: a new node)
 
@@ -45,15 +47,22 @@ class NodeIndex(RowIndex):
         return len(self._last_ts)
 
     def admit(self, names: Sequence[str], ts: np.ndarray) -> Admission:
-        """Register the batch's new nodes and keep its samples with ts after everything their
+        """admit_rows for samples given by their nodes' names (registering the new ones)."""
+        return self.admit_rows(self.lookup(names), ts)
+
+    def admit_batch(self, batch: TelemetryBatch) -> Admission:
+        """admit_rows for a columnar batch: its distinct nodes looked up once each."""
+        return self.admit_rows(self.lookup(batch.node_names)[batch.node_idx], batch.ts)
+
+    def admit_rows(self, rows: np.ndarray, ts: np.ndarray) -> Admission:
+        """Keep the samples (each its node's row, from lookup) with ts after everything their
         node sent before (earlier samples in the batch included); their nodes' latest ts move on."""
-        rows = self.lookup(names)
         self._last_ts = grow(self._last_ts, len(self), np.nan)
         before = self._last_ts[rows]
         if len(np.unique(rows)) == len(rows):  # one sample per node, as a batch nearly always has
             keep = np.isnan(before) | (ts > before)
             self._last_ts[rows[keep]] = ts[keep]
-            return Admission(keep, before)
+            return Admission(rows, keep, before)
         # a node twice or more: each sample against its node's latest before it, in arrival order
         seg = Segments.of(rows)
         floor = np.nan_to_num(before[seg.order], nan=-np.inf)
@@ -61,7 +70,7 @@ class NodeIndex(RowIndex):
         keep = np.zeros(len(rows), dtype=bool)
         keep[seg.order[ok]] = True
         np.fmax.at(self._last_ts, rows[keep], ts[keep])
-        return Admission(keep, before)
+        return Admission(rows, keep, before)
 
     def drop(self, names: Iterable[str]) -> Compaction | None:
         rows = super().drop(names)

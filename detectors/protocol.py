@@ -52,16 +52,18 @@ class NodeContext:
         cls,
         batch: TelemetryBatch,
         index: NodeIndex,
+        rows: np.ndarray,
         before: np.ndarray,
         job_failures: list[tuple[float, str, float]] | None = None,
     ) -> NodeContext:
-        """The context of an admitted batch; before: (M,) each message's Admission.before."""
+        """The context of an admitted batch; rows, before: (M,) each message's Admission.rows and
+        Admission.before."""
         nodes = batch.nodes()
         prev = np.empty(len(batch.node_names))
         prev[batch.node_idx] = before  # the same for every message of a node
         return cls(
             index=index,
-            rows=index.lookup(batch.node_names)[batch.node_idx],
+            rows=rows,
             nodes=nodes,
             seen=set(batch.node_names),
             prev_ts=prev,

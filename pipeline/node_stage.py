@@ -158,7 +158,7 @@ class NodeTask:
         """Telemetry as dicts (evaluator, tests), fleetwatch.fast_schema structs, or already a
         columnar batch (the worker's hot path, pipeline/telemetry_decode.py)."""
         if isinstance(msgs, TelemetryBatch):
-            admitted = self.index.admit(msgs.nodes(), msgs.ts)
+            admitted = self.index.admit_batch(msgs)
             keep = admitted.keep
             if not keep.any():
                 return self._stale(keep)
@@ -175,7 +175,7 @@ class NodeTask:
             batch = TelemetryBatch.from_any(fresh)
         self._stale(keep)
         self._grow()
-        ctx = NodeContext.of(batch, self.index, admitted.before[keep])
+        ctx = NodeContext.of(batch, self.index, admitted.rows[keep], admitted.before[keep])
         ctx = replace(ctx, job_failures=self._failed_job_events(float(batch.ts.max()), ctx.seen))
         findings: list[dict[str, Any]] = []
         for detector in self.detectors:
@@ -398,9 +398,5 @@ def _by_name(names: list[str], values: np.ndarray, keep: Any) -> dict[str, float
 
 def _by_row(index: NodeIndex, by_name: dict[str, float], fill: float) -> np.ndarray:
     """A snapshot's node -> value as an array over the index's rows (fill where absent)."""
-    out = np.full(len(index), fill)
-    for node, value in by_name.items():
-        row = index.rows.get(node)
-        if row is not None:
-            out[row] = value
-    return out
+    values = np.fromiter(by_name.values(), dtype=np.float64, count=len(by_name))
+    return index.place(list(by_name), values, np.full(len(index), fill))

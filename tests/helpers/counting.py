@@ -4,7 +4,7 @@ in-memory bus, integration tier on the real broker)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -33,15 +33,25 @@ class CountingTask:
         return orjson.dumps(self.counts)
 
 
-def counting_stage(name: str, in_topic: str, out_topic: str, load_delay_s: float = 0.0) -> Stage:
+def counting_stage(
+    name: str,
+    in_topic: str,
+    out_topic: str,
+    load_delay_s: float = 0.0,
+    task: type[CountingTask] = CountingTask,
+    serializers: dict[str, Callable[[Any], bytes]] | None = None,
+) -> Stage:
+    """A stage of `task`s (CountingTask or a variant of it), its outputs on out_topic."""
+
     def load(_p: int, raw: bytes) -> CountingTask:
         time.sleep(load_delay_s)  # stands for a big state
-        return CountingTask(out_topic, orjson.loads(raw))
+        return task(out_topic, orjson.loads(raw))
 
     return Stage(
         name=name,
         inputs=(in_topic,),
         schemas={in_topic: schemas.TELEMETRY},
-        new_task=lambda p: CountingTask(out_topic),
+        new_task=lambda p: task(out_topic),
         load_task=load,
+        serializers=serializers or {},
     )

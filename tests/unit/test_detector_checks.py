@@ -65,7 +65,9 @@ class Feed:
         if not fresh:
             return []
         batch = TelemetryBatch.from_messages(fresh)
-        return self.detector.observe(batch, NodeContext.of(batch, self.index, admitted.before[admitted.keep]))
+        keep = admitted.keep
+        ctx = NodeContext.of(batch, self.index, admitted.rows[keep], admitted.before[keep])
+        return self.detector.observe(batch, ctx)
 
     def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
         """As the task forgets: the index drops the nodes, then the detector, with its renumbering."""

@@ -16,7 +16,7 @@ from fleetwatch import schemas, topics
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.memory import MemoryBus
 from fleetwatch.pipeline.state_store import write_snapshot
-from fleetwatch.pipeline.tasks import Output, Stage
+from fleetwatch.pipeline.tasks import Output
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
 from tests.helpers.counting import CountingTask, counting_stage
@@ -101,14 +101,7 @@ class RaisingTask(CountingTask):
 def test_a_record_that_raises_is_dead_lettered_and_every_other_is_counted_once() -> None:
     bus = _bus()
     _feed(bus, range(6))
-    stage = Stage(
-        name="count",
-        inputs=(IN,),
-        schemas={IN: schemas.TELEMETRY},
-        new_task=lambda _p: RaisingTask(OUT),
-        load_task=lambda _p, raw: RaisingTask(OUT, orjson.loads(raw)),
-    )
-    worker = Worker(bus, "g", [stage], snapshot_every_s=3600)
+    worker = Worker(bus, "g", [counting_stage("count", IN, OUT, task=RaisingTask)], snapshot_every_s=3600)
     for _ in range(20):
         worker.step(timeout_ms=0)
     counts = _counts(bus)
@@ -172,13 +165,8 @@ def test_each_output_topic_is_written_by_its_stages_serializer() -> None:
             out = super().process(topic, msgs)
             return out + [("other.v1", k, m) for _t, k, m in out]
 
-    stage = Stage(
-        name="count",
-        inputs=(IN,),
-        schemas={IN: schemas.TELEMETRY},
-        new_task=lambda _p: TwoTopics(OUT),
-        load_task=lambda _p, raw: TwoTopics(OUT, orjson.loads(raw)),
-        serializers={OUT: lambda m: f"{m['node']}={m['n']}".encode()},
+    stage = counting_stage(
+        "count", IN, OUT, task=TwoTopics, serializers={OUT: lambda m: f"{m['node']}={m['n']}".encode()}
     )
     worker = Worker(bus, "g", [stage], snapshot_every_s=3600)
     _drain(worker)
@@ -203,17 +191,17 @@ def test_a_snapshot_its_stage_cannot_load_starts_that_partition_cold_and_the_wor
     producer = bus.producer()
     write_snapshot(producer, "g/count", 0, {IN: 0}, b"{not a state")
     producer.flush(timeout_s=1)
-    lost = REGISTRY.get_sample_value(
-        "fleetwatch_worker_state_lost_total", {"group": "g", "stage": "count", "reason": "unreadable"}
-    )
+
+    def unreadable() -> float:
+        labels = {"group": "g", "stage": "count", "reason": "unreadable"}
+        return REGISTRY.get_sample_value("fleetwatch_worker_state_lost_total", labels) or 0.0
+
+    lost = unreadable()
     produced = [len(log) for log in bus.partitions(OUT)]
     _feed(bus, range(3, 4))
     b = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
     _drain(b)
-    after = REGISTRY.get_sample_value(
-        "fleetwatch_worker_state_lost_total", {"group": "g", "stage": "count", "reason": "unreadable"}
-    )
-    assert after == (lost or 0.0) + 1
+    assert unreadable() == lost + 1
     new = {
         (m := orjson.loads(r.value))["node"]: m["n"]
         for log, k in zip(bus.partitions(OUT), produced, strict=True)
