@@ -129,7 +129,7 @@ class GpuStats:
 
     def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
         """A batch without the task (tests, tools): rows from this detector's index."""
-        return self._process(batch, self.index.lookup(batch.node_names)[batch.node_idx], batch.nodes())
+        return self._process(batch, self.index.rows_of(batch), batch.nodes())
 
     def _process(self, batch: TelemetryBatch, rows: np.ndarray, nodes: list[str]) -> list[dict[str, Any]]:
         """rows, nodes: each message's node row and name. Returns findings; `self.last_score`

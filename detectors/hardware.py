@@ -282,9 +282,7 @@ class HardwareDetector:
 
     def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
         """A batch without the task (tests, tools): rows from this detector's index."""
-        if batch.size == 0:
-            return []
-        return self._process(batch, self.index.lookup(batch.node_names)[batch.node_idx])
+        return self._process(batch, self.index.rows_of(batch))
 
     def _process(self, batch: TelemetryBatch, node_rows: np.ndarray) -> list[dict[str, Any]]:
         if batch.size == 0:

@@ -59,9 +59,6 @@ class JobBatch:
             ),
         )
 
-    def __len__(self) -> int:
-        return len(self.kind)
-
     def runs(self) -> Iterator[tuple[int, np.ndarray]]:
         """(kind, record indices) of each run of records of one kind, in order."""
         start = 0

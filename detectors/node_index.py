@@ -51,8 +51,13 @@ class NodeIndex(RowIndex):
         return self.admit_rows(self.lookup(names), ts)
 
     def admit_batch(self, batch: TelemetryBatch) -> Admission:
-        """admit_rows for a columnar batch: its distinct nodes looked up once each."""
-        return self.admit_rows(self.lookup(batch.node_names)[batch.node_idx], batch.ts)
+        """admit_rows for a columnar batch."""
+        return self.admit_rows(self.rows_of(batch), batch.ts)
+
+    def rows_of(self, batch: TelemetryBatch) -> np.ndarray:
+        """(M,) each message's node's row, registering new nodes: the batch's distinct nodes are
+        looked up once each."""
+        return self.lookup(batch.node_names)[batch.node_idx]
 
     def admit_rows(self, rows: np.ndarray, ts: np.ndarray) -> Admission:
         """Keep the samples (each its node's row, from lookup) with ts after everything their
