@@ -5,6 +5,7 @@ a bad GPU; a hang must not stop the agent, and is itself reported in `agent.sour
 merges the partial bodies, writes the message to the on-disk spool, and lets the forwarder
 move the spool to Kafka. `seq` is persisted in the spool so it keeps increasing across
 restarts, which lets consumers drop the duplicates that at-least-once delivery can make.
+`agent.instance` names the spool that numbers them: a new spool starts a new sequence.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class Agent:
         msg.update(body)
         # an error text longer than the contract allows would make the whole sample invalid
         errors = {k: v[: schemas.MAX_ERROR_LEN] for k, v in errors.items()}
-        msg["agent"] = {"version": __version__, "source_errors": errors}
+        msg["agent"] = {"version": __version__, "instance": self.spool.instance, "source_errors": errors}
         for name, err in errors.items():
             SOURCE_ERRORS.labels(name, err.split(":", 1)[0]).inc()
         self.seq += 1
@@ -152,7 +153,12 @@ class Agent:
             log.error("dropping invalid fields from sample: %s", e)
             bad = {k: msg[k] for k in ("schema", "node", "ts", "seq")}
             bad.update(
-                gpus=[], agent={"version": __version__, "source_errors": {"agent": f"invalid: {e}"[:200]}}
+                gpus=[],
+                agent={
+                    "version": __version__,
+                    "instance": self.spool.instance,
+                    "source_errors": {"agent": f"invalid: {e}"[:200]},
+                },
             )
             value = schemas.encode(bad)
         dropped = self.spool.append(self.node.encode(), value)

@@ -11,6 +11,7 @@ hand-rolled segment format. One agent process owns one spool file.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -48,6 +49,14 @@ class Spool:
         # NORMAL: durable against process crashes; a power cut may lose the last few samples.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        # The spool's instance: the agent's seq is ordered only within one spool's life, so a new
+        # spool (a reinstall, a lost disk) starts a new sequence under a new id. Kept as a signed
+        # 64-bit integer in the integer-typed meta table, read back as 16 hex characters.
+        self._db.execute(
+            "INSERT OR IGNORE INTO meta (k, v) VALUES ('instance', ?)",
+            (secrets.randbits(64) - 2**63,),
+        )
+        self.instance = f"{self.get_meta('instance') + 2**63:016x}"
         self._bytes, self._count = self._db.execute(
             "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM spool"
         ).fetchone()

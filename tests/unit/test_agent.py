@@ -96,6 +96,27 @@ def test_seq_continues_across_restart(tmp_path: Path) -> None:
     b.close(drain_timeout_s=0)
 
 
+def test_agent_instance_persists_with_its_spool_and_changes_with_a_new_one(tmp_path: Path) -> None:
+    """`agent.instance` names the spool whose seq numbers the samples: the same across restarts on
+    one spool, a new one for a new spool (a reinstall, a lost disk), whose seq restarts at 0."""
+    gpu = CountingSource()
+    a = make_agent(tmp_path / "one", "127.0.0.1:1", [SourceRunner("nvml", lambda: gpu)])
+    first = [a.tick() for _ in range(2)]
+    a.close(drain_timeout_s=0)
+    b = make_agent(tmp_path / "one", "127.0.0.1:1", [SourceRunner("nvml", lambda: gpu)])
+    after_restart = b.tick()
+    b.close(drain_timeout_s=0)
+    c = make_agent(tmp_path / "two", "127.0.0.1:1", [SourceRunner("nvml", lambda: gpu)])
+    new_spool = c.tick()
+    c.close(drain_timeout_s=0)
+    instance = first[0]["agent"]["instance"]
+    assert len(instance) == 16 and int(instance, 16) >= 0
+    assert [m["agent"]["instance"] for m in first] == [instance, instance]
+    assert (after_restart["agent"]["instance"], after_restart["seq"]) == (instance, 2)
+    assert new_spool["agent"]["instance"] != instance and new_spool["seq"] == 0
+    schemas.validate(new_spool, schemas.TELEMETRY)
+
+
 def test_agent_samples_take_the_detect_workers_fast_path(tmp_path: Path) -> None:
     """What the agent sends from NVML (fake pynvml, real code path: remapped row counts, NVLinks
     up, a lost GPU, an XID) and /proc is all in the contract, so the detect worker's compiled
