@@ -301,8 +301,12 @@ class IncidentBook:
         gpu: int | None = None,
         job: str | None = None,
         extra: dict[str, Any] | None = None,
+        news: bool = False,
     ) -> list[dict[str, Any]]:
-        """A bad observation at `ts`: returns the findings it causes (often none)."""
+        """A bad observation at `ts`: returns the findings it causes (often none). `news`: this
+        observation changes what the action layer decides from although the severity does not
+        rise (an XID burst that is critical already gains a critical code): the open incident is
+        emitted again, same id, with this evidence."""
         key: Key = (node, gpu, job, kind, rule)
         out: list[dict[str, Any]] = []
         done = self.expire(key, ts, next_ts)
@@ -334,6 +338,9 @@ class IncidentBook:
                 summary,
                 evidence,
             )
+            out.append(inc.finding(ts))
+        elif news and severity == inc.severity:
+            inc.score = max(score, inc.score)
             out.append(inc.finding(ts))
         return out
 

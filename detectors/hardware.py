@@ -10,7 +10,12 @@ Thresholds (HardwareConfig) and why:
 - XID: events, not a last-value gauge. A burst on one GPU ended by `xid_quiet_s` = 180 s of silence
   is one incident (DESIGN.md: dcgm-exporter's gauge never resets). Severity from xid_catalog; a
   burst of >= `xid_burst_escalate` = 20 events is escalated one level, except application-caused
-  XIDs, capped at warning (a crash loop of a bad job is still the job's fault).
+  XIDs, capped at warning (a crash loop of a bad job is still the job's fault). The severity, the
+  worst code (the most severe, then the one whose action takes most: an RMA over a GPU reset) and
+  the codes act drains on are read from every code of the burst: the incident counts each
+  catalogued code by itself (the catalogue is bounded, so the counts are). The evidence lists at
+  most MAX_LISTED codes, worst first, so every critical one is named (xids_unlisted counts the
+  rest). A critical code that joins a burst already critical sends the finding again.
 - ECC DBE: any volatile double-bit count > 0 or any increase of the volatile/aggregate count is
   critical. The volatile count only clears on a GPU reset/driver reload, which is what repairs the
   GPU, so the incident stays open until then.
@@ -110,6 +115,11 @@ RESET_KIND = {
     "pcie_replay": "pcie",
 }
 MAX_LISTED = 16  # ports (or XID codes) named in one finding's evidence; the rest are counted
+# An XID incident counts each catalogued code by itself and at most this many uncatalogued ones; any
+# further uncatalogued codes share OTHER_XIDS (old snapshots also put overflow catalogued codes there).
+MAX_UNKNOWN_XIDS = 16
+OTHER_XIDS = "other"
+_XID_ACTION_RANK = {"none": 0, "restart_app": 1, "investigate": 2, "reset_gpu": 3, "drain_node": 4, "rma": 5}
 
 _GC = {name: i for i, name in enumerate(GPU_COUNTERS)}
 _GPU_COUNTER_COLS = np.array([GPU_COL[c] for c in GPU_COUNTERS])
@@ -597,14 +607,12 @@ class HardwareDetector:
                 out.append(done)
             inc = self.book.get(key)
             counts: dict[str, int] = dict(inc.extra["counts"]) if inc else {}
-            # at most MAX_LISTED distinct codes are named; a burst of many distinct ones counts the
-            # rest as "other", so an incident's evidence stays small however long it lasts
-            name = str(code) if str(code) in counts or len(counts) < MAX_LISTED else "other"
+            name = _xid_bucket(counts, code)
+            news = inc is not None and name not in counts and xid_catalog.lookup(code).severity == "critical"
             counts[name] = counts.get(name, 0) + 1
-            total = sum(counts.values())
-            infos = [xid_catalog.lookup(int(c)) for c in counts if c != "other"]
-            worst = max(infos, key=lambda x: SEVERITY_RANK[x.severity])  # first-seen wins ties
-            rank = SEVERITY_RANK[worst.severity]
+            burst = _XidBurst.of(counts)
+            worst, total = burst.worst, burst.total
+            rank = burst.rank
             if total >= cfg.xid_burst_escalate:
                 cap = SEVERITY_RANK["warning"] if worst.cause == "application" else SEVERITY_RANK["critical"]
                 rank = max(rank, min(rank + 1, cap))
@@ -613,7 +621,7 @@ class HardwareDetector:
             if total > 1:
                 summary += f"; {total} XIDs in burst"
             evidence = {
-                "xids": counts,
+                "xids": burst.listed,
                 "total": total,
                 "worst_xid": worst.code,
                 "cause": worst.cause,
@@ -621,6 +629,9 @@ class HardwareDetector:
                 "description": worst.description,
                 "quiet_s": cfg.xid_quiet_s,
             }
+            unlisted = total - sum(burst.listed.values())
+            if unlisted:  # XIDs of codes the list leaves out (or of uncatalogued ones beyond it)
+                evidence["xids_unlisted"] = unlisted
             out += self.book.observe(
                 node=node,
                 gpu=gpu,
@@ -634,6 +645,9 @@ class HardwareDetector:
                 clear_after=cfg.xid_quiet_s,
                 next_ts=ctx.next_ts,
                 extra={"counts": counts},
+                # a critical code new to a burst that is critical already changes what act decides
+                # (its drain reads the codes): the finding goes out again
+                news=news,
             )
         return out
 
@@ -800,6 +814,48 @@ def _ports_text(keys: _Names, ports: np.ndarray) -> str:
         if len(names) == 1
         else f"ports {shown}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     )
+
+
+def _xid_bucket(counts: dict[str, int], code: int) -> str:
+    """The name an XID is counted under in its incident's counts: its own for every catalogued
+    code (the catalogue is bounded, so the counts are) and for the first MAX_UNKNOWN_XIDS others;
+    further uncatalogued codes share OTHER_XIDS."""
+    name = str(code)
+    if name in counts or code in xid_catalog.CATALOG:
+        return name
+    unknown = sum(1 for c in counts if c != OTHER_XIDS and int(c) not in xid_catalog.CATALOG)
+    return name if unknown < MAX_UNKNOWN_XIDS else OTHER_XIDS
+
+
+def _xid_rank(info: xid_catalog.XidInfo) -> tuple[int, int]:
+    """How bad a code is: its severity, then how much its action takes (a drain over a reset)."""
+    return SEVERITY_RANK[info.severity], _XID_ACTION_RANK[info.action]
+
+
+@dataclass(frozen=True, slots=True)
+class _XidBurst:
+    """What an XID incident's counts say, read from every code it has had: the worst code, the
+    severity rank, the total, and the codes the evidence lists (worst first, then most frequent,
+    at most MAX_LISTED: every critical catalogued code fits, so none that drains is left out)."""
+
+    worst: xid_catalog.XidInfo
+    rank: int
+    total: int
+    listed: dict[str, int]
+
+    @classmethod
+    def of(cls, counts: dict[str, int]) -> _XidBurst:
+        named = [(c, n, xid_catalog.lookup(int(c))) for c, n in counts.items() if c != OTHER_XIDS]
+        # max() keeps the first of equals: among codes as bad as each other the first seen is worst
+        worst = max((info for _c, _n, info in named), key=_xid_rank, default=xid_catalog.lookup(-1))
+        rank = SEVERITY_RANK[worst.severity]
+        if OTHER_XIDS in counts:  # uncatalogued codes (or, from an older snapshot, any overflow)
+            rank = max(rank, SEVERITY_RANK[xid_catalog.lookup(-1).severity])
+        order = sorted(
+            range(len(named)), key=lambda i: (_xid_rank(named[i][2]), named[i][1], -i), reverse=True
+        )
+        listed = {named[i][0]: named[i][1] for i in order[:MAX_LISTED]}
+        return cls(worst, rank, sum(counts.values()), listed)
 
 
 def _first_appearances(key: np.ndarray) -> np.ndarray:

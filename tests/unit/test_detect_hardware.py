@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwatch import schemas
+from fleetwatch.alerts.policy import drain_reason
 from fleetwatch.detectors import xid_catalog
 from fleetwatch.detectors.batch import TelemetryBatch
-from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
+from fleetwatch.detectors.hardware import MAX_LISTED, HardwareConfig, HardwareDetector
 from tests.helpers.batches import gpu_entry, ib_port, telemetry
 from tests.helpers.detector_inputs import NODE, GpuFault, gpus_with, series
 
@@ -155,6 +156,79 @@ def test_catalog_covers_the_documented_codes() -> None:
         assert xid_catalog.lookup(code).severity == "critical"
     for code in (63, 92, 94):
         assert xid_catalog.lookup(code).severity == "warning"
+
+
+# Issue 23, item 2: the evidence lists at most MAX_LISTED codes, but the severity, the worst code
+# and the drain decision see every code of the burst.
+BENIGN = (8, 13, 31, 32, 38, 43, 45, 61, 63, 68, 69, 92, 94, 109, 1001, 1002, 1003, 1004)
+
+
+def test_a_burst_of_many_benign_codes_does_not_hide_a_later_xid79() -> None:
+    """18 distinct benign codes (catalogued warnings/infos and unknown ones), then XID 79: the
+    incident turns critical with worst_xid 79, lists 79 first, and act's policy drains on it."""
+    codes = {k: c for k, c in enumerate(BENIGN, start=1)}
+    codes[len(BENIGN) + 2] = 79
+    msgs = series(len(BENIGN) + 10, lambda k: {4: {"xids": [codes[k]]}} if k in codes else {})
+    f = opened([g for g in run(msgs, batch=7) if g["kind"] == "xid"])
+    last = f[-1]
+    assert last["severity"] == "critical" and last["evidence"]["worst_xid"] == 79
+    listed = list(last["evidence"]["xids"])
+    assert listed[0] == "79" and len(listed) <= MAX_LISTED
+    assert last["evidence"]["total"] == len(BENIGN) + 1
+    unlisted = last["evidence"]["xids_unlisted"]
+    assert unlisted == len(BENIGN) + 1 - MAX_LISTED
+    assert last["evidence"]["total"] == sum(last["evidence"]["xids"].values()) + unlisted
+    assert "XID 79" in last["summary"]
+    assert drain_reason(last) == "XID 79"
+
+
+def test_a_later_critical_code_with_a_drain_action_wins_over_an_earlier_one_without() -> None:
+    """46 (critical, reset the GPU) then 57 (critical, RMA): the worst code is the one that needs
+    the most done, whatever came first, so the finding's action says drain."""
+    msgs = series(200, lambda k: {1: {"xids": [46]}} if k == 1 else ({1: {"xids": [57]}} if k == 3 else {}))
+    burst = [g for g in run(msgs) if g["kind"] == "xid" and g["resolved"]]
+    (done,) = burst
+    assert done["evidence"]["worst_xid"] == 57 and done["evidence"]["action"] == "rma"
+    assert list(done["evidence"]["xids"]) == ["57", "46"]
+    assert drain_reason({**done, "resolved": False}) is not None
+
+
+def test_every_critical_catalogued_code_fits_in_the_listed_codes() -> None:
+    """Codes are listed worst first, so every drain-worthy code a burst has is named as long as the
+    catalogue's critical codes fit in the list."""
+    critical = [c for c, info in xid_catalog.CATALOG.items() if info.severity == "critical"]
+    assert 0 < len(critical) <= MAX_LISTED
+
+
+def test_xid_state_is_bounded_by_the_catalogue_and_old_other_buckets_restore() -> None:
+    """A burst of 500 distinct unknown codes keeps a bounded count per code; an incident
+    snapshotted by the release that counted overflow codes as "other" restores and goes on."""
+    msgs = series(520, lambda k: {0: {"xids": [2000 + k]}} if k < 500 else {})
+    det = HardwareDetector()
+    run(msgs[:300], det)
+    (inc,) = [i for i in det.book.open.values() if i.kind == "xid"]
+    assert len(inc.extra["counts"]) <= len(xid_catalog.CATALOG) + MAX_LISTED + 1
+    old = det.to_state()
+    for d in old["incidents"]:
+        if d["kind"] == "xid":
+            d["extra"] = {"counts": {**{str(c): 1 for c in BENIGN[:16]}, "other": 284}}
+    restored = HardwareDetector.from_state(old, HardwareConfig(), None)
+    tail = series(10, lambda k: {0: {"xids": [79]}} if k == 2 else {}, start=1400.0)
+    f = opened([g for g in run(tail, restored) if g["kind"] == "xid"])
+    assert f and f[-1]["severity"] == "critical" and f[-1]["evidence"]["worst_xid"] == 79
+    assert f[-1]["evidence"]["total"] == 16 + 284 + 1
+
+
+def test_a_critical_code_joining_a_burst_already_critical_goes_out_again() -> None:
+    """20 unknown codes escalate a burst to critical ("investigate": nothing to drain); an XID 79
+    after them does not raise the severity, but its finding goes out again, same id, and drains."""
+    msgs = series(
+        40, lambda k: {0: {"xids": [3000 + k]}} if k < 20 else ({0: {"xids": [79]}} if k == 25 else {})
+    )
+    f = opened([g for g in run(msgs, batch=5) if g["kind"] == "xid"])
+    assert [g["severity"] for g in f] == ["warning", "critical", "critical"]
+    assert drain_reason(f[1]) is None and f[1]["evidence"]["action"] == "investigate"
+    assert f[2]["id"] == f[1]["id"] and f[2]["evidence"]["worst_xid"] == 79 and drain_reason(f[2]) == "XID 79"
 
 
 # ---------------------------------------------------------------- ECC, pages, row remap
