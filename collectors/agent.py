@@ -25,7 +25,7 @@ from prometheus_client import Counter, Gauge
 from fleetwatch import __version__, schemas, topics
 from fleetwatch.collectors.forwarder import SpoolForwarder
 from fleetwatch.collectors.sources import Source, make_source
-from fleetwatch.collectors.spool import Spool
+from fleetwatch.collectors.spool import BOUND, DROP_REASONS, Spool
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,13 @@ SOURCE_ERRORS = Counter(
 )
 SPOOL_DEPTH = Gauge("fleetwatch_agent_spool_records", "samples waiting in the on-disk spool")
 SPOOL_DROPPED = Counter(
-    "fleetwatch_agent_spool_dropped_total", "samples dropped because the spool was over its bound"
+    "fleetwatch_agent_spool_dropped_total",
+    "samples dropped from the spool: over its bound (bound), the disk full or failing a write "
+    "(disk_full), the spool file refusing writes (spool_error)",
+    ["reason"],
 )
+for _reason in DROP_REASONS:  # every reason's series exists from the start, at 0
+    SPOOL_DROPPED.labels(_reason)
 BROKER_UP = Gauge("fleetwatch_agent_broker_up", "1 if the last delivery attempt reached Kafka")
 SENT = Counter("fleetwatch_agent_sent_total", "samples acknowledged by Kafka")
 
@@ -161,12 +166,16 @@ class Agent:
                 },
             )
             value = schemas.encode(bad)
-        dropped = self.spool.append(self.node.encode(), value)
-        self.spool.set_meta("next_seq", self.seq)
-        if dropped:
-            SPOOL_DROPPED.inc(dropped)
+        # next_seq goes in the sample's own transaction: a seq is persisted only with its sample,
+        # so a restart never reuses the seq of a sample that was spooled (and maybe sent).
+        drops = self.spool.append(self.node.encode(), value, meta={"next_seq": self.seq})
+        for reason, n in drops.items():
+            SPOOL_DROPPED.labels(reason).inc(n)
+        if drops.get(BOUND):  # a full disk or a failing spool is logged by the spool, once
             log.warning(
-                "spool over its %d-byte bound: dropped the %d oldest samples", self.spool.max_bytes, dropped
+                "spool over its %d-byte bound: dropped the %d oldest samples",
+                self.spool.max_bytes,
+                drops[BOUND],
             )
         SAMPLES.inc()
         return msg

@@ -5,17 +5,30 @@ acknowledged it, so a broker outage (or an agent restart) loses nothing while th
 stays under its byte bound. Above the bound the OLDEST samples are dropped: during a long
 outage the newest telemetry is the most useful, and the drop count is kept (and exported).
 
+The disk may refuse a write even under the bound: the filesystem is full, a write fails with an
+I/O error, another process holds the file locked, the file is damaged. None of that stops the
+agent: on a full disk (or a failed write) the oldest samples are dropped until the new one fits;
+if nothing makes room, the new sample is dropped. Every drop is counted by reason, a failing
+spool is logged once per episode (not per sample), and it recovers by itself when the disk takes
+writes again. A path that cannot hold a spool at all (a read-only directory, a file where the
+directory should be, a file that is not a SQLite database) is refused at open with a one-line
+`SpoolUnusable`.
+
 SQLite (stdlib) gives atomic appends and deletes and survives a crash mid-write without a
 hand-rolled segment format. One agent process owns one spool file.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import sqlite3
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spool (
@@ -26,6 +39,30 @@ CREATE TABLE IF NOT EXISTS spool (
 );
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
 """
+
+# Why a sample was dropped (the agent's fleetwatch_agent_spool_dropped_total{reason}).
+BOUND = "bound"  # the spool is over --spool-max-mib
+DISK_FULL = "disk_full"  # the filesystem refused the write (SQLITE_FULL, SQLITE_IOERR)
+SPOOL_ERROR = "spool_error"  # the spool file refused it (locked, read-only, damaged)
+DROP_REASONS = (BOUND, DISK_FULL, SPOOL_ERROR)
+
+# SQLite's primary result codes (https://sqlite.org/rescode.html) for a disk that has no room or
+# failed a write: making room by dropping old samples can help. Any other refusal cannot be
+# helped from inside the file.
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13
+_MAKE_ROOM_TRIES = 16  # chunks of ~1% dropped for one sample before it is dropped itself
+_BUSY_TIMEOUT_S = 0.5  # another process holding the file: drop this sample, don't stall the tick
+
+
+class SpoolUnusable(ValueError):
+    """The spool path cannot hold a spool; the message is one line naming the path and why."""
+
+
+def _reason(e: BaseException) -> str:
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (_SQLITE_FULL, _SQLITE_IOERR):
+        return DISK_FULL
+    return SPOOL_ERROR
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,93 +77,273 @@ class Spool:
         if max_bytes <= 0:
             raise ValueError(f"spool bound must be > 0 bytes, got {max_bytes}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        # Autocommit mode; each statement is its own transaction unless we open one.
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL: durable against process crashes; a power cut may lose the last few samples.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        # The spool's instance: the agent's seq is ordered only within one spool's life, so a new
-        # spool (a reinstall, a lost disk) starts a new sequence under a new id. Kept as a signed
-        # 64-bit integer in the integer-typed meta table, read back as 16 hex characters.
-        self._db.execute(
-            "INSERT OR IGNORE INTO meta (k, v) VALUES ('instance', ?)",
-            (secrets.randbits(64) - 2**63,),
-        )
-        self.instance = f"{self.get_meta('instance') + 2**63:016x}"
+        self._db = self._open(self.path)
+        # Acknowledged records whose DELETE the disk refused: hidden from peek and the counts, and
+        # deleted with the next write that succeeds.
+        self._purge_to = 0
+        self._failing: str | None = None  # the reason writes fail now (logged once per episode)
+        self._full_bytes = 0  # what the spool held when the disk first refused
+        self._episode_drops = 0
+        self.dropped: Counter[str] = Counter()  # this process's drops by reason
+        self._dropped_before = self._read_meta("dropped")  # by earlier processes
         self._bytes, self._count = self._db.execute(
             "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM spool"
         ).fetchone()
+        # The spool's instance: the agent's seq is ordered only within one spool's life, so a new
+        # spool (a reinstall, a lost disk) starts a new sequence under a new id. Kept as a signed
+        # 64-bit integer in the integer-typed meta table, read back as 16 hex characters.
+        self.instance = f"{self._read_meta('instance') + 2**63:016x}"
+
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection:
+        """Open (or create) the spool, or raise SpoolUnusable with the reason in one line."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = (
+                "is not a directory" if isinstance(e, FileExistsError) else f"cannot be created: {e.strerror}"
+            )
+            raise SpoolUnusable(f"spool directory {path.parent} {why}") from None
+        db = None
+        try:
+            # Autocommit mode; each statement is its own transaction unless we open one.
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S)
+            # A rollback journal kept at its size (PERSIST), not WAL: on a full disk a WAL can
+            # neither grow nor be checkpointed into a database file that cannot grow, so not even
+            # a DELETE gets through; a persisted journal reuses its own blocks, and the DELETE of
+            # the oldest samples frees pages in place for the next ones.
+            db.execute("PRAGMA journal_mode=PERSIST")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_SCHEMA)
+            db.execute(
+                "INSERT OR IGNORE INTO meta (k, v) VALUES ('instance', ?)", (secrets.randbits(64) - 2**63,)
+            )
+            # A write even when the spool exists: a read-only file or directory is found now, not
+            # at the first sample. A full disk is not a reason to refuse: the agent runs on it.
+            try:
+                db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('opened', 1)")
+            except sqlite3.OperationalError as e:
+                if _reason(e) != DISK_FULL:
+                    raise
+            return db
+        except (sqlite3.Error, OSError) as e:
+            if db is not None:
+                db.close()
+            name = getattr(e, "sqlite_errorname", "")
+            if name in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+                why = "is not a SQLite database (or is damaged)"
+            elif name.startswith("SQLITE_CANTOPEN"):
+                why = "cannot be created or opened for writing (is its directory writable?)"
+            elif name.startswith("SQLITE_READONLY"):
+                why = "is read-only"
+            else:
+                why = f"cannot be written: {e}"
+            raise SpoolUnusable(f"spool {path} {why}") from None
 
     # ------------------------------------------------------------ queue operations
 
-    def append(self, key: bytes | None, value: bytes) -> int:
-        """Add a record at the tail; returns how many old records were dropped to stay bounded."""
+    def append(self, key: bytes | None, value: bytes, meta: dict[str, int] | None = None) -> dict[str, int]:
+        """Add a record at the tail, with `meta` (e.g. the next seq) in the same transaction.
+
+        Returns the records dropped by this call, by reason: the oldest ones to stay under the
+        bound or to make room on a full disk, or this one if nothing made room. Never raises for
+        what the disk does: a sample that cannot be spooled is dropped and counted.
+        """
         size = len(value) + (len(key) if key else 0)
+        drops: Counter[str] = Counter()
         with self._lock:
+            for attempt in range(_MAKE_ROOM_TRIES):
+                try:
+                    self._insert(key, value, size, meta or {})
+                    if attempt == 0:
+                        self._maybe_recovered()
+                    break
+                except (sqlite3.OperationalError, sqlite3.DatabaseError, MemoryError) as e:
+                    if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+                        raise  # a bug, not the disk
+                    reason = _reason(e) if not isinstance(e, MemoryError) else SPOOL_ERROR
+                    self._enter_failing(reason, e)
+                    # Room is what a full disk lacks: the oldest samples give it back. Nothing
+                    # else (a lock, a damaged file) is helped by deleting.
+                    if reason != DISK_FULL or not self._drop_oldest(drops, reason):
+                        drops[reason] += 1  # this sample
+                        break
+            else:
+                drops[DISK_FULL] += 1  # no room made: this sample too
+            try:
+                self._enforce_bound(drops)
+            except sqlite3.DatabaseError as e:
+                self._enter_failing(_reason(e), e)
+            self._count_drops(drops)
+        return {k: n for k, n in drops.items() if n}
+
+    def _insert(self, key: bytes | None, value: bytes, size: int, meta: dict[str, int]) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if self._purge_to:
+                self._db.execute("DELETE FROM spool WHERE id <= ?", (self._purge_to,))
             self._db.execute("INSERT INTO spool (key, value, size) VALUES (?, ?, ?)", (key, value, size))
-            self._bytes += size
-            self._count += 1
-            return self._enforce_bound()
+            for k, v in meta.items():
+                self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, v))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        self._purge_to = 0
+        self._bytes += size
+        self._count += 1
+
+    def _rollback(self) -> None:
+        # SQLite may already have rolled back after SQLITE_FULL or IOERR; ROLLBACK may then fail.
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                log.debug("rollback failed", exc_info=True)
+
+    def _drop_oldest(self, drops: Counter[str], reason: str) -> bool:
+        """Delete the oldest ~1% (at least one) record; False when there is none or it fails."""
+        if self._count == 0:
+            return False
+        try:
+            self._delete_chunk(max(1, self._count // 100), drops, reason)
+        except sqlite3.DatabaseError:
+            self._rollback()
+            return False
+        self._purge_to = 0
+        return True
+
+    def _delete_chunk(self, n: int, drops: Counter[str], reason: str) -> None:
+        size, count, last = self._db.execute(
+            "SELECT COALESCE(SUM(size), 0), COUNT(*), MAX(id) FROM "
+            "(SELECT id, size FROM spool WHERE id > ? ORDER BY id LIMIT ?)",
+            (self._purge_to, n),
+        ).fetchone()
+        self._db.execute("DELETE FROM spool WHERE id <= ?", (last,))
+        self._bytes -= size
+        self._count -= count
+        drops[reason] += count
 
     def peek(self, after_id: int = 0, limit: int = 500) -> list[SpooledRecord]:
-        """The oldest records with id > after_id, in order."""
+        """The oldest records with id > after_id, in order ([] while the spool cannot be read)."""
         with self._lock:
-            rows = self._db.execute(
-                "SELECT id, key, value FROM spool WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit)
-            ).fetchall()
+            try:
+                rows = self._db.execute(
+                    "SELECT id, key, value FROM spool WHERE id > ? ORDER BY id LIMIT ?",
+                    (max(after_id, self._purge_to), limit),
+                ).fetchall()
+            except sqlite3.DatabaseError as e:
+                if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+                    raise
+                self._enter_failing(SPOOL_ERROR, e)
+                return []
         return [SpooledRecord(i, k, v) for i, k, v in rows]
 
     def ack(self, up_to_id: int) -> None:
-        """Delete every record with id <= up_to_id (the broker has them)."""
+        """Delete every record with id <= up_to_id (the broker has them).
+
+        A disk that refuses the DELETE does not make them unacknowledged: they are hidden and
+        deleted with the next write that succeeds.
+        """
         with self._lock:
-            size, n = self._db.execute(
-                "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM spool WHERE id <= ?", (up_to_id,)
-            ).fetchone()
-            self._db.execute("DELETE FROM spool WHERE id <= ?", (up_to_id,))
+            try:
+                size, n = self._db.execute(
+                    "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM spool WHERE id > ? AND id <= ?",
+                    (self._purge_to, up_to_id),
+                ).fetchone()
+            except sqlite3.DatabaseError as e:
+                if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+                    raise
+                self._enter_failing(SPOOL_ERROR, e)
+                return
             self._bytes -= size
             self._count -= n
+            try:
+                self._db.execute("DELETE FROM spool WHERE id <= ?", (up_to_id,))
+                self._purge_to = 0
+            except sqlite3.DatabaseError as e:
+                if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+                    raise
+                self._rollback()
+                self._purge_to = max(self._purge_to, up_to_id)
+                self._enter_failing(_reason(e), e)
 
-    def _enforce_bound(self) -> int:
+    def _enforce_bound(self, drops: Counter[str]) -> None:
         if self._bytes <= self.max_bytes:
-            return 0
-        dropped = 0
-        self._db.execute("BEGIN")
+            return
+        self._db.execute("BEGIN IMMEDIATE")
         try:
             while self._bytes > self.max_bytes and self._count > 1:
                 # Drop in chunks of ~1% so a full spool does not pay one DELETE per sample.
-                chunk = max(1, self._count // 100)
-                size, n, last = self._db.execute(
-                    "SELECT COALESCE(SUM(size), 0), COUNT(*), MAX(id) FROM "
-                    "(SELECT id, size FROM spool ORDER BY id LIMIT ?)",
-                    (chunk,),
-                ).fetchone()
-                self._db.execute("DELETE FROM spool WHERE id <= ?", (last,))
-                self._bytes -= size
-                self._count -= n
-                dropped += n
-            self._add_meta("dropped", dropped)
+                self._delete_chunk(max(1, self._count // 100), drops, BOUND)
             self._db.execute("COMMIT")
+            self._purge_to = 0
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._rollback()
+            # the counts are the database's again: nothing was deleted
+            self._bytes, self._count = self._db.execute(
+                "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM spool WHERE id > ?", (self._purge_to,)
+            ).fetchone()
+            drops[BOUND] = 0
             raise
-        return dropped
+
+    # ------------------------------------------------------------ failure episodes, drop counts
+
+    def _enter_failing(self, reason: str, e: BaseException) -> None:
+        if self._failing is None:
+            log.warning(
+                "spool %s refuses writes (%s: %s); dropping samples (reason=%s) until it has room again",
+                self.path,
+                getattr(e, "sqlite_errorname", type(e).__name__),
+                e,
+                reason,
+            )
+            self._failing = reason
+            self._full_bytes = self._bytes
+            self._episode_drops = 0
+
+    def _maybe_recovered(self) -> None:
+        """After a write that needed no room: end the episode once space has evidently returned.
+
+        On a full disk the spool keeps writing into the room its drops free, so one good write
+        says nothing; holding clearly more than when the disk refused does.
+        """
+        if self._failing is None:
+            return
+        if self._failing != DISK_FULL or self._bytes > self._full_bytes * 1.05 + 65536:
+            log.warning(
+                "spool %s has room again (%d samples dropped while it had none)",
+                self.path,
+                self._episode_drops,
+            )
+            self._failing = None
+
+    def _count_drops(self, drops: Counter[str]) -> None:
+        n = sum(drops.values())
+        if not n:
+            return
+        self.dropped.update(drops)
+        self._episode_drops += drops[DISK_FULL] + drops[SPOOL_ERROR]
+        try:  # best effort: a disk that refuses samples refuses this too
+            self._db.execute(
+                "INSERT INTO meta (k, v) VALUES ('dropped', ?) "
+                "ON CONFLICT(k) DO UPDATE SET v = v + excluded.v",
+                (n,),
+            )
+        except sqlite3.DatabaseError:
+            self._rollback()
 
     # ------------------------------------------------------------ small persistent counters
 
-    def _add_meta(self, k: str, delta: int) -> None:
-        self._db.execute(
-            "INSERT INTO meta (k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = v + excluded.v",
-            (k, delta),
-        )
+    def _read_meta(self, k: str, default: int = 0) -> int:
+        row = self._db.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()
+        return default if row is None else int(row[0])
 
     def get_meta(self, k: str, default: int = 0) -> int:
         with self._lock:
-            row = self._db.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()
-        return default if row is None else int(row[0])
+            return self._read_meta(k, default)
 
     def set_meta(self, k: str, v: int) -> None:
         with self._lock:
@@ -142,8 +359,14 @@ class Spool:
         return self._bytes
 
     @property
+    def failing(self) -> str | None:
+        """The reason the spool refuses writes now, or None."""
+        return self._failing
+
+    @property
     def dropped_total(self) -> int:
-        return self.get_meta("dropped")
+        """Samples dropped over this spool's life (the persisted count and this process's)."""
+        return self._dropped_before + sum(self.dropped.values())
 
     def close(self) -> None:
         with self._lock:

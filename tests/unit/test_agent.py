@@ -4,6 +4,7 @@ Kafka broker, including a broker stopped and restarted mid-run: tests/integratio
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -164,3 +165,60 @@ def test_collect_cli_rejects_bad_node_name(bad_node: str) -> None:
         cwd=REPO,
     )
     assert r.returncode == 2 and "not valid" in r.stderr
+
+
+def _without_dac_override() -> None:
+    """In the child, before exec: root without CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH obeys file
+    modes as any user does, so a read-only directory is read-only to it (the tests run as root,
+    where chmod alone stops nothing). Dropped from the bounding set, they are gone after exec."""
+    import ctypes
+
+    if os.geteuid() != 0:
+        return  # modes already apply
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (linux/capability.h)
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+@pytest.mark.parametrize("case", ["read_only_dir", "file_as_dir", "no_permission_parent", "not_sqlite"])
+def test_collect_cli_unusable_spool_is_one_line_and_status_2(tmp_path: Path, case: str) -> None:
+    spool_dir = tmp_path / "spool"
+    if case == "read_only_dir":
+        spool_dir.mkdir()
+        spool_dir.chmod(0o555)
+    elif case == "file_as_dir":
+        spool_dir.write_text("not a directory")
+    elif case == "no_permission_parent":
+        tmp_path.joinpath("locked").mkdir(mode=0o555)
+        spool_dir = tmp_path / "locked" / "missing" / "spool"
+    else:
+        spool_dir.mkdir()
+        (spool_dir / "n1.sqlite").write_bytes(b"\x00garbage, not SQLite" * 100)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetwatch.cli",
+            "collect",
+            "--node",
+            "n1",
+            "--source",
+            "host",
+            "--bootstrap",
+            "127.0.0.1:1",
+            "--count",
+            "1",
+            "--spool-dir",
+            str(spool_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        preexec_fn=_without_dac_override,
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleetwatch collect: spool"), r.stderr[-2000:]
+    assert str(spool_dir) in lines[0]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from fleetwatch.collectors.spool import Spool
+from fleetwatch.collectors.spool import Spool, SpoolUnusable
+from tests.helpers.paths import REPO
 
 
 def _fill(spool: Spool, n: int, size: int = 100) -> None:
@@ -47,7 +52,7 @@ def test_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     assert s.dropped_total == 0 and len(s) == 50
     dropped = 0
     for i in range(50, 60):
-        dropped += s.append(b"k", f"{i:08d}".encode().ljust(100, b"."))
+        dropped += s.append(b"k", f"{i:08d}".encode().ljust(100, b".")).get("bound", 0)
     assert s.bytes <= s.max_bytes
     assert dropped == 10 == s.dropped_total
     values = [r.value[:8] for r in s.peek(limit=100)]
@@ -58,3 +63,125 @@ def test_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
 def test_rejects_nonpositive_bound(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="bound"):
         Spool(tmp_path / "s.sqlite", max_bytes=0)
+
+
+# A spool on a disk that fills: the file-size limit (RLIMIT_FSIZE, no root needed) makes SQLite's
+# writes past it fail for real (SQLITE_FULL or SQLITE_IOERR_WRITE, as ENOSPC would; Python ignores
+# SIGXFSZ). The limit is set in a child process so the test runner keeps writing its own files.
+_FULL_DISK = """
+import json, logging, resource, sys
+from fleetwatch.collectors.spool import Spool
+
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+path, limit = sys.argv[1], int(sys.argv[2])
+s = Spool(path, max_bytes=1 << 30)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+full = {}
+for seq in range(200, 500):
+    for reason, n in s.append(b"k", f"{seq:08d}".encode().ljust(1000, b"."), {"next_seq": seq + 1}).items():
+        full[reason] = full.get(reason, 0) + n
+failing = s.failing
+held_when_full = len(s)
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+room = {}
+for seq in range(500, 800):
+    for reason, n in s.append(b"k", f"{seq:08d}".encode().ljust(1000, b"."), {"next_seq": seq + 1}).items():
+        room[reason] = room.get(reason, 0) + n
+seqs = [int(r.value[:8]) for r in s.peek(limit=10_000)]
+print(json.dumps(dict(full=full, room=room, failing=failing, failing_after=s.failing, seqs=seqs,
+                      held_when_full=held_when_full, next_seq=s.get_meta("next_seq"),
+                      dropped_total=s.dropped_total)))
+"""
+
+
+def test_full_disk_drops_oldest_warns_once_and_recovers(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    s = Spool(path, max_bytes=1 << 30)
+    for seq in range(200):
+        s.append(b"k", f"{seq:08d}".encode().ljust(1000, b"."), {"next_seq": seq + 1})
+    s.close()
+    limit = path.stat().st_size + 16 * 1024  # room for ~a dozen more samples, then the disk is full
+    r = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(path), str(limit)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    # Full: every new sample was taken, the oldest ones made room and were counted as disk_full.
+    assert out["failing"] == "disk_full"
+    assert out["full"]["disk_full"] >= 200 and set(out["full"]) == {"disk_full"}
+    assert out["held_when_full"] + out["full"]["disk_full"] == 500
+    # Room again: nothing more dropped, the spool grows, the episode is over.
+    assert out["room"] == {} and out["failing_after"] is None
+    # The newest samples survive, in order, up to the last one; seq persisted with its sample.
+    seqs = out["seqs"]
+    assert seqs == list(range(seqs[0], 800)) and seqs[0] > 200
+    assert out["next_seq"] == 800 and out["dropped_total"] == out["full"]["disk_full"]
+    # One warning for the episode, one when it ends: not one per sample.
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 2, r.stderr[-3000:]
+    assert "refuses writes" in warnings[0] and "disk_full" in warnings[0]
+    assert "has room again" in warnings[1]
+    assert "Traceback" not in r.stderr
+
+
+def test_locked_spool_drops_the_sample_counts_it_and_recovers(tmp_path: Path) -> None:
+    """Another process holding the spool locked: the write is refused (SQLITE_BUSY), never raised;
+    the sample is counted as spool_error, acknowledged records stay acknowledged, and writes go on
+    once the lock is gone."""
+    path = tmp_path / "s.sqlite"
+    s = Spool(path, max_bytes=1 << 20)
+    _fill(s, 3)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # a writer's lock: readers go on, writers are refused
+    assert s.append(b"k", b"refused".ljust(100, b".")) == {"spool_error": 1}
+    assert s.failing == "spool_error"
+    s.ack(s.peek(limit=1)[0].id)  # the DELETE is refused too, the ack is kept
+    assert len(s) == 2 and [r.value[:8] for r in s.peek()] == [b"00000001", b"00000002"]
+    other.execute("ROLLBACK")
+    other.close()
+    assert s.append(b"k", b"00000003".ljust(100, b".")) == {}
+    assert s.failing is None and s.dropped == {"spool_error": 1}
+    s.close()
+    s2 = Spool(path, max_bytes=1 << 20)  # the deferred DELETE went through with that write
+    assert [r.value[:8] for r in s2.peek()] == [b"00000001", b"00000002", b"00000003"]
+
+
+def test_damaged_spool_file_never_raises_from_the_agents_calls(tmp_path: Path) -> None:
+    """A spool file damaged while the agent runs (SQLITE_CORRUPT/NOTADB on the next read or write):
+    append, peek and ack refuse without raising, and the refusals are counted."""
+    path = tmp_path / "s.sqlite"
+    s = Spool(path, max_bytes=1 << 20)
+    _fill(s, 50)
+    with path.open("r+b") as f:  # overwrite everything after the magic string and page size
+        f.seek(24)
+        f.write(b"\xa5" * (path.stat().st_size - 24))
+    assert s.append(b"k", b"x" * 100) == {"spool_error": 1}
+    assert s.peek() == []
+    s.ack(10)
+    assert s.failing == "spool_error" and s.dropped_total == 1
+    s.close()
+
+
+@pytest.mark.parametrize("case", ["file_as_dir", "dir_as_file", "not_sqlite", "under_proc"])
+def test_unusable_spool_path_is_one_line(tmp_path: Path, case: str) -> None:
+    if case == "file_as_dir":  # a file where the spool's directory should be
+        (tmp_path / "d").write_text("x")
+        path = tmp_path / "d" / "n.sqlite"
+    elif case == "dir_as_file":
+        path = tmp_path / "n.sqlite"
+        path.mkdir()
+    elif case == "not_sqlite":
+        path = tmp_path / "n.sqlite"
+        path.write_bytes(b"this is not a database\n" * 200)
+    else:  # a directory no one may create files in, root included
+        path = Path("/proc/self/fleetwatch-spool/n.sqlite")
+    with pytest.raises(SpoolUnusable) as e:
+        Spool(path, max_bytes=1 << 20)
+    assert str(path.parent if case in ("file_as_dir", "under_proc") else path) in str(e.value)
+    assert "\n" not in str(e.value)
+    if case == "not_sqlite":
+        assert path.read_bytes() == b"this is not a database\n" * 200  # left as it was
