@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,9 +26,17 @@ from fleetwatch.bus import Bus
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 512 * 1024
+# A manifest naming more chunks than this is not one this module wrote (512 MiB of state for one
+# partition); trusting the count would make the reader loop for ever on a hostile record.
+MAX_CHUNKS = 1024
+MAX_OFFSET = 2**63 - 1  # Kafka's offsets are int64
 # why a snapshot that exists could not be restored: not read in time, chunks missing, or read but
-# not loadable by its stage (pipeline/worker.py)
+# not loadable (a manifest that is not one, or state its stage cannot load, pipeline/worker.py)
 LOST_REASONS = ("timeout", "incomplete", "unreadable")
+
+
+class Unreadable(ValueError):
+    """A record on the state topic that is not what write_snapshot writes."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,10 @@ def read_snapshots(
     Every state partition involved is read to its end once: a rebalance that hands a worker many
     partitions costs one pass, not one per partition. A snapshot that exists but cannot be used
     is reported to `on_lost(key, reason)`, reason "timeout" (its partition was not read to the
-    end in `timeout_s`) or "incomplete" (a chunk of its generation is missing)."""
+    end in `timeout_s`), "incomplete" (a chunk of its generation is missing) or "unreadable" (its
+    manifest or a chunk is not what write_snapshot writes). Whatever the topic holds, this returns:
+    the state topic is written by every worker of the group, and a record that raised here would
+    stop every worker that is assigned its partition, on every restart (compaction keeps it)."""
     keys = set(wanted)
     found: dict[tuple[str, int], Snapshot | None] = dict.fromkeys(keys)
     if not keys:
@@ -109,14 +121,64 @@ def _assemble(
     raw_manifest = records.get(prefix + b"manifest")
     if raw_manifest is None:
         return None
-    manifest = orjson.loads(raw_manifest)
-    gen = manifest["generation"].encode() + b":"
-    parts = []
-    for i in range(manifest["chunks"]):
-        chunk = records.get(prefix + f"chunk-{i:05d}".encode())
-        if chunk is None or not chunk.startswith(gen):
-            log.warning("state for %s %s is incomplete (chunk %d); starting cold", key[0], key[1], i)
-            on_lost(key, "incomplete")
-            return None
-        parts.append(chunk[len(gen) :])
-    return Snapshot(offsets=manifest["offsets"], state=b"".join(parts), written_at=manifest["written_at"])
+    try:
+        manifest = parse_manifest(raw_manifest)
+        gen = manifest.generation.encode() + b":"
+        parts = []
+        for i in range(manifest.chunks):
+            chunk = records.get(prefix + f"chunk-{i:05d}".encode())
+            if chunk is None or not chunk.startswith(gen):
+                log.warning("state for %s %s is incomplete (chunk %d); starting cold", key[0], key[1], i)
+                on_lost(key, "incomplete")
+                return None
+            parts.append(chunk[len(gen) :])
+        return Snapshot(offsets=manifest.offsets, state=b"".join(parts), written_at=manifest.written_at)
+    except Exception as e:  # Unreadable, or a case no check foresaw: that partition starts cold
+        log.error("state for %s %s is unreadable (%s); starting cold", key[0], key[1], _describe(e))
+        on_lost(key, "unreadable")
+        return None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    generation: str
+    chunks: int
+    offsets: dict[str, int]
+    written_at: float
+
+
+def parse_manifest(raw: bytes) -> Manifest:
+    """A manifest as write_snapshot writes it, checked field by field; Unreadable if it is not one."""
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise Unreadable(f"not JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise Unreadable(f"not a JSON object but {type(d).__name__}")
+    gen, chunks, offsets, written_at = (d.get(k) for k in ("generation", "chunks", "offsets", "written_at"))
+    if not isinstance(gen, str) or not 0 < len(gen) <= 64 or ":" in gen:
+        raise Unreadable(f"generation {str(gen)[:80]!r}")
+    if type(chunks) is not int or not 1 <= chunks <= MAX_CHUNKS:
+        raise Unreadable(f"chunks {str(chunks)[:80]!r} (1 to {MAX_CHUNKS})")
+    if type(written_at) not in (int, float) or not math.isfinite(written_at):
+        raise Unreadable(f"written_at {str(written_at)[:80]!r}")
+    return Manifest(gen, chunks, check_offsets(offsets), float(written_at))
+
+
+def check_offsets(offsets: Any, topics_of: Iterable[str] | None = None) -> dict[str, int]:
+    """A snapshot's input offsets: topic -> an offset (an int64 of at least 0), every topic one of
+    `topics_of` where given (a snapshot of another stage's partitions must not steer this one's
+    reads); Unreadable if not."""
+    if not isinstance(offsets, dict):
+        raise Unreadable(f"offsets {str(offsets)[:80]!r}")
+    allowed = None if topics_of is None else set(topics_of)
+    for topic, off in offsets.items():
+        if type(off) is not int or not 0 <= off <= MAX_OFFSET:
+            raise Unreadable(f"offset {str(off)[:80]!r} of {topic[:200]!r}")
+        if allowed is not None and topic not in allowed:
+            raise Unreadable(f"an offset of {topic[:200]!r}, not an input of this stage")
+    return dict(offsets)
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e)[:300]}"

@@ -30,7 +30,13 @@ from fleetwatch.bus import Bus, Outgoing, TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
 from fleetwatch.pipeline import fleet_metrics
-from fleetwatch.pipeline.state_store import LOST_REASONS, read_snapshots, write_snapshot
+from fleetwatch.pipeline.state_store import (
+    LOST_REASONS,
+    Snapshot,
+    check_offsets,
+    read_snapshots,
+    write_snapshot,
+)
 from fleetwatch.pipeline.tasks import Stage, Task
 from fleetwatch.record_block import RecordBlock
 from fleetwatch.runtime import StopFlag, gc_paused
@@ -165,6 +171,26 @@ class Worker:
         return (self.topic_stage[tp.topic].name, tp.partition)
 
     def _on_assign(self, assigned: list[TopicPart]) -> dict[TopicPart, int]:
+        """_assign, all or nothing: where it raises (the state topic or the group coordinator out
+        of reach), no task of these partitions is kept and the exception goes to the bus, which
+        reads none of them until a retry succeeds (fleetwatch/bus). State is never restored from
+        half a rebalance."""
+        try:
+            return self._assign(assigned)
+        except BaseException:
+            keys = {self._task_key(tp) for tp in assigned}
+            for key in keys:
+                _close(self.tasks.pop(key, None))
+                self._snap_offsets.pop(key, None)
+            for task in self._parked.values():
+                _close(task)
+            self._parked, self._parked_offsets = {}, {}
+            for tp in assigned:
+                self.offsets.pop(tp, None)
+                self._restoring.discard(tp)
+            raise
+
+    def _assign(self, assigned: list[TopicPart]) -> dict[TopicPart, int]:
         """The partitions this member now owns: their tasks, and the offset each input is read
         from. A task revoked a moment ago and handed straight back resumes where its state ends
         (the commit made at revocation may not have landed); any other is restored from its
@@ -217,7 +243,7 @@ class Worker:
         for name, p in sorted(keys):
             stage = self.stages[name]
             snap = snaps[(self._state_name(name), p)]
-            task = None if snap is None else self._restored(name, p, snap.state)
+            task = None if snap is None else self._restored(name, p, snap)
             if task is None:
                 self.tasks[(name, p)] = stage.new_task(p)
                 self._snap_offsets[(name, p)] = {}
@@ -246,12 +272,15 @@ class Worker:
             anchor.add(self._task_key(tp))
         return starts, anchor
 
-    def _restored(self, name: str, partition: int, state: bytes) -> Any:
-        """The task of a snapshot, or None where the stage cannot load it (a bug, or a snapshot
-        no release this one reads wrote): that partition starts cold, counted and logged, rather
-        than stopping the worker on every restart."""
+    def _restored(self, name: str, partition: int, snap: Snapshot) -> Any:
+        """The task of a snapshot, or None where the stage cannot load it (a bug, a snapshot no
+        release this one reads wrote, or offsets that are not of this stage's inputs): that
+        partition starts cold, counted and logged, rather than stopping the worker on every
+        restart."""
+        stage = self.stages[name]
         try:
-            return self.stages[name].load_task(partition, state)
+            check_offsets(snap.offsets, stage.inputs)
+            return stage.load_task(partition, snap.state)
         except Exception:
             log.exception(
                 "could not restore %s partition %d from its snapshot; it starts cold", name, partition
@@ -281,14 +310,25 @@ class Worker:
         PARTITIONS.labels(self.group).inc(len(restoring))
 
     def _on_revoke(self, revoked: list[TopicPart]) -> None:
-        # Everything processed is already produced (see step()). The commit goes out
-        # asynchronously, and no owner depends on it landing (a new one resumes from the
-        # snapshot's offsets, this one from the offsets it remembers for its parked tasks).
-        if self.offsets:  # nothing to commit on joining
-            self.consumer.commit(self._commit_offsets(), asynchronous=True)
+        # Everything processed is already produced (see step()). The revoked tasks are
+        # snapshotted first, and only the input of those whose snapshot the broker acknowledged
+        # is committed: a task whose state could not be written leaves its input to be replayed
+        # from its previous snapshot. The commit goes out asynchronously, and no owner depends on
+        # it landing (a new one resumes from the snapshot's offsets, this one from the offsets it
+        # remembers for its parked tasks). Nothing here raises: the tasks are parked whatever
+        # became of their snapshots.
         keys = {self._task_key(tp) for tp in revoked}
-        self._snapshot(keys)
-        self.producer.flush(timeout_s=30)
+        try:
+            failed = self._snapshot(keys)
+            if self.producer.flush(timeout_s=30):  # some snapshot (or earlier output) not acknowledged
+                failed = set(keys)
+            if failed:
+                log.error("revoked %s without a snapshot; their input is not committed", sorted(failed))
+            done = {tp: off for tp, off in self.offsets.items() if self._task_key(tp) not in failed}
+            if done:  # nothing to commit on joining
+                self.consumer.commit(done, asynchronous=True)
+        except Exception as e:  # the broker out of reach: the next owner replays from the last snapshot
+            log.error("revoking %d partitions: %s; their input is not committed", len(revoked), _describe(e))
         for key in keys:
             task = self.tasks.pop(key, None)
             if task is not None:
@@ -546,9 +586,13 @@ class Worker:
         if time.monotonic() - self._last_snapshot >= self.snapshot_every_s:
             self._snapshot(set(self.tasks))
 
-    def _snapshot(self, keys: set[tuple[str, int]], reset_timer: bool = True) -> None:
+    def _snapshot(self, keys: set[tuple[str, int]], reset_timer: bool = True) -> set[tuple[str, int]]:
+        """Queue a snapshot of each of these tasks (the caller flushes); the tasks whose snapshot
+        could not be written (its to_bytes() or the producer raised: a bug, or the broker refusing):
+        their previous snapshot stays the one to restore, and the worker goes on."""
         if reset_timer:
             self._last_snapshot = time.monotonic()
+        failed: set[tuple[str, int]] = set()
         for key in sorted(keys):
             task = self.tasks.get(key)
             if task is None:
@@ -559,9 +603,16 @@ class Worker:
                 off = self.offsets.get(TopicPart(topic, key[1]))
                 if off is not None:
                     offsets[topic] = off
-            write_snapshot(self.producer, self._state_name(key[0]), key[1], offsets, task.to_bytes())
+            try:
+                write_snapshot(self.producer, self._state_name(key[0]), key[1], offsets, task.to_bytes())
+            except Exception as e:
+                INTERNAL_ERRORS.labels(self.group, key[0]).inc()
+                log.error("could not snapshot %s partition %d: %s", key[0], key[1], _describe(e), exc_info=e)
+                failed.add(key)
+                continue
             self._snap_offsets[key] = offsets
             SNAPSHOTS.labels(self.group, key[0]).inc()
+        return failed
 
     def run(self, stop: StopFlag, idle_exit_s: float | None = None) -> None:
         """Loop until stopped (or, for tests and eval, until idle for idle_exit_s). Idle time

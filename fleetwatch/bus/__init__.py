@@ -13,10 +13,23 @@ protocol: on a rebalance every member's partitions are revoked, then the new sha
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from prometheus_client import Counter
+
 from fleetwatch.record_block import RecordBlock
+
+log = logging.getLogger(__name__)
+
+REBALANCE_ERRORS = Counter(
+    "fleetwatch_bus_rebalance_errors_total",
+    "assign or revoke callbacks that raised (caught: the member stays; an assignment that failed "
+    "is not read until a retry of its callback succeeds)",
+    ["group", "callback"],
+)
 
 
 class TopicPart(NamedTuple):
@@ -60,6 +73,46 @@ class SendError(RuntimeError):
 # on_assign(partitions) -> the offset each partition is to be read from
 OnAssign = Callable[[list[TopicPart]], Mapping[TopicPart, int]]
 OnRevoke = Callable[[list[TopicPart]], None]
+
+
+class PendingAssignment:
+    """What a group consumer does when its assign callback raises. An exception must not escape
+    the client's rebalance callback (confluent-kafka turns it into a SystemError out of poll(),
+    and a worker that exits on it meets the same cause on every restart), and the partitions must
+    not be read without their owner's offsets (records would be skipped). So the consumer takes
+    the assignment paused, reads nothing of it, and retries the callback from poll() with a
+    backoff (1 s doubling to 60 s) until it succeeds or the partitions are revoked. Counted in
+    fleetwatch_bus_rebalance_errors_total and logged."""
+
+    def __init__(self, group: str, first_s: float = 1.0, max_s: float = 60.0) -> None:
+        self.group = group
+        self.parts: list[TopicPart] = []
+        self.first_s, self.max_s = first_s, max_s
+        self._wait_s = first_s
+        self._retry_at = 0.0
+
+    def failed(self, callback: str, parts: list[TopicPart] | None, error: BaseException) -> None:
+        """A callback raised; for assign, `parts` are now held without being read."""
+        REBALANCE_ERRORS.labels(self.group, callback).inc()
+        log.error(
+            "the %s callback of group %s raised %s: %s%s",
+            callback, self.group, type(error).__name__, str(error)[:300],
+            "; its partitions are not read until a retry succeeds" if parts is not None else "",
+            exc_info=error,
+        )  # fmt: skip
+        if parts is not None:
+            if not self.parts:
+                self._wait_s = self.first_s
+            self.parts = list(parts)
+            self._retry_at = time.monotonic() + self._wait_s
+            self._wait_s = min(self.max_s, self._wait_s * 2)
+
+    def due(self) -> bool:
+        return bool(self.parts) and time.monotonic() >= self._retry_at
+
+    def clear(self) -> list[TopicPart]:
+        parts, self.parts = self.parts, []
+        return parts
 
 
 class GroupConsumer(Protocol):

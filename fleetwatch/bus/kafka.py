@@ -26,7 +26,15 @@ from confluent_kafka import (
 )
 from confluent_kafka import Producer as _Producer
 
-from fleetwatch.bus import Delivery, OnAssign, OnRevoke, Outgoing, SendError, TopicPart
+from fleetwatch.bus import (
+    Delivery,
+    OnAssign,
+    OnRevoke,
+    Outgoing,
+    PendingAssignment,
+    SendError,
+    TopicPart,
+)
 from fleetwatch.kafka_io import COMPRESSION, SECURITY_SETTINGS, BrokerUnavailable, unavailable
 from fleetwatch.record_block import RecordBlock
 
@@ -177,6 +185,7 @@ class KafkaGroupConsumer:
         self._assigned: set[TopicPart] = set()
         self._on_assign: OnAssign | None = None
         self._on_revoke: OnRevoke | None = None
+        self._pending = PendingAssignment(group)  # an assignment whose callback raised
 
     # --------------------------------------------------------- group membership
 
@@ -186,23 +195,56 @@ class KafkaGroupConsumer:
             list(topics), on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
         )
 
+    # Nothing may escape these two: librdkafka's callbacks run inside poll(), and an exception
+    # there comes out of consume() as a SystemError (see PendingAssignment).
+
     def _assign(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
-        assert self._on_assign is not None
         tps = [TopicPart(p.topic, p.partition) for p in parts]
-        # The starting offsets go into assign(): librdkafka refuses a seek() on a partition whose
-        # fetching has not started yet.
+        self._pending.clear()
+        try:
+            self._take(tps)
+        except Exception as e:
+            self._pending.failed("assign", tps, e)
+            try:  # held, not read: no record is skipped, and a retry starts them where it says
+                consumer.assign([_native(t) for t in tps])
+                consumer.pause([_native(t) for t in tps])
+            except Exception as e2:  # nothing may escape the callback
+                log.error("could not hold the failed assignment: %s", e2)
+            self._assigned = set()
+
+    def _take(self, tps: list[TopicPart]) -> None:
+        """Ask the owner where to read these partitions from, and read them from there. The
+        starting offsets go into assign(): librdkafka refuses a seek() on a partition whose
+        fetching has not started yet. (Outside the rebalance callback, assign() replaces the
+        assignment all the same.)"""
+        assert self._on_assign is not None
         starts = self._on_assign(tps)
-        consumer.assign([_native(t, starts[t]) for t in tps])
+        self._consumer.assign([_native(t, starts[t]) for t in tps])
+        self._consumer.resume([_native(t) for t in tps])  # held paused after a failed attempt
         self._assigned = set(tps)
+
+    def _retry_assign(self) -> None:
+        tps = self._pending.clear()
+        try:
+            self._take(tps)
+            log.info("assignment of %d partitions taken on retry", len(tps))
+        except Exception as e:
+            self._pending.failed("assign", tps, e)
 
     def _revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         assert self._on_revoke is not None
         tps = [TopicPart(p.topic, p.partition) for p in parts]
+        self._pending.clear()  # never handed to the owner: nothing of it to revoke
         try:
-            self._on_revoke(tps)
+            self._on_revoke([t for t in tps if t in self._assigned])
+        except Exception as e:  # the owner goes on without them; what it did not commit is replayed
+            self._pending.failed("revoke", None, e)
         finally:
             self._assigned.difference_update(tps)
-            consumer.unassign()
+            try:
+                consumer.unassign()
+            except Exception as e:  # nothing may escape the callback
+                log.error("unassign after revoke: %s", e)
 
     def _committed(self, err: KafkaError | None, _parts: list[TopicPartition]) -> None:
         if err is not None:
@@ -230,6 +272,8 @@ class KafkaGroupConsumer:
         # consume(n, timeout) waits until n records are there or the timeout passes: asked for a
         # full batch while fewer were fetched, it idled the worker (70% of a plain topic's time).
         # So: what is there now; if nothing, wait for one record, and take what came with it.
+        if self._pending.due():
+            self._retry_assign()
         msgs = self._consumer.consume(max_records, 0)
         if not msgs:
             msgs = self._consumer.consume(1, timeout_s)

@@ -18,7 +18,7 @@ from typing import Any
 from kafka.partitioner.default import murmur2
 
 from fleetwatch import topics as fleet_topics
-from fleetwatch.bus import Delivery, OnAssign, OnRevoke, Outgoing, TopicPart
+from fleetwatch.bus import Delivery, OnAssign, OnRevoke, Outgoing, PendingAssignment, TopicPart
 from fleetwatch.record_block import RecordBlock
 
 
@@ -163,6 +163,7 @@ class MemoryGroupConsumer:
         self._paused: set[TopicPart] = set()
         self._on_assign: OnAssign | None = None
         self._on_revoke: OnRevoke | None = None
+        self._pending = PendingAssignment(group, first_s=0.0)  # an assignment whose callback raised
         self.closed = False
 
     @property
@@ -181,18 +182,31 @@ class MemoryGroupConsumer:
         group = self._group
         if self._generation == group.generation:
             return
-        assert self._on_assign is not None and self._on_revoke is not None
+        assert self._on_revoke is not None
+        self._pending.clear()
         if self._assigned:
-            self._on_revoke(sorted(self._assigned))
+            try:  # as the real consumer: nothing escapes a rebalance callback (PendingAssignment)
+                self._on_revoke(sorted(self._assigned))
+            except Exception as e:
+                self._pending.failed("revoke", None, e)
         self._assigned, self._position, self._paused = set(), {}, set()
-        share = self.bus._share(group, self)
-        starts = self._on_assign(share)
+        self._generation = group.generation
+        self._take(self.bus._share(group, self))
+
+    def _take(self, share: list[TopicPart]) -> None:
+        assert self._on_assign is not None
+        try:
+            starts = self._on_assign(share)
+        except Exception as e:  # held, not read, until a retry succeeds
+            self._pending.failed("assign", share, e)
+            return
         self._assigned = set(share)
         self._position = {tp: int(starts[tp]) for tp in share}
-        self._generation = group.generation
 
     def poll(self, max_records: int, timeout_s: float) -> dict[TopicPart, RecordBlock]:
         with self.bus._lock:
+            if self._pending.due():  # failed in an earlier poll: retried in this one
+                self._take(self._pending.clear())
             self._sync()
             out: dict[TopicPart, RecordBlock] = {}
             left = max_records

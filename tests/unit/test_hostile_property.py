@@ -174,3 +174,128 @@ def test_hostile_jobs_and_steps_are_processed_or_refused(records: list[tuple[str
             for _t, k, out in task.process(topic, [m]):
                 assert len(schemas.encode(out)) <= MAX_OUTPUT_BYTES
                 schemas.decode(schemas.encode(out), key=k.encode() if k else None)
+
+
+# ------------------------------------------------------------------ the state topic (issue 23, item 4)
+
+STATE_OF, STATE_IN = "g/detect-node", topics.TELEMETRY
+any_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12) | big_number,
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+    max_leaves=10,
+)
+any_bytes = st.one_of(
+    st.binary(max_size=64),
+    any_json.map(lambda v: json.dumps(v).encode()),
+    st.sampled_from([b"[1,2,3]", b"\xff\xfe", b"", b"{", b"null", b'"manifest"', b"1e999"]),
+)
+
+
+@st.composite
+def hostile_state(draw: Any) -> tuple[list[tuple[bytes, bytes | None]], bool]:
+    """(the records of one (stage, partition) on the state topic, whether they are untouched): a
+    snapshot as write_snapshot writes it, with its manifest or chunks mutated, replaced or gone."""
+    from fleetwatch.bus.memory import MemoryBus
+    from fleetwatch.pipeline.state_store import write_snapshot
+
+    bus = MemoryBus(partitions=1)
+    producer = bus.producer()
+    state = draw(st.binary(max_size=40))
+    write_snapshot(producer, STATE_OF, 0, {STATE_IN: draw(st.integers(0, 10**6))}, state)
+    records = [(r.key, r.value) for r in bus.records(topics.STATE)]
+    untouched = True
+    for _ in range(draw(st.integers(0, 3))):
+        k = draw(st.integers(0, len(records) - 1))
+        key, value = records[k]
+        how = draw(st.sampled_from(["bytes", "field", "drop", "tombstone", "generation", "extra"]))
+        untouched = False
+        if how == "bytes":
+            records[k] = (key, draw(any_bytes))
+        elif how == "field" and key.endswith(b"manifest") and value is not None:
+            try:
+                m = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(m, dict):
+                name = draw(st.sampled_from(["generation", "chunks", "offsets", "written_at"]))
+                if draw(st.booleans()):
+                    m.pop(name, None)
+                else:
+                    m[name] = draw(
+                        st.one_of(
+                            any_json,
+                            st.sampled_from(
+                                [-1, 0, 10**12, 2**63, {"x": 1}, {STATE_IN: -5}, {STATE_IN: "7"}]
+                            ),
+                        )
+                    )
+                records[k] = (key, json.dumps(m).encode())
+        elif how == "drop":
+            del records[k]
+            if not records:
+                return [], False
+        elif how == "tombstone":
+            records[k] = (key, None)
+        elif how == "generation" and value is not None:
+            records[k] = (key, b"0123456789abcdef:" + value.partition(b":")[2])
+        elif how == "extra":  # a chunk past the manifest's count, of any generation
+            records.append(
+                (f"{STATE_OF}/0/chunk-{draw(st.integers(0, 99999)):05d}".encode(), draw(any_bytes))
+            )
+    return records, untouched
+
+
+@settings(max_examples=300, deadline=None)
+@given(hostile_state())
+def test_any_record_on_the_state_topic_restores_or_is_reported_and_nothing_escapes(
+    case: tuple[list[tuple[bytes, bytes | None]], bool],
+) -> None:
+    """Whatever the state topic holds for a partition, reading it gives a whole snapshot (its
+    offsets int64s of the stage's inputs) or none, with the reason reported; it never raises."""
+    from fleetwatch.bus.memory import MemoryBus
+    from fleetwatch.pipeline.state_store import LOST_REASONS, read_snapshots
+
+    records, untouched = case
+    bus = MemoryBus(partitions=1)
+    for key, value in records:
+        bus.append(topics.STATE, key, value, partition=0)
+    lost: list[str] = []
+    got = read_snapshots(bus, [(STATE_OF, 0)], on_lost=lambda _k, why: lost.append(why))
+    snap = got[(STATE_OF, 0)]
+    assert set(lost) <= set(LOST_REASONS) and len(lost) <= 1
+    if snap is None:
+        assert lost or not any(k.endswith(b"manifest") and v is not None for k, v in records)
+    else:
+        assert not lost and isinstance(snap.state, bytes) and isinstance(snap.written_at, float)
+        assert isinstance(snap.offsets, dict)
+        assert all(type(t) is str and type(o) is int and 0 <= o < 2**63 for t, o in snap.offsets.items())
+    if untouched:
+        assert snap is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(hostile_state())
+def test_a_worker_takes_any_state_record_and_goes_on(
+    case: tuple[list[tuple[bytes, bytes | None]], bool],
+) -> None:
+    """The same records under a real detect stage's state name: the worker's assignment restores
+    the partition or starts it cold, and its telemetry is processed either way."""
+    from fleetwatch.bus import TopicPart
+    from fleetwatch.bus.memory import MemoryBus
+    from fleetwatch.pipeline.detect import stages
+    from fleetwatch.pipeline.worker import Worker
+
+    records, _untouched = case
+    bus = MemoryBus(partitions=1)
+    for key, value in records:
+        bus.append(topics.STATE, key.replace(STATE_OF.encode(), b"hp/detect-node", 1), value, partition=0)
+    for node in NODES:
+        bus.append(topics.TELEMETRY, node.encode(), orjson.dumps(telemetry(node=node, ts=NOW)))
+    node_stage = [s for s in stages(JobTable(), clock=None) if s.name == "detect-node"]
+    worker = Worker(bus, "hp", node_stage, snapshot_every_s=3600)
+    while worker.step(timeout_ms=0):
+        pass
+    assert worker.consumer.assignment() == {TopicPart(topics.TELEMETRY, 0)}
+    assert set(worker.tasks) == {("detect-node", 0)}
+    assert bus.committed("hp")[TopicPart(topics.TELEMETRY, 0)] == len(NODES)
+    worker.close()

@@ -209,3 +209,94 @@ def test_a_snapshot_its_stage_cannot_load_starts_that_partition_cold_and_the_wor
     }
     cold = {n for n in NODES if bus.partition_of(IN, n.encode()) == 0}
     assert cold and new == {n: 1 if n in cold else 4 for n in NODES}  # partition 0 counts afresh
+
+
+def _callback_errors(group: str, callback: str) -> float:
+    labels = {"group": group, "callback": callback}
+    return REGISTRY.get_sample_value("fleetwatch_bus_rebalance_errors_total", labels) or 0.0
+
+
+def _latest(bus: MemoryBus) -> dict[str, int]:
+    return {node: ns[-1] for node, ns in _counts(bus).items()}
+
+
+def test_an_assignment_whose_restore_raises_is_held_unread_and_taken_on_retry() -> None:
+    """No exception leaves a rebalance callback (issue 23, item 4: on the real broker one came out
+    of poll() as SystemError and the worker exited, on every restart). Reading the state topic
+    fails once: the partitions are held without being read (nothing skipped), counted, and the
+    retry restores every one from its snapshot."""
+    bus = _bus()
+    _feed(bus, range(3))
+    a = Worker(bus, "g-retry", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _drain(a)
+    a.close()
+    _feed(bus, range(3, 4))
+    read = bus.read_to_end
+    calls: list[int] = []
+
+    def flaky(*args: Any, **kw: Any) -> set[int]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("the state topic is out of reach")
+        return read(*args, **kw)
+
+    bus.read_to_end = flaky  # type: ignore[method-assign]
+    errors = _callback_errors("g-retry", "assign")
+    b = Worker(bus, "g-retry", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    produced = len(bus.records(OUT))
+    assert b.step(timeout_ms=0) == 0  # the failed assignment: nothing read, nothing raised
+    assert b.consumer.assignment() == set() and not b.tasks
+    assert len(bus.records(OUT)) == produced
+    assert _callback_errors("g-retry", "assign") == errors + 1
+    _drain(b)
+    assert len(calls) == 2 and len(b.consumer.assignment()) == 4
+    assert _latest(bus) == dict.fromkeys(NODES, 4)  # restored, not cold: no count lost or doubled
+    b.close()
+
+
+class _Brittle(CountingTask):
+    """A task whose state cannot be written once it has counted node-00 (a bug in to_bytes)."""
+
+    def to_bytes(self) -> bytes:
+        if "node-00" in self.counts:
+            raise ValueError("cannot serialise")
+        return super().to_bytes()
+
+
+def test_a_revoke_whose_snapshot_raises_does_not_stop_the_worker_and_loses_nothing() -> None:
+    """A snapshot that cannot be written when partitions are revoked: the worker goes on, and that
+    partition's next owner replays its input from the previous snapshot."""
+    bus = _bus()
+    stage = counting_stage("count", IN, OUT, task=_Brittle)
+    a = Worker(bus, "g-revoke", [stage], snapshot_every_s=3600)
+    a.step(timeout_ms=0)  # joins: every task anchored, node-00's too (nothing counted yet)
+    _feed(bus, range(3))
+    _drain(a)
+    b = Worker(bus, "g-revoke", [stage], snapshot_every_s=3600)  # a rebalance: a revokes everything
+    _drain(a)
+    _drain(b)
+    assert a.tasks and b.tasks and len(a.consumer.assignment() | b.consumer.assignment()) == 4
+    _feed(bus, range(3, 4))
+    _drain(a)
+    _drain(b)
+    assert _latest(bus) == dict.fromkeys(NODES, 4)
+    a.close()
+    b.close()
+
+
+def test_a_snapshot_whose_offsets_are_not_of_its_stages_inputs_is_not_used() -> None:
+    """Offsets in a snapshot steer where the new owner reads: a snapshot whose offsets name another
+    topic, or are not offsets, starts its partition cold (counted as unreadable)."""
+    for bad in ({"other.v1": 3}, {IN: "3"}, {IN: -1}, {IN: True}):
+        bus = _bus()
+        _feed(bus, range(2))
+        producer = bus.producer()
+        write_snapshot(producer, "g-offsets/count", 0, bad, orjson.dumps({"node-xx": 9}))  # type: ignore[arg-type]
+        labels = {"group": "g-offsets", "stage": "count", "reason": "unreadable"}
+        lost = REGISTRY.get_sample_value("fleetwatch_worker_state_lost_total", labels) or 0.0
+        w = Worker(bus, "g-offsets", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+        _drain(w)
+        assert REGISTRY.get_sample_value("fleetwatch_worker_state_lost_total", labels) == lost + 1, bad
+        assert "node-xx" not in w.tasks[("count", 0)].counts  # type: ignore[attr-defined]
+        assert _latest(bus) == dict.fromkeys(NODES, 2)
+        w.close()
