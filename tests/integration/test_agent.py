@@ -7,15 +7,19 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import resource
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from fleetwatch import schemas, topics
-from fleetwatch.collectors.agent import SourceRunner
+from fleetwatch.collectors.agent import Agent, SourceRunner
+from fleetwatch.collectors.forwarder import SpoolForwarder
 from fleetwatch.collectors.spool import Spool
 from fleetwatch.runtime import StopFlag
 from tests.helpers.agents import CountingSource, make_agent
@@ -184,3 +188,100 @@ def test_collect_stops_cleanly_on_sigterm(kafka_bootstrap: str, topic_tail: Any,
     spool = Spool(tmp_path / f"{node}.sqlite", max_bytes=1 << 20)
     assert len(spool) == 0  # nothing left behind
     assert spool.get_meta("next_seq") == len(seqs)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _metric(port: int, name: str, labels: str = "") -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f"{name}{labels} ") or line.startswith(f"{name}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name}{labels} not served")
+
+
+def test_collect_keeps_running_on_a_full_disk_during_an_outage(
+    private_broker: PrivateBroker, tmp_path: Path
+) -> None:
+    """The real `fleetwatch collect` (NVML through the fake pynvml, and /proc) with its spool on a
+    disk that fills during a broker outage (a file-size limit makes SQLite's writes fail for real,
+    as on a full filesystem): it keeps sampling, drops the oldest spooled samples (counted,
+    reason="disk_full"), warns once, and delivers the newest in order once the broker is back."""
+    node = f"agent-diskfull-{int(time.time())}"
+    spool_dir = tmp_path / "spool"
+    # The outage started earlier: 100 samples of this node already wait in the spool.
+    spool = Spool(spool_dir / f"{node}.sqlite", max_bytes=64 << 20)
+    gpu = CountingSource()
+    earlier = Agent(
+        node,
+        [SourceRunner("nvml", lambda: gpu)],
+        spool,
+        SpoolForwarder(spool, topics.TELEMETRY, "127.0.0.1:1"),
+    )
+    for _ in range(100):
+        earlier.tick()
+    earlier.close(drain_timeout_s=0)
+    limit = (spool_dir / f"{node}.sqlite").stat().st_size + 32 * 1024  # then the disk is full
+    shim = tmp_path / "shim"  # `import pynvml` in the agent gets the fake, 8 GPUs
+    shim.mkdir()
+    (shim / "pynvml.py").write_text(
+        "import sys\nfrom tests.fakes import FakeGpu, FakeNvml\n"
+        "sys.modules[__name__] = FakeNvml([FakeGpu(util=90)] * 8).module\n"
+    )
+    tail = TopicTail(private_broker.bootstrap, topics.TELEMETRY)
+    private_broker.stop()
+    port = _free_port()
+
+    def full_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    proc = subprocess.Popen(
+        _collect_argv(
+            private_broker.bootstrap, node, "nvml,host", 0.05, spool_dir, "--metrics-port", str(port)
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])},
+        preexec_fn=full_disk,
+    )
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any("refuses writes" in line for line in stderr) and time.monotonic() < deadline:
+            assert proc.poll() is None, "".join(stderr)[-3000:]
+            time.sleep(0.2)
+        assert any("refuses writes" in line for line in stderr), "".join(stderr)[-3000:]
+        time.sleep(1.0)  # more samples on the full disk
+        assert proc.poll() is None, "".join(stderr)[-3000:]
+        assert _metric(port, "fleetwatch_agent_spool_dropped_total", 'reason="disk_full"') > 0
+        private_broker.start()
+        taken = int(_metric(port, "fleetwatch_agent_samples_total"))  # by the end of the outage
+        last = 100 + taken + 20  # and 20 more after it
+        recs = tail.collect(
+            lambda rs: any(schemas.decode(r.value)["seq"] >= last for r in rs if r.key == node.encode()), 90
+        )
+        assert proc.poll() is None, "".join(stderr)[-3000:]
+    finally:
+        proc.terminate()
+        rc = proc.wait(60)
+        reader.join(10)
+        tail.close()
+    assert rc == 0, "".join(stderr)[-3000:]
+    seqs = list(dict.fromkeys(m["seq"] for m in tail.messages(recs) if m["node"] == node))
+    assert seqs and seqs[-1] >= last, "".join(stderr)[-3000:]
+    # In order; the oldest spooled samples gave their room to the newest, which all arrive.
+    assert seqs == sorted(seqs) and seqs[0] > 0
+    assert seqs == list(range(seqs[0], seqs[-1] + 1))
+    gpus = next(m for m in tail.messages(recs) if m["seq"] == last)["gpus"]
+    assert len(gpus) == 8 and all(g["util"] == 90 for g in gpus)  # NVML, through the fake pynvml
+    text = "".join(stderr)
+    assert sum("refuses writes" in line for line in stderr) == 1, text[-3000:]  # once, not per sample
+    assert "Traceback" not in text
