@@ -207,3 +207,39 @@ print(before, warm, bool(telemetry_scan._scan.signatures), telemetry_decode.scan
 """
     out = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.stdout.split("\n")[0] == f"{[False] * 7} {[True] * 6} True True", out.stderr[-2000:]
+
+
+def test_an_assignment_whose_restore_fails_is_held_and_taken_on_retry(kafka_bootstrap: str) -> None:
+    """Issue 23, item 4: no exception leaves a rebalance callback of the real client (it came out
+    of poll() as SystemError and the worker exited). The state topic cannot be read at the first
+    assignment: the partitions are held unread and counted, and the retry restores their state."""
+    in_topic, out_topic, group, stage = _names()
+    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=2)
+    nodes = [f"rnode-{i}" for i in range(4)]
+    produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=0))) for n in nodes])
+    a = Worker(kafka_bootstrap, group, [counting_stage(stage, in_topic, out_topic)], snapshot_every_s=3600)
+    a.run(StopFlag(install=False), idle_exit_s=3)
+    a.close()
+    produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=1))) for n in nodes])
+
+    class FlakyBus(KafkaBus):
+        calls = 0
+
+        def read_to_end(self, topic, partitions, on_record, timeout_s):  # type: ignore[no-untyped-def]
+            FlakyBus.calls += 1
+            if FlakyBus.calls == 1:
+                raise ConnectionError("the state topic is out of reach")
+            return super().read_to_end(topic, partitions, on_record, timeout_s)
+
+    labels = {"group": group, "callback": "assign"}
+    out = TopicTail(kafka_bootstrap, out_topic)
+    b = Worker(
+        FlakyBus(kafka_bootstrap), group, [counting_stage(stage, in_topic, out_topic)], snapshot_every_s=3600
+    )
+    b.run(StopFlag(install=False), idle_exit_s=4)
+    assert REGISTRY.get_sample_value("fleetwatch_bus_rebalance_errors_total", labels) == 1
+    assert FlakyBus.calls == 2 and len(b.consumer.assignment()) == 2
+    b.close()
+    more = out.collect(lambda rs: len(rs) >= 4, 30)
+    out.close()
+    assert sorted(orjson.loads(r.value)["n"] for r in more) == [2, 2, 2, 2]  # restored, continued
