@@ -8,7 +8,9 @@ C-level iteration where possible (`operator.itemgetter` + `np.fromiter`).
 Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
 - `node_names` (U,) the distinct node names of the batch; `node_idx` (M,) index into it. The node
   stage maps `node_names` to the rows of its node index once per batch (detectors/node_index.py).
-- `ts`, `seq` (M,); `received` (M,) when each message reached the broker (its clock reference,
+- `ts`, `seq` (M,); `instance` (M,) the agent instance that numbered `seq` (instance_code of
+  `agent.instance`; 0: not given, e.g. an older agent or the simulator); `received` (M,) when
+  each message reached the broker (its clock reference,
   fleetwatch.record_block.RecordBlock.reference_times), NaN where not known (not from Kafka)
 - `gpu` (M, G, F) float64, NaN where a field or the whole GPU is absent ("missing fields are
   absent, never invented"); `present` (M, G) the message has an entry for that index;
@@ -33,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
@@ -65,12 +68,37 @@ _GPU_ATTR = attrgetter(*_GPU_KEYS)
 _HOST_ATTR = attrgetter(*HOST_NUMERIC)
 _IB_ATTR = attrgetter(*IB_NUMERIC)
 _HOST_ABSENT = (NAN,) * len(HOST_NUMERIC)
-_NODE, _TS, _SEQ, _GPUS, _HOST, _NET = (attrgetter(a) for a in ("node", "ts", "seq", "gpus", "host", "net"))
+_NODE, _TS, _SEQ, _GPUS, _HOST, _NET, _AGENT = (
+    attrgetter(a) for a in ("node", "ts", "seq", "gpus", "host", "net", "agent")
+)
 _LOST, _XIDS = attrgetter("lost"), attrgetter("xids")
 _IB_KEY, _IB_STATE = attrgetter("device", "port"), attrgetter("state")
 # Each GPU column's NVML "not available" value as float64 (NaN: none); 2**64 - 1 rounds to 2**64,
 # as the value itself does when it becomes float64.
 _GPU_NOT_AVAILABLE = np.array([float(NVML_NOT_AVAILABLE.get(f, NAN)) for f in GPU_NUMERIC])
+
+
+@lru_cache(maxsize=65536)
+def instance_code(instance: str | None) -> int:
+    """An agent instance id as the int64 the node index compares (FNV-1a 64 of its UTF-8 bytes,
+    as signed int64; 0 means "not given", so a hash of 0 becomes 1). The telemetry scanner computes
+    the same code in compiled code (fleetwatch/telemetry_scan.py, _fnv1a)."""
+    if not instance:
+        return 0
+    h = 0xCBF29CE484222325
+    for b in instance.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    h = h - (1 << 64) if h >= 1 << 63 else h
+    return h or 1
+
+
+def _instance_of_struct(agent: Any) -> int:
+    return 0 if agent is UNSET or agent.instance is UNSET else instance_code(agent.instance)
+
+
+def _instance_of_dict(msg: dict[str, Any]) -> int:
+    agent = msg.get("agent")
+    return instance_code(agent.get("instance")) if type(agent) is dict else 0
 
 
 def _codes_of(values: list[Any]) -> dict[Any, int]:
@@ -131,6 +159,7 @@ class TelemetryBatch:
     ib_state_names: list[str | None]
     ib_state_idx: np.ndarray
     received: np.ndarray
+    instance: np.ndarray
 
     @property
     def size(self) -> int:
@@ -170,6 +199,7 @@ class TelemetryBatch:
             ts=self.ts[rows],
             seq=self.seq[rows],
             received=self.received[rows],
+            instance=self.instance[rows],
             gpu=self.gpu[rows],
             present=self.present[rows],
             lost=self.lost[rows],
@@ -263,6 +293,7 @@ class TelemetryBatch:
             ib,
             [None if st is UNSET else st for st in state_ix],
             np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
+            np.fromiter(map(_instance_of_struct, map(_AGENT, msgs)), np.int64, count=m),
         )
 
     @classmethod
@@ -291,6 +322,7 @@ class TelemetryBatch:
             sc.ib,
             sc.ib_state_names,
             sc.ib_state_idx,
+            sc.instance,
         )
 
     @classmethod
@@ -334,6 +366,7 @@ class TelemetryBatch:
             ib,
             list(state_ix),
             np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
+            np.fromiter(map(_instance_of_dict, msgs), np.int64, count=m),
         )
 
     @classmethod
@@ -354,6 +387,7 @@ class TelemetryBatch:
         ib: np.ndarray,
         state_names: list[str | None],
         state_idx: np.ndarray,
+        instance: np.ndarray,
     ) -> TelemetryBatch:
         """The parts both constructors share: `table` holds one row per GPU entry (index first,
         then GPU_NUMERIC), `counts` the entries per message, `flagged` the entries that say lost."""
@@ -402,6 +436,7 @@ class TelemetryBatch:
             ib_state_names=state_names,
             ib_state_idx=state_idx,
             received=np.full(m, NAN),
+            instance=instance,
         )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 
 from fleetwatch import schemas
@@ -386,3 +387,33 @@ class IncidentBook:
             inc = Incident(**fields, clear_after=period(fields["kind"], fields["rule"]))
             self.open[inc.key] = inc
         return self
+
+
+@dataclass(slots=True)
+class SampleTimes:
+    """A batch's accepted samples' times by node: what IncidentBook's next_ts and sweep ask."""
+
+    names: list[str]  # node row -> name
+    rows: dict[str, int]  # name -> node row
+    mrow: np.ndarray  # node row of each accepted message, ascending (grouped by node)
+    mts: np.ndarray  # ts of each accepted message, non-decreasing within a node
+
+    def _times(self, node: str) -> np.ndarray | None:
+        """Sorted ts of the node's accepted messages in this batch. Looked up when an incident
+        asks (a few per batch), not built for every node of every batch."""
+        row = self.rows.get(node)
+        if row is None:
+            return None
+        lo, hi = np.searchsorted(self.mrow, [row, row + 1])
+        return self.mts[lo:hi] if hi > lo else None
+
+    def next_ts(self, node: str, t: float) -> float | None:
+        arr = self._times(node)
+        if arr is None:
+            return None
+        i = int(np.searchsorted(arr, t, side="left"))
+        return float(arr[i]) if i < len(arr) else None
+
+    def latest(self, node: str) -> float | None:
+        arr = self._times(node)
+        return None if arr is None else float(arr[-1])

@@ -75,7 +75,14 @@ from fleetwatch.detectors.counters import (
     encode_array,
     increasing_in_group,
 )
-from fleetwatch.detectors.findings import SEVERITIES, SEVERITY_RANK, Forgotten, IncidentBook, severity_score
+from fleetwatch.detectors.findings import (
+    SEVERITIES,
+    SEVERITY_RANK,
+    Forgotten,
+    IncidentBook,
+    SampleTimes,
+    severity_score,
+)
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext
 from fleetwatch.detectors.rows import Compaction, RowIndex, grow
@@ -288,24 +295,29 @@ class HardwareDetector:
     def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
         """The NodeDetector protocol (detectors/protocol.py): the rules need the batch and its
         node rows only."""
-        return self._process(batch, ctx.rows)
+        return self._process(batch, ctx.rows, admitted=True)
 
     def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
         """A batch without the task (tests, tools): rows from this detector's index."""
-        return self._process(batch, self.index.rows_of(batch))
+        return self._process(batch, self.index.rows_of(batch), admitted=False)
 
-    def _process(self, batch: TelemetryBatch, node_rows: np.ndarray) -> list[dict[str, Any]]:
+    def _process(self, batch: TelemetryBatch, node_rows: np.ndarray, admitted: bool) -> list[dict[str, Any]]:
         if batch.size == 0:
             return []
         self.node_ts = grow(self.node_ts, len(self.index), -np.inf)
         self.gpu_rows = grow(self.gpu_rows, len(self.index), -1)
 
-        # Whole messages that are duplicates or older than what the node already sent are dropped
-        # before any rule: a replayed sample must not count an XID twice. The task has dropped
-        # them already (NodeIndex.admit); this keeps process() without the task as safe.
         seg = Segments.of(node_rows)
-        ok = increasing_in_group(seg, batch.ts[seg.order], self.node_ts[seg.rows])
-        acc = seg.order[ok]  # accepted message indices, grouped by node, ts increasing
+        if admitted:
+            # the task admitted every sample by its agent's numbering (NodeIndex.admit_batch):
+            # each is new, and a node's event times never go back, though two may be equal (its
+            # clock went back); an XID in such a sample still counts
+            acc = seg.order  # message indices, grouped by node, in arrival order
+        else:
+            # without the task: duplicates and samples older than what the node already sent are
+            # dropped before any rule, by time, so that a replayed sample cannot count an XID twice
+            ok = increasing_in_group(seg, batch.ts[seg.order], self.node_ts[seg.rows])
+            acc = seg.order[ok]  # accepted message indices, grouped by node, ts increasing
         if len(acc) == 0:
             return []
         mrow, mts = node_rows[acc], batch.ts[acc]
@@ -313,7 +325,7 @@ class HardwareDetector:
         last[:-1] = mrow[1:] != mrow[:-1]
         self.node_ts[mrow[last]] = mts[last]
 
-        ctx = _Ctx(self.index.names, self.index.rows, mrow, mts)
+        ctx = SampleTimes(self.index.names, self.index.rows, mrow, mts)
 
         out: list[dict[str, Any]] = []
         out += self._gpu_rules(batch, acc, ctx)
@@ -351,7 +363,7 @@ class HardwareDetector:
             first_pos[rows] = mi[new][first_ix]
         return mi, gi, ent, first_pos
 
-    def _gpu_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
+    def _gpu_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
         cfg = self.cfg
         present = batch.present[acc]
         if present.size == 0:
@@ -555,7 +567,12 @@ class HardwareDetector:
                 )
 
     def _lost_rules(
-        self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx, present: np.ndarray, first_pos: np.ndarray
+        self,
+        batch: TelemetryBatch,
+        acc: np.ndarray,
+        ctx: SampleTimes,
+        present: np.ndarray,
+        first_pos: np.ndarray,
     ) -> list[dict[str, Any]]:
         lost = batch.lost[acc] & present
         g = present.shape[1]
@@ -588,7 +605,7 @@ class HardwareDetector:
 
     # ------------------------------------------------------------ XIDs
 
-    def _xid_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
+    def _xid_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
         if len(batch.xid_msg) == 0:
             return []
         where = np.full(batch.size, -1, dtype=np.int64)
@@ -678,7 +695,7 @@ class HardwareDetector:
             ent = self.ib_table[rows, codes]
         return ent
 
-    def _ib_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: _Ctx) -> list[dict[str, Any]]:
+    def _ib_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
         if len(batch.ib_msg) == 0:
             return []
         where = np.full(batch.size, -1, dtype=np.int64)
@@ -876,43 +893,13 @@ class _Names:
         return self.names[int(self.codes[i])]
 
 
-@dataclass(slots=True)
-class _Ctx:
-    """Per-batch facts shared by the rules: accepted messages and each node's sample times."""
-
-    names: list[str]  # node row -> name
-    rows: dict[str, int]  # name -> node row
-    mrow: np.ndarray  # node row of each accepted message, ascending (grouped by node)
-    mts: np.ndarray  # ts of each accepted message, increasing within a node
-
-    def _times(self, node: str) -> np.ndarray | None:
-        """Sorted ts of the node's accepted messages in this batch. Looked up when an incident
-        asks (a few per batch), not built for every node of every batch."""
-        row = self.rows.get(node)
-        if row is None:
-            return None
-        lo, hi = np.searchsorted(self.mrow, [row, row + 1])
-        return self.mts[lo:hi] if hi > lo else None
-
-    def next_ts(self, node: str, t: float) -> float | None:
-        arr = self._times(node)
-        if arr is None:
-            return None
-        i = int(np.searchsorted(arr, t, side="left"))
-        return float(arr[i]) if i < len(arr) else None
-
-    def latest(self, node: str) -> float | None:
-        arr = self._times(node)
-        return None if arr is None else float(arr[-1])
-
-
 class _Hits:
     """Turns one bad element into IncidentBook.observe(...) with the common fields filled in."""
 
     def __init__(
         self,
         det: HardwareDetector,
-        ctx: _Ctx,
+        ctx: SampleTimes,
         msg_pos: np.ndarray,
         gpu: np.ndarray | None,
         out: list[dict[str, Any]],

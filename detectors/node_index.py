@@ -4,9 +4,11 @@ Every per-node array of the stage (a detector's baselines, counters, histories; 
 times) is indexed by these rows, so a node is looked up once per batch, not once per detector,
 and forgetting nodes renumbers every array with the same `Compaction`.
 
-The index also keeps each node's latest accepted sample time, and `admit` is the one place where
-duplicate and late samples (ts not after the node's latest) are dropped before any detector sees
-them: at-least-once delivery upstream makes duplicates normal, and an XID must not count twice.
+The index also keeps, per node, where its agent's numbering stands (instance, seq) and the node's
+event time, and `admit` is the one place where duplicate and late samples are dropped before any
+detector sees them: at-least-once delivery upstream makes duplicates normal, and an XID must not
+count twice. The agent's numbering, not the node's clock, says which sample is newer, and each
+new sample gets the event time the detectors see (detectors/admission_kernels.py has the rules).
 """
 
 from __future__ import annotations
@@ -16,30 +18,63 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetwatch.detectors.admission_kernels import admission_pass
 from fleetwatch.detectors.batch import TelemetryBatch
-from fleetwatch.detectors.counters import Segments, increasing_in_group
 from fleetwatch.detectors.rows import Compaction, RowIndex, grow
+
+# How far ahead of the broker's append time a sample's own time is believed (event time is capped
+# there): a sample cannot reach the broker before it was taken, and NTP keeps well-run clocks
+# within milliseconds of each other; 2 s leaves room for a sloppy one.
+CLOCK_LEAD_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """Which samples of a batch are new, and what their nodes had before it."""
+    """Which samples of a batch are new, what their nodes had before it, and their event times."""
 
     rows: np.ndarray  # (M,) each sample's node's row
     keep: np.ndarray  # (M,) bool: new samples; the rest are duplicates or late
-    before: np.ndarray  # (M,) each sample's node's latest ts before the batch (NaN: a new node)
+    before: np.ndarray  # (M,) each sample's node's event time before the batch (NaN: a new node)
+    ts: np.ndarray  # (M,) each new sample's event time (NaN for the others)
+    jump: np.ndarray  # (M,) each new sample's own time minus its event time (> 0: clock ahead)
 
 
 class NodeIndex(RowIndex):
-    def __init__(self, names: Iterable[str] = (), last_ts: Sequence[float] = ()) -> None:
+    def __init__(
+        self,
+        names: Iterable[str] = (),
+        last_ts: Sequence[float] = (),
+        last_seq: Sequence[int] = (),
+        instances: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        """last_ts, last_seq, instances ((current, replaced) instance codes): each node's, in the
+        order of `names`; nodes past their ends have none (a seq of -1: not known)."""
         super().__init__(names)
-        self._last_ts = np.full(max(16, len(self)), np.nan)  # spare rows after len(self): NaN
+        n = max(16, len(self))  # spare rows after len(self): no sample yet
+        self._last_ts = np.full(n, np.nan)
         self._last_ts[: len(last_ts)] = last_ts
+        self._seq = np.full(n, -1, dtype=np.int64)
+        self._seq[: len(last_seq)] = last_seq
+        pairs = np.asarray(instances, dtype=np.int64).reshape(-1, 2)
+        self._instance = np.zeros(n, dtype=np.int64)  # the current instance's code (0: none given)
+        self._instance[: len(pairs)] = pairs[:, 0]
+        self._replaced = np.zeros(n, dtype=np.int64)  # the instance it replaced (0: none)
+        self._replaced[: len(pairs)] = pairs[:, 1]
 
     @property
     def last_ts(self) -> np.ndarray:
-        """(N,) every node's latest accepted sample time, by row (a view: read only)."""
+        """(N,) every node's event time (its latest accepted sample's), by row (a view: read only)."""
         return self._last_ts[: len(self)]
+
+    @property
+    def last_seq(self) -> np.ndarray:
+        """(N,) every node's latest accepted seq (-1: not known), by row (a view: read only)."""
+        return self._seq[: len(self)]
+
+    @property
+    def instances(self) -> np.ndarray:
+        """(N, 2) every node's current agent instance code and the one it replaced (0: none), a copy."""
+        return np.column_stack([self._instance[: len(self)], self._replaced[: len(self)]])
 
     @property
     def allocated(self) -> int:
@@ -47,40 +82,69 @@ class NodeIndex(RowIndex):
         return len(self._last_ts)
 
     def admit(self, names: Sequence[str], ts: np.ndarray) -> Admission:
-        """admit_rows for samples given by their nodes' names (registering the new ones)."""
-        return self.admit_rows(self.lookup(names), ts)
+        """admit_rows for samples known by their nodes' names and times alone (no agent numbering:
+        later in time is newer), registering new nodes. For tools and tests."""
+        m = len(names)
+        no_seq = np.full(m, -1, dtype=np.int64)
+        return self.admit_rows(
+            self.lookup(names), np.zeros(m, dtype=np.int64), no_seq, ts, np.full(m, np.nan)
+        )
 
-    def admit_batch(self, batch: TelemetryBatch) -> Admission:
-        """admit_rows for a columnar batch."""
-        return self.admit_rows(self.rows_of(batch), batch.ts)
+    def admit_batch(self, batch: TelemetryBatch, lead_s: float = CLOCK_LEAD_S) -> Admission:
+        """Which of a columnar batch's samples are new (registering new nodes): see
+        detectors/admission_kernels.py. The nodes' state moves on to the new samples."""
+        return self.admit_rows(
+            self.rows_of(batch), batch.instance, batch.seq, batch.ts, batch.received, lead_s
+        )
 
     def rows_of(self, batch: TelemetryBatch) -> np.ndarray:
         """(M,) each message's node's row, registering new nodes: the batch's distinct nodes are
         looked up once each."""
         return self.lookup(batch.node_names)[batch.node_idx]
 
-    def admit_rows(self, rows: np.ndarray, ts: np.ndarray) -> Admission:
-        """Keep the samples (each its node's row, from lookup) with ts after everything their
-        node sent before (earlier samples in the batch included); their nodes' latest ts move on."""
-        self._last_ts = grow(self._last_ts, len(self), np.nan)
+    def admit_rows(
+        self,
+        rows: np.ndarray,
+        instance: np.ndarray,
+        seq: np.ndarray,
+        ts: np.ndarray,
+        received: np.ndarray,
+        lead_s: float = CLOCK_LEAD_S,
+    ) -> Admission:
+        """admit_batch for samples given by their nodes' rows (from lookup) and their columns."""
+        n = len(self)
+        self._last_ts = grow(self._last_ts, n, np.nan)
+        self._seq = grow(self._seq, n, -1)
+        self._instance = grow(self._instance, n, 0)
+        self._replaced = grow(self._replaced, n, 0)
         before = self._last_ts[rows]
-        if len(np.unique(rows)) == len(rows):  # one sample per node, as a batch nearly always has
-            keep = np.isnan(before) | (ts > before)
-            self._last_ts[rows[keep]] = ts[keep]
-            return Admission(rows, keep, before)
-        # a node twice or more: each sample against its node's latest before it, in arrival order
-        seg = Segments.of(rows)
-        floor = np.nan_to_num(before[seg.order], nan=-np.inf)
-        ok = increasing_in_group(seg, ts[seg.order], floor)
-        keep = np.zeros(len(rows), dtype=bool)
-        keep[seg.order[ok]] = True
-        np.fmax.at(self._last_ts, rows[keep], ts[keep])
-        return Admission(rows, keep, before)
+        m = len(rows)
+        keep = np.zeros(m, dtype=bool)
+        event_ts, jump = np.full(m, np.nan), np.full(m, np.nan)
+        admission_pass(
+            rows,
+            instance,
+            seq,
+            ts,
+            received,
+            float(lead_s),
+            self._instance,
+            self._replaced,
+            self._seq,
+            self._last_ts,
+            keep,
+            event_ts,
+            jump,
+        )
+        return Admission(rows, keep, before, event_ts, jump)
 
     def drop(self, names: Iterable[str]) -> Compaction | None:
         rows = super().drop(names)
         if rows is not None:
             self._last_ts = rows.take(self._last_ts, np.nan)
+            self._seq = rows.take(self._seq, -1, size=len(self._last_ts))
+            self._instance = rows.take(self._instance, 0, size=len(self._last_ts))
+            self._replaced = rows.take(self._replaced, 0, size=len(self._last_ts))
         return rows
 
     def place(self, saved: Sequence[str], values: np.ndarray, into: np.ndarray) -> np.ndarray:

@@ -2,8 +2,10 @@
 
 A detector sees a columnar batch of telemetry (detectors/batch.py) and returns finding/1 dicts
 (detectors/findings.py). The task that runs it (pipeline/node_stage.py) guarantees, once for all
-of them, that each (node, ts) arrives at most once and that a node's samples arrive in increasing
-ts: duplicates and late samples are dropped before any detector sees them (NodeIndex.admit).
+of them, that each sample arrives at most once, in its agent's order: duplicates and late samples
+are dropped before any detector sees them (NodeIndex.admit_batch), and each sample's `ts` is its
+event time, which never goes back within a node (two samples of a node may share one where its
+clock went back: a rate over such a pair has no time to divide by, and counters skip it).
 
 State is held the same way by every detector: per-node numpy arrays indexed by the rows of the
 task's one NodeIndex (detectors/node_index.py), which the detector is given at construction and
@@ -46,6 +48,9 @@ class NodeContext:
     findings: list[Finding] = field(default_factory=list)
     # (ts, node, weight): failed jobs newly known that these nodes were in (the lemon's history)
     job_failures: list[tuple[float, str, float]] = field(default_factory=list)
+    # (M,) each sample's own time minus its event time, batch.ts (NodeIndex admission): > 0 its
+    # clock was ahead of the broker's, < 0 behind its node's previous sample; None: not known
+    clock_jump: np.ndarray | None = None
 
     @classmethod
     def of(

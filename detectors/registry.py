@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fleetwatch.detectors.clock import ClockConfig, ClockDetector
 from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
@@ -31,7 +32,8 @@ NODE_DETECTORS: tuple[Registered, ...] = (
     Registered("hardware", HardwareDetector, HardwareConfig),
     Registered("silence", SilenceDetector, SilenceConfig),
     Registered("stats", GpuStats, GpuStatsConfig),
-    Registered("lemon", LemonScorer, LemonConfig),  # last: its history includes the others' findings
+    Registered("lemon", LemonScorer, LemonConfig),  # its history includes the findings above
+    Registered("clock", ClockDetector, ClockConfig),  # after the lemon: a clock is no hardware failure
 )
 
 # The job stage's detectors (detectors/protocol.JobDetector), in the order it runs them. Adding

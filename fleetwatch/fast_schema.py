@@ -96,6 +96,7 @@ _Agent = msgspec.defstruct(
     [
         ("source_errors", _SourceErrors | msgspec.UnsetType, _UNSET),
         ("version", _Ident | msgspec.UnsetType, _UNSET),
+        ("instance", _Ident | msgspec.UnsetType, _UNSET),
     ],
     gc=False,
 )

@@ -350,6 +350,8 @@ def validate_telemetry(m: Mapping[str, Any]) -> None:
         agent = _object("telemetry.agent", m["agent"])
         if "version" in agent:
             _ident("telemetry.agent.version", agent["version"])
+        if "instance" in agent:  # who numbered `seq` (a new install or spool: a new sequence)
+            _ident("telemetry.agent.instance", agent["instance"])
         if "source_errors" in agent:
             errors = _object("telemetry.agent.source_errors", agent["source_errors"])
             if len(errors) > MAX_SOURCE_ERRORS:

@@ -98,7 +98,7 @@ G_UUID, G_XIDS, G_LOST = -2, -3, -4
 N_IB, N_ETH = -2, -3
 P_DEVICE, P_PORT, P_STATE = -2, -3, -4  # IB ports; Ethernet's iface/state are plain strings (-5)
 STRING = -5  # a string checked and not kept (ETH and AGENT only, where -5 means nothing else)
-A_SOURCE_ERRORS = -2
+A_SOURCE_ERRORS, A_INSTANCE = -2, -3
 
 # The numeric columns of each output row, in order: the Scan arrays' second axis.
 GPU_COLUMNS = ("index", *(f for f in s.GPU_FIELDS if f not in ("uuid", "xids")))
@@ -128,7 +128,7 @@ def _tables() -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray
         NET: {"ib": N_IB, "eth": N_ETH},
         IB: {"device": P_DEVICE, "port": P_PORT, "state": P_STATE},
         ETH: {"iface": STRING, "state": STRING},
-        AGENT: {"source_errors": A_SOURCE_ERRORS, "version": STRING},
+        AGENT: {"source_errors": A_SOURCE_ERRORS, "version": STRING, "instance": A_INSTANCE},
     }
     columns = {
         TOP: (),
@@ -783,8 +783,22 @@ def _net_object(buf, i, e, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_gue
 
 
 @njit(cache=True, _nrt=False)
-def _agent_object(buf, i, e, key_guess):  # type: ignore[no-untyped-def]
-    """The "agent" object at buf[i], checked and not kept: the index after it, or -1."""
+def _fnv1a(buf, a, b):  # type: ignore[no-untyped-def]
+    """detectors.batch.instance_code of the ASCII text buf[a:b] (FNV-1a 64 as int64; 0 for "",
+    which means "not given", and 1 for a text whose hash is 0)."""
+    if b <= a:
+        return 0
+    h = np.uint64(0xCBF29CE484222325)
+    for k in range(a, b):
+        h = (h ^ np.uint64(buf[k])) * np.uint64(0x100000001B3)  # uint64 arithmetic wraps
+    code = np.int64(h)
+    return code if code != 0 else 1
+
+
+@njit(cache=True, _nrt=False)
+def _agent_object(buf, i, e, row, instance, key_guess):  # type: ignore[no-untyped-def]
+    """The "agent" object at buf[i], checked; its instance (the id that numbers `seq`) is kept
+    as instance[row], by its code. The index after it, or -1."""
     i, closed = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)
     if i < 0:
         return -1
@@ -794,10 +808,13 @@ def _agent_object(buf, i, e, key_guess):  # type: ignore[no-untyped-def]
         field, prev, i, seen = _member_of(buf, i, e, AGENT, key_guess, prev, seen)
         if i < 0:
             return -1
-        if field == STRING:  # the agent's version
+        if field in (STRING, A_INSTANCE):  # the agent's version, or its instance
             if buf[i] != _QUOTE:
                 return -1
-            i = _string_end(buf, i, e)
+            j = _string_end(buf, i, e)
+            if j >= 0 and field == A_INSTANCE:
+                instance[row] = _fnv1a(buf, i + 1, j - 1)
+            i = j
         else:  # source_errors: empty, or left to the other decoder (its keys are free-form,
             # so only a decoder that can compare them finds a duplicate)
             i, empty = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)
@@ -814,8 +831,8 @@ def _agent_object(buf, i, e, key_guess):  # type: ignore[no-untyped-def]
 @njit(cache=True, _nrt=False)
 def _message(  # type: ignore[no-untyped-def]
     buf, i, e, row, n_entries, n_xids, n_ib,
-    node_span, ts, seq, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans, ib_msg,
-    eth_scratch, key_guess,
+    node_span, ts, seq, instance, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans,
+    ib_msg, eth_scratch, key_guess,
 ):  # fmt: skip
     """One message buf[i:e] as row `row`, its GPU entries from n_entries, XIDs from n_xids, IB
     ports from n_ib: (status: _OK, _BAIL or _FULL_*; the new n_entries, n_xids, n_ib, which mean
@@ -826,6 +843,7 @@ def _message(  # type: ignore[no-untyped-def]
         return _BAIL, at_entries, at_xids, at_ib
     for k in range(host.shape[1]):
         host[row, k] = np.nan  # absent fields stay NaN
+    instance[row] = 0  # not given
     seen = 0
     prev = _GUESS_FIRST + TOP
     while not closed:
@@ -875,7 +893,7 @@ def _message(  # type: ignore[no-untyped-def]
             if status != _OK:
                 return status, at_entries, at_xids, at_ib
         elif field == T_AGENT:
-            i = _agent_object(buf, i, e, key_guess)
+            i = _agent_object(buf, i, e, row, instance, key_guess)
             if i < 0:
                 return _BAIL, at_entries, at_xids, at_ib
         i, closed = _next_or_close(buf, i, e, _CLOSE_OBJECT)
@@ -891,8 +909,8 @@ def _message(  # type: ignore[no-untyped-def]
 @njit(cache=True, _nrt=False, nogil=True)
 def _scan(  # type: ignore[no-untyped-def]
     buf, starts, ends,
-    taken, node_span, ts, seq, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans,
-    ib_msg, eth_scratch, key_guess,
+    taken, node_span, ts, seq, instance, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib,
+    ib_spans, ib_msg, eth_scratch, key_guess,
 ):  # fmt: skip
     """Every message buf[starts[k]:ends[k]]: taken ones get consecutive rows (taken[row] = k); a
     left one gets none (the next message writes over whatever it wrote). Returns (status: _OK, or
@@ -901,8 +919,8 @@ def _scan(  # type: ignore[no-untyped-def]
     for k in range(len(starts)):
         status, next_entries, next_xids, next_ib = _message(
             buf, starts[k], ends[k], row, n_entries, n_xids, n_ib,
-            node_span, ts, seq, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans,
-            ib_msg, eth_scratch, key_guess,
+            node_span, ts, seq, instance, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib,
+            ib_spans, ib_msg, eth_scratch, key_guess,
         )  # fmt: skip
         if status == _OK:
             taken[row] = k
@@ -1001,6 +1019,7 @@ class Scan:
     node_idx: np.ndarray  # (M,)
     ts: np.ndarray  # (M,)
     seq: np.ndarray  # (M,)
+    instance: np.ndarray  # (M,) agent.instance's code (detectors.batch.instance_code), 0: not given
     host: np.ndarray  # (M, len(HOST_COLUMNS)), NaN absent
     entry_msg: np.ndarray  # (E,) row of each GPU entry, rows ascending
     entries: np.ndarray  # (E, len(GPU_COLUMNS)): index, then the numeric fields; NaN absent
@@ -1033,6 +1052,7 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         node_span = np.empty((n, 2), dtype=np.int64)
         ts = np.empty(n)
         seq = np.empty(n, dtype=np.int64)
+        instance = np.empty(n, dtype=np.int64)
         host = np.empty((n, len(HOST_COLUMNS)))
         entries = np.empty((room_entries, len(GPU_COLUMNS)))
         entry_lost = np.empty(room_entries, dtype=np.bool_)
@@ -1046,8 +1066,8 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         key_guess = np.full(_GUESS_SLOTS, -1, dtype=np.int64)
         status, m, n_entries, n_xids, n_ib = _scan(
             buf, starts, ends, taken,
-            node_span, ts, seq, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans,
-            ib_msg, eth_scratch, key_guess,
+            node_span, ts, seq, instance, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib,
+            ib_spans, ib_msg, eth_scratch, key_guess,
         )  # fmt: skip
         if status == _OK:
             break
@@ -1075,6 +1095,7 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         node_idx=node_codes,
         ts=ts[:m],
         seq=seq[:m],
+        instance=instance[:m],
         host=host[:m],
         entry_msg=entry_msg[:n_entries],
         entries=entries[:n_entries],

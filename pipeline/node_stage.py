@@ -30,7 +30,6 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -39,11 +38,12 @@ from prometheus_client import Counter
 
 from fleetwatch import census, schemas, topics
 from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
+from fleetwatch.detectors.clock import ClockConfig, ClockDetector
 from fleetwatch.detectors.findings import Forgotten
 from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
-from fleetwatch.detectors.node_index import NodeIndex
+from fleetwatch.detectors.node_index import CLOCK_LEAD_S, NodeIndex
 from fleetwatch.detectors.protocol import NodeContext, NodeDetector
 from fleetwatch.detectors.registry import NODE_DETECTORS
 from fleetwatch.detectors.rows import Compaction, grow
@@ -74,7 +74,11 @@ class NodeTaskConfig:
     forget_after_s: float = 86400.0  # a node unseen this long (event time) is forgotten; inf: never
     forget_every_s: float = 60.0  # event-time period of the check
     emit_features: bool = True
+    # a sample's time is believed at most this far ahead of the broker's time for it
+    # (detectors/node_index.py)
+    max_clock_lead_s: float = CLOCK_LEAD_S
     lemon: LemonConfig = field(default_factory=LemonConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)
     silence: SilenceConfig = field(default_factory=SilenceConfig)
     stats: GpuStatsConfig = field(default_factory=GpuStatsConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -103,6 +107,7 @@ class NodeTask:
     index: NodeIndex = field(default_factory=NodeIndex)
     hardware: HardwareDetector | None = None
     lemon: LemonScorer | None = None
+    clock: ClockDetector | None = None
     silence: SilenceDetector | None = None
     stats: GpuStats | None = None
     failed_jobs_seen: set[str] = field(default_factory=set)
@@ -155,34 +160,30 @@ class NodeTask:
         load_scanner(background=scanner_in_background)
 
     def process(self, topic: str, msgs: Sequence[Any] | TelemetryBatch) -> list[Output]:
-        """Telemetry as dicts (evaluator, tests), fleetwatch.fast_schema structs, or already a
-        columnar batch (the worker's hot path, pipeline/telemetry_decode.py)."""
-        if isinstance(msgs, TelemetryBatch):
-            admitted = self.index.admit_batch(msgs)
-            keep = admitted.keep
-            if not keep.any():
-                return self._stale(keep)
-            batch = msgs if keep.all() else msgs.select(keep)
-        else:
-            # dicts or structs
-            names = [m["node"] if type(m) is dict else m.node for m in msgs]
-            times = [m["ts"] if type(m) is dict else m.ts for m in msgs]
-            admitted = self.index.admit(names, np.array(times, dtype=np.float64))
-            keep = admitted.keep
-            fresh = list(compress(msgs, keep.tolist()))
-            if not fresh:
-                return self._stale(keep)
-            batch = TelemetryBatch.from_any(fresh)
+        """Telemetry as a columnar batch (the worker's hot path, pipeline/telemetry_decode.py), or
+        as dicts or fleetwatch.fast_schema structs (evaluator, tests), made into one first."""
+        batch = msgs if isinstance(msgs, TelemetryBatch) else TelemetryBatch.from_any(msgs)
+        admitted = self.index.admit_batch(batch, self.config.max_clock_lead_s)
+        keep = admitted.keep
         self._stale(keep)
+        if not keep.any():
+            return []
         self._grow()
+        self._note_skew(batch, admitted.rows, keep)
+        # the detectors see each sample at its event time (NodeIndex: never ahead of the broker's
+        # time, never before its node's previous sample), and how far its own clock was off
+        batch = replace(batch if keep.all() else batch.select(keep), ts=admitted.ts[keep])
         ctx = NodeContext.of(batch, self.index, admitted.rows[keep], admitted.before[keep])
-        ctx = replace(ctx, job_failures=self._failed_job_events(float(batch.ts.max()), ctx.seen))
+        ctx = replace(
+            ctx,
+            clock_jump=admitted.jump[keep],
+            job_failures=self._failed_job_events(float(batch.ts.max()), ctx.seen),
+        )
         findings: list[dict[str, Any]] = []
         for detector in self.detectors:
             findings += detector.observe(batch, replace(ctx, findings=findings))
         nodes = ctx.nodes
         jobs = self.jobs.jobs_of(nodes)
-        self._note_skew(batch, ctx.rows)
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
         out += self._census(batch, ctx)
         if self.config.emit_features:
@@ -267,10 +268,12 @@ class NodeTask:
         if row is not None:
             self.clock_skew[row] = skew_s
 
-    def _note_skew(self, batch: TelemetryBatch, rows: np.ndarray) -> None:
+    def _note_skew(self, batch: TelemetryBatch, rows: np.ndarray, keep: np.ndarray) -> None:
+        """Each new sample's own time minus the broker's time for it (a node twice: its later
+        sample's, as it arrived)."""
         skew = batch.ts - batch.received
-        known = ~np.isnan(skew)
-        self.clock_skew[rows[known]] = skew[known]  # a node twice: its later sample's, as it arrived
+        known = keep & ~np.isnan(skew)
+        self.clock_skew[rows[known]] = skew[known]
 
     def _census(self, batch: TelemetryBatch, ctx: NodeContext) -> list[Output]:
         """node/1 for a node's first sample and again every census_every_s of its event time: the
@@ -351,6 +354,9 @@ class NodeTask:
                 **{reg.name: getattr(self, reg.name).to_state() for reg in NODE_DETECTORS},
                 # every node, in the index's row order (from_bytes rebuilds the index from it)
                 "last_ts": dict(zip(names, self.index.last_ts.tolist(), strict=True)),
+                # where each node's agent numbering stands: seq, and [current, replaced] instance
+                "last_seq": self.index.last_seq.tolist(),
+                "instances": self.index.instances.tolist(),
                 "failed_jobs_seen": sorted(self.failed_jobs_seen),
                 # a worker of the previous version restores its lemon timing from here
                 "next_lemon": self.lemon.next_judgement,
@@ -373,14 +379,22 @@ class NodeTask:
         # the index first (its rows are every detector's); a snapshot written before the index
         # had one node order per detector, which each detector's from_state puts in this order
         last_ts = d["last_ts"]
-        index = NodeIndex(last_ts, [np.nan if t is None else t for t in last_ts.values()])
+        index = NodeIndex(
+            last_ts,
+            [np.nan if t is None else t for t in last_ts.values()],
+            # older snapshots lack these: each node's seq is not known (admitted by time until its
+            # next sample) and no instance was given
+            d.get("last_seq", ()),
+            d.get("instances", ()),
+        )
         return cls(
             jobs=jobs,
             config=config,
             index=index,
-            **{
+            **{  # a detector newer than the snapshot starts empty
                 reg.name: reg.detector.from_state(d[reg.name], getattr(config, reg.name), index)
                 for reg in NODE_DETECTORS
+                if reg.name in d
             },
             failed_jobs_seen=set(d["failed_jobs_seen"]),
             # older snapshots lack these: the census starts again

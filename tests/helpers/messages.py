@@ -45,6 +45,7 @@ def telemetry(**over: Any) -> dict[str, Any]:
             "ib": [ib_port(tx_bytes=10, rx_bytes=20)],
             "eth": [{"iface": "eth0", "rx_bytes": 1, "tx_bytes": 2}],
         },
+        "agent": {"version": "0.3.0", "instance": "3f2a9c0d11e84b7a"},  # who numbered seq
     }
     m.update(over)
     return m

@@ -13,8 +13,8 @@ compare.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from functools import cache
-from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from fleetwatch.detectors.registry import JOB_DETECTORS, NODE_DETECTORS, Registe
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
-from tests.helpers.detector_inputs import fleet, steps
+from tests.helpers.detector_inputs import fleet, job_start, steps
 
 # The lemon's windows are days; the stream is minutes. Shortened, it judges and finds within it.
 CONFIGS: dict[str, Any] = {
@@ -48,7 +48,7 @@ def config(reg: Registered) -> Any:
 
 
 class Feed:
-    """A detector fed as the node stage feeds it: on the stage's node index (NodeIndex.admit drops
+    """A detector fed as the node stage feeds it: on the stage's node index (NodeIndex.admit_batch drops
     stale samples, as in the task), with the context the task gives."""
 
     def __init__(self, reg: Registered, state: Any = None, index: NodeIndex | None = None) -> None:
@@ -59,15 +59,14 @@ class Feed:
             self.detector = reg.detector.from_state(state, config(reg), self.index)
 
     def __call__(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        names = [m["node"] for m in msgs]
-        admitted = self.index.admit(names, np.array([m["ts"] for m in msgs], dtype=np.float64))
-        fresh = list(compress(msgs, admitted.keep.tolist()))
-        if not fresh:
-            return []
-        batch = TelemetryBatch.from_messages(fresh)
+        batch = TelemetryBatch.from_messages(msgs)
+        admitted = self.index.admit_batch(batch)
         keep = admitted.keep
+        if not keep.any():
+            return []
+        batch = replace(batch.select(keep), ts=admitted.ts[keep])
         ctx = NodeContext.of(batch, self.index, admitted.rows[keep], admitted.before[keep])
-        return self.detector.observe(batch, ctx)
+        return self.detector.observe(batch, replace(ctx, clock_jump=admitted.jump[keep]))
 
     def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
         """As the task forgets: the index drops the nodes, then the detector, with its renumbering."""
@@ -75,15 +74,28 @@ class Feed:
 
     def restored(self, reg: Registered) -> Feed:
         """A new feed from this one's snapshot: the index as the task restores it, the detector's state."""
-        index = NodeIndex(self.index.names, self.index.last_ts.tolist())
+        index = NodeIndex(
+            self.index.names,
+            self.index.last_ts.tolist(),
+            self.index.last_seq.tolist(),
+            self.index.instances.tolist(),
+        )
         return Feed(reg, orjson.loads(state_bytes(self.detector)), index)
+
+
+CLOCK_STEPPED = "gpu-node-0003"  # its clock is stepped back 30 s half-way through the stream
 
 
 @cache
 def stream() -> tuple[tuple[dict[str, Any], ...], ...]:
-    """Batches of 2 s of the default scenario (32 nodes, 5 min, every fault kind once)."""
+    """Batches of 2 s of the default scenario (32 nodes, 5 min, every fault kind once), and one
+    node whose clock is stepped back 30 s at its 150th sample (the clock detector's case)."""
     scenario = load_scenario(str(packaged_path("default.yaml")), {})
     ticks = [[m for t, _k, m in msgs if t == topics.TELEMETRY] for msgs in Simulation(scenario).ticks()]
+    for tick in ticks[150:]:
+        for m in tick:
+            if m["node"] == CLOCK_STEPPED:
+                m["ts"] -= 30.0
     return tuple(tuple(ticks[i] + ticks[i + 1]) for i in range(0, len(ticks) - 1, 2))
 
 
@@ -209,6 +221,7 @@ def job_stream() -> tuple[tuple[dict[str, Any], ...], ...]:
     recs = steps(8, 200, slow={3: 0.2}, slow_from=100, seed=1)
     recs += steps(8, 200, seed=2, job="job-2")
     recs.sort(key=lambda m: m["ts"])
+    recs[:0] = [job_start(8), job_start(8, "job-2")]  # the job stage judges only the nodes listed
     end = {"schema": "job/1", "job": "job-1", "state": "finished", "ts": recs[-1]["ts"] + 1, "nodes": []}
     recs.append(end)
     return tuple(tuple(recs[i : i + 40]) for i in range(0, len(recs), 40))

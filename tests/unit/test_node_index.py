@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,3 +123,129 @@ def test_a_snapshot_from_before_the_index_restores_and_goes_on_as_that_release_d
         assert d["hardware"]["nodes"] == d["stats"]["nodes"] == d["lemon"]["nodes"] == list(d["last_ts"])
     finally:
         task.close()
+
+
+# ---------------------------------------------------------------- order by the agent's numbering
+
+
+@st.composite
+def agent_streams(draw: st.DrawFn) -> list[tuple[str, int, int, float, float, bool]]:
+    """Deliveries of a few nodes' samples: (node, instance code, seq, ts, received, first delivery).
+    Each node's agent numbers its samples; a reinstall starts a new instance at seq 0; the clock
+    jumps ahead or back now and then; at-least-once delivery repeats samples of the current and the
+    replaced instance; the broker's time is known for some samples only."""
+    out: list[tuple[str, int, int, float, float, bool]] = []
+    for node in draw(st.lists(NAMES, min_size=1, max_size=3, unique=True)):
+        t = 1000.0
+        sent: list[tuple[str, int, int, float, float, bool]] = []
+        instances = draw(st.lists(st.integers(1, 2**40), min_size=1, max_size=3, unique=True))
+        for k, inst in enumerate(instances):
+            first_seq = draw(st.integers(0, 5)) if k else draw(st.integers(0, 1000))
+            for seq in range(first_seq, first_seq + draw(st.integers(1, 6))):
+                t += 1.0
+                jump = draw(st.sampled_from([0.0, 0.0, 0.0, 50.0, -40.0, -0.5]))
+                received = t + 0.01 if draw(st.booleans()) else np.nan
+                sent.append((node, inst, seq, t + jump, received, True))
+                if (
+                    draw(st.integers(0, 3)) == 0
+                ):  # a redelivery of an earlier sample of this or the last instance
+                    mine = [s for s in sent if s[1] in instances[max(0, k - 1) : k + 1]]
+                    sent.append((*draw(st.sampled_from(mine))[:5], False))
+        out += sent
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(agent_streams(), st.integers(1, 5))
+def test_admission_follows_the_agents_numbering_whatever_its_clock(
+    stream: list[tuple[str, int, int, float, float, bool]], batch_size: int
+) -> None:
+    """Each sample is kept on its first delivery and only then, however its clock jumped; event
+    times never go back within a node, and pass the broker's time + 2 s only where they cannot go
+    back that far; jump is the sample's own time minus its event time."""
+    index = NodeIndex()
+    last: dict[str, float] = {}
+    for i in range(0, len(stream), batch_size):
+        part = stream[i : i + batch_size]
+        names = [s[0] for s in part]
+        adm = index.admit_rows(
+            index.lookup(names),
+            np.array([s[1] for s in part], dtype=np.int64),
+            np.array([s[2] for s in part], dtype=np.int64),
+            np.array([s[3] for s in part]),
+            np.array([s[4] for s in part]),
+        )
+        assert adm.keep.tolist() == [s[5] for s in part]
+        for k, s in enumerate(part):
+            if not s[5]:
+                continue
+            ets = float(adm.ts[k])
+            assert ets >= last.get(s[0], -np.inf)
+            assert not ets > max(s[4] + 2.0, last.get(s[0], -np.inf))  # NaN received: no bound
+            assert adm.jump[k] == pytest.approx(s[3] - ets)
+            last[s[0]] = ets
+    assert dict(zip(index.names, index.last_ts.tolist(), strict=True)) == last
+
+
+def _sample(
+    node: str, ts: float, seq: int, xids: tuple[int, ...] = (), instance: str | None = None
+) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "schema": "telemetry/1",
+        "node": node,
+        "ts": ts,
+        "seq": seq,
+        "gpus": [{"index": 0, "util": 50.0, "temp_c": 60.0, "xids": list(xids)}],
+    }
+    if instance is not None:
+        m["agent"] = {"instance": instance}
+    return m
+
+
+def _findings(out: list[Any], kind: str) -> list[dict[str, Any]]:
+    return [v for t, _k, v in out if t == topics.FINDINGS and v is not None and v["kind"] == kind]
+
+
+def test_a_clock_ahead_does_not_hide_the_next_samples_xid_and_is_reported() -> None:
+    """The adversarial run's case: +50 s accepted, then the right clock, the next seq and XID 79."""
+    task = NodeTask(JobTable())
+    out = task.process(topics.TELEMETRY, [_sample("a", 1000.0, 1), _sample("b", 1000.0, 1)])
+    out += task.process(topics.TELEMETRY, [_sample("a", 1050.0, 2)])
+    out += task.process(topics.TELEMETRY, [_sample("a", 1001.0, 3, (79,))])
+    [xid] = _findings(out, "xid")
+    assert xid["node"] == "a" and xid["evidence"]["worst_xid"] == 79 and xid["severity"] == "critical"
+    [clock] = [f for f in _findings(out, "host") if f["evidence"]["rule"] == "clock_jump"]
+    assert clock["node"] == "a" and clock["severity"] == "warning"
+    # without the broker's time (as here) the +50 s stands, and the next sample is 49 s behind it
+    assert clock["evidence"]["direction"] == "behind" and clock["evidence"]["jump_s"] == -49.0
+
+
+def test_a_reinstalled_agent_is_a_new_sequence_and_the_old_ones_copies_stay_duplicates() -> None:
+    task = NodeTask(JobTable())
+    out = task.process(
+        topics.TELEMETRY, [_sample("a", 1000.0 + k, 500 + k, instance="old") for k in range(3)]
+    )
+    out += task.process(topics.TELEMETRY, [_sample("a", 1004.0, 0, (79,), instance="new")])
+    out += task.process(topics.TELEMETRY, [_sample("a", 1005.0, 501, (48,), instance="old")])
+    [xid] = _findings(out, "xid")
+    assert xid["evidence"]["worst_xid"] == 79 and "48" not in xid["evidence"]["xids"]
+
+
+def test_a_restored_task_still_knows_where_each_agents_numbering_stands() -> None:
+    """A redelivery after a restore (the snapshot's offsets lag the input) is still a duplicate,
+    whatever its timestamp; a snapshot from before seq was kept admits by time."""
+    task = NodeTask(JobTable())
+    task.process(topics.TELEMETRY, [_sample("a", 1000.0 + k, k, instance="i1") for k in range(5)])
+    raw = task.to_bytes()
+    restored = NodeTask.from_bytes(raw, JobTable())
+    assert restored.index.last_seq.tolist() == [4]
+    again = restored.process(topics.TELEMETRY, [_sample("a", 2000.0, 3, (79,), instance="i1")])
+    assert _findings(again, "xid") == []
+    d = orjson.loads(raw)
+    del d["last_seq"], d["instances"]
+    older = NodeTask.from_bytes(orjson.dumps(d), JobTable())
+    assert (
+        _findings(older.process(topics.TELEMETRY, [_sample("a", 1002.0, 9, (79,), instance="i1")]), "xid")
+        == []
+    )
+    assert _findings(older.process(topics.TELEMETRY, [_sample("a", 1005.0, 10, (79,), instance="i1")]), "xid")

@@ -127,7 +127,7 @@ def test_lost_values_are_read_like_msgspec_reads_them() -> None:
     m["gpus"][0]["lost"] = False
     m["gpus"][1]["lost"] = True
     m["gpus"][2]["lost"] = None  # only `true` says lost
-    m["agent"] = {"version": "0.1", "source_errors": {}}
+    m["agent"] = {"version": "0.1", "source_errors": {}, "instance": "c0ffee"}
     for raw in (orjson.dumps(m), json.dumps(m, indent=2).encode()):
         _sc, batch = scanned([raw])
         assert batch is not None
@@ -231,7 +231,7 @@ def _only_what_the_scanner_reads(m: dict[str, Any]) -> bool:
         and m.get("host", {}).keys() <= schemas.HOST_FIELDS.keys()
         and net.keys() <= {"ib", "eth"}
         and ports_ok
-        and agent.keys() <= {"version", "source_errors"}
+        and agent.keys() <= {"version", "source_errors", "instance"}
         and not agent.get("source_errors")
         and all(len(t) <= schemas.MAX_ID_LEN for t in strings)
     )
