@@ -34,6 +34,7 @@ from prometheus_client import Counter, Gauge
 from fleetwatch.alerts import drain_request
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.alertmanager import Dispatcher
+from fleetwatch.alerts.drain_log import IGNORED as IGNORED_RESULTS
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
 from fleetwatch.pipeline.tasks import Output
@@ -123,7 +124,7 @@ class Actor:
         issued: Callable[[], dict[str, dict[str, Any]]] = dict,
         task_for_node: Callable[[str], ActTask | None] = lambda _n: None,
         census: Collection[str] | None = None,
-        results: Callable[[str], Result | None] = lambda _rid: None,
+        results: Callable[[str, str], Result | None] = lambda _rid, _sig: None,
         pending_timeout_s: float = 300.0,
     ) -> None:
         self.policy = policy
@@ -139,7 +140,8 @@ class Actor:
         self.issued = issued  # reads the drain log: node -> latest request (alerts/drain_log.py)
         self.task_for_node = task_for_node  # the owned task whose partition `node` hashes to
         self.census = census  # the reporting nodes (fleetwatch/census.py); None: no census check
-        self.results = results  # request id -> the adapter's result (alerts/drain_log.py ResultBook)
+        # (request id, request signature) -> the adapter's answer (alerts/drain_log.py ResultBook)
+        self.results = results
         self.pending_timeout_s = pending_timeout_s
         self._waiting: set[int] = set()  # partitions of the current poll not yet processed
         self.global_book = AlertBook()  # the storm alert: derived from node onsets, not snapshotted
@@ -189,7 +191,13 @@ class Actor:
                 continue
             st = t.nodes.setdefault(node, NodeState())
             adopted += self.policy.adopt(
-                st, msg["action"], msg["findings"], msg["reason"], msg["issued_at"], msg["request_id"]
+                st,
+                msg["action"],
+                msg["findings"],
+                msg["reason"],
+                msg["issued_at"],
+                msg["request_id"],
+                msg["signature"],
             )
         for t in new:
             t.reconciled = True
@@ -229,12 +237,26 @@ class Actor:
         return out
 
     def _apply_results(self, nodes: Mapping[str, NodeState]) -> None:
-        """Fold the adapter's result for each node's latest request into its state (idempotent)."""
+        """Fold the adapter's answer to each node's latest request into its state (idempotent).
+
+        Only requests act issued are looked up, by id and by the signature they were issued with,
+        and only an answer about the same node counts: an answer planted before its request, or
+        given to a forged copy of it, is never filed (alerts/drain_log.py)."""
         for node, st in nodes.items():
-            r = self.results(st.request_id) if st.request_id else None
+            r = self.results(st.request_id, st.request_sig) if st.request_id and st.request_sig else None
             if r is None:
                 continue
-            why = self.policy.apply_result(st, r.request_id, r.action, r.outcome, r.detail)
+            if r.node != node:
+                if r.request_id not in self._counted:
+                    self._counted.add(r.request_id)
+                    IGNORED_RESULTS.labels("wrong_node").inc()
+                    log.warning(
+                        "ignoring a result for request %s naming %s, not %s", r.request_id, r.node, node
+                    )
+                continue
+            why = self.policy.apply_result(
+                st, r.request_id, r.action, r.outcome, r.detail, request_sig=r.request_signature
+            )
             if r.request_id not in self._counted:  # results are re-applied every decision: count once
                 self._counted.add(r.request_id)
                 RESULTS.labels(r.action, r.outcome).inc()
@@ -266,6 +288,7 @@ class Actor:
                 log.error("no %s request for %s: %s", a.action, a.node, e)
                 continue
             nodes[a.node].request_id = msg["request_id"]
+            nodes[a.node].request_sig = msg["signature"]  # the adapter's answer must name it
             out.append((self.drain_topic, a.node, msg))
             DRAINS.labels(a.action).inc()
             log.info("%s %s (%s) request %s", a.action, a.node, a.reason, msg["request_id"])

@@ -34,9 +34,11 @@ MAX_GPUS = 64
 MAX_PORTS = 256
 MAX_XIDS = 1024  # XID events of one GPU in one sample (the NVML collector drains at most 1024)
 # Integers have declared ranges: detectors hold them in int64/float64 arrays, and one value beyond
-# them must be refused here, not overflow there. Counters are unsigned 64-bit, as NVML reports them
-# (its "not available" sentinels are handled as absent: detectors.batch); seq and steps are int64.
+# them must be refused here, not overflow there. A GPU counter's range is its NVML field's C type
+# (unsigned long long: 64-bit, unsigned int: 32-bit; its "not available" sentinel, -1 in that type,
+# is handled as absent: detectors.batch); other counters are unsigned 64-bit; seq and steps int64.
 U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
 I64_MAX = 2**63 - 1
 MAX_XID = 2**32 - 1  # XIDs are small numbers (1-160 today) in the driver's 32-bit field
 MAX_PORT_NUMBER = 65535
@@ -161,6 +163,11 @@ def _counter(where: str, v: Any) -> None:
     _integer(where, v, 0, U64_MAX)
 
 
+def _counter32(where: str, v: Any) -> None:
+    """A count NVML reports in an unsigned int: a value past 2**32 - 1 is no reading of it."""
+    _integer(where, v, 0, U32_MAX)
+
+
 def _temp(where: str, v: Any) -> None:
     _number(where, v, -60, 250)
 
@@ -188,6 +195,11 @@ def _xids(where: str, v: Any) -> None:
 
 
 # Optional fields: absent is fine ("missing fields are absent, never invented"); present must be valid.
+# Each GPU counter's check is its NVML field's width (nvml.h; collectors/nvml.py reads them):
+# unsigned long long for nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetTotalEccErrors and
+# nvmlDeviceGetNvLinkErrorCounter; unsigned int for nvmlDeviceGetRetiredPages' pageCount,
+# nvmlDeviceGetRemappedRows' corrRows/uncRows/isPending/failureOccurred,
+# nvmlDeviceGetPcieReplayCounter, and the NVLink count (links are numbered by an unsigned int).
 GPU_FIELDS: dict[str, Check] = {
     "uuid": _ident,
     "util": _pct,
@@ -201,23 +213,25 @@ GPU_FIELDS: dict[str, Check] = {
     "ecc_dbe_volatile": _counter,
     "ecc_sbe_aggregate": _counter,
     "ecc_dbe_aggregate": _counter,
-    "retired_pages": _counter,
-    "remapped_rows_pending": _counter,
-    "remapped_rows_failure": _counter,
+    "retired_pages": _counter32,
+    "remapped_rows_pending": _counter32,
+    "remapped_rows_failure": _counter32,
     "nvlink_crc_errors": _counter,
     "nvlink_replay_errors": _counter,
-    "pcie_replay": _counter,
+    "pcie_replay": _counter32,
     # what the NVML collector reads beside (collectors/nvml.py): the remapped row counts behind the
     # pending/failure flags, and the NVLinks up (a link going down drops out of the error sums)
-    "remapped_rows_correctable": _counter,
-    "remapped_rows_uncorrectable": _counter,
-    "nvlink_links_active": _counter,
+    "remapped_rows_correctable": _counter32,
+    "remapped_rows_uncorrectable": _counter32,
+    "nvlink_links_active": _counter32,
     "xids": _xids,
 }
 # Cumulative GPU counters (detectors derive deltas and rates); the bitmask and the link count are
 # integers too, but say what holds now.
 GPU_COUNTERS = tuple(
-    k for k, c in GPU_FIELDS.items() if c is _counter and k not in ("throttle_reasons", "nvlink_links_active")
+    k
+    for k, c in GPU_FIELDS.items()
+    if c in (_counter, _counter32) and k not in ("throttle_reasons", "nvlink_links_active")
 )
 # NVML's "not available" values (pynvml NVML_VALUE_NOT_AVAILABLE_ulonglong / _uint: -1 in the
 # field's C type), by the width of the NVML field each GPU counter is read from. They are valid
@@ -244,7 +258,7 @@ NVML_NOT_AVAILABLE: dict[str, int] = {
             "remapped_rows_uncorrectable",
             "pcie_replay",
         ),
-        2**32 - 1,
+        U32_MAX,
     ),
 }
 
@@ -288,6 +302,7 @@ _RANGES: dict[Check, tuple[float, float, bool]] = {
     _frac: (0, 1, False),
     _nonneg: (0, _BIG, False),
     _counter: (0, U64_MAX, True),  # an exact int bound: float(U64_MAX) would also pass 2**64
+    _counter32: (0, U32_MAX, True),
     _temp: (-60, 250, False),
 }
 _FAST: dict[int, dict[str, tuple[float, float, bool]]] = {}
