@@ -170,3 +170,44 @@ def test_the_job_table_applies_only_what_the_job_stage_accepts(
     assert d.jobs.nodes_of(f"{p}job-ok") == (f"{p}n1", f"{p}n2")
     assert d.jobs.nodes_of(f"{p}job-future") == () and d.jobs.nodes_of(f"{p}job-rekeyed") == ()
     dlq.close()
+
+
+def test_a_counter_beyond_its_nvml_type_is_dead_lettered_not_a_finding(
+    kafka_bootstrap: str, detect: tuple[Detect, str]
+) -> None:
+    """retired_pages is an unsigned int in NVML: a value near 2**64 (left by the scanner to the
+    decoders) or just past 2**32 (read by the scanner) is no reading of it, and neither is a PCIe
+    replay count past 2**32. Each is dead-lettered as out_of_range and raises no finding; the
+    field's own "not available", 2**32 - 1, is absent; the worker goes on (a later XID is found)."""
+    d, p = detect
+    n = [f"{p}{i}" for i in range(3)]
+    now = time.time()
+    hostile = [
+        (n[0], sample(n[0], now - 3, 2, [gpu(0, retired_pages=2**64 - 2)])),
+        (n[0], sample(n[0], now - 2, 3, [gpu(0, retired_pages=2**32)])),
+        (n[1], sample(n[1], now - 2, 2, [gpu(0, pcie_replay=2**32 + 5)])),
+    ]
+    records = [(k, sample(k, now - 5, 1, [gpu(0, retired_pages=0, pcie_replay=0)])) for k in n]
+    records += hostile
+    records.append((n[2], sample(n[2], now - 2, 2, [gpu(0, retired_pages=2**32 - 1)])))  # not available
+    records += [(k, sample(k, now, 9, [gpu(0, xids=[48])])) for k in n]  # the last ones: still there
+    findings, dlq = (TopicTail(kafka_bootstrap, t) for t in (topics.FINDINGS, topics.DEADLETTER))
+    producer = KafkaProducer(**kafka_io.client_config(kafka_bootstrap))
+    for key, value in records:
+        producer.send(topics.TELEMETRY, key=key.encode(), value=value)
+    producer.flush()
+    producer.close()
+
+    def mine(recs: list[Any]) -> list[dict[str, Any]]:
+        return [schemas.decode(r.value) for r in recs if r.key and r.key.startswith(p.encode())]
+
+    got = mine(findings.collect(lambda rs: {f["node"] for f in mine(rs) if f["kind"] == "xid"} >= set(n), 60))
+    letters = dlq.collect(lambda rs: len([r for r in rs if p.encode() in r.value]) >= len(hostile), 30)
+    more = findings.collect(lambda rs: False, 2)  # anything the refused values might still raise
+    assert d.thread.is_alive(), "the worker died"
+    mine_letters = [r for r in letters if p.encode() in r.value]
+    assert sorted(r.value for r in mine_letters) == sorted(v for _k, v in hostile)
+    assert {dict(r.headers)["reason"].decode() for r in mine_letters} == {"out_of_range"}
+    assert [(f["node"], f["kind"]) for f in got + mine(more) if f["kind"] != "xid"] == []
+    for t in (findings, dlq):
+        t.close()

@@ -7,12 +7,13 @@ import json
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwatch import fast_schema, schemas
-from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
 from fleetwatch.schemas import MessageError
 from tests.helpers.batches import assert_same_batch
 from tests.helpers.messages import GOOD, mutated_telemetry, python_accepts, telemetry
@@ -185,7 +186,7 @@ field_values = st.one_of(
     st.just(1e308),
     st.just(-0.0),
     # the edges of the declared ranges: NVML's u32 / u64 "not available", int64, beyond
-    st.sampled_from([2**32 - 1, 2**63 - 1, 2**63, 2**64 - 1]),
+    st.sampled_from([2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1]),
     st.text(alphabet="ab", min_size=schemas.MAX_ID_LEN, max_size=schemas.MAX_ID_LEN + 1),
 )
 
@@ -266,3 +267,60 @@ def test_decode_batch_equals_decode_one_by_one(raws: list[Any], struct: bool) ->
         assert (got if type(got) is dict else msgspec.to_builtins(got)) == (
             exp if type(exp) is dict else msgspec.to_builtins(exp)
         )
+
+
+# Each GPU counter's NVML field width (nvml.h): unsigned int or unsigned long long.
+_NVML_U32 = {
+    "retired_pages",  # nvmlDeviceGetRetiredPages: unsigned int *pageCount
+    "remapped_rows_correctable",  # nvmlDeviceGetRemappedRows: unsigned int *corrRows, *uncRows,
+    "remapped_rows_uncorrectable",  # *isPending, *failureOccurred
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "pcie_replay",  # nvmlDeviceGetPcieReplayCounter: unsigned int *value
+    "nvlink_links_active",  # a count of links, numbered by an unsigned int
+}
+_NVML_U64 = {
+    "throttle_reasons",  # nvmlDeviceGetCurrentClocksEventReasons: unsigned long long *
+    "ecc_sbe_volatile",  # nvmlDeviceGetTotalEccErrors: unsigned long long *eccCounts
+    "ecc_dbe_volatile",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "nvlink_crc_errors",  # nvmlDeviceGetNvLinkErrorCounter: unsigned long long *counterValue
+    "nvlink_replay_errors",
+}
+
+
+def test_gpu_counter_ranges_follow_their_nvml_types_in_every_decoder() -> None:
+    """A value its NVML field cannot hold (retired_pages near 2**64: 32-bit) is out of range for
+    the Python validator, the compiled decoder and the worker's scanner alike; the field's own
+    "not available" (-1 in its C type) is valid and absent."""
+    from fleetwatch import telemetry_scan
+
+    integer_fields = {
+        k for k, c in schemas.GPU_FIELDS.items() if c in schemas._RANGES and schemas._RANGES[c][2]
+    }
+    assert integer_fields == _NVML_U32 | _NVML_U64  # every integer GPU field has its NVML width here
+    for field in sorted(_NVML_U32 | _NVML_U64):
+        hi = schemas.U32_MAX if field in _NVML_U32 else schemas.U64_MAX
+        assert schemas.NVML_NOT_AVAILABLE.get(field, hi) == hi, field
+        for value, valid in (
+            (0, True),
+            (hi, True),
+            (hi + 1, False),
+            (2**32, hi > 2**32),
+            (2**64 - 2, hi > 2**32),
+        ):
+            raw = json.dumps(telemetry(gpus=[{"index": 0, field: value}])).encode()
+            assert python_accepts(json.loads(raw)) == valid, (field, value)
+            if value <= schemas.I64_MAX:  # msgspec's integer bounds stop at int64 (see above)
+                assert fast_schema.telemetry_ok(raw) == valid, (field, value)
+            if not valid:
+                assert telemetry_scan.scan([raw]).taken.tolist() == [], (field, value)
+                with pytest.raises(MessageError) as e:
+                    schemas.decode(raw, schemas.TELEMETRY)
+                assert e.value.reason == "out_of_range" and field in e.value.detail
+            elif value < 10**18:  # the scanner reads up to 18 digits and leaves longer ones
+                assert telemetry_scan.scan([raw]).taken.tolist() == [0], (field, value)
+    # the 32-bit sentinel is absent in the columns the detectors read, not a count of 2**32 - 1
+    batch = TelemetryBatch.from_messages([telemetry(gpus=[{"index": 0, "retired_pages": schemas.U32_MAX}])])
+    assert np.isnan(batch.gpu[..., GPU_COL["retired_pages"]]).all()
