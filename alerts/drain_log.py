@@ -9,9 +9,15 @@ no second node is drained in place of the first. The topic is keyed by node, so 
 is the order of the requests; it is small (one message per drain or resume).
 
 What became of each request is on the adapter's results topic (scheduler.drain.results.v1,
-drain_result/1): `ResultBook` holds the latest signed result per request id, fed from the whole
-topic by a follower thread (fleetwatch/follow.py) that act starts before its first decision, so a
-restarted act knows which drains were confirmed and which were refused (stale, unknown node, ...).
+drain_result/1): `ResultBook` holds the signed results by (request id, request signature), fed
+from the whole topic by a follower thread (fleetwatch/follow.py) that act starts before its first
+decision, so a restarted act knows which drains were confirmed and which were refused (stale,
+unknown node, ...). A result is looked up only for a request act issued, by that request's id AND
+signature (alerts/actor.py): request ids are predictable from finding ids, so an id alone would let
+an answer written before (or for another copy of) the request pre-empt it; the signature, an HMAC
+over the whole request, cannot be predicted, and the adapter puts it into a result only after it
+verified it. Results without it (an adapter of an earlier release, which also signed answers to
+forged requests) are never applied.
 """
 
 from __future__ import annotations
@@ -24,11 +30,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import TopicPartition
+from prometheus_client import Counter
 
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request, drain_result
 
 log = logging.getLogger(__name__)
+
+IGNORED = Counter(
+    "fleetwatch_act_drain_results_ignored_total",
+    "drain_result/1 records act does not apply: malformed, bad_signature, unbound (no request "
+    "signature), wrong_node (names another node than the request it answers)",
+    ["reason"],
+)
 
 
 def latest_requests(
@@ -70,35 +84,63 @@ class Result:
     action: str
     outcome: str
     detail: str
+    request_signature: str  # the signature of the request this answers
+
+
+MAX_ANSWERS = 8  # answers kept per request id (one per copy of the request act issued)
 
 
 class ResultBook:
-    """request_id -> the adapter's result for it, from scheduler.drain.results.v1 (thread-safe)."""
+    """(request_id, request signature) -> the adapter's result, from scheduler.drain.results.v1
+    (thread-safe: a follower thread applies, act's worker thread reads)."""
 
     def __init__(self, key: bytes) -> None:
         self._key = key
         self._lock = threading.Lock()
-        self._by_id: dict[str, Result] = {}
+        self._by_id: dict[str, dict[str, Result]] = {}
 
     def apply(self, _key: bytes | None, value: bytes | None) -> None:
-        """One record of the results topic; unsigned, forged or malformed ones are ignored."""
+        """One record of the results topic; unsigned, forged, unbound or malformed ones are ignored."""
         if value is None:
             return
         try:
             m = schemas.decode(value, drain_result.DRAIN_RESULT)
         except schemas.MessageError as e:
+            IGNORED.labels("malformed").inc()
             log.debug("ignoring a bad drain result: %s", e)
             return
         if not drain_request.verify(m, self._key):
+            IGNORED.labels("bad_signature").inc()
             log.warning("ignoring a drain result for %s with a bad signature", m["node"])
             return
-        if m["outcome"] == drain_result.DUPLICATE:
-            return  # says only that the request was handled before; its first result is the answer
-        r = Result(m["request_id"], m["node"], m["action"], m["outcome"], m["detail"])
+        sig = m.get(drain_result.BINDING)
+        if sig is None:
+            IGNORED.labels("unbound").inc()
+            log.warning(
+                "ignoring a drain result for %s (request %s) that names no request signature "
+                "(an adapter of an earlier release?)",
+                m["node"],
+                m["request_id"],
+            )
+            return
+        r = Result(m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig)
         with self._lock:
-            old = self._by_id.get(r.request_id)
+            answers = self._by_id.setdefault(r.request_id, {})
+            if r.outcome == drain_result.DUPLICATE:
+                # "handled before": the answer to this copy is the first answer to the request id,
+                # which the adapter gave to a request that verified too (same node, action and
+                # findings: the id hashes them), e.g. one act issued before a restart.
+                first = next((a for a in answers.values() if a.outcome != drain_result.DUPLICATE), None)
+                if first is None or sig in answers:
+                    return
+                r = Result(r.request_id, first.node, first.action, first.outcome, first.detail, sig)
+            old = answers.get(sig)
             if old is None or old.outcome != drain_result.EXECUTED:  # done is done
-                self._by_id[r.request_id] = r
+                answers[sig] = r
+            while len(answers) > MAX_ANSWERS:
+                del answers[next(iter(answers))]
 
-    def get(self, request_id: str) -> Result | None:
-        return self._by_id.get(request_id)
+    def get(self, request_id: str, request_signature: str) -> Result | None:
+        """The answer to exactly this request (id and signature), if the adapter has given one."""
+        with self._lock:
+            return self._by_id.get(request_id, {}).get(request_signature)

@@ -131,14 +131,16 @@ def verify(msg: Mapping[str, Any], key: bytes) -> bool:
     return hmac.compare_digest(sig, sign(msg, key))
 
 
-def check_envelope(m: Mapping[str, Any], what: str, fields: tuple[str, ...]) -> None:
-    """What drain/1 and drain_result/1 share: exactly `fields` and a signature (unknown fields would
-    be signed but unchecked by older readers: refused outright), a request id, a node, an action,
-    a signature of the right shape."""
+def check_envelope(
+    m: Mapping[str, Any], what: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> None:
+    """What drain/1 and drain_result/1 share: exactly `fields` (and any of `optional`) and a
+    signature (unknown fields would be signed but unchecked by older readers: refused outright), a
+    request id, a node, an action, a signature of the right shape."""
     for f in (*fields, "signature"):
         if f not in m:
             raise MessageError("missing_field", f"{what}.{f} is required")
-    extra = set(m) - set(fields) - {"signature"}
+    extra = set(m) - set(fields) - set(optional) - {"signature"}
     if extra:
         raise MessageError("out_of_range", f"{what} has unknown fields {sorted(extra)[:5]}")
     schemas._string(f"{what}.request_id", m["request_id"])
@@ -147,9 +149,13 @@ def check_envelope(m: Mapping[str, Any], what: str, fields: tuple[str, ...]) -> 
     schemas._name(f"{what}.node", m["node"])
     if m["action"] not in ACTIONS:
         raise MessageError("out_of_range", f"{what}.action must be one of {sorted(ACTIONS)}")
-    schemas._string(f"{what}.signature", m["signature"])
-    if not _HEX64.match(m["signature"]):
-        raise MessageError("out_of_range", f"{what}.signature must be 64 lowercase hex digits")
+    check_signature_field(f"{what}.signature", m["signature"])
+
+
+def check_signature_field(name: str, value: Any) -> None:
+    schemas._string(name, value)
+    if not _HEX64.match(value):
+        raise MessageError("out_of_range", f"{name} must be 64 lowercase hex digits")
 
 
 def validate_drain(m: Mapping[str, Any]) -> None:

@@ -6,11 +6,18 @@ counts a drain as done once its result says `executed` (alerts/drain_log.py, ale
 
     {"schema": "drain_result/1", "request_id": 32 hex, "node": NAME, "action": "drain"|"resume",
      "outcome": one of OUTCOMES, "detail": one line, "ts": unix s (adapter's clock),
+     "request_signature": the answered request's signature (64 hex),
      "signature": HMAC-SHA256 hex}
 
 The result is signed with the same shared key and canonical form as drain/1
 (alerts/drain_request.py): a result frees budget in `act`, so whoever can write the topic must not
-be able to make `act` believe a drain was refused and issue another one.
+be able to make `act` believe a drain was refused and issue another one. A signature vouches only
+for what was authenticated: the adapter answers a request only once the request's own signature
+has verified (a forged one gets a dead letter and a counter, never a signed result carrying its
+id), and `request_signature` binds the answer to that exact request, so `act` files it only
+against the request it issued (request ids are predictable from finding ids; signatures are not).
+A result without it (written by an adapter of an earlier release, which also signed answers to
+forged requests) is not applied.
 """
 
 from __future__ import annotations
@@ -45,10 +52,19 @@ OUTCOMES = frozenset(
 )
 MAX_DETAIL = 400
 _FIELDS = ("schema", "request_id", "node", "action", "outcome", "detail", "ts")
+BINDING = "request_signature"  # optional in the schema (earlier releases wrote none), always written
 
 
 def make_result(
-    *, request_id: str, node: str, action: str, outcome: str, detail: str, ts: float, key: bytes
+    *,
+    request_id: str,
+    node: str,
+    action: str,
+    outcome: str,
+    detail: str,
+    ts: float,
+    request_signature: str,
+    key: bytes,
 ) -> dict[str, Any]:
     msg: dict[str, Any] = {
         "schema": DRAIN_RESULT,
@@ -58,6 +74,7 @@ def make_result(
         "outcome": outcome,
         "detail": drain_request.one_line(detail or outcome, MAX_DETAIL),
         "ts": float(ts),
+        BINDING: request_signature,
     }
     msg["signature"] = drain_request.sign(msg, key)
     validate_result(msg)
@@ -66,7 +83,9 @@ def make_result(
 
 def validate_result(m: Mapping[str, Any]) -> None:
     """Shape check; the signature is checked with drain_request.verify (needs the key)."""
-    drain_request.check_envelope(m, "drain_result", _FIELDS)
+    drain_request.check_envelope(m, "drain_result", _FIELDS, (BINDING,))
+    if BINDING in m:
+        drain_request.check_signature_field(f"drain_result.{BINDING}", m[BINDING])
     if m["outcome"] not in OUTCOMES:
         raise MessageError("out_of_range", f"drain_result.outcome must be one of {sorted(OUTCOMES)}")
     schemas._string("drain_result.detail", m["detail"])
@@ -80,11 +99,12 @@ def validate_result(m: Mapping[str, Any]) -> None:
 schemas.register(DRAIN_RESULT, validate_result, "ts", key_field="node")
 
 
-def readable_target(raw: bytes | None) -> tuple[str, str, str] | None:
-    """(request_id, node, action) of a request that failed validation, if those three are readable.
-
-    A malformed request still gets a result when `act` could match it to what it issued; anything
-    less (not JSON, no valid id or node name) has no one to tell and only goes to the dead letters.
+def authenticated_target(raw: bytes | None, key: bytes) -> tuple[str, str, str, str] | None:
+    """(request_id, node, action, signature) of a request that failed validation but whose
+    signature verifies: written by a holder of the key (e.g. an `act` of a later release with a
+    field this adapter does not know), so act can be told. Anything else (not a JSON object, no
+    readable id or node, or a signature that does not verify) is unauthenticated: nobody can be
+    told about it without vouching for content nobody signed, so it only goes to the dead letters.
     """
     if raw is None:
         return None
@@ -94,9 +114,14 @@ def readable_target(raw: bytes | None) -> tuple[str, str, str] | None:
         return None
     if not isinstance(m, dict):
         return None
-    rid, node, action = m.get("request_id"), m.get("node"), m.get("action")
+    rid, node, action, sig = m.get("request_id"), m.get("node"), m.get("action"), m.get("signature")
     if not (isinstance(rid, str) and drain_request.REQUEST_ID.match(rid)):
         return None
     if not (isinstance(node, str) and schemas.NAME_RE.match(node)):
         return None
-    return rid, node, action if action in drain_request.ACTIONS else "drain"
+    try:
+        if not drain_request.verify(m, key):
+            return None
+    except (TypeError, orjson.JSONEncodeError):  # not re-encodable (e.g. an integer beyond 64 bits)
+        return None
+    return rid, node, action if action in drain_request.ACTIONS else "drain", sig

@@ -33,7 +33,8 @@ never drained (refused `unknown_node`), and a request the Slurm adapter refused 
 for the same findings (refused `adapter:<outcome>`, e.g. `adapter:rejected_stale`).
 "Drained" counts for the budget from the moment a drain is requested: `pending` until the adapter's
 drain_result/1 says `executed` (`confirmed`), so waiting for the adapter never lets more through;
-a refused or failed drain frees its slot (`apply_result`).
+a refused or failed drain frees its slot (`apply_result`; only the adapter's answer to the very
+request issued, bound to it by the request's signature, since request ids are predictable).
 Hysteresis: a drained node is resumed only after it has had no open warning/critical finding for
 `resume_after_s`; findings that resolved because the detectors forgot the node (it sent nothing
 for their forget_after_s, evidence `resolution: forgotten`) end their alerts but do not start that
@@ -160,6 +161,8 @@ class NodeState:
     refused: str | None = None  # why the drain it needs is refused now: budget | job | storm | ...
     refused_detail: str = ""
     request_id: str = ""  # the latest drain/resume request issued for the node
+    # ... and the signature it was issued with: the adapter's answer must carry it (apply_result)
+    request_sig: str = ""
     confirmed: bool = False  # the adapter executed the drain `request_id` (else it is pending)
     rejected: dict[str, str] = field(default_factory=dict)  # request id -> the adapter's outcome
 
@@ -304,7 +307,7 @@ class Policy:
                 Action(node, "resume", f"healthy for {wait:.0f} s", "info", tuple(st.drain_findings))
             )
             st.drained, st.last_resume_at, st.refused = False, now, None
-            st.request_id, st.confirmed = rid, False
+            st.request_id, st.request_sig, st.confirmed = rid, "", False  # signed by the caller
 
         drained = {n for n, st in nodes.items() if st.drained}
         pending = sorted(
@@ -342,7 +345,7 @@ class Policy:
             severity = max((f.severity for f in worthy), key=lambda s: SEVERITY_RANK.get(s, 0))
             st.flapping = st.last_resume_at is not None and now - st.last_resume_at < c.cooldown_s
             st.drained, st.drained_at, st.refused, st.refused_detail = True, now, None, ""
-            st.request_id, st.confirmed = rid, False
+            st.request_id, st.request_sig, st.confirmed = rid, "", False  # signed by the caller
             st.drain_findings = [f.id for f in worthy]
             st.drain_reason = ", ".join(reasons)
             st.drain_severity = severity
@@ -374,6 +377,7 @@ class Policy:
         reason: str,
         issued_at: float,
         request_id: str = "",
+        signature: str = "",
     ) -> bool:
         """Make `st` agree with a request already issued for its node (see alerts/drain_log.py).
 
@@ -382,6 +386,8 @@ class Policy:
         result (apply_result); until then the drain is pending. True if the state changed.
         """
         ids = sorted(findings)
+        if request_id and request_id == st.request_id and signature:
+            st.request_sig = signature  # as issued (a snapshot from before signatures had none)
         if action == "drain":
             if st.drained and (
                 st.request_id == request_id if request_id else sorted(st.drain_findings) == ids
@@ -390,7 +396,7 @@ class Policy:
             if request_id and request_id in st.rejected:
                 return False  # the adapter refused it: it never drained the node
             st.drained, st.drained_at, st.drain_findings = True, issued_at, ids
-            st.request_id, st.confirmed = request_id, False
+            st.request_id, st.request_sig, st.confirmed = request_id, signature, False
             st.drain_reason = reason.removeprefix("fleetwatch: ")
             st.refused, st.refused_detail = None, ""
             if st.healthy_since is None and not st.blocking():
@@ -399,32 +405,38 @@ class Policy:
         if not st.drained:
             return False
         st.drained, st.last_resume_at = False, issued_at
-        st.request_id, st.confirmed = request_id, False
+        st.request_id, st.request_sig, st.confirmed = request_id, signature, False
         return True
 
     @staticmethod
-    def apply_result(st: NodeState, request_id: str, action: str, outcome: str, detail: str) -> str | None:
-        """Fold the adapter's drain_result/1 for one of the node's requests into its state.
+    def apply_result(
+        st: NodeState, request_id: str, action: str, outcome: str, detail: str, *, request_sig: str
+    ) -> str | None:
+        """Fold the adapter's drain_result/1 for the node's latest request into its state.
 
-        Idempotent (results are re-read after every restart). Returns the refusal reason
+        Only an answer to the request this node waits on counts: its id AND the signature it was
+        issued with (`request_sig`, which the adapter copies from the request it verified). Ids
+        are predictable, so an answer to anything else (a forged copy, a request not issued yet)
+        is never filed: it can neither free a budget slot nor mark a request refused before it
+        exists. Idempotent (results are re-read after every restart). Returns the refusal reason
         ("adapter:<outcome>") when this result takes back a drain that was counted, else None.
         """
+        if not request_sig or (request_id, request_sig) != (st.request_id, st.request_sig):
+            return None
         if outcome == "duplicate":
             return None  # the request's first result says what happened
         if outcome == "executed":
-            st.rejected.pop(request_id, None)  # done is done, whatever a copy of it got
-            if action == "drain" and request_id == st.request_id:
+            st.rejected.pop(request_id, None)
+            if action == "drain":
                 st.drained = st.confirmed = True
                 if st.refused and st.refused.startswith("adapter:"):
                     st.refused, st.refused_detail = None, ""
             return None
-        if action == "drain" and st.confirmed and request_id == st.request_id:
-            return None  # executed already: this refusal is of a (tampered) copy
+        if action == "drain" and st.confirmed:
+            return None  # executed already (done is done): a later refusal is of a redelivery
         st.rejected[request_id] = outcome
         while len(st.rejected) > REJECTED_MEMORY:
             del st.rejected[next(iter(st.rejected))]
-        if request_id != st.request_id:
-            return None
         if action == "resume":
             if outcome not in NOT_OURS and not st.drained:
                 st.drained = st.confirmed = True  # our drain is still in place in Slurm: it counts
@@ -440,7 +452,7 @@ class Policy:
         """Undo a decision whose request could not be built: nothing was asked of Slurm."""
         if action == "drain":
             st.drained = st.confirmed = False
-            st.request_id = ""
+            st.request_id = st.request_sig = ""
             st.refused, st.refused_detail = "request_error", detail
         else:
             st.drained = st.confirmed = True  # the drain it was to lift is still in place

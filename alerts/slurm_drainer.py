@@ -15,7 +15,11 @@ Per request, in order:
 8. journal `executing` (with the node's Slurm Comment as it was), run scontrol, journal the outcome.
 Every request handled gets one signed drain_result/1 on scheduler.drain.results.v1 (key = node,
 alerts/drain_result.py), so `act` learns what really happened; results and dead letters are
-flushed before the batch's offsets are committed.
+flushed before the batch's offsets are committed. Only a request whose signature verified is
+answered, and its answer carries that signature (`request_signature`): a forged request, or a
+malformed one that no key holder signed, gets a dead letter, a counter and a log line, never a
+signed result, since our signature on its request id would vouch for content nobody authenticated
+(a forged copy of a pending request's id would otherwise free that request's budget slot in act).
 Slurm being down is not the request's fault: the batch stops, offsets stay, and it is retried
 with backoff (up to MAX_ATTEMPTS, then recorded as failed and dead-lettered).
 
@@ -96,6 +100,13 @@ def took_effect(msg: dict[str, Any], prior: Entry, info: NodeInfo, comment: str)
     return None
 
 
+Target = tuple[str, str, str, str]  # (request_id, node, action, signature) of a verified request
+
+
+def target_of(msg: dict[str, Any]) -> Target:
+    return msg["request_id"], msg["node"], msg["action"], msg["signature"]
+
+
 class Retry(Exception):
     """Slurm did not answer; try this request again later."""
 
@@ -125,7 +136,9 @@ class Drainer:
 
     # ------------------------------------------------------------ outcomes
 
-    def _result(self, rid: str, node: str, action: str, outcome: str, detail: str) -> None:
+    def _result(self, target: Target, outcome: str, detail: str) -> None:
+        """The signed answer to an AUTHENTICATED request (`target` from a verified signature)."""
+        rid, node, action, signature = target
         res = drain_result.make_result(
             request_id=rid,
             node=node,
@@ -133,24 +146,32 @@ class Drainer:
             outcome=RESULT_OUTCOME[outcome],
             detail=detail,
             ts=self.clock(),
+            request_signature=signature,
             key=self._key,
         )
         self.producer.send(self.results_topic, key=node.encode(), value=schemas.encode(res))
 
     def _done(self, msg: dict[str, Any], outcome: str, detail: str = "") -> str:
         REQUESTS.labels(outcome).inc()
-        self._result(msg["request_id"], msg["node"], msg["action"], outcome, detail)
+        self._result(target_of(msg), outcome, detail)
         return outcome
 
     def _reject(
-        self, raw: bytes, msg: dict[str, Any] | None, outcome: str, detail: str, source: str, topic: str
+        self, raw: bytes, target: Target | None, outcome: str, detail: str, source: str, topic: str
     ) -> str:
+        """Dead-letter a request; answer it only if `target` (its verified identity) is given."""
         REQUESTS.labels(outcome).inc()
-        log.warning("rejected drain request from %s: %s: %s", source, outcome, detail)
         send_deadletter(self.producer, raw, outcome, detail, source, topic)
-        target = (msg["request_id"], msg["node"], msg["action"]) if msg else drain_result.readable_target(raw)
-        if target is not None:  # act can only be told about a request it can recognise
-            self._result(*target, outcome, detail)
+        if target is None:
+            log.warning(
+                "rejected drain request from %s: %s: %s (not authenticated: no result sent)",
+                source,
+                outcome,
+                detail,
+            )
+            return outcome
+        log.warning("rejected drain request from %s: %s: %s", source, outcome, detail)
+        self._result(target, outcome, detail)
         return outcome
 
     def _settle(
@@ -172,9 +193,10 @@ class Drainer:
         try:
             msg = schemas.decode(raw, drain_request.DRAIN, key=key)
         except schemas.MessageError as e:
-            return self._reject(raw, None, "malformed", str(e), source, topic)
+            target = drain_result.authenticated_target(raw, self._key)
+            return self._reject(raw, target, "malformed", str(e), source, topic)
         if not drain_request.verify(msg, self._key):
-            return self._reject(raw, msg, "forged", "signature does not match", source, topic)
+            return self._reject(raw, None, "forged", "signature does not match", source, topic)
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
         prior = self.journal.get(rid)
         if prior is not None and prior.status != "executing":
@@ -189,7 +211,7 @@ class Drainer:
             self._attempts.pop(rid, None)
             self.journal.record(rid, node, action, "failed", str(e), msg["issued_at"], source)
             self.journal.finish(rid, "failed", str(e))
-            return self._reject(raw, msg, "failed", str(e), source, topic)
+            return self._reject(raw, target_of(msg), "failed", str(e), source, topic)
         self._attempts.pop(rid, None)
         return outcome
 
@@ -206,7 +228,8 @@ class Drainer:
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
         if not self.slurm.knows(node):
             self._settle(msg, prior, "rejected", "unknown node", source)
-            return self._reject(raw, msg, "unknown_node", f"Slurm has no node {node}", source, topic)
+            why = f"Slurm has no node {node}"
+            return self._reject(raw, target_of(msg), "unknown_node", why, source, topic)
         info = self.slurm.node(node)
         comment = self.slurm.comment(node) if action == "drain" else ""
         if prior is not None:  # died between journal and outcome last time: did it happen?
@@ -218,11 +241,11 @@ class Drainer:
                 why = f"interrupted by a crash; the node's Comment has changed since ({comment!r})"
                 self.journal.finish(rid, "undetermined", why)
                 log.error("not %s %s (request %s): %s; a human decides", action, node, rid, why)
-                return self._reject(raw, msg, "undetermined", why, source, topic)
+                return self._reject(raw, target_of(msg), "undetermined", why, source, topic)
         stale = self._stale(msg)
         if stale:
             self._settle(msg, prior, "rejected", stale, source)
-            return self._reject(raw, msg, "stale", stale, source, topic)
+            return self._reject(raw, target_of(msg), "stale", stale, source, topic)
         ours = info.reason.startswith(TAG)
         if action == "resume" and info.drained and not ours:
             return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")

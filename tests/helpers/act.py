@@ -53,14 +53,16 @@ class Rig:
         self.now = at
         return [msg for _, _, msg in self.actor.decide()]
 
-    def result(self, req: dict[str, Any], outcome: str, key: bytes = KEY) -> None:
+    def result(self, req: dict[str, Any], outcome: str, key: bytes = KEY, node: str | None = None) -> None:
+        """The adapter's signed answer to `req` (bound to its signature), as slurm-drainer sends it."""
         r = drain_result.make_result(
             request_id=req["request_id"],
-            node=req["node"],
+            node=node or req["node"],
             action=req["action"],
             outcome=outcome,
             detail=f"{outcome} by the test",
             ts=self.now,
+            request_signature=req["signature"],
             key=key,
         )
         self.results.apply(req["node"].encode(), schemas.encode(r))

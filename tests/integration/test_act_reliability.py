@@ -64,6 +64,7 @@ class ActRig:
             outcome=outcome,
             detail="",
             ts=time.time(),
+            request_signature=request["signature"],
             key=KEY.encode(),
         )
         self.producer.send(self.results, key=r["node"].encode(), value=schemas.encode(r))
@@ -73,6 +74,7 @@ class ActRig:
         """These nodes report telemetry (what the detect workers publish on fleet.nodes.v1)."""
         now = time.time()
         for n in nodes:
+            m = node_message(n, now - steady_for, now, steady_since=now - steady_for, seen_at=now)
             self.producer.send(
                 self.nodes, key=n.encode(), value=schemas.encode(node_message(n, now - 60, now))
             )

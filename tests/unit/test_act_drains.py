@@ -6,9 +6,13 @@ not asked again; a drain with no result for too long is alerted and keeps counti
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import REGISTRY
 
-from tests.helpers.act import Rig
+from fleetwatch import schemas
+from fleetwatch.alerts import drain_request, drain_result
+from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding
 
 
@@ -72,3 +76,84 @@ def test_a_drain_without_a_result_past_the_timeout_is_alerted_and_still_counts()
     assert rig.decide(T0 + 301) == []  # the adapter may be down: n2 still waits for the budget
     assert rig.refusals() == {"n1": "adapter:no_result", "n2": "budget"}
     assert metric("fleetwatch_act_drains_unconfirmed") == 1 and rig.actor.last.drained == 1
+
+
+# ---------------------------------------------------------------- issue 23: results bound to requests
+
+
+def signed_result(req: dict[str, Any], outcome: str, request_signature: str | None) -> bytes:
+    """A result signed with act's key for `req`'s id, bound to `request_signature` (None: unbound,
+    as adapters of an earlier release wrote them, answering forged requests too)."""
+    r = drain_result.make_result(
+        request_id=req["request_id"],
+        node=req["node"],
+        action=req["action"],
+        outcome=outcome,
+        detail="by the test",
+        ts=T0,
+        request_signature=request_signature or "0" * 64,
+        key=KEY,
+    )
+    if request_signature is None:
+        r = {k: v for k, v in r.items() if k not in ("request_signature", "signature")}
+        r["signature"] = drain_request.sign(r, KEY)
+    return schemas.encode(r)
+
+
+def test_an_answer_planted_before_the_request_or_given_to_a_forged_copy_frees_no_slot() -> None:
+    rig = Rig({"n1", "n2"}, budget_min_nodes=1)  # budget: one node
+    first, second = finding("n1", ts=T0), finding("n2", ts=T0 + 1)
+    predicted = drain_request.make_request(
+        node="n1",
+        action="drain",
+        reason="fleetwatch: XID 79",
+        severity="critical",
+        findings=[first["id"]],
+        issued_at=T0,
+        key=b"attacker-key-attacker-key-123456",
+    )
+    unbound = metric("fleetwatch_act_drain_results_ignored_total", reason="unbound") or 0.0
+    # Before the request exists: answers to its predictable id, unbound and bound to a guess.
+    rig.results.apply(b"n1", signed_result(predicted, "rejected_forged", None))
+    rig.results.apply(b"n1", signed_result(predicted, "rejected_forged", predicted["signature"]))
+    out = rig.feed(first, second)
+    assert [m["node"] for m in out] == ["n1"] and out[0]["request_id"] == predicted["request_id"]
+    real = out[0]
+    assert rig.decide(T0 + 10) == [] and rig.refusals() == {"n2": "budget"}
+    # While Slurm executes it: an answer to a forged copy of it (its id, another signature), and an
+    # answer bound to it that names another node.
+    rig.results.apply(b"n1", signed_result(real, "rejected_forged", "f" * 64))
+    rig.result(real, "rejected_forged", node="n2")
+    assert rig.decide(T0 + 20) == [] and rig.refusals() == {"n2": "budget"}
+    st = rig.task.nodes["n1"]
+    assert st.pending and not st.rejected
+    assert metric("fleetwatch_act_drain_results_ignored_total", reason="unbound") == unbound + 1
+    assert metric("fleetwatch_act_drain_results_ignored_total", reason="wrong_node") >= 1
+    rig.result(real, "executed")  # the adapter's answer to the request act issued
+    assert rig.decide(T0 + 30) == [] and st.confirmed
+    assert metric("fleetwatch_act_drain_budget_used") == 1
+
+
+def test_a_duplicate_answers_a_reissued_request_with_the_first_answer_to_its_id() -> None:
+    """act restarted without its drain log and issued the same request again (same id, a new
+    signature): the adapter says `duplicate`, and the first answer to that id is the answer."""
+    rig = Rig({"n1"}, budget_min_nodes=1)
+    first = rig.feed(finding("n1", ts=T0))[0]
+    again = drain_request.make_request(
+        node="n1",
+        action="drain",
+        reason=first["reason"],
+        severity="critical",
+        findings=first["findings"],
+        issued_at=T0 + 5,
+        key=KEY,
+    )
+    assert again["request_id"] == first["request_id"] and again["signature"] != first["signature"]
+    rig.result(first, "executed")
+    rig.result(again, "duplicate")
+    answer = rig.results.get(again["request_id"], again["signature"])
+    assert answer is not None and (answer.outcome, answer.request_signature) == (
+        "executed",
+        again["signature"],
+    )
+    assert rig.results.get(again["request_id"], "e" * 64) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -10,6 +11,11 @@ from fleetwatch.alerts.drain_request import request_id
 from fleetwatch.alerts.policy import NodeState, Policy, PolicyConfig, drain_reason
 from fleetwatch.pipeline.job_table import JobTable
 from tests.helpers.findings import T0, finding, resolve
+
+
+def sig(rid: str) -> str:
+    """A stand-in for the HMAC the actor signs request `rid` with (64 hex)."""
+    return hashlib.sha256(rid.encode()).hexdigest()
 
 
 class Fleet:
@@ -28,6 +34,8 @@ class Fleet:
     def step(self, now: float) -> list[tuple[str, str]]:
         ev = self.policy.evaluate(self.nodes, now, self.fleet_size, self.jobs)
         self.last = ev
+        for a in ev.actions:  # as the actor does once it has signed the request
+            self.nodes[a.node].request_sig = sig(self.nodes[a.node].request_id)
         return [(a.action, a.node) for a in ev.actions]
 
     def job(self, name: str, nodes: list[str], state: str = "running") -> None:
@@ -326,15 +334,24 @@ def test_a_pending_drain_holds_its_slot_and_a_refused_one_frees_it_without_being
     n1 = fl.nodes["n1"]
     assert n1.pending and n1.request_id == request_id("n1", "drain", [a["id"]])
     assert fl.step(T0 + 20) == [] and fl.nodes["n3"].refused == "budget"  # waiting spends no budget
-    why = fl.policy.apply_result(n1, n1.request_id, "drain", "rejected_stale", "issued 700 s ago")
+    why = fl.policy.apply_result(
+        n1, n1.request_id, "drain", "rejected_stale", "issued 700 s ago", request_sig=n1.request_sig
+    )
     assert why == "adapter:rejected_stale" and not n1.drained and n1.refused_detail == "issued 700 s ago"
     assert fl.step(T0 + 30) == [("drain", "n3")]  # the freed slot goes to the next node ...
     assert fl.step(T0 + 40) == [] and n1.refused == "adapter:rejected_stale"  # ... never to a repeat
-    assert fl.policy.apply_result(n1, n1.request_id, "drain", "rejected_stale", "again") is None  # idempotent
+    assert (
+        fl.policy.apply_result(
+            n1, n1.request_id, "drain", "rejected_stale", "again", request_sig=n1.request_sig
+        )
+        is None
+    )  # idempotent
     fl.feed(finding("n1", "ecc", "critical", "ecc_dbe", ts=T0 + 50))  # new evidence: a new request ...
     assert fl.step(T0 + 60) == [] and n1.refused == "budget"  # ... that waits for a slot like any other
     n2 = fl.nodes["n2"]
-    fl.policy.apply_result(n2, n2.request_id, "drain", "failed", "scontrol: timed out")
+    fl.policy.apply_result(
+        n2, n2.request_id, "drain", "failed", "scontrol: timed out", request_sig=n2.request_sig
+    )
     assert fl.step(T0 + 70) == [("drain", "n1")] and n1.refused is None and n1.pending
 
 
@@ -343,12 +360,24 @@ def test_executed_confirms_and_a_refused_copy_of_a_done_drain_changes_nothing() 
     fl.feed(finding("n1"))
     fl.step(T0)
     st = fl.nodes["n1"]
-    assert fl.policy.apply_result(st, st.request_id, "drain", "executed", "") is None
+    assert (
+        fl.policy.apply_result(st, st.request_id, "drain", "executed", "", request_sig=st.request_sig) is None
+    )
     assert st.drained and st.confirmed and not st.pending
-    # A tampered copy of the same request reaches the adapter later and is refused as forged:
-    assert fl.policy.apply_result(st, st.request_id, "drain", "rejected_forged", "bad signature") is None
+    # The same request delivered again reaches the adapter later and is refused (stale, say):
+    assert (
+        fl.policy.apply_result(
+            st, st.request_id, "drain", "rejected_stale", "issued 700 s ago", request_sig=st.request_sig
+        )
+        is None
+    )
     assert st.drained and st.confirmed
-    assert fl.policy.apply_result(st, st.request_id, "drain", "duplicate", "already executed") is None
+    assert (
+        fl.policy.apply_result(
+            st, st.request_id, "drain", "duplicate", "already executed", request_sig=st.request_sig
+        )
+        is None
+    )
     assert st.confirmed
 
 
@@ -358,10 +387,12 @@ def test_a_refused_resume_keeps_our_drain_counted_and_is_not_asked_again() -> No
     fl.feed(f)
     fl.step(T0)
     st = fl.nodes["n1"]
-    fl.policy.apply_result(st, st.request_id, "drain", "executed", "")
+    fl.policy.apply_result(st, st.request_id, "drain", "executed", "", request_sig=st.request_sig)
     fl.feed(resolve(f, T0 + 1))
     assert fl.step(T0 + 100) == [("resume", "n1")] and not st.drained
-    fl.policy.apply_result(st, st.request_id, "resume", "rejected_stale", "issued 700 s ago")
+    fl.policy.apply_result(
+        st, st.request_id, "resume", "rejected_stale", "issued 700 s ago", request_sig=st.request_sig
+    )
     assert st.drained and st.confirmed  # Slurm still has it drained under our reason
     assert fl.step(T0 + 200) == [] and fl.last.drained == 1
     # A resume refused because a human holds the node now: it is not ours to count any more.
@@ -371,7 +402,14 @@ def test_a_refused_resume_keeps_our_drain_counted_and_is_not_asked_again() -> No
     st2 = fl2.nodes["n1"]
     fl2.feed(resolve(f, T0 + 1))
     fl2.step(T0 + 100)
-    fl2.policy.apply_result(st2, st2.request_id, "resume", "rejected_not_ours", "drained by someone else")
+    fl2.policy.apply_result(
+        st2,
+        st2.request_id,
+        "resume",
+        "rejected_not_ours",
+        "drained by someone else",
+        request_sig=st2.request_sig,
+    )
     assert not st2.drained
 
 
@@ -381,9 +419,11 @@ def test_an_adopted_drain_is_pending_and_one_the_adapter_refused_is_not_adopted_
     fl.feed(f)
     st = fl.nodes["n1"]
     rid = request_id("n1", "drain", [f["id"]])
-    assert fl.policy.adopt(st, "drain", [f["id"]], "fleetwatch: XID 79", T0, rid)
-    assert st.pending and st.request_id == rid
-    fl.policy.apply_result(st, rid, "drain", "rejected_stale", "issued 30 days ago")
+    assert fl.policy.adopt(st, "drain", [f["id"]], "fleetwatch: XID 79", T0, rid, sig(rid))
+    assert st.pending and st.request_id == rid and st.request_sig == sig(rid)
+    fl.policy.apply_result(
+        st, rid, "drain", "rejected_stale", "issued 30 days ago", request_sig=st.request_sig
+    )
     assert not fl.policy.adopt(st, "drain", [f["id"]], "fleetwatch: XID 79", T0, rid)
     assert not st.drained and fl.step(T0 + 1) == [] and st.refused == "adapter:rejected_stale"
 
@@ -393,3 +433,48 @@ def test_snapshots_from_before_results_keep_their_drains_as_done() -> None:
     st = NodeState.from_dict(old)
     assert st.drained and st.confirmed and st.request_id == ""
     assert NodeState.from_dict(st.to_dict()) == st
+
+
+# ---------------------------------------------------------------- issue 23: results bound to requests
+
+
+def test_a_result_counts_only_for_the_request_issued_with_that_signature() -> None:
+    """A forged copy of a pending request's id got an answer (from an adapter that answered
+    forgeries): it must not free the slot while Slurm still executes the real request."""
+    fl = Fleet(fleet_size=100, budget_min_nodes=1, drain_budget=0.0)  # budget: one node
+    fl.feed(finding("n1", ts=T0), finding("n2", ts=T0 + 1))
+    assert fl.step(T0 + 10) == [("drain", "n1")]
+    n1 = fl.nodes["n1"]
+    for other in ("", sig("forged copy"), sig(n1.request_id).upper()):
+        assert (
+            fl.policy.apply_result(n1, n1.request_id, "drain", "rejected_forged", "x", request_sig=other)
+            is None
+        )
+    assert n1.pending and not n1.rejected and n1.refused is None
+    assert fl.step(T0 + 20) == [] and fl.nodes["n2"].refused == "budget"
+    # An answer to the node's request under another id (same signature) is not its answer either.
+    assert fl.policy.apply_result(n1, "f" * 32, "drain", "failed", "x", request_sig=n1.request_sig) is None
+    assert n1.pending
+    why = fl.policy.apply_result(n1, n1.request_id, "drain", "failed", "x", request_sig=n1.request_sig)
+    assert why == "adapter:failed" and fl.step(T0 + 30) == [("drain", "n2")]
+
+
+def test_a_result_that_arrives_before_its_request_is_never_filed() -> None:
+    """Request ids are predictable from finding ids: an answer to the id before act issued it must
+    not mark it refused (which would block the drain for good) nor free a slot later."""
+    fl = Fleet(fleet_size=100, budget_min_nodes=1, drain_budget=0.0)
+    f = finding("n1", ts=T0)
+    fl.feed(f, finding("n2", ts=T0 + 1))
+    n1 = fl.nodes["n1"]
+    predicted = request_id("n1", "drain", [f["id"]])
+    for outcome in ("rejected_forged", "rejected_stale", "executed"):
+        assert fl.policy.apply_result(n1, predicted, "drain", outcome, "", request_sig=sig("planted")) is None
+    assert not n1.rejected and not n1.drained and not n1.confirmed
+    assert fl.step(T0 + 10) == [("drain", "n1")]  # issued, not refused as adapter:rejected_*
+    assert n1.request_id == predicted and n1.pending
+    # The planted answer, re-applied now that the request exists, still names another signature.
+    assert (
+        fl.policy.apply_result(n1, predicted, "drain", "rejected_forged", "", request_sig=sig("planted"))
+        is None
+    )
+    assert n1.pending and fl.step(T0 + 20) == [] and fl.nodes["n2"].refused == "budget"

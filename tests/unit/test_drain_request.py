@@ -132,20 +132,35 @@ def test_drain_results_are_signed_and_validated() -> None:
         outcome="rejected_stale",
         detail="issued 2592000 s ago\n(limit 600 s)",
         ts=1_800_000_000.0,
+        request_signature="c" * 64,
         key=KEY,
     )
     back = schemas.decode(schemas.encode(r), drain_result.DRAIN_RESULT)
     assert dr.verify(back, KEY) and back["detail"] == "issued 2592000 s ago (limit 600 s)"
     assert not dr.verify({**back, "outcome": "executed"}, KEY)  # a rewritten outcome is not ours
     assert not dr.verify(back, b"x" * 32)
-    for change in ({"outcome": "maybe"}, {"request_id": "xyz"}, {"node": "a b"}, {"extra": 1}):
+    assert back["request_signature"] == "c" * 64
+    assert not dr.verify({**back, "request_signature": "d" * 64}, KEY)  # bound to its request
+    unbound = {k: v for k, v in back.items() if k not in ("request_signature", "signature")}
+    drain_result.validate_result({**unbound, "signature": "e" * 64})  # an earlier release's: valid
+    changes = ({"outcome": "maybe"}, {"request_id": "xyz"}, {"node": "a b"}, {"extra": 1})
+    for change in (*changes, {"request_signature": "XYZ"}, {"request_signature": 7}):
         with pytest.raises(schemas.MessageError):
             drain_result.validate_result({**back, **change})
-    # A malformed request still gets a result when act could recognise it, never otherwise.
-    assert drain_result.readable_target(orjson.dumps({"request_id": "b" * 32, "node": "n1"})) == (
+    # A malformed request gets a result only when a key holder signed it: its id is then authentic.
+    future = {"request_id": "b" * 32, "node": "n1", "action": "drain", "priority": 1}
+    future["signature"] = dr.sign(future, KEY)
+    assert drain_result.authenticated_target(orjson.dumps(future), KEY) == (
         "b" * 32,
         "n1",
         "drain",
+        future["signature"],
     )
-    assert drain_result.readable_target(b"\xff not json") is None
-    assert drain_result.readable_target(orjson.dumps({"request_id": "b" * 32, "node": "-x y"})) is None
+    assert drain_result.authenticated_target(orjson.dumps(future), b"x" * 32) is None
+    unsigned = {k: v for k, v in future.items() if k != "signature"}
+    assert drain_result.authenticated_target(orjson.dumps(unsigned), KEY) is None
+    assert drain_result.authenticated_target(b"\xff not json", KEY) is None
+    assert drain_result.authenticated_target(orjson.dumps([1, 2]), KEY) is None
+    bad_node = {**unsigned, "node": "-x y"}
+    bad_node["signature"] = dr.sign(bad_node, KEY)
+    assert drain_result.authenticated_target(orjson.dumps(bad_node), KEY) is None
