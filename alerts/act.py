@@ -34,7 +34,8 @@ from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher, dead_
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
 from fleetwatch.alerts.policy import Policy, PolicyConfig
 from fleetwatch.bus import Bus, Outgoing, TopicPart
-from fleetwatch.census import Census
+from fleetwatch.census import Census, CensusConfig, export_metrics
+from fleetwatch.census import load_key as load_census_key
 from fleetwatch.detectors.findings import FINDING  # importing it registers finding/1 with the decoder
 from fleetwatch.follow import TopicFollower
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
@@ -102,8 +103,18 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
     )
 
 
+def census_config(args: argparse.Namespace) -> CensusConfig:
+    return CensusConfig(
+        warm_up_s=args.census_warm_up,
+        burst_fraction=args.census_burst_fraction,
+        burst_min=args.census_burst_min,
+        burst_window_s=args.census_burst_window,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)  # fail fast, before touching Kafka
+    census_key = load_census_key(args.census_key_file)  # verifies the census (never logged)
     kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
     kafka_io.ensure_topics(args.bootstrap)
     kafka_io.ensure_topics(
@@ -115,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         return kafka_io.make_consumer(args.bootstrap)
 
     jobs = JobTable()
-    census = Census()
+    census = Census(census_key, census_config(args))
+    export_metrics(census, time.time)
     results = ResultBook(key)
     followers: list[JobTableFollower | TopicFollower] = [
         JobTableFollower(jobs, consumer),  # the one-node-per-job rule needs membership

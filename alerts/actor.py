@@ -9,7 +9,9 @@ replay repeats, never forks, what was done.
 
 The fleet is the census of reporting nodes (fleet.nodes.v1, fleetwatch/census.py), or
 --fleet-size: a node outside the census is never drained, and nodes named only by job/1 messages
-or by findings do not make the fleet (and so the budget) bigger. A drain counts against the budget
+or by findings do not make the fleet (and so the budget) bigger. Only verified (signed) census
+records count, and only warm nodes (steady telemetry for --census-warm-up) size the budget and
+the storm threshold. A drain counts against the budget
 from the moment it is requested; it is reported drained (fleetwatch_act_node_drained, the budget-used
 gauge) only once the Slurm adapter's drain_result/1 says `executed` (alerts/drain_log.py ResultBook),
 and a refused or failed one frees its slot and is alerted like any refusal ("adapter:<outcome>").
@@ -37,6 +39,7 @@ from fleetwatch.alerts.alertmanager import Dispatcher
 from fleetwatch.alerts.drain_log import IGNORED as IGNORED_RESULTS
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
+from fleetwatch.census import Census
 from fleetwatch.pipeline.tasks import Output
 from fleetwatch.schemas import MessageError
 
@@ -174,9 +177,14 @@ class Actor:
     # ------------------------------------------------------------ decisions
 
     def fleet_size(self) -> int:
-        """--fleet-size if given, else the nodes in the census (never job/1 names or findings)."""
+        """--fleet-size if given, else the warm nodes of the census (never job/1 names or findings,
+        nor a node that has not reported steadily for the warm-up: fleetwatch/census.py). A node of
+        the census that is not warm yet is still known (drainable) but does not enlarge the budget
+        or the storm threshold."""
         if self.fixed_fleet:
             return self.fixed_fleet
+        if isinstance(self.census, Census):
+            return self.census.fleet_size()
         return len(self.census) if self.census is not None else 0
 
     def reconcile(self, tasks: list[ActTask]) -> None:

@@ -79,6 +79,7 @@ def start_once(bootstrap: str, cache_dir: str, timeout_s: float) -> dict[str, An
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="cold-start-", suffix=".log", delete=False)  # noqa: SIM115
     env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
+    env.setdefault("FLEETWATCH_CENSUS_KEY", uuid.uuid4().hex)  # detect signs the census with it
     argv = [sys.executable, "-m", "fleetwatch.cli", "detect", "--bootstrap", bootstrap, "--group", group]
     argv += ["--start-at", "latest", "--metrics-port", str(port)]
     t0 = time.monotonic()

@@ -311,7 +311,12 @@ def measure(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     ]
     by_node = {f.node: f for f in faults}
 
-    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "FLEETWATCH_DRAIN_KEY": secrets.token_hex(32),
+        "FLEETWATCH_CENSUS_KEY": secrets.token_hex(32),  # detect signs the census, act verifies it
+        "PYTHONUNBUFFERED": "1",
+    }
     detect_group, act_group = f"latency-detect-{run_id}", f"latency-act-{run_id}"
     kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
     kafka_io.ensure_topics(args.bootstrap)

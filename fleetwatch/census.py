@@ -1,24 +1,119 @@
 """The census of reporting nodes: `node/1` on the compacted topic fleet.nodes.v1 (key = node).
 
 The detect workers publish `{"schema": "node/1", "node": NAME, "first_seen": unix_s,
-"last_seen": unix_s}` (event time) for every node that sends telemetry, again at least every 10
-minutes, and a tombstone (null value) when they forget a node. The census is the fleet: `act`
-sizes the drain budget on it and never drains a node it does not list, so a `job/1` naming
-thousands of ghost nodes, or findings about nodes that never reported, change nothing.
+"last_seen": unix_s, "steady_since": unix_s, "seen_at": unix_s, "sig": HEX}` for every node that
+sends telemetry, again at least every 10 minutes (event time), and when they forget a node a
+signed "gone" record (`"gone": true`) followed by a tombstone (null value) for compaction. The
+census is the fleet: `act` sizes the drain budget and the storm guard on its warm nodes and never
+drains a node it does not list, so a `job/1` naming thousands of ghost nodes, or findings about
+nodes that never reported, change nothing.
+
+Why it is signed, and how (issue 23, item 9). Anyone who can write the topic could otherwise add
+2,000 nodes (tripling the budget) or forget a reporting node (its drains refused as
+`unknown_node`). So:
+- `sig` is HMAC-SHA256 (hex) over the canonical JSON of every other field (keys sorted, as
+  alerts/drain_request.py signs drains), with the census key ($FLEETWATCH_CENSUS_KEY or a key
+  file). It is its own key, not the drain key: detect must be able to vouch for the census without
+  being able to sign a drain request past act's budget and storm guard. The `schema` field is
+  signed too, so a census signature can never pass for another message's.
+- A tombstone has no body to sign. Rather than a signature in a header over a bare key, detect
+  first writes a signed record with `gone: true`, and act forgets a node only on that; tombstones
+  only let the broker compact the key, and act ignores them (one without a verified gone before it
+  is counted). One record kind, one signature scheme, one code path for verification, and a
+  forged tombstone is as harmless as any other unsigned record.
+- Replays: `seen_at` is the broker's append time of the node's latest telemetry sample (the
+  telemetry topic stamps LogAppendTime; a node cannot set it). Per node, act applies a record
+  only if its `seen_at` is newer than the last one it applied (a gone record: not older), and a
+  node forgotten by a verified gone comes back only with a record seen after it. An old signed
+  record replayed is refused as `stale`.
+- Warm-up: `steady_since` is the broker time at which the node's current unbroken run of
+  telemetry began (a gap longer than the node stage's steady_gap_s starts a new run). A node
+  counts toward the budget and the storm threshold only once `seen_at - steady_since` reaches
+  act's --census-warm-up; before that it is a known node (drainable, not `unknown_node`) that does
+  not enlarge the fleet. Both times are the broker's, not the node's: a sample stamped a day in
+  the past cannot make a new name look old.
+- A burst of new names (more than --census-burst-fraction of the warm fleet, and at least
+  --census-burst-min, first seen within --census-burst-window) sets fleetwatch_act_census_burst,
+  which the FleetwatchCensusNodeBurst rule pages on.
+
+What a writer of the topic can still do (docs/security.md: ACLs are what stop it): compaction keeps
+only the latest record per key, so a forged record displaces a node's signed one on the broker; a
+running act keeps its verified view, but an act that restarts does not see that node until its
+next refresh (census_every_s, 10 minutes).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import hmac
 import logging
+import math
+import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import orjson
+from prometheus_client import Counter, Gauge
 
 from fleetwatch import schemas
 
 log = logging.getLogger(__name__)
 
 NODE = "node/1"
+KEY_ENV = "FLEETWATCH_CENSUS_KEY"
+LOG_EVERY = 1000  # a refused record is logged the first time for its reason and every 1000th after
+GONE_MEMORY = 100_000  # nodes forgotten by a verified gone, remembered to refuse replays of older records
+
+REFUSED = Counter(
+    "fleetwatch_act_census_refused_total",
+    "census records (fleet.nodes.v1) act did not apply, by reason: unsigned, bad_signature, "
+    "malformed, stale (older than the node's latest verified record: a replay), "
+    "unsigned_tombstone (a tombstone with no verified gone record before it)",
+    ["reason"],
+)
+NEW_NODES = Counter(
+    "fleetwatch_act_census_new_nodes_total", "nodes added to act's census by a verified node/1 record"
+)
+
+NODES = Gauge("fleetwatch_act_census_nodes", "nodes in act's verified census, warm or not yet", ["warmth"])
+RECENT = Gauge(
+    "fleetwatch_act_census_recent_nodes",
+    "census nodes whose run of steady reporting began within --census-burst-window (new names)",
+)
+BURST = Gauge(
+    "fleetwatch_act_census_burst",
+    "1 while more new node names arrived within --census-burst-window than the burst threshold",
+)
+BURST_THRESHOLD = Gauge(
+    "fleetwatch_act_census_burst_threshold",
+    "new names within the window that make a burst: max(--census-burst-min, fraction x warm fleet)",
+)
+
+
+class CensusKeyError(ValueError):
+    """No usable census key; the message names where it was looked for, never its value."""
+
+
+def load_key(key_file: str | None = None, env: Mapping[str, str] | None = None) -> bytes:
+    """The census HMAC key: the key file if given, else $FLEETWATCH_CENSUS_KEY (>= 16 bytes)."""
+    env = os.environ if env is None else env
+    if key_file:
+        try:
+            raw = Path(key_file).read_bytes().strip()
+        except OSError as e:
+            raise CensusKeyError(f"cannot read the census key file {key_file}: {e.strerror}") from None
+        where = f"key file {key_file}"
+    else:
+        raw = env.get(KEY_ENV, "").strip().encode()
+        where = f"${KEY_ENV}"
+    if len(raw) < 16:
+        raise CensusKeyError(f"no census signing key: {where} is missing or shorter than 16 bytes")
+    return raw
 
 
 def validate_node(m: Mapping[str, Any]) -> None:
@@ -28,52 +123,229 @@ def validate_node(m: Mapping[str, Any]) -> None:
     schemas._ts("node.last_seen", m["last_seen"])
     if m["last_seen"] < m["first_seen"]:
         raise schemas.MessageError("out_of_range", "node.last_seen is before node.first_seen")
+    # issue 23: optional for the decoder (an older detect writes none of them); act refuses a
+    # record without a valid `sig` (Census.apply), and every signed record carries them all
+    for f in ("steady_since", "seen_at"):
+        if f in m:
+            schemas._ts(f"node.{f}", m[f])
+    if "steady_since" in m and "seen_at" in m and m["seen_at"] < m["steady_since"]:
+        raise schemas.MessageError("out_of_range", "node.seen_at is before node.steady_since")
+    if "gone" in m and not isinstance(m["gone"], bool):
+        raise schemas.MessageError("wrong_type", "node.gone must be a boolean")
+    if "sig" in m:
+        schemas._string("node.sig", m["sig"])
 
 
 schemas.register(NODE, validate_node, "last_seen", key_field="node")
 
 
-def node_message(node: str, first_seen: float, last_seen: float) -> dict[str, Any]:
-    """A valid node/1 message (what the detect workers publish; tests use it too)."""
-    m = {"schema": NODE, "node": node, "first_seen": float(first_seen), "last_seen": float(last_seen)}
+def node_message(
+    node: str,
+    first_seen: float,
+    last_seen: float,
+    *,
+    steady_since: float | None = None,
+    seen_at: float | None = None,
+    gone: bool = False,
+) -> dict[str, Any]:
+    """A valid, unsigned node/1 message (the node stage's output; sign() or encode_signed() sign it).
+    steady_since and seen_at default to last_seen (a node seen once)."""
+    seen = float(last_seen if seen_at is None else seen_at)
+    m: dict[str, Any] = {
+        "schema": NODE,
+        "node": node,
+        "first_seen": float(first_seen),
+        "last_seen": float(last_seen),
+        "steady_since": float(seen if steady_since is None else steady_since),
+        "seen_at": seen,
+    }
+    if gone:
+        m["gone"] = True
     validate_node(m)
     return m
 
 
-class Census:
-    """Node -> last_seen, kept current by a TopicFollower (fleetwatch/follow.py) on fleet.nodes.v1."""
+def canonical(msg: Mapping[str, Any]) -> bytes:
+    """The signed bytes: every field but `sig`, keys sorted."""
+    return orjson.dumps({k: v for k, v in msg.items() if k != "sig"}, option=orjson.OPT_SORT_KEYS)
 
-    def __init__(self) -> None:
+
+def sign(msg: Mapping[str, Any], key: bytes) -> dict[str, Any]:
+    """The message with its `sig`."""
+    return {**msg, "sig": hmac.new(key, canonical(msg), hashlib.sha256).hexdigest()}
+
+
+def verify(msg: Mapping[str, Any], key: bytes) -> bool:
+    """True if `sig` matches (constant-time compare)."""
+    sig = msg.get("sig")
+    if not isinstance(sig, str):
+        return False
+    return hmac.compare_digest(sig, hmac.new(key, canonical(msg), hashlib.sha256).hexdigest())
+
+
+def encode_signed(msg: Mapping[str, Any], key: bytes) -> bytes:
+    """A node/1 as it goes on the topic: signed, compact JSON."""
+    return schemas.encode(sign(msg, key))
+
+
+def encoder(key: bytes) -> Callable[[dict[str, Any]], bytes]:
+    """The node stage's serializer for fleet.nodes.v1 (pipeline/tasks.py Stage.serializers): the
+    task's outputs stay key-free (snapshots and `fleetwatch eval` never see the key)."""
+    return functools.partial(encode_signed, key=key)
+
+
+def is_warm(m: Mapping[str, Any], warm_up_s: float) -> bool:
+    """A node that has reported without a break for at least warm_up_s (broker time)."""
+    return bool(m["seen_at"] - m["steady_since"] >= warm_up_s)
+
+
+@dataclass(frozen=True)
+class CensusConfig:
+    warm_up_s: float = 1200.0  # steady reporting before a node enlarges the fleet (20 min)
+    burst_fraction: float = 0.1  # new names within burst_window_s, as a fraction of the warm fleet ...
+    burst_min: int = 10  # ... and at least this many, make a burst
+    burst_window_s: float = 600.0
+
+
+@dataclass
+class _Entry:
+    seen_at: float
+    warm: bool
+
+
+class Census:
+    """Node -> its latest verified record, kept current by a TopicFollower (fleetwatch/follow.py)
+    on fleet.nodes.v1. `in` and nodes(): every known node (drainable); fleet_size(): the warm ones
+    (what the budget and the storm guard count)."""
+
+    def __init__(self, key: bytes, config: CensusConfig | None = None) -> None:
+        self._key = key
+        self.config = config or CensusConfig()
         self._lock = threading.Lock()
-        self._last_seen: dict[str, float] = {}
+        self._nodes: dict[str, _Entry] = {}
+        self._warm = 0
+        # node -> seen_at of the verified gone that forgot it (bounded: oldest dropped first)
+        self._gone: OrderedDict[str, float] = OrderedDict()
+        # node -> steady_since of each node whose current run of reporting began within the burst
+        # window: new names (or nodes back after a break), whatever order act read them in, so
+        # that reading the whole topic after a restart is no burst
+        self._recent: dict[str, float] = {}
+        self._refused: dict[str, int] = {}
+
+    # ------------------------------------------------------------ input (the follower's thread)
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
-        """One record of the topic: a node/1 adds or refreshes its node, a tombstone removes it."""
+        """One record of the topic. Never raises: an exception would stop the follower."""
         if key is None:
             return
         node = key.decode("utf-8", "replace")
         if value is None:
             with self._lock:
-                self._last_seen.pop(node, None)
+                if node not in self._gone:  # a tombstone after a verified gone is compaction's
+                    self._refuse("unsigned_tombstone", node)
             return
         try:
             # the key must be the node: compaction keeps by key, so a mismatch would never be forgotten
             m = schemas.decode(value, NODE, key=key)
         except schemas.MessageError as e:
-            log.debug("ignoring bad census record for %r: %s", node, e)
+            with self._lock:
+                self._refuse("malformed", node, str(e))
             return
         with self._lock:
-            self._last_seen[node] = max(m["last_seen"], self._last_seen.get(node, 0.0))
+            if "sig" not in m or "seen_at" not in m or "steady_since" not in m:
+                self._refuse("unsigned", node)
+            elif not verify(m, self._key):
+                self._refuse("bad_signature", node)
+            elif m.get("gone"):
+                self._apply_gone(node, m["seen_at"])
+            else:
+                self._apply_node(node, m)
+
+    def _apply_node(self, node: str, m: dict[str, Any]) -> None:
+        seen_at = float(m["seen_at"])
+        old = self._nodes.get(node)
+        if (old is not None and seen_at <= old.seen_at) or seen_at <= self._gone.get(node, -math.inf):
+            self._refuse("stale", node)
+            return
+        warm = is_warm(m, self.config.warm_up_s)
+        self._gone.pop(node, None)
+        if old is None:
+            NEW_NODES.inc()
+        else:
+            self._warm -= old.warm
+        if m["steady_since"] > seen_at - self.config.burst_window_s:
+            self._recent[node] = float(m["steady_since"])
+        self._nodes[node] = _Entry(seen_at, warm)
+        self._warm += warm
+
+    def _apply_gone(self, node: str, seen_at: float) -> None:
+        old = self._nodes.get(node)
+        if old is not None and seen_at < old.seen_at:
+            self._refuse("stale", node)  # the node reported after this gone: a replay
+            return
+        if old is not None:
+            del self._nodes[node]
+            self._warm -= old.warm
+        self._gone[node] = max(seen_at, self._gone.pop(node, -math.inf))
+        while len(self._gone) > GONE_MEMORY:
+            self._gone.popitem(last=False)
+
+    def _refuse(self, reason: str, node: str, detail: str = "") -> None:
+        REFUSED.labels(reason).inc()
+        n = self._refused[reason] = self._refused.get(reason, 0) + 1
+        if n == 1 or n % LOG_EVERY == 0:
+            log.warning(
+                "census record for %r not applied (%s%s); %d so far for this reason",
+                node[:128],
+                reason,
+                f": {detail}" if detail else "",
+                n,
+            )
+
+    # ------------------------------------------------------------ what act reads
 
     def __contains__(self, node: object) -> bool:
-        return node in self._last_seen
+        return node in self._nodes
 
     def __len__(self) -> int:
-        return len(self._last_seen)
+        return len(self._nodes)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.nodes())
 
     def nodes(self) -> set[str]:
         with self._lock:
-            return set(self._last_seen)
+            return set(self._nodes)
+
+    def fleet_size(self) -> int:
+        """The warm nodes: those the drain budget and the storm threshold are a fraction of."""
+        return self._warm
+
+    def refused(self) -> dict[str, int]:
+        """Records not applied so far, by reason."""
+        with self._lock:
+            return dict(self._refused)
+
+    def new_nodes(self, now: float) -> int:
+        """Nodes whose current run of reporting began within the burst window before `now`."""
+        with self._lock:
+            horizon = now - self.config.burst_window_s
+            self._recent = {n: t for n, t in self._recent.items() if t > horizon}
+            return len(self._recent)
+
+    def burst_threshold(self) -> int:
+        c = self.config
+        return max(c.burst_min, math.ceil(c.burst_fraction * self._warm))
+
+    def burst(self, now: float) -> bool:
+        """More new names within the window than the threshold: a pipeline alert, not a bigger fleet."""
+        return self.new_nodes(now) > self.burst_threshold()
+
+
+def export_metrics(census: Census, clock: Callable[[], float]) -> None:
+    """Serve `census`'s gauges, computed at scrape time (act has one census per process)."""
+    NODES.labels("warm").set_function(census.fleet_size)
+    NODES.labels("cold").set_function(lambda: len(census) - census.fleet_size())
+    RECENT.set_function(lambda: census.new_nodes(clock()))
+    BURST.set_function(lambda: float(census.burst(clock())))
+    BURST_THRESHOLD.set_function(census.burst_threshold)

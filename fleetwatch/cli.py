@@ -172,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=86400.0,
         help="refuse a message timestamped more than this many seconds before it reached the broker",
     )
+    p.add_argument(
+        "--census-key-file", default=None, help="census HMAC key file (default: $FLEETWATCH_CENSUS_KEY)"
+    )
+    p.add_argument(
+        "--census-warm-up",
+        type=_nonneg_float,
+        default=1200.0,
+        help="seconds of steady telemetry before a node's per-node /metrics series are always exported",
+    )
     p.set_defaults(handler="fleetwatch.pipeline.detect:run")
 
     p = sub.add_parser("eval", help="simulate -> detect -> score, without wall-clock waits")
@@ -239,6 +248,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="runbook_url prefix; the finding kind is appended",
     )
     p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
+    p.add_argument(
+        "--census-key-file", default=None, help="census HMAC key file (default: $FLEETWATCH_CENSUS_KEY)"
+    )
+    p.add_argument(
+        "--census-warm-up",
+        type=_nonneg_float,
+        default=1200.0,
+        help="seconds of steady telemetry before a census node counts toward the budget and storm guard",
+    )
+    p.add_argument(
+        "--census-burst-fraction",
+        type=_nonneg_float,
+        default=0.1,
+        help="new node names within --census-burst-window, as a fraction of the warm fleet, that raise "
+        "fleetwatch_act_census_burst",
+    )
+    p.add_argument(
+        "--census-burst-min",
+        type=_positive_int,
+        default=10,
+        help="never a census burst below this many names",
+    )
+    p.add_argument(
+        "--census-burst-window", type=_positive_float, default=600.0, help="census burst window, s"
+    )
     p.add_argument("--group", default="fleetwatch-act", help="consumer group")
     p.add_argument("--findings-topic", default="fleet.findings.v1", help="input topic")
     p.add_argument("--drain-topic", default="scheduler.drain.v1", help="drain request topic")

@@ -348,7 +348,12 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"Kafka {bootstrap}, Alertmanager {ALERTMANAGER}, Prometheus {PROMETHEUS}")
 
     run_id = secrets.token_hex(3)
-    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "FLEETWATCH_DRAIN_KEY": secrets.token_hex(32),
+        "FLEETWATCH_CENSUS_KEY": secrets.token_hex(32),  # detect signs the census, act verifies it
+        "PYTHONUNBUFFERED": "1",
+    }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     detect_group, act_group = f"demo-detect-{run_id}", f"demo-act-{run_id}"
     procs["detect"] = _spawn(

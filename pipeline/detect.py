@@ -15,7 +15,7 @@ import logging
 import socket
 from dataclasses import replace
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import census, kafka_io, schemas, topics
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
@@ -38,10 +38,19 @@ def stages(
     clock: schemas.ClockLimits | None = schemas.DEFAULT_CLOCK,
     time_scale: float = 1.0,
     forget_after_s: float = NodeTaskConfig.forget_after_s,
+    *,
+    census_key: bytes | None = None,
+    warm_up_s: float = NodeTaskConfig.warm_up_s,
 ) -> list[Stage]:
+    """census_key signs the census (fleetwatch/census.py): the stage's serializer for
+    fleet.nodes.v1 signs each node/1 as it is written, so the tasks and their snapshots never hold
+    the key. `fleetwatch detect` always has one (run() refuses to start without it); None, for
+    in-process tests of other outputs, writes the census unsigned, which act refuses."""
     # forget_after_s is not shortened with the time scale: it bounds memory against node churn,
     # which a compressed simulation does not compress
-    cfg = replace(NodeTaskConfig.for_time_scale(time_scale), forget_after_s=forget_after_s)
+    cfg = replace(
+        NodeTaskConfig.for_time_scale(time_scale), forget_after_s=forget_after_s, warm_up_s=warm_up_s
+    )
     checked = {} if clock is None else {topics.TELEMETRY: clock, topics.STEPS: clock, topics.JOBS: clock}
     node = Stage(
         name="detect-node",
@@ -52,6 +61,7 @@ def stages(
         clock={t: c for t, c in checked.items() if t == topics.TELEMETRY},
         columnar_telemetry=True,
         warm_up=functools.partial(NodeTask.warm_up, scanner_in_background=True),
+        serializers={} if census_key is None else {topics.NODES: census.encoder(census_key)},
     )
     job = Stage(
         name="detect-job",
@@ -78,6 +88,7 @@ def clock_limits(args: argparse.Namespace) -> schemas.ClockLimits | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    key = census.load_key(args.census_key_file)  # fail fast, before touching Kafka; never logged
     kafka_io.wait_for_broker(args.bootstrap)
     kafka_io.ensure_topics(args.bootstrap)
     serve_metrics(args.metrics_port, args.metrics_addr)
@@ -88,7 +99,14 @@ def run(args: argparse.Namespace) -> int:
     worker = Worker(
         args.bootstrap,
         args.group,
-        stages(jobs, clock_limits(args), args.time_scale, args.forget_after),
+        stages(
+            jobs,
+            clock_limits(args),
+            args.time_scale,
+            args.forget_after,
+            census_key=key,
+            warm_up_s=args.census_warm_up,
+        ),
         snapshot_every_s=args.snapshot_every,
         client_id=f"detect-{socket.gethostname()}",
         start_at=args.start_at,

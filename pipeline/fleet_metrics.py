@@ -12,6 +12,13 @@ forgotten node's series go with its state, pipeline/node_stage.py), so fleet-wid
 - per GPU and signal (node, gpu, signal), 3 signals: value + anomaly score   ~98k series
 - per job and node (job, node): step-time median and slowdown, nodes in running jobs  <= ~4k
 - findings by (kind, severity): 11 x 3
+
+Per-node series (node, GPU and clock-skew gauges) are bounded against a flood of made-up names too
+(issue 23, item 9: 10,000 names sent once each had taken /metrics from 9 KB to 15 MB): they are
+exported for every warm node (one that has reported steadily for the node stage's warm_up_s,
+pipeline/steady.py) and for at most COLD_NODES others per worker, those with the worst health
+first; the rest are counted in fleetwatch_detect_nodes_unexported. A new fleet's first warm-up
+(20 minutes by default) shows at most COLD_NODES nodes per worker.
 """
 
 from __future__ import annotations
@@ -36,6 +43,12 @@ LATENCY = Histogram(
     ["kind"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
+NEW_NODES = Counter(
+    "fleetwatch_detect_new_nodes_total",
+    "node names this worker started holding (a first sample; a flood of made-up names shows here)",
+)
+COLD_NODES = 256  # per-node series exported per worker for nodes not warm yet (worst health first)
+
 CONSUMER_LAG = Gauge(
     "fleetwatch_consumer_lag_messages",
     "high watermark - position, per input partition",
@@ -61,6 +74,10 @@ class NodeSource(Protocol):
 
     def clock_skews(self) -> Iterator[tuple[str, float]]:
         """(node, its latest sample's timestamp minus the time the broker took it)."""
+        ...
+
+    def warm_nodes(self) -> set[str]:
+        """The nodes that have reported steadily for the warm-up (pipeline/steady.py)."""
         ...
 
 
@@ -133,14 +150,40 @@ class FleetStateCollector(Collector):
         )
         for (kind, sev), n in sorted(open_counts.items()):
             opened.add_metric([kind, sev], n)
+        # every warm node, and the COLD_NODES other nodes in the worst health
+        healths: list[tuple[str, float, str]] = []
+        cold: list[tuple[float, str]] = []
         for src in nodes:
+            warm = src.warm_nodes()
             for node, h, st in src.node_health():
-                health.add_metric([node], h)
-                for s in STATES:
-                    state.add_metric([node, s], 1.0 if s == st else 0.0)
+                healths.append((node, h, st))
+                if node not in warm:
+                    cold.append((h, node))
+        cold.sort()
+        hidden = {node for _, node in cold[COLD_NODES:]}
+        held = GaugeMetricFamily(
+            "fleetwatch_detect_nodes", "nodes this worker holds, warm or not yet", labels=["warmth"]
+        )
+        held.add_metric(["warm"], len(healths) - len(cold))
+        held.add_metric(["cold"], len(cold))
+        unexported = GaugeMetricFamily(
+            "fleetwatch_detect_nodes_unexported",
+            f"nodes not warm yet whose per-node series are not exported (beyond {COLD_NODES} per worker)",
+        )
+        unexported.add_metric([], len(hidden))
+        for node, h, st in healths:
+            if node in hidden:
+                continue
+            health.add_metric([node], h)
+            for s in STATES:
+                state.add_metric([node, s], 1.0 if s == st else 0.0)
+        for src in nodes:
             for node, s in src.clock_skews():
-                skew.add_metric([node], s)
+                if node not in hidden:
+                    skew.add_metric([node], s)
             for node, gpu, sig, v, a in src.gpu_signals():
+                if node in hidden:
+                    continue
                 g = str(gpu)
                 value.add_metric([node, g, sig], v)
                 if a == a:  # not NaN: no score during warm-up
@@ -165,7 +208,7 @@ class FleetStateCollector(Collector):
                 else:
                     step.add_metric([job, node], t)
                     slow.add_metric([job, node], sd)
-        yield from (health, state, value, score, skew, step, median, slow, opened)
+        yield from (health, state, value, score, skew, step, median, slow, opened, held, unexported)
 
 
 COLLECTOR = FleetStateCollector()

@@ -48,7 +48,7 @@ from fleetwatch.detectors.protocol import NodeContext, NodeDetector
 from fleetwatch.detectors.registry import NODE_DETECTORS
 from fleetwatch.detectors.rows import Compaction, grow
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector, reference_time
-from fleetwatch.pipeline import fleet_metrics
+from fleetwatch.pipeline import fleet_metrics, steady
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.tasks import Output
 
@@ -74,6 +74,11 @@ class NodeTaskConfig:
     forget_after_s: float = 86400.0  # a node unseen this long (event time) is forgotten; inf: never
     forget_every_s: float = 60.0  # event-time period of the check
     emit_features: bool = True
+    # census warm-up (pipeline/steady.py): a gap longer than this between a node's samples (broker
+    # time) starts its run of steady reporting again; a node that has reported steadily for
+    # warm_up_s is warm (act's fleet, and this worker's per-node /metrics series)
+    steady_gap_s: float = 300.0
+    warm_up_s: float = 1200.0
     # a sample's time is believed at most this far ahead of the broker's time for it
     # (detectors/node_index.py)
     max_clock_lead_s: float = CLOCK_LEAD_S
@@ -115,6 +120,10 @@ class NodeTask:
     first_seen: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
     # ... the ts of its last node/1 (-inf: none yet) ...
     census_at: np.ndarray = field(default_factory=lambda: np.full(0, -np.inf))
+    # ... the broker time its current unbroken run of samples began and its latest sample's broker
+    # time (NaN: none yet; pipeline/steady.py) ...
+    steady_since: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
+    seen_at: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
     # ... and its latest sample's ts minus the time the broker took it (NaN: not known; metric
     # only, not snapshotted)
     clock_skew: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
@@ -135,6 +144,8 @@ class NodeTask:
         n = len(self.index)
         self.first_seen = grow(self.first_seen, n, np.nan)
         self.census_at = grow(self.census_at, n, -np.inf)
+        self.steady_since = grow(self.steady_since, n, np.nan)
+        self.seen_at = grow(self.seen_at, n, np.nan)
         self.clock_skew = grow(self.clock_skew, n, np.nan)
 
     @property
@@ -221,6 +232,7 @@ class NodeTask:
     def forget(self, gone: Forgotten) -> list[Output]:
         """Forget these nodes: every detector resolves their open incidents (saying why) and drops
         their state; the task drops them from its tables and removes them from the census."""
+        goodbyes = self._gone_records(gone)
         rows = self.index.drop(gone)
         findings: list[dict[str, Any]] = []
         for detector in self.detectors:
@@ -229,7 +241,24 @@ class NodeTask:
             self._compact(rows)
         FORGOTTEN.inc(len(gone))
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
-        return out + [(topics.NODES, node, None) for node in sorted(gone)]  # census tombstones
+        return out + goodbyes
+
+    def _gone_records(self, gone: Forgotten) -> list[Output]:
+        """Per forgotten node, the signed gone record act forgets it on, then the tombstone that
+        lets the broker compact its key (act ignores tombstones: they cannot be signed)."""
+        out: list[Output] = []
+        for node in sorted(gone):
+            row = self.index.rows.get(node)
+            last = float(gone.last_seen[node])
+            if row is None or not np.isfinite(last):
+                out.append((topics.NODES, node, None))
+                continue
+            first = float(np.fmin(self.first_seen[row], last))  # NaN (no census yet): last
+            seen = float(self.seen_at[row]) if np.isfinite(self.seen_at[row]) else last
+            since = float(np.fmin(self.steady_since[row], seen))
+            msg = census.node_message(node, first, last, steady_since=since, seen_at=seen, gone=True)
+            out += [(topics.NODES, node, msg), (topics.NODES, node, None)]
+        return out
 
     # ------------------------------------------------------------ what Prometheus reads (fleet_metrics)
 
@@ -259,6 +288,14 @@ class NodeTask:
         names = self.index.names
         yield from [(names[r], float(self.clock_skew[r])) for r in known.tolist()]
 
+    def warm_nodes(self) -> set[str]:
+        """The nodes that have reported steadily for warm_up_s (their /metrics series are always
+        exported; pipeline/fleet_metrics.py)."""
+        n = len(self.index)
+        names = self.index.names
+        rows = np.flatnonzero(steady.warm(self.seen_at[:n], self.steady_since[:n], self.config.warm_up_s))
+        return {names[r] for r in rows.tolist()}
+
     def clock_refused(self, key: bytes | None, skew_s: float) -> None:
         """A sample refused for its timestamp (the worker dead-lettered it): shown as the node's
         clock skew if the node is one this task holds (its key is then its name; an unknown or
@@ -276,20 +313,33 @@ class NodeTask:
         self.clock_skew[rows[known]] = skew[known]
 
     def _census(self, batch: TelemetryBatch, ctx: NodeContext) -> list[Output]:
-        """node/1 for a node's first sample and again every census_every_s of its event time: the
-        census of reporting nodes that act sizes the drain budget on (fleetwatch/census.py)."""
+        """node/1 for a node's first sample, again every census_every_s of its event time, and when
+        its run of steady reporting starts again after a gap: the census of reporting nodes that
+        act sizes the drain budget on (fleetwatch/census.py)."""
         every = self.config.census_every_s
-        due = np.flatnonzero(batch.ts >= self.census_at[ctx.rows] + every)
+        t = steady.broker_times(batch.ts, batch.received)
+        restarted = steady.track(self.seen_at, self.steady_since, ctx.rows, t, self.config.steady_gap_s)
+        fleet_metrics.NEW_NODES.inc(int(np.count_nonzero(np.isnan(self.first_seen[restarted]))))
+        due = np.flatnonzero((batch.ts >= self.census_at[ctx.rows] + every) | np.isin(ctx.rows, restarted))
+        fresh = set(restarted.tolist())  # act learns at once that a node's warm-up starts again
         out: list[Output] = []
         for i in due.tolist():
             row, ts = int(ctx.rows[i]), float(batch.ts[i])
-            if ts < self.census_at[row] + every:
+            if ts < self.census_at[row] + every and row not in fresh:
                 continue  # the node's earlier sample in this batch was due already
+            fresh.discard(row)
             if np.isnan(self.first_seen[row]):
                 self.first_seen[row] = ts
             self.census_at[row] = ts
             node = ctx.nodes[i]
-            out.append((topics.NODES, node, census.node_message(node, float(self.first_seen[row]), ts)))
+            msg = census.node_message(
+                node,
+                float(self.first_seen[row]),
+                ts,
+                steady_since=float(self.steady_since[row]),
+                seen_at=float(self.seen_at[row]),
+            )
+            out.append((topics.NODES, node, msg))
         return out
 
     def close(self) -> None:
@@ -299,6 +349,8 @@ class NodeTask:
     def _compact(self, rows: Compaction) -> None:
         self.first_seen = rows.take(self.first_seen, np.nan)
         self.census_at = rows.take(self.census_at, -np.inf)
+        self.steady_since = rows.take(self.steady_since, np.nan)
+        self.seen_at = rows.take(self.seen_at, np.nan)
         self.clock_skew = rows.take(self.clock_skew, np.nan)
 
     def _failed_job_events(self, now: float, mine: set[str]) -> list[tuple[float, str, float]]:
@@ -362,6 +414,8 @@ class NodeTask:
                 "next_lemon": self.lemon.next_judgement,
                 "first_seen": _by_name(names, self.first_seen[:n], np.isfinite),
                 "census_at": _by_name(names, self.census_at[:n], np.isfinite),
+                "steady_since": _by_name(names, self.steady_since[:n], np.isfinite),
+                "seen_at": _by_name(names, self.seen_at[:n], np.isfinite),
                 "forget_clock": self.forget_clock,
             }
         )
@@ -400,6 +454,9 @@ class NodeTask:
             # older snapshots lack these: the census starts again
             first_seen=_by_row(index, d.get("first_seen", {}), np.nan),
             census_at=_by_row(index, d.get("census_at", {}), -np.inf),
+            # older snapshots: each node's run starts at its next sample (cold until warm_up_s)
+            steady_since=_by_row(index, d.get("steady_since", {}), np.nan),
+            seen_at=_by_row(index, d.get("seen_at", {}), np.nan),
             forget_clock=d.get("forget_clock", 0.0),  # older snapshots: checked on the first batch
         )
 

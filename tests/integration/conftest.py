@@ -27,6 +27,14 @@ from tests.integration.services import (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def census_key() -> str:
+    """The census key (fleetwatch/census.py) every `fleetwatch detect` and `act` the tests start
+    inherits from the environment, unless a test gives its own: both refuse to start without one."""
+    os.environ.setdefault("FLEETWATCH_CENSUS_KEY", f"test-census-{uuid.uuid4().hex}")
+    return os.environ["FLEETWATCH_CENSUS_KEY"]
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> str:
     bootstrap = os.environ.get("FLEETWATCH_TEST_BOOTSTRAP", "127.0.0.1:19092")

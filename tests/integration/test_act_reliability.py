@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import fleetwatch.alerts.drain_request  # noqa: F401  (registers drain/1 for TopicTail.messages)
+from fleetwatch import census as census_mod
 from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.alerts import drain_result
 from fleetwatch.alerts.journal import Journal
@@ -28,6 +29,7 @@ from tests.helpers.paths import REPO
 from tests.integration.services import SLURM_NODES, Alertmanager, Slurm, TopicTail
 
 KEY = "test-drain-key-0123456789abcdef"
+CENSUS_KEY = "test-census-key-0123456789abcdef"
 
 
 def free_port() -> int:
@@ -47,7 +49,7 @@ class ActRig:
         self.group = f"act-{tag}"
         kafka_io.ensure_topics(bootstrap, [self.findings, self.drains, self.nodes, self.results])
         self.producer = kafka_io.make_producer(bootstrap)
-        self.env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY}
+        self.env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY, "FLEETWATCH_CENSUS_KEY": CENSUS_KEY}
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def send(self, *fs: dict[str, Any]) -> None:
@@ -70,13 +72,14 @@ class ActRig:
         self.producer.send(self.results, key=r["node"].encode(), value=schemas.encode(r))
         self.producer.flush(10)
 
-    def census(self, *nodes: str) -> None:
-        """These nodes report telemetry (what the detect workers publish on fleet.nodes.v1)."""
+    def census(self, *nodes: str, steady_for: float = 3600.0) -> None:
+        """These nodes report telemetry (what the detect workers publish on fleet.nodes.v1, signed),
+        steadily for `steady_for` seconds (default: long past act's warm-up)."""
         now = time.time()
         for n in nodes:
             m = node_message(n, now - steady_for, now, steady_since=now - steady_for, seen_at=now)
             self.producer.send(
-                self.nodes, key=n.encode(), value=schemas.encode(node_message(n, now - 60, now))
+                self.nodes, key=n.encode(), value=census_mod.encode_signed(m, CENSUS_KEY.encode())
             )
         self.producer.flush(10)
 

@@ -109,6 +109,10 @@ def test_stack_has_every_service(config: dict[str, Any]) -> None:
         assert svc["depends_on"]["kafka"]["condition"] == "service_healthy", name
         assert "kafka:9092" in svc["command"], name
     assert len(services["act"]["environment"]["FLEETWATCH_DRAIN_KEY"]) >= 16  # act refuses shorter keys
+    # detect signs the census and act verifies it, with a key of its own (not the drain key)
+    census_keys = {services[s]["environment"]["FLEETWATCH_CENSUS_KEY"] for s in ("detect", "act")}
+    assert len(census_keys) == 1 and len(next(iter(census_keys))) >= 16
+    assert census_keys != {services["act"]["environment"]["FLEETWATCH_DRAIN_KEY"]}
     assert "scheduler.drain.v1" in services["drain-log"]["command"]
     grafana = services["grafana"]
     assert grafana["image"].startswith("grafana/grafana:")

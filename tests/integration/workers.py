@@ -21,12 +21,16 @@ class Detect:
     """A detect worker (the stages `fleetwatch detect` runs) in its own group, positioned at the end
     of every input partition before the test produces anything, running on a thread."""
 
-    def __init__(self, bootstrap: str, run: str) -> None:
+    def __init__(self, bootstrap: str, run: str, census_key: bytes | None = None) -> None:
         self.jobs = JobTable()
         self.follower = JobTableFollower(self.jobs, lambda: kafka_io.make_consumer(bootstrap))
         self.follower.start()
         self.worker = Worker(
-            bootstrap, f"test-hostile-{run}", stages(self.jobs), snapshot_every_s=3600, start_at="latest"
+            bootstrap,
+            f"test-hostile-{run}",
+            stages(self.jobs, census_key=census_key),
+            snapshot_every_s=3600,
+            start_at="latest",
         )
         expected = sum(self.worker.consumer.partition_count(t) for s in stages(self.jobs) for t in s.inputs)
         deadline = time.monotonic() + 60

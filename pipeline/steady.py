@@ -1,0 +1,51 @@
+"""How long each node has reported without a break, on the broker's clock (issue 23, item 9).
+
+The census (fleetwatch/census.py) says, per node, when its current unbroken run of telemetry began
+(`steady_since`) and when its latest sample reached the broker (`seen_at`); act counts a node in
+the fleet that sizes the drain budget only once that run is long enough (its warm-up), and detect
+exports per-node metric series for warm nodes (pipeline/fleet_metrics.py). Both times are the
+telemetry topic's LogAppendTime, which a node cannot set: a sample stamped a day in the past does
+not make a new name look old. Where the broker's time is not known (`fleetwatch eval`, tests that
+hand dicts), the sample's own time stands in.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def broker_times(ts: np.ndarray, received: np.ndarray) -> np.ndarray:
+    """Each sample's broker time, or its own time where the broker's is not known."""
+    return np.where(np.isnan(received), ts, received)
+
+
+def track(
+    seen_at: np.ndarray, steady_since: np.ndarray, rows: np.ndarray, t: np.ndarray, gap_s: float
+) -> np.ndarray:
+    """Fold a batch's samples (node rows, broker times) into the per-row arrays, in place: a row
+    not seen before (seen_at NaN), or a gap of more than gap_s between consecutive samples of a
+    row, starts a new run at that sample. Returns the rows whose run (re)started in this batch."""
+    if not len(rows):
+        return rows
+    order = np.lexsort((t, rows))  # by row, then time
+    r, tt = rows[order], t[order]
+    first = np.ones(len(r), dtype=bool)
+    first[1:] = r[1:] != r[:-1]
+    prev = np.empty_like(tt)
+    prev[1:] = tt[:-1]
+    prev[first] = seen_at[r[first]]
+    breaks = np.isnan(prev) | (tt - prev > gap_s)
+    at = np.flatnonzero(breaks)
+    if len(at):
+        last = np.ones(len(at), dtype=bool)  # each row's last break in the batch starts its run
+        last[:-1] = r[at[1:]] != r[at[:-1]]
+        steady_since[r[at[last]]] = tt[at[last]]
+    ends = np.flatnonzero(np.r_[first[1:], True])  # each row's latest sample
+    seen_at[r[ends]] = np.fmax(seen_at[r[ends]], tt[ends])
+    return np.unique(r[at])
+
+
+def warm(seen_at: np.ndarray, steady_since: np.ndarray, warm_up_s: float) -> np.ndarray:
+    """Rows that have reported without a break for at least warm_up_s."""
+    with np.errstate(invalid="ignore"):
+        return (seen_at - steady_since) >= warm_up_s  # NaN (never seen): False
