@@ -860,10 +860,16 @@ def pipeline() -> dict:
                     f"(increase(fleetwatch_worker_state_lost_total{{{C}}}[{RATE}]))",
                     "lost: {{group}} {{stage}} ({{reason}})",
                 ),
+                (
+                    f"sum by (group, callback) "
+                    f"(increase(fleetwatch_bus_rebalance_errors_total{{{C}}}[{RATE}]))",
+                    "failed {{callback}}: {{group}}",
+                ),
             ),
             bars=True,
-            desc="Snapshots written, and restores that found a snapshot they could not use (the "
-            "partition started cold).",
+            desc="Snapshots written, restores that found a snapshot they could not use (the "
+            "partition started cold), and rebalance callbacks that raised (an assignment is then "
+            "retried; a revoke leaves its input uncommitted).",
         ),
         row("Node agents"),
         ts(

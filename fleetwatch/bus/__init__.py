@@ -86,6 +86,8 @@ class PendingAssignment:
 
     def __init__(self, group: str, first_s: float = 1.0, max_s: float = 60.0) -> None:
         self.group = group
+        for callback in ("assign", "revoke"):  # exported at 0: increase() sees the first error
+            REBALANCE_ERRORS.labels(group, callback)
         self.parts: list[TopicPart] = []
         self.first_s, self.max_s = first_s, max_s
         self._wait_s = first_s
