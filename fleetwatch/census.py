@@ -72,8 +72,8 @@ GONE_MEMORY = 100_000  # nodes forgotten by a verified gone, remembered to refus
 REFUSED = Counter(
     "fleetwatch_act_census_refused_total",
     "census records (fleet.nodes.v1) act did not apply, by reason: unsigned, bad_signature, "
-    "malformed, stale (older than the node's latest verified record: a replay), "
-    "unsigned_tombstone (a tombstone with no verified gone record before it)",
+    "malformed, stale (not newer than the node's latest verified record: a replay, or detect "
+    "replaying its input after a restart), unsigned_tombstone (a tombstone for a node act holds)",
     ["reason"],
 )
 NEW_NODES = Counter(
@@ -241,7 +241,9 @@ class Census:
         node = key.decode("utf-8", "replace")
         if value is None:
             with self._lock:
-                if node not in self._gone:  # a tombstone after a verified gone is compaction's
+                # one for a node act does not hold is compaction's (after a verified gone, or all
+                # that is left of one after a restart) and changes nothing: not counted
+                if node in self._nodes:
                     self._refuse("unsigned_tombstone", node)
             return
         try:
