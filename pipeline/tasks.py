@@ -18,7 +18,25 @@ from fleetwatch.schemas import ClockLimits, encode
 Output = tuple[str, str | None, dict[str, Any] | None]  # topic, key, message (None: a tombstone)
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A record a task refuses although it decoded: it breaks a rule only the task's state can
+    check (a step for a node its job does not list). The worker dead-letters it with `reason` (one
+    of schemas.REASONS) and counts it as it counts records that fail to decode."""
+
+    topic: str  # the input topic it came from
+    reason: str
+    detail: str
+    msg: Mapping[str, Any]  # the record as decoded
+    # its place in the messages of the process() call that refuses it; None for a record an earlier
+    # call kept (held), whose original bytes are gone: the worker dead-letters it re-encoded
+    index: int | None = None
+
+
 class Task(Protocol):
+    """Optionally also `refused: Sequence[Refused]`: the records the latest process() call refused
+    (the worker reads it after each call)."""
+
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
         """Handle decoded, validated messages of one input partition, in offset order."""
         ...

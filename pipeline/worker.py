@@ -37,7 +37,7 @@ from fleetwatch.pipeline.state_store import (
     read_snapshots,
     write_snapshot,
 )
-from fleetwatch.pipeline.tasks import Stage, Task
+from fleetwatch.pipeline.tasks import Refused, Stage, Task
 from fleetwatch.record_block import RecordBlock
 from fleetwatch.runtime import StopFlag, gc_paused
 
@@ -449,12 +449,37 @@ class Worker:
             )
             if e.skew_s is not None and refused is not None:
                 refused(block.key(i), e.skew_s)
+        self._dead_letter_refused(tp, block, bad, getattr(task, "refused", ()), out)
         for topic, key, value in encoded:
             out.send(topic, key=key, value=value)
             PRODUCED.labels(self.group, topic).inc()
         if tp.topic == topics.TELEMETRY:
             fleet_metrics.SAMPLES.inc(len(msgs))
         return True
+
+    def _dead_letter_refused(
+        self,
+        tp: TopicPart,
+        block: RecordBlock,
+        bad: list[tuple[int, schemas.MessageError]],
+        refused: Sequence[Refused],
+        out: _Outbox,
+    ) -> None:
+        """Dead-letter and count what the task refused after decoding (pipeline/tasks.Refused), as
+        records that fail to decode are: one of this call by its original bytes, one an earlier
+        call held re-encoded (its bytes are gone)."""
+        if not refused:
+            return
+        failed = {i for i, _e in bad}
+        good = [k for k in range(len(block)) if k not in failed]  # the task's messages, in order
+        for r in refused:
+            REJECTED.labels(self.group, r.topic, r.reason).inc()
+            if r.index is not None and r.topic == tp.topic:
+                k = good[r.index]
+                raw, source = block.value(k), f"{tp.topic}:{tp.partition}:{block.offsets[k]}"
+            else:
+                raw, source = schemas.encode(dict(r.msg)), f"{r.topic}:{tp.partition}"
+            send_deadletter(out, raw, r.reason, r.detail, source, r.topic)
 
     def _decode(
         self, stage: Stage, tp: TopicPart, block: RecordBlock, now: float

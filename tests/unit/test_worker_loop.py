@@ -16,7 +16,7 @@ from fleetwatch import schemas, topics
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.memory import MemoryBus
 from fleetwatch.pipeline.state_store import write_snapshot
-from fleetwatch.pipeline.tasks import Output
+from fleetwatch.pipeline.tasks import Output, Refused
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
 from tests.helpers.counting import CountingTask, counting_stage
@@ -300,3 +300,60 @@ def test_a_snapshot_whose_offsets_are_not_of_its_stages_inputs_is_not_used() -> 
         assert "node-xx" not in w.tasks[("count", 0)].counts  # type: ignore[attr-defined]
         assert _latest(bus) == dict.fromkeys(NODES, 2)
         w.close()
+
+
+class RefusingTask(CountingTask):
+    """Counts, but refuses every sample of node-03 in the call that brings it, and keeps node-05's
+    first sample back to refuse it in its partition's next call (as the job stage does with a step
+    it held for its job/1)."""
+
+    def __init__(self, out_topic: str, counts: dict[str, int] | None = None) -> None:
+        super().__init__(out_topic, counts)
+        self.kept: list[dict[str, Any]] = []
+        self.refused: list[Refused] = []
+
+    def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
+        self.refused = [Refused(topic, "unknown_job", "kept too long", m) for m in self.kept]
+        self.kept, take = [], []
+        for i, m in enumerate(msgs):
+            if m["node"] == "node-03":
+                self.refused.append(Refused(topic, "not_in_job", "not listed", m, i))
+            elif m["node"] == "node-05" and m["seq"] == 0:
+                self.kept.append(m)
+            else:
+                take.append(m)
+        return super().process(topic, take)
+
+
+def _rejected(reason: str) -> float:
+    labels = {"group": "g-refuse", "topic": IN, "reason": reason}
+    return REGISTRY.get_sample_value("fleetwatch_worker_rejected_total", labels) or 0.0
+
+
+def test_records_a_task_refuses_are_dead_lettered_with_its_reason_and_counted() -> None:
+    """The general way for a task to refuse a decoded record (pipeline/tasks.Refused): the worker
+    dead-letters it with the task's reason, by its original bytes (or re-encoded, for one an
+    earlier call kept), counts it by reason, and the rest goes on."""
+    bus = _bus()
+    bus.append(IN, b"node-03", b"{not json")  # a decode failure first: the indices skip it
+    _feed(bus, range(3))
+    before = {r: _rejected(r) for r in ("not_in_job", "unknown_job")}
+    worker = Worker(
+        bus, "g-refuse", [counting_stage("count", IN, OUT, task=RefusingTask)], snapshot_every_s=3600
+    )
+    _drain(worker)
+    _feed(bus, range(3, 5))
+    _drain(worker)
+    counts = _counts(bus)
+    assert "node-03" not in counts and counts["node-05"] == [1, 2, 3, 4]
+    letters = [(dict(r.headers), r.value) for r in bus.records(topics.DEADLETTER)]
+    refused = [
+        (h["reason"], orjson.loads(v)["seq"], h["source"].count(b":"))
+        for h, v in letters
+        if h["reason"] != b"not_json"
+    ]
+    assert sorted(refused) == sorted([(b"not_in_job", s, 2) for s in range(5)] + [(b"unknown_job", 0, 1)])
+    originals = {schemas.encode(telemetry(node="node-03", seq=s)) for s in range(5)}
+    assert {v for h, v in letters if h["reason"] == b"not_in_job"} == originals
+    assert _rejected("not_in_job") - before["not_in_job"] == 5
+    assert _rejected("unknown_job") - before["unknown_job"] == 1
