@@ -8,7 +8,8 @@ job afresh, so a detector walks the batch in runs of one kind (`runs`).
 Layout (R records): `kind` (R,) STEP, FEATURES or JOB; `job`, `node` (R,) names (node "" for a
 job record); `ts` (R,); `step_time_s` (R,) a step's time, NaN on other records; `sm_clock_mhz`,
 `util` (R,) a feature record's, NaN where absent or on other records; `ended` (R,) a job record
-whose state ends the job.
+whose state ends the job; `listed` (R,) a job record's nodes, the only ones its detectors may judge
+(() on other records).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class JobBatch:
     sm_clock_mhz: np.ndarray
     util: np.ndarray
     ended: np.ndarray
+    listed: list[tuple[str, ...]]
 
     @classmethod
     def from_records(cls, msgs: Sequence[Mapping[str, Any]]) -> JobBatch:
@@ -57,6 +59,7 @@ class JobBatch:
                 [k == JOB_RECORD and m["state"] in ENDED_STATES for k, m in zip(kind, msgs, strict=True)],
                 dtype=bool,
             ),
+            listed=[tuple(m["nodes"]) if k == JOB_RECORD else () for k, m in zip(kind, msgs, strict=True)],
         )
 
     def runs(self) -> Iterator[tuple[int, np.ndarray]]:

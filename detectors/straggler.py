@@ -24,6 +24,11 @@ min_slowdown continuously for persist_s of event time; the
 finding escalates to critical once it has persisted critical_after_s (a persistent straggler
 is worth a drain), and resolves after clear_after_s without slowdown, or when the job ends.
 All timing is event time (message ts), so a replay gives the same findings.
+
+Only the nodes the scheduler put in the job are judged: the job stage passes on the records of
+those nodes alone (pipeline/job_members.py), and a job record that lists the job's nodes makes the
+detector drop the windows of any other node it holds, resolving that node's findings in the job
+(a snapshot of a release that took every node, or a job whose nodes changed).
 """
 
 from __future__ import annotations
@@ -122,6 +127,13 @@ class JobWindow:
         self.ring[r, pos] = values[order]
         np.add.at(self.count, r, 1)
 
+    def keep_only(self, keep: frozenset[str]) -> None:
+        """Drop the rows of every node not in `keep`; the others keep their order."""
+        stay = [i for n, i in self.nodes.items() if n in keep]
+        self.nodes = {n: k for k, n in enumerate(n for n in self.nodes if n in keep)}
+        self.ring = self.ring[stay] if len(self.ring) else self.ring
+        self.count, self.bad_since, self.ref = self.count[stay], self.bad_since[stay], self.ref[stay]
+
     def to_state(self) -> dict[str, Any]:
         return {
             "nodes": list(self.nodes),
@@ -183,8 +195,11 @@ class StragglerDetector:
                 take = idx[busy & ~np.isnan(batch.sm_clock_mhz[idx])]
                 out += self._process(SM_CLOCK, batch, take, batch.sm_clock_mhz)
             elif kind == JOB_RECORD:
-                for i in idx[batch.ended[idx]].tolist():
-                    out += self.job_ended(batch.job[i], float(batch.ts[i]))
+                for i in idx.tolist():
+                    if batch.ended[i]:
+                        out += self.job_ended(batch.job[i], float(batch.ts[i]))
+                    else:
+                        out += self.job_nodes(batch.job[i], batch.listed[i], float(batch.ts[i]))
         return out
 
     def process(self, msgs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -199,6 +214,19 @@ class StragglerDetector:
             out.append(inc.finding(max(ts, inc.last_bad), resolved=True))
         for k in [k for k in self.windows if k[0] == job]:
             del self.windows[k]
+        return out
+
+    def job_nodes(self, job: str, nodes: Sequence[str], ts: float) -> list[dict[str, Any]]:
+        """The job runs on `nodes` (its job/1): forget any other node's windows in it and resolve
+        that node's findings in it."""
+        keep = frozenset(nodes)
+        for (j, _s), w in self.windows.items():
+            if j == job and not keep.issuperset(w.nodes):
+                w.keep_only(keep)
+        out = []
+        for key in [k for k in self.book.open if k[2] == job and k[0] not in keep]:
+            inc = self.book.open.pop(key)
+            out.append(inc.finding(max(ts, inc.last_bad), resolved=True))
         return out
 
     # ------------------------------------------------------------ core

@@ -62,6 +62,10 @@ REASONS = (
     "duplicate_key",
     "key_mismatch",
     "internal_error",
+    # refused by a task after decoding (pipeline/tasks.Refused): a step or node-feature record for
+    # a node its job's job/1 does not list, or for a job no job/1 named in time
+    "not_in_job",
+    "unknown_job",
 )
 
 # Node and job names end up in Kafka keys, Prometheus labels and scontrol argv: keep them plain.

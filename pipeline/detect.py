@@ -71,8 +71,9 @@ def stages(
             topics.STEPS: schemas.STEP,
             topics.JOBS: schemas.JOB,
         },
-        new_task=lambda _p: JobTask(),
-        load_task=lambda _p, raw: JobTask.from_bytes(raw),
+        # the job table: the nodes of a job whose job/1 a task has not read (pipeline/job_members.py)
+        new_task=lambda _p: JobTask(jobs=jobs),
+        load_task=lambda _p, raw: JobTask.from_bytes(raw, jobs=jobs),
         clock={t: c for t, c in checked.items() if t != topics.TELEMETRY},
         # the job publisher's tombstones of old jobs (topics.JOB_HISTORY_S): the job table
         # (JobTableFollower) forgets the job, this stage has nothing to do

@@ -2,7 +2,9 @@
 
 It also owns fleet.jobs.v1 in the consumer group (same key, same partition count): a job's
 end resolves its straggler findings, and a malformed job record is dead-lettered once, by
-the one worker that owns its partition.
+the one worker that owns its partition. A job's job/1 also says which nodes its detectors may
+judge: a step or feature record for another node is refused, one that comes before its job's
+job/1 is held for it (pipeline/job_members.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from fleetwatch.detectors.protocol import JobDetector
 from fleetwatch.detectors.registry import JOB_DETECTORS
 from fleetwatch.detectors.straggler import StragglerConfig, StragglerDetector
 from fleetwatch.pipeline import fleet_metrics
-from fleetwatch.pipeline.tasks import Output
+from fleetwatch.pipeline.job_members import HoldConfig, JobMembers, NodesOf
+from fleetwatch.pipeline.tasks import Output, Refused
 from fleetwatch.schemas import JOB
 
 STALE = Counter(
@@ -31,9 +34,11 @@ STALE = Counter(
 
 @dataclass(frozen=True)
 class JobTaskConfig:
-    """Each registered job detector's configuration, under its registry name."""
+    """Each registered job detector's configuration, under its registry name; and how long the
+    stage holds a job's records for its job/1 (`hold`)."""
 
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    hold: HoldConfig = field(default_factory=HoldConfig)
 
 
 @dataclass(eq=False)  # identity: tasks are registered with the metrics collector
@@ -44,11 +49,17 @@ class JobTask:
     # feature record is dropped here, once for every job detector, as the node stage drops stale
     # telemetry (at-least-once delivery upstream makes them normal). A job's entries go with its end.
     last_ts: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the worker's JobTable: the nodes of a job whose job/1 this task has not read (configuration)
+    jobs: NodesOf | None = None
+    members: JobMembers | None = None  # each job's nodes, and the records held for a job/1
+    refused: list[Refused] = field(default_factory=list)  # by the latest process() call
 
     def __post_init__(self) -> None:
         for reg in JOB_DETECTORS:  # each one the task was not given starts empty
             if getattr(self, reg.name) is None:
                 setattr(self, reg.name, reg.detector(getattr(self.config, reg.name)))
+        if self.members is None:
+            self.members = JobMembers(self.config.hold, self.jobs)
         fleet_metrics.COLLECTOR.add_jobs(self)
 
     @property
@@ -69,8 +80,10 @@ class JobTask:
         fleet_metrics.COLLECTOR.remove(self)
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
-        # steps, node features or jobs: each message says which by its schema
-        fresh = self._fresh(msgs)
+        # steps, node features or jobs: each message says which by its schema. Only records of
+        # the nodes a job's job/1 lists reach the detectors; the worker dead-letters the refused.
+        taken, self.refused = self.members.admit(msgs)
+        fresh = self._fresh(taken)
         if not fresh:
             return []
         batch = JobBatch.from_records(fresh)
@@ -96,11 +109,15 @@ class JobTask:
     def to_bytes(self) -> bytes:
         state: dict[str, Any] = {reg.name: getattr(self, reg.name).to_state() for reg in JOB_DETECTORS}
         state["last_ts"] = self.last_ts
+        state["members"] = self.members.to_state()
         return orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY)
 
     @classmethod
-    def from_bytes(cls, raw: bytes, config: JobTaskConfig | None = None) -> JobTask:
-        """State from the snapshot, configuration from `config`: the deployment's, as new tasks get."""
+    def from_bytes(
+        cls, raw: bytes, config: JobTaskConfig | None = None, jobs: NodesOf | None = None
+    ) -> JobTask:
+        """State from the snapshot, configuration from `config`: the deployment's, as new tasks get;
+        `jobs`: the worker's JobTable."""
         d = orjson.loads(raw)
         config = config or JobTaskConfig()
         if "straggler" not in d:  # snapshots before the job stage kept what it had taken
@@ -108,4 +125,6 @@ class JobTask:
         detectors = {
             reg.name: reg.detector.from_state(d[reg.name], getattr(config, reg.name)) for reg in JOB_DETECTORS
         }
-        return cls(config, **detectors, last_ts=d["last_ts"])
+        # snapshots before the membership check have no "members": the JobTable tells the nodes
+        members = JobMembers.from_state(d.get("members"), config.hold, jobs)
+        return cls(config, **detectors, last_ts=d["last_ts"], jobs=jobs, members=members)

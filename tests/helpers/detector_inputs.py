@@ -78,6 +78,17 @@ def steps(
     return out
 
 
+def job_start(n_nodes: int, job: str = "job-1", ts: float = T0) -> dict[str, Any]:
+    """The job/1 that puts `steps()`' nodes in the job: the job stage judges only listed nodes."""
+    return {
+        "schema": "job/1",
+        "job": job,
+        "nodes": [f"node-{i:02d}" for i in range(n_nodes)],
+        "state": "running",
+        "ts": ts,
+    }
+
+
 def fleet(
     n_nodes: int, n_ticks: int, *, seed: int = 0, hot: tuple[int, int, int] | None = None
 ) -> list[list[dict[str, Any]]]:

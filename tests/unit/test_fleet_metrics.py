@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY, generate_latest
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
-from tests.helpers.detector_inputs import steps
+from tests.helpers.detector_inputs import job_start, steps
 from tests.helpers.messages import telemetry
 
 
@@ -42,6 +42,7 @@ def test_node_health_state_and_gpu_signals() -> None:
 
 def test_job_step_times() -> None:
     task = JobTask()
+    task.process("fleet.jobs.v1", [job_start(4, "mx-job")])
     task.process("fleet.steps.v1", steps(4, 40, slow={2: 0.2}, job="mx-job"))
     text = generate_latest(REGISTRY).decode()
     slow = _value(text, "fleetwatch_job_node_slowdown", job="mx-job", node="node-02")

@@ -105,7 +105,7 @@ def test_a_shared_node_sends_its_features_to_each_job_and_is_judged_within_each(
     jobs.apply(job("a", ["n1", "n2", "n3"]))
     jobs.apply(job("b", ["n3", "n4", "n5"]))
     clocks = {"n1": 1980.0, "n2": 1980.0, "n3": 1500.0, "n4": 1500.0, "n5": 1500.0}
-    node, straggler = NodeTask(jobs), JobTask()
+    node, straggler = NodeTask(jobs), JobTask(jobs=jobs)  # as `fleetwatch detect` wires them
     findings: list[dict[str, Any]] = []
     try:
         for s in range(60):

@@ -28,7 +28,7 @@ from fleetwatch.detectors.straggler import JobWindow, StragglerConfig, Straggler
 from fleetwatch.pipeline.job_stage import JobTask, JobTaskConfig
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
-from tests.helpers.detector_inputs import fleet, series, steps
+from tests.helpers.detector_inputs import fleet, job_start, series, steps
 
 DAY = 86400.0
 T0 = 1_764_000_000.0
@@ -191,6 +191,7 @@ def _newest(w: JobWindow, k: int) -> np.ndarray:
 
 def _job_task() -> Restored:
     before = JobTask(straggler=StragglerDetector(StragglerConfig()))
+    before.process("fleet.jobs.v1", [job_start(4)])
     before.process("fleet.steps.v1", steps(4, 120, slow={2: 0.3}, seed=1))
     b = StragglerConfig(window=20, clear_after_s=10.0)
     after = JobTask.from_bytes(before.to_bytes(), JobTaskConfig(straggler=b))

@@ -1,0 +1,212 @@
+"""Which nodes a job's detectors may judge: the ones its job/1 lists.
+
+Step records come from training code, which can name any node: a job detector that took them as
+they came would compare, and could end up draining, a node the scheduler never put in the job.
+So the job stage takes a step or node-feature record only for a node its job's job/1 lists and
+refuses one for any other node (dead letter `not_in_job`). The jobs topic and the steps topic are
+read separately, so a job's first steps may come before its job/1: those are held, then judged
+against the nodes the job/1 lists when it comes, or refused (`unknown_job`) when the hold runs out.
+Nothing is judged blind.
+
+Where a job's nodes come from, in order: the job/1 records of the stage's own jobs partition (kept
+in the task's snapshot, so a replay decides as the first run did), else the worker's JobTable (the
+whole jobs topic): a task that starts at the topic's end, or restores a snapshot of a release
+before this check, has not read the job/1 of a job that is already running. Nodes learnt from the
+table reach the detectors as a job record of their own, so they too drop any node outside the job.
+A job the task has seen end is not looked up in the table, which may lag behind the task.
+
+The hold is bounded (HoldConfig): `hold_records` records in all (beyond it the job held longest
+loses its oldest record first), and `hold_s` of event time: a held record is refused once its own
+job's records are hold_s newer, or, for a job that went quiet, once the partition's are 2 x hold_s
+newer, so that one record stamped up to hold_s ahead (the broker's clock check allows 60 s) cannot
+cut another job's hold short.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fleetwatch import topics
+from fleetwatch.detectors.job_batch import ENDED_STATES
+from fleetwatch.pipeline.tasks import Refused
+from fleetwatch.schemas import JOB, NODE_FEATURES, STEP
+
+NOT_IN_JOB = "not_in_job"
+UNKNOWN_JOB = "unknown_job"
+ENDED_MEMORY = 4096  # jobs seen to end, remembered so that a lagging JobTable does not revive them
+_TOPIC = {STEP: topics.STEPS, NODE_FEATURES: topics.NODE_FEATURES}
+
+
+@dataclass(frozen=True)
+class HoldConfig:
+    hold_s: float = 60.0  # event time a job's records wait for its job/1
+    hold_records: int = 4096  # records held at once, all jobs together
+
+
+class NodesOf(Protocol):
+    """What the stage reads of the worker's JobTable (pipeline/job_table.py)."""
+
+    def nodes_of(self, job: str) -> tuple[str, ...]: ...
+
+
+class JobMembers:
+    """Each running job's nodes, and the records held for jobs whose nodes are not known yet."""
+
+    def __init__(self, config: HoldConfig | None = None, table: NodesOf | None = None) -> None:
+        self.cfg = config or HoldConfig()
+        self.table = table  # configuration, not state: the worker's JobTable, if it has one
+        self.nodes: dict[str, frozenset[str]] = {}
+        self.ended: OrderedDict[str, None] = OrderedDict()  # newest last
+        self.held: dict[str, deque[dict[str, Any]]] = {}  # insertion order: the job held longest first
+        self.span: dict[str, list[float]] = {}  # job -> [oldest, newest] ts of its held records
+        self.n_held = 0
+        self.newest = -math.inf  # the newest step or feature ts of the partition
+        self._index: dict[int, int] = {}  # id(msg) -> its place in the current call's messages
+
+    # ------------------------------------------------------------ the gate
+
+    def admit(self, msgs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Refused]]:
+        """The records the job detectors may see, in order (job records, then any held records a
+        job/1 releases, and step or feature records of listed nodes), and those refused."""
+        taken: list[dict[str, Any]] = []
+        refused: list[Refused] = []
+        self._index = {}
+        for i, m in enumerate(msgs):
+            if m["schema"] == JOB:
+                taken.append(m)
+                self._job(m, taken, refused)
+                continue
+            job, ts = m["job"], float(m["ts"])
+            self.newest = max(self.newest, ts)
+            nodes = self._nodes_of(job, ts, taken, refused)
+            if nodes is None:
+                self._hold(m, i, refused)
+            elif m["node"] in nodes:
+                taken.append(m)
+            else:
+                refused.append(self._refusal(m, NOT_IN_JOB, f"the job/1 of {job} does not list this node", i))
+        for job in [j for j in self.held if j not in self.ended]:  # the table may know them by now
+            self._nodes_of(job, self.span[job][1], taken, refused)
+        self._expire(refused)
+        self._index = {}
+        return taken, refused
+
+    def _job(self, m: dict[str, Any], taken: list[dict[str, Any]], refused: list[Refused]) -> None:
+        job = m["job"]
+        if m["state"] in ENDED_STATES:
+            self.nodes.pop(job, None)
+            self.ended[job] = None
+            self.ended.move_to_end(job)
+            while len(self.ended) > ENDED_MEMORY:
+                self.ended.popitem(last=False)
+            for r in self._unhold(job):
+                refused.append(self._refusal(r, UNKNOWN_JOB, f"{job} ended before a job/1 named its nodes"))
+            return
+        self.ended.pop(job, None)
+        self._learn(job, m["nodes"], taken, refused)
+
+    def _nodes_of(
+        self, job: str, ts: float, taken: list[dict[str, Any]], refused: list[Refused]
+    ) -> frozenset[str] | None:
+        nodes = self.nodes.get(job)
+        if nodes is not None or job in self.ended or self.table is None:
+            return nodes
+        listed = self.table.nodes_of(job)
+        if not listed:
+            return None
+        # the detectors learn the nodes as from a job/1, so they too drop any other node they hold
+        taken.append({"schema": JOB, "job": job, "nodes": list(listed), "state": "running", "ts": ts})
+        return self._learn(job, listed, taken, refused)
+
+    def _learn(
+        self, job: str, listed: Sequence[str], taken: list[dict[str, Any]], refused: list[Refused]
+    ) -> frozenset[str]:
+        nodes = self.nodes[job] = frozenset(listed)
+        for r in self._unhold(job):
+            if r["node"] in nodes:
+                taken.append(r)
+            else:
+                refused.append(self._refusal(r, NOT_IN_JOB, f"the job/1 of {job} does not list this node"))
+        return nodes
+
+    # ------------------------------------------------------------ the hold
+
+    def _hold(self, m: dict[str, Any], i: int, refused: list[Refused]) -> None:
+        job, ts = m["job"], float(m["ts"])
+        q = self.held.get(job)
+        if q is None:
+            q = self.held[job] = deque()
+            self.span[job] = [ts, ts]
+        q.append(m)
+        span = self.span[job]
+        span[0], span[1] = min(span[0], ts), max(span[1], ts)
+        self.n_held += 1
+        self._index[id(m)] = i
+        while self.n_held > self.cfg.hold_records:
+            first = next(iter(self.held))
+            old = self.held[first].popleft()
+            self.n_held -= 1
+            if not self.held[first]:
+                del self.held[first], self.span[first]
+            detail = f"no job/1 named the nodes of {first} while {self.cfg.hold_records} records were held"
+            refused.append(self._refusal(old, UNKNOWN_JOB, detail))
+
+    def _unhold(self, job: str) -> deque[dict[str, Any]]:
+        q = self.held.pop(job, deque())
+        self.span.pop(job, None)
+        self.n_held -= len(q)
+        return q
+
+    def _expire(self, refused: list[Refused]) -> None:
+        hold = self.cfg.hold_s
+        for job in list(self.held):
+            oldest, newest = self.span[job]
+            horizon = max(newest, self.newest - hold) - hold
+            if oldest >= horizon:
+                continue
+            q = self.held[job]
+            stay = deque(r for r in q if float(r["ts"]) >= horizon)
+            detail = f"no job/1 named the nodes of {job} within {hold:g} s"
+            refused.extend(self._refusal(r, UNKNOWN_JOB, detail) for r in q if float(r["ts"]) < horizon)
+            self.n_held -= len(q) - len(stay)
+            if stay:
+                self.held[job] = stay
+                self.span[job] = [min(float(r["ts"]) for r in stay), newest]
+            else:
+                del self.held[job], self.span[job]
+
+    def _refusal(self, m: dict[str, Any], reason: str, detail: str, index: int | None = None) -> Refused:
+        at = self._index.get(id(m)) if index is None else index
+        return Refused(_TOPIC[m["schema"]], reason, f"{detail}: node {m['node']}", m, at)
+
+    # ------------------------------------------------------------ state
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "nodes": {job: sorted(nodes) for job, nodes in self.nodes.items()},
+            "ended": list(self.ended),
+            "held": [[job, list(q)] for job, q in self.held.items()],
+            "newest": None if self.newest == -math.inf else self.newest,
+        }
+
+    @classmethod
+    def from_state(
+        cls, d: dict[str, Any] | None, config: HoldConfig | None = None, table: NodesOf | None = None
+    ) -> JobMembers:
+        """None: a snapshot from before the check, which knew no job's nodes (the table does)."""
+        self = cls(config, table)
+        if d is None:
+            return self
+        self.nodes = {job: frozenset(nodes) for job, nodes in d["nodes"].items()}
+        self.ended = OrderedDict.fromkeys(d["ended"])
+        for job, records in d["held"]:
+            self.held[job] = deque(records)
+            ts = [float(r["ts"]) for r in records]
+            self.span[job] = [min(ts), max(ts)]
+            self.n_held += len(records)
+        self.newest = -math.inf if d["newest"] is None else float(d["newest"])
+        return self
