@@ -30,7 +30,7 @@ from fleetwatch import kafka_io, schemas
 from fleetwatch.alerts import drain_request
 from fleetwatch.alerts.actor import Actor, ActTask
 from fleetwatch.alerts.alert_model import AlertBuilder
-from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher, dead_letter_alert
+from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertSender, dead_letter_alert
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
 from fleetwatch.alerts.policy import Policy, PolicyConfig
 from fleetwatch.bus import Bus, Outgoing, TopicPart
@@ -165,12 +165,16 @@ def run(args: argparse.Namespace) -> int:
         return latest_requests(lambda: kafka_io.make_consumer(args.bootstrap), args.drain_topic, key)
 
     def dead_letter(raw: bytes, reason: str, detail: str) -> None:
-        # The dispatcher flushes from the worker's loop (or after it, at close): the worker exists.
+        # Answers are applied from the worker's loop (or after it, at close): the worker exists.
         assert worker is not None
         dead_letter_alert(worker.producer, raw, reason, detail)
 
-    dispatcher = Dispatcher(
-        AlertmanagerClient(args.alertmanager), resend_s=args.resend_interval, on_rejected=dead_letter
+    # Alerts go beside the drain path: the decision step only queues them, a thread posts (a slow
+    # Alertmanager must not hold back drain requests); the sender itself backs off, so no retries.
+    dispatcher = AlertSender(
+        AlertmanagerClient(args.alertmanager, timeout_s=args.alertmanager_timeout, retries=0),
+        resend_s=args.resend_interval,
+        on_rejected=dead_letter,
     )
     actor = Actor(
         policy=Policy(policy_config(args)),
@@ -232,9 +236,12 @@ def run(args: argparse.Namespace) -> int:
             if args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
                 break
     finally:
-        # Deliver what is buffered first, so the closing snapshot records it as delivered; whatever
-        # Alertmanager does not take now is in that snapshot and is re-sent after a restart.
-        dispatcher.flush([t.book for t in actor.tasks().values()] + [actor.global_book], force=True)
+        # Deliver what is queued first (for at most --alert-flush-timeout), so the closing snapshot
+        # records it as delivered; whatever Alertmanager has not taken by then is counted in the
+        # log, stays in that snapshot and is re-sent after a restart.
+        dispatcher.close(
+            [t.book for t in actor.tasks().values()] + [actor.global_book], args.alert_flush_timeout
+        )
         worker.close()
         for f in followers:
             f.stop()

@@ -35,7 +35,7 @@ from prometheus_client import Counter, Gauge
 
 from fleetwatch.alerts import drain_request
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
-from fleetwatch.alerts.alertmanager import Dispatcher
+from fleetwatch.alerts.alertmanager import AlertSink
 from fleetwatch.alerts.drain_log import IGNORED as IGNORED_RESULTS
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
@@ -116,7 +116,7 @@ class Actor:
         *,
         policy: Policy,
         builder: AlertBuilder,
-        dispatcher: Dispatcher,
+        dispatcher: AlertSink,  # act: an AlertSender (flush only queues; a thread posts)
         jobs: JobLookup,
         key: bytes,
         drain_topic: str,

@@ -22,6 +22,19 @@ An Alertmanager outage never stops the pipeline: the records are the tasks' stat
 a restart re-sends them too), and the number of ENDED alerts waiting is bounded: dropping the
 oldest of those is safe because the active version Alertmanager already holds expires at its own
 endsAt.
+
+Nor does a slow one hold anything back. `fleetwatch act` sends through an `AlertSender`: its
+decision step only queues what is due (no HTTP on the drain path), and a thread of its own posts.
+The queue holds the latest state per alert (a newer version replaces a queued one), at most
+`max_queued` entries: when full, a changed alert evicts the oldest queued re-send (counted; it stays
+due in its book and is queued again when there is room), and anything else waits in its book. An
+answer is applied to the books on the worker's thread at its next step, only if the record is still
+the version that was posted. Backoff after an unavailable Alertmanager counts from the END of the
+failed post, and a slow answer is not a failure: the client's timeout (act's
+--alertmanager-timeout, 30 s) is well above the seconds a loaded Alertmanager takes. At exit the
+sender gets a bounded time to deliver what is queued; what it could not is counted in the log and
+stays in the closing snapshot, to be sent after a restart. `Dispatcher` is the same protocol,
+synchronous (one flush posts everything due), for tools and tests that want the answer at once.
 """
 
 from __future__ import annotations
@@ -29,12 +42,14 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import Counter, Gauge
 
@@ -53,8 +68,16 @@ ACTIVE = Gauge("fleetwatch_act_alerts_active", "alerts fleetwatch holds active")
 REJECTED = Counter(
     "fleetwatch_alerts_rejected", "alerts Alertmanager refused as invalid (dead-lettered)", ["reason"]
 )
+QUEUED = Gauge("fleetwatch_act_alerts_queued", "alerts queued for, or being posted to, Alertmanager")
+EVICTED = Counter(
+    "fleetwatch_act_alerts_evicted_total",
+    "queued re-sends evicted from the full alert queue by a changed alert (they stay due in their book)",
+)
 
 BATCH = 200
+DEFAULT_TIMEOUT_S = 30.0  # a loaded Alertmanager answers in seconds; a slow answer is not a failure
+MAX_QUEUED = 10000
+DEFAULT_EXIT_FLUSH_S = 5.0
 REFUSED_STATUS = frozenset({400, 413, 422})  # the payload itself is wrong (413: too big, bisect helps)
 DEADLETTER_REASON = "alert_rejected"
 
@@ -109,7 +132,7 @@ def dead_letter_alert(producer: Any, raw: bytes, reason: str, detail: str) -> No
 
 
 class AlertmanagerClient:
-    def __init__(self, base_url: str, timeout_s: float = 5.0, retries: int = 1) -> None:
+    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = 1) -> None:
         self.url = base_url.rstrip("/") + "/api/v2/alerts"
         self.timeout_s = timeout_s
         self.retries = retries
@@ -143,6 +166,59 @@ class AlertmanagerClient:
 
 
 Due = tuple[AlertBook, str, AlertRecord]
+T = TypeVar("T")
+
+
+class AlertSink(Protocol):
+    """What the actor hands its alert books to (Dispatcher, AlertSender)."""
+
+    def flush(self, books: Iterable[AlertBook], force: bool = False) -> bool: ...
+
+
+def payload(rec: AlertRecord, now: float, hold_s: float) -> dict[str, object]:
+    starts, ends = rec.stamped(now, hold_s)
+    return {
+        "labels": rec.labels,
+        "annotations": rec.annotations,
+        "startsAt": rfc3339(starts),
+        "endsAt": rfc3339(ends),
+    }
+
+
+def bound_ended(books: Sequence[AlertBook], max_ended: int) -> None:
+    """Drop the oldest ENDED alerts over `max_ended` (Alertmanager expires their active version)."""
+    ended = [(r.ends_at, fp, b) for b in books for fp, r in b.records.items() if r.ends_at is not None]
+    if len(ended) <= max_ended:
+        return
+    ended.sort(key=lambda e: e[0] or 0.0)
+    for _, fp, book in ended[: len(ended) - max_ended]:
+        del book.records[fp]
+        DROPPED.inc()
+
+
+def post_bisecting(
+    client: AlertmanagerClient,
+    items: Sequence[T],
+    payload_of: Callable[[T], dict[str, object]],
+    accepted: Callable[[Sequence[T]], None],
+    rejected: Callable[[T, str], None],
+) -> int:
+    """Post `items`, splitting a refused batch until each bad alert is alone. Returns how many are
+    left undelivered because Alertmanager is unavailable: always the LAST ones of `items`."""
+    result = client.post([payload_of(i) for i in items])
+    if result.outcome is Outcome.ACCEPTED:
+        accepted(items)
+        return 0
+    if result.outcome is Outcome.UNAVAILABLE:
+        return len(items)
+    if len(items) == 1:
+        rejected(items[0], result.detail)
+        return 0
+    half = len(items) // 2
+    left = post_bisecting(client, items[:half], payload_of, accepted, rejected)
+    if left:
+        return left + len(items) - half
+    return post_bisecting(client, items[half:], payload_of, accepted, rejected)
 
 
 class Dispatcher:
@@ -168,28 +244,13 @@ class Dispatcher:
         self.healthy = True
 
     def _payload(self, rec: AlertRecord, now: float) -> dict[str, object]:
-        starts, ends = rec.stamped(now, 4 * self.resend_s)
-        return {
-            "labels": rec.labels,
-            "annotations": rec.annotations,
-            "startsAt": rfc3339(starts),
-            "endsAt": rfc3339(ends),
-        }
-
-    def _bound(self, books: list[AlertBook]) -> None:
-        ended = [(r.ends_at, fp, b) for b in books for fp, r in b.records.items() if r.ends_at is not None]
-        if len(ended) <= self.max_ended:
-            return
-        ended.sort(key=lambda e: e[0] or 0.0)
-        for _, fp, book in ended[: len(ended) - self.max_ended]:
-            del book.records[fp]
-            DROPPED.inc()
+        return payload(rec, now, 4 * self.resend_s)
 
     def flush(self, books: Iterable[AlertBook], force: bool = False) -> bool:
         """Post every due alert; False if Alertmanager was unavailable (the rest stay due)."""
         books = list(books)
         now = self.clock()
-        self._bound(books)
+        bound_ended(books, self.max_ended)
         due = [(b, fp, r) for b in books for fp, r in b.records.items() if r.due(now, self.resend_s)]
         ACTIVE.set(sum(1 for b in books for r in b.records.values() if r.ends_at is None))
         PENDING.set(len(due))
@@ -211,21 +272,16 @@ class Dispatcher:
     def _deliver(self, chunk: list[Due], now: float) -> int:
         """Post `chunk`, splitting a refused one until each bad alert is alone; returns how many of
         its alerts are left undelivered because Alertmanager is unavailable."""
-        result = self.client.post([self._payload(r, now) for _, _, r in chunk])
-        if result.outcome is Outcome.ACCEPTED:
-            self._accepted(chunk, now)
-            return 0
-        if result.outcome is Outcome.UNAVAILABLE:
-            return len(chunk)
-        if len(chunk) == 1:
-            self._rejected(chunk[0], now, result.detail)
-            return 0
-        half = len(chunk) // 2
-        left = self._deliver(chunk[:half], now)
-        return left + len(chunk) - half if left else self._deliver(chunk[half:], now)
+        return post_bisecting(
+            self.client,
+            chunk,
+            lambda d: self._payload(d[2], now),
+            lambda ok: self._accepted(ok, now),
+            lambda d, detail: self._rejected(d, now, detail),
+        )
 
     @staticmethod
-    def _accepted(chunk: list[Due], now: float) -> None:
+    def _accepted(chunk: Sequence[Due], now: float) -> None:
         SENT.inc(len(chunk))
         for book, fp, rec in chunk:
             if rec.ends_at is not None:
@@ -251,3 +307,220 @@ class Dispatcher:
         if self.healthy:
             log.warning("buffering %d alerts until Alertmanager answers", undelivered)
         self.healthy = False
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """One alert as queued: the book's record then (its identity and end name the version) and
+    copies of what the sender thread reads, so that thread never touches a book."""
+
+    book: AlertBook
+    fp: str
+    rec: AlertRecord
+    ends_at: float | None
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    changed: bool  # a change to deliver (not only a periodic re-send)
+
+    @classmethod
+    def of(cls, book: AlertBook, fp: str, rec: AlertRecord) -> Queued:
+        return cls(
+            book, fp, rec, rec.ends_at, dict(rec.labels), dict(rec.annotations), rec.starts_at, rec.dirty
+        )
+
+    def is_version(self, rec: AlertRecord) -> bool:
+        return self.rec is rec and self.ends_at == rec.ends_at
+
+    def current(self) -> bool:
+        """The book still holds this very version (worker thread only)."""
+        rec = self.book.records.get(self.fp)
+        return rec is not None and self.is_version(rec)
+
+
+class AlertSender:
+    """Alerts beside the drain path: `flush` (the decision step) only queues, a thread posts.
+
+    Same books, payloads, bisection, dead-lettering and backoff as `Dispatcher`; see the module
+    docstring for the queue's bound and what happens to an answer."""
+
+    def __init__(
+        self,
+        client: AlertmanagerClient,
+        resend_s: float = 60.0,
+        max_ended: int = 10000,
+        max_queued: int = MAX_QUEUED,
+        max_backoff_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+        on_rejected: OnRejected | None = None,
+        start: bool = True,  # False: queue only, nothing posted (to inspect the queue)
+    ) -> None:
+        self.client = client
+        self.resend_s = resend_s
+        self.max_ended = max_ended
+        self.max_queued = max_queued
+        self.max_backoff_s = max_backoff_s
+        self.clock = clock
+        self.on_rejected = on_rejected
+        self.healthy = True
+        self._cv = threading.Condition()
+        self._queue: OrderedDict[str, Queued] = OrderedDict()  # fingerprint -> latest version
+        self._flying: dict[str, Queued] = {}
+        self._answers: deque[tuple[Queued, float, str | None, bytes]] = deque()  # (item, at, refusal)
+        self._retry_at = 0.0  # time.monotonic(): no post before this while Alertmanager is unavailable
+        self._backoff = 1.0
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="alertmanager-sender", daemon=True)
+        if start:
+            self._thread.start()
+
+    # ------------------------------------------------------------ worker thread
+
+    def flush(self, books: Iterable[AlertBook], force: bool = False) -> bool:
+        """Apply the answers received so far, queue what is due; never waits for Alertmanager.
+        `force`: try now even while backing off. False while Alertmanager is unavailable."""
+        books = list(books)
+        self._apply_answers()
+        now = self.clock()
+        bound_ended(books, self.max_ended)
+        due = [(b, fp, r) for b in books for fp, r in b.records.items() if r.due(now, self.resend_s)]
+        ACTIVE.set(sum(1 for b in books for r in b.records.values() if r.ends_at is None))
+        PENDING.set(len(due))
+        with self._cv:
+            # changes first: when the queue is full they may evict re-sends, never the reverse
+            for b, fp, r in [d for d in due if d[2].dirty] + [d for d in due if not d[2].dirty]:
+                self._enqueue(b, fp, r)
+            if force:
+                self._retry_at = 0.0
+            QUEUED.set(len(self._queue) + len(self._flying))
+            self._cv.notify_all()
+        return self.healthy
+
+    def queued(self) -> list[Queued]:
+        """What waits to be posted, oldest first (not what is in flight)."""
+        with self._cv:
+            return list(self._queue.values())
+
+    def _enqueue(self, book: AlertBook, fp: str, rec: AlertRecord) -> None:
+        held = [q for q in (self._queue.get(fp), self._flying.get(fp)) if q is not None]
+        if any(q.is_version(rec) for q in held):
+            return  # already on its way
+        item = Queued.of(book, fp, rec)
+        if fp in self._queue:  # an older version not posted yet: only the latest state matters
+            self._queue[fp] = item
+            self._queue.move_to_end(fp)
+            return
+        if len(self._queue) >= self.max_queued:
+            victim = next((k for k, q in self._queue.items() if not q.changed), None) if rec.dirty else None
+            if victim is None:
+                return  # waits in its book, queued once there is room
+            del self._queue[victim]
+            EVICTED.inc()
+        self._queue[fp] = item
+
+    def _apply_answers(self) -> None:
+        with self._cv:
+            answers = list(self._answers)
+            self._answers.clear()
+        for q, at, refusal, raw in answers:
+            if refusal is None:
+                if q.current():
+                    if q.ends_at is not None:
+                        q.book.records.pop(q.fp, None)  # Alertmanager has the end; nothing left to say
+                    else:
+                        q.rec.last_sent, q.rec.dirty = at, False
+                continue
+            # Refused alone: no retry can help that version, so it leaves the book (a newer one stays).
+            reason = reject_reason(refusal)
+            REJECTED.labels(reason).inc()
+            if q.current():
+                q.book.records.pop(q.fp, None)
+            log.error("Alertmanager rejected alert %s (%s): %s; dead-lettered", q.labels, reason, refusal)
+            if self.on_rejected is not None:
+                self.on_rejected(raw, reason, refusal)
+
+    def close(self, books: Iterable[AlertBook], timeout_s: float = DEFAULT_EXIT_FLUSH_S) -> int:
+        """Deliver what is due within `timeout_s`, stop the sender, and apply its answers to the
+        books (before their closing snapshot). Returns the alerts left undelivered (logged): they
+        stay in the books, so the snapshot keeps them for a restart."""
+        books = list(books)
+        self.flush(books, force=True)
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while (self._queue or self._flying) and time.monotonic() < deadline:
+                self._cv.wait(max(0.0, deadline - time.monotonic()))
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=0.1)  # a post still in flight finishes on its own (daemon)
+        self._apply_answers()
+        left = sum(1 for b in books for r in b.records.values() if r.dirty or r.last_sent is None)
+        QUEUED.set(0)
+        if left:
+            log.warning(
+                "%d alerts not delivered to Alertmanager before exit (waited %.0f s); they are in the "
+                "closing snapshot and are sent after a restart",
+                left,
+                timeout_s,
+            )
+        return left
+
+    # ------------------------------------------------------------ sender thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and (not self._queue or time.monotonic() < self._retry_at):
+                    self._cv.wait(self._retry_at - time.monotonic() if self._queue else None)
+                if self._stopping:
+                    return
+                batch: list[Queued] = []
+                while self._queue and len(batch) < BATCH:
+                    fp, q = self._queue.popitem(last=False)
+                    self._flying[fp] = q
+                    batch.append(q)
+            self._post(batch)
+
+    def _post(self, batch: list[Queued]) -> None:
+        now = self.clock()
+        hold = 4 * self.resend_s
+        answers: list[tuple[Queued, float, str | None, bytes]] = []
+
+        def stamp(q: Queued) -> dict[str, object]:
+            return payload(AlertRecord(q.labels, q.annotations, q.starts_at, q.ends_at), now, hold)
+
+        def accepted(items: Sequence[Queued]) -> None:
+            SENT.inc(len(items))
+            answers.extend((q, now, None, b"") for q in items)
+
+        def rejected(q: Queued, detail: str) -> None:
+            answers.append((q, now, detail, json.dumps(stamp(q)).encode()))
+
+        try:
+            left = post_bisecting(self.client, batch, stamp, accepted, rejected)
+        except Exception:  # the sender must outlive any surprise from the HTTP stack
+            log.exception("posting alerts failed")
+            left = len(batch) - len(answers)
+        ended = time.monotonic()
+        with self._cv:
+            for q in batch:
+                if self._flying.get(q.fp) is q:
+                    del self._flying[q.fp]
+            self._answers.extend(answers)
+            for q in reversed(batch[len(batch) - left :] if left else []):
+                if q.fp not in self._queue:  # unless a newer version was queued meanwhile
+                    self._queue[q.fp] = q
+                    self._queue.move_to_end(q.fp, last=False)
+            if left:
+                FAILED.inc(left)
+                self._retry_at = ended + self._backoff  # from the end of the failed post
+                self._backoff = min(self._backoff * 2, self.max_backoff_s)
+                if self.healthy:
+                    log.warning("buffering %d alerts until Alertmanager answers", len(self._queue))
+                self.healthy = False
+            else:
+                if not self.healthy:
+                    log.info("Alertmanager is back; buffered alerts delivered")
+                self.healthy, self._backoff = True, 1.0
+            QUEUED.set(len(self._queue) + len(self._flying))
+            self._cv.notify_all()

@@ -919,14 +919,18 @@ def pipeline() -> dict:
                 (f"sum(increase(fleetwatch_act_alerts_sent_total{{{C}}}[{RATE}]))", "sent"),
                 (f"sum(increase(fleetwatch_act_alerts_failed_total{{{C}}}[{RATE}]))", "failed"),
                 (f"sum(increase(fleetwatch_act_alerts_dropped_total{{{C}}}[{RATE}]))", "dropped"),
+                (f"sum(increase(fleetwatch_act_alerts_evicted_total{{{C}}}[{RATE}]))", "evicted from queue"),
             ),
             bars=True,
+            desc="Posts run on act's sender thread, beside the drain path. Evicted: queued re-sends "
+            "pushed out of the full queue by changed alerts (they stay due and are queued again).",
         ),
         ts(
             "Alerts active and pending",
             targets(
                 (f"sum(fleetwatch_act_alerts_active{{{C}}})", "active"),
                 (f"sum(fleetwatch_act_alerts_pending{{{C}}})", "pending (not yet accepted)"),
+                (f"sum(fleetwatch_act_alerts_queued{{{C}}})", "queued or in flight"),
             ),
         ),
     ]

@@ -196,6 +196,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bootstrap(p)
     p.add_argument("--alertmanager", default="http://127.0.0.1:9093", help="Alertmanager base URL")
     p.add_argument(
+        "--alertmanager-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds one post to Alertmanager may take (a slow answer is not a failure); alerts are "
+        "sent beside the drain path, so this never delays a drain",
+    )
+    p.add_argument(
+        "--alert-flush-timeout",
+        type=_nonneg_float,
+        default=5.0,
+        help="at exit, seconds to wait for Alertmanager to take the queued alerts (the rest stay in "
+        "the closing snapshot and are sent after a restart)",
+    )
+    p.add_argument(
         "--drain-budget", type=_nonneg_float, default=0.02, help="max fraction of the fleet drained"
     )
     p.add_argument(

@@ -22,6 +22,7 @@ from fleetwatch.alerts.alertmanager import (
     REASONS,
     REJECTED,
     AlertmanagerClient,
+    AlertSender,
     Dispatcher,
     Outcome,
     dead_letter_alert,
@@ -143,6 +144,44 @@ def test_outage_buffers_alerts_then_delivers_them(cluster: str) -> None:
         got = am.wait_for(lambda a: len(a) == 1, cluster=cluster)
         assert [a["labels"]["node"] for a in got] == ["gpu-node-14"]  # the one still active
         assert book.records and all(r.ends_at is None for r in book.records.values())
+    finally:
+        am.stop()
+
+
+def flush_until(
+    sender: AlertSender, book: AlertBook, done: Callable[[], bool], timeout_s: float = 30
+) -> bool:
+    """Call the sender's flush (as act's decision step does, every second) until `done()`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sender.flush([book])
+        if done():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_sender_buffers_an_outage_and_delivers_each_alert_once_when_it_is_back(cluster: str) -> None:
+    """act's AlertSender: flush only queues (its thread posts), an outage keeps every alert due
+    in its book, and once Alertmanager is back each is delivered, once."""
+    am = Alertmanager(19096)  # a private instance, so stopping it disturbs no other test
+    am.stop()
+    builder, book = AlertBuilder(cluster), AlertBook()
+    sender = AlertSender(AlertmanagerClient(am.url, timeout_s=1, retries=0), resend_s=60)
+    now = time.time()
+    fs = [finding(f"gpu-node-2{i}", ts=now, gpu=i) for i in range(5)]
+    for f in fs:
+        fire(book, builder, f)
+    try:
+        assert flush_until(sender, book, lambda: not sender.healthy)  # down: nothing raised, all kept
+        assert len(book.records) == 5 and all(r.dirty for r in book.records.values())
+        book.end(fs[0]["id"], now + 1)  # one ends while it is down
+        am.start()
+        assert flush_until(sender, book, lambda: not any(r.dirty for r in book.records.values()), 60)
+        assert sender.healthy and len(book.records) == 4  # the ended one's end was delivered
+        got = am.wait_for(lambda a: len(a) == 4, cluster=cluster)
+        assert sorted(a["labels"]["node"] for a in got) == [f"gpu-node-2{i}" for i in range(1, 5)]
+        assert sender.close([book], timeout_s=5) == 0
     finally:
         am.stop()
 
@@ -313,3 +352,24 @@ def test_alerts_from_any_accepted_finding_pass_alertmanagers_validation(
     assert disp.flush([book])
     assert sum(rejected(r) for r in REASONS) == before  # Alertmanager took every one of them
     assert all(r.ends_at is None and not r.dirty for r in book.records.values())
+
+
+def test_the_sender_bisects_a_refused_batch_and_dead_letters_only_the_bad_alert(
+    alertmanager: Alertmanager,
+    cluster: str,
+) -> None:
+    now = time.time()
+    builder, book = AlertBuilder(cluster), AlertBook()
+    for i in range(6):
+        fire(book, builder, finding(f"gpu-node-{i:02d}", ts=now - 5, gpu=i))
+    book.records[fingerprint(bad_record(cluster, now).labels)] = bad_record(cluster, now)
+    dead: list[tuple[bytes, str, str]] = []
+    sender = AlertSender(AlertmanagerClient(alertmanager.url), on_rejected=lambda *a: dead.append(a))
+    assert flush_until(
+        sender, book, lambda: len(dead) == 1 and not any(r.dirty for r in book.records.values())
+    )
+    got = alertmanager.wait_for(lambda a: len(a) == 6, cluster=cluster)
+    assert sorted(a["labels"]["node"] for a in got) == [f"gpu-node-{i:02d}" for i in range(6)]
+    assert [reason for _, reason, _ in dead] == ["invalid_label"] and len(book.records) == 6
+    assert json.loads(dead[0][0])["labels"]["bad-name"] == "x"
+    assert sender.healthy and sender.close([book], timeout_s=5) == 0
