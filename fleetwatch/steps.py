@@ -15,6 +15,11 @@ never waits on Kafka and nothing from the reporter ever raises into it:
   which runs once, outside the training loop.
 - Interpreter exit never hangs: the thread is a daemon, and an atexit hook closes the reporter
   with a short timeout (`exit_timeout_s`), delivering what it can in that time.
+- A reporter made before `os.fork()` (a fork-started multiprocessing worker, a PyTorch DataLoader
+  worker) works in the child too: the child gets a sender and producer of its own, started by its
+  first step (a child that never reports opens no connection), and counts only its own steps.
+  The parent's sender thread, producer and buffered steps stay the parent's. A multiprocessing
+  worker delivers what it reported when it exits (within `exit_timeout_s`), like interpreter exit.
 
 Job, rank and node come from the environment when not given (see `resolve_identity`). Step times
 are either given (`step_time_s`) or measured with time.perf_counter between successive calls;
@@ -38,8 +43,10 @@ import math
 import operator
 import os
 import socket
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,6 +73,20 @@ _now = time.time
 
 # A buffered step: (step, step_time_s, ts, wait_time_s or None).
 Record = tuple[int, float, float, float | None]
+
+# Every open reporter, for the fork hook below (weak: the hook must not keep one alive).
+_REPORTERS: weakref.WeakSet[StepReporter] = weakref.WeakSet()
+# Producers inherited through a fork: the child never uses or closes them (their sockets and
+# buffers are the parent's), and keeps them referenced so that no finaliser touches them either.
+_INHERITED: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    for reporter in list(_REPORTERS):
+        reporter._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def resolve_identity(
@@ -229,9 +250,11 @@ class StepReporter:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._deadline = _INF
-        self._thread = threading.Thread(target=self._run, name=f"fleetwatch-steps-{self.job}", daemon=True)
+        self._thread: threading.Thread | None = None
+        self._forked = False  # set in a forked child (see _after_fork)
+        _REPORTERS.add(self)
         atexit.register(self._at_exit)
-        self._thread.start()
+        self._start_sender()
 
     # ------------------------------------------------------------ the training thread's API
 
@@ -256,6 +279,8 @@ class StepReporter:
                 wait_time_s = _as_seconds("wait_time_s", wait_time_s)
             self._buf.append((step, step_time_s, _now(), wait_time_s))
             self._accepted += 1
+            if self._thread is None:  # the first step in a forked child: its own sender
+                self._start_sender()
         except Exception as e:
             self._reject(step, step_time_s, e)
 
@@ -276,6 +301,12 @@ class StepReporter:
         close() are counted as dropped."""
         try:
             timeout_s = self._close_timeout_s if timeout_s is None else max(0.0, float(timeout_s))
+            if self._thread is None:  # a forked child that never reported: no sender to wait for
+                self._stop.set()
+                self._abandon_buffer()
+                self._done.set()
+                atexit.unregister(self._at_exit)
+                return self._sent == self._accepted
             if not self._stop.is_set():
                 self._deadline = time.monotonic() + timeout_s
                 self._stop.set()
@@ -349,6 +380,53 @@ class StepReporter:
                     step_time_s,
                     err,
                 )
+
+    def _start_sender(self) -> None:
+        if self._stop.is_set():  # closed (before a fork): nothing to send, ever
+            return
+        thread = threading.Thread(target=self._run, name=f"fleetwatch-steps-{self.job}", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as e:  # no thread to be had (a process or thread limit): drop, counted
+            log.error("fleetwatch.steps: cannot start the sender thread (%s); steps are dropped", e)
+            self._stop.set()
+            self._abandon_buffer()
+            self._done.set()
+            return
+        self._thread = thread
+        if self._forked:
+            # A multiprocessing worker leaves through os._exit, which skips atexit; its own exit
+            # hooks (run when the worker returns) close this reporter as atexit would. Registered
+            # now, not at the fork: the worker clears the hooks it inherits as it starts.
+            mp_util = sys.modules.get("multiprocessing.util")
+            if mp_util is not None:
+                mp_util.Finalize(self, StepReporter._at_exit, args=(self,), exitpriority=0)
+
+    def _after_fork(self) -> None:
+        """In a forked child: what the parent's sender had (thread, producer, buffered steps) is the
+        parent's; this process starts from nothing, with a sender of its own at its first step."""
+        closed = self._stop.is_set()
+        self._forked = True
+        if self._producer is not None:
+            _INHERITED.append(self._producer)
+        self._producer = None
+        self._in_flight = collections.deque()
+        self._buf = collections.deque(maxlen=0 if closed else self.max_buffered)
+        self._last = None
+        self._accepted = self._rejected = 0
+        self._taken = self._sent = self._failed = self._abandoned = 0
+        self._broker_up = False
+        self._outages = 0
+        self._misconfigured = False
+        self._warned = False
+        # fresh: the parent's sender thread may have held their locks at the fork
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._deadline = _INF
+        self._thread = None
+        if closed:  # closed in the parent: closed here too, later steps dropped and counted
+            self._stop.set()
+            self._done.set()
 
     def _at_exit(self) -> None:
         # No producer and a failed connection already: nothing is on its way, so nothing to wait for.

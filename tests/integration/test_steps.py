@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import subprocess
 import sys
 import threading
@@ -45,8 +47,20 @@ def _end_offsets(bootstrap: str) -> dict[TopicPartition, int]:
 def _read_steps(
     bootstrap: str, since: dict[TopicPartition, int], job: str, last_step: int, timeout_s: float = 30.0
 ) -> list[dict[str, Any]]:
+    return _read_steps_until(bootstrap, since, job, {last_step}, timeout_s, any_of=True)
+
+
+def _read_steps_until(
+    bootstrap: str,
+    since: dict[TopicPartition, int],
+    job: str,
+    steps: set[int],
+    timeout_s: float = 30.0,
+    any_of: bool = False,
+) -> list[dict[str, Any]]:
     """The step/1 messages of `job` from the offsets `since` on, until the one of `last_step`,
-    each decoded as the detect workers decode it: schema, key and clock checked. A fresh consumer,
+    each decoded as the detect workers decode it: schema, key and clock checked (or, with
+    _read_steps_until, until all of `steps` are there). A fresh consumer,
     so that one connected before a broker restart does not sit out its reconnect backoff."""
     consumer, tps = _steps_consumer(bootstrap)
     key = job.encode()
@@ -56,7 +70,12 @@ def _read_steps(
         for tp in tps:
             consumer.seek(tp, since.get(tp, 0))
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not any(m["step"] == last_step for m in out):
+
+        def done() -> bool:
+            seen = {m["step"] for m in out}
+            return bool(seen & steps) if any_of else steps <= seen
+
+        while time.monotonic() < deadline and not done():
             for batch in consumer.poll(timeout_ms=200).values():
                 for rec in batch:
                     if rec.key != key:
@@ -207,3 +226,84 @@ def test_no_thread_is_left_behind_after_close(kafka_bootstrap: str) -> None:
             r.step(i, 0.1)
         _wait_for(lambda: r.sent == 10, 15, "steps were not acknowledged")
     _wait_for(lambda: {t.ident for t in threading.enumerate() if t.is_alive()} <= before, 5, "threads left")
+
+
+# A reporter made before a fork, used in the child: os.fork() (a child that must never return into
+# pytest) and a multiprocessing worker started by "fork", as PyTorch DataLoader workers are.
+_FORKED: StepReporter | None = None
+_CLOSE_TIMEOUT_S = 60.0  # the child's close() must return long before this
+_PROMPT_S = 15.0  # a generous bound for connecting and delivering, far below the timeout
+
+
+def _child_reports(first: int, close: bool) -> dict[str, Any]:
+    r = _FORKED
+    assert r is not None
+    for i in range(first, first + 10):
+        r.step(i, 0.25)
+    out: dict[str, Any] = {}
+    if close:
+        t0 = time.monotonic()
+        out["closed_ok"] = r.close()
+        out["close_s"] = time.monotonic() - t0
+    out.update(r.stats())
+    return out
+
+
+def _mp_worker(first: int, close: bool, results: Any) -> None:
+    results.put(_child_reports(first, close))
+
+
+def test_a_reporter_made_before_a_fork_reports_from_the_child(kafka_bootstrap: str) -> None:
+    """The child's steps go out through a sender of its own and arrive; its close() returns as soon
+    as they are delivered; the parent's reporter and counters are untouched by the child."""
+    global _FORKED
+    job = new_job()
+    since = _end_offsets(kafka_bootstrap)
+    _FORKED = r = StepReporter(kafka_bootstrap, job=job, rank=0, node="n1", close_timeout_s=_CLOSE_TIMEOUT_S)
+    try:
+        r.step(0, 0.5)
+        _wait_for(lambda: r.sent == 1, 15, "the parent's step was not acknowledged")  # it has a producer
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, close, tell the parent, and never return into pytest
+            code = 1
+            try:
+                os.close(read)
+                os.write(write, json.dumps(_child_reports(100, close=True)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as f:
+            child = json.loads(f.read() or "{}")
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, child
+        assert child["closed_ok"] is True and child["close_s"] < _PROMPT_S, child
+        assert (child["accepted"], child["sent"], child["dropped"]) == (10, 10, 0), child
+
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        workers = [
+            ctx.Process(target=_mp_worker, args=(first, close, results))
+            for first, close in ((200, True), (300, False))
+        ]
+        for w in workers:
+            w.start()
+        got = [results.get(timeout=_CLOSE_TIMEOUT_S) for _ in workers]
+        for w in workers:
+            w.join(_CLOSE_TIMEOUT_S)
+            assert w.exitcode == 0
+        closed = next(g for g in got if "closed_ok" in g)
+        assert closed["closed_ok"] is True and closed["close_s"] < _PROMPT_S, got
+        assert (closed["accepted"], closed["sent"], closed["dropped"]) == (10, 10, 0), got
+        r.step(1, 0.5)  # the parent goes on
+    finally:
+        assert r.close(15)
+        _FORKED = None
+    assert (r.accepted, r.sent, r.dropped) == (2, 2, 0)  # the children's steps are theirs
+    # Every step arrives: the parent's, the forked child's, both workers' (the one that did not
+    # close delivered as its process exited).
+    want = {0, 1, *range(100, 110), *range(200, 210), *range(300, 310)}
+    msgs = _read_steps_until(kafka_bootstrap, since, job, want)
+    assert {m["step"] for m in msgs} == want
+    assert {(m["job"], m["rank"], m["node"]) for m in msgs} == {(job, 0, "n1")}

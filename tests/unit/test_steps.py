@@ -251,3 +251,93 @@ def test_exit_does_not_hang_when_the_broker_is_unreachable() -> None:
 
 
 # ---------------------------------------------------------------- against the real broker
+
+
+# ---------------------------------------------------------------- after os.fork()
+
+
+def _in_child(body: Any) -> dict[str, Any]:
+    """Run body() in a forked child (which never returns into pytest) and return what it returns."""
+    import os
+    import select
+    import signal
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            os.write(write, json.dumps(body()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        # a child stuck (in close(), say) fails the test instead of hanging it
+        if not select.select([f], [], [], 60)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child did not finish within 60 s")
+        out = json.loads(f.read() or "{}")
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    return out
+
+
+def test_a_forked_child_that_never_reports_starts_nothing_and_closes_at_once(dead_reporter: Any) -> None:
+    """A DataLoader worker forked from a rank that reports: no sender thread, no connection, and
+    close() (or exit) has nothing to wait for; the parent's buffered steps are not the child's."""
+    r = dead_reporter(close_timeout_s=600)
+    r.step(0, 0.1)
+    r.step(1, 0.1)
+
+    def child() -> dict[str, Any]:
+        import threading
+
+        senders = [t.name for t in threading.enumerate() if t.name.startswith("fleetwatch-steps")]
+        return {"senders": senders, "closed": r.close(), "is_closed": r.closed, **r.stats()}
+
+    out = _in_child(child)
+    assert out["senders"] == [] and out["closed"] is True and out["is_closed"] is True
+    assert (out["accepted"], out["sent"], out["dropped"], out["pending"]) == (0, 0, 0, 0)
+    assert r.accepted == 2 and r.pending == 2 and not r.closed  # the parent's, untouched
+
+
+def test_a_forked_childs_steps_go_to_a_sender_of_its_own_and_are_counted(dead_reporter: Any) -> None:
+    """With the broker down the child's steps wait in its own sender's buffer, and closing counts
+    them as dropped: never accepted into a queue nobody reads (dropped 0, nothing logged)."""
+    r = dead_reporter(close_timeout_s=600)
+    r.step(0, 0.1)
+
+    def child() -> dict[str, Any]:
+        import threading
+
+        for i in range(10, 15):
+            r.step(i, 0.1)
+        senders = [t.name for t in threading.enumerate() if t.name.startswith("fleetwatch-steps")]
+        before = r.stats()
+        closed = r.close(0.2)
+        deadline = time.monotonic() + 30  # the sender may still be in a connection attempt
+        while not r.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return {"senders": senders, "before": before, "closed": closed, "after": r.stats()}
+
+    out = _in_child(child)
+    assert len(out["senders"]) == 1
+    assert out["before"]["accepted"] == 5 and out["before"]["pending"] == 5
+    assert out["closed"] is False
+    assert (out["after"]["accepted"], out["after"]["dropped"], out["after"]["pending"]) == (5, 5, 0)
+    assert r.accepted == 1 and not r.closed
+
+
+def test_a_reporter_closed_before_the_fork_stays_closed_in_the_child(dead_reporter: Any) -> None:
+    r = dead_reporter()
+    r.close(0)
+
+    def child() -> dict[str, Any]:
+        r.step(1, 0.1)
+        return {"closed": r.closed, **r.stats()}
+
+    out = _in_child(child)
+    assert out["closed"] is True and (out["accepted"], out["dropped"], out["pending"]) == (1, 1, 0)
