@@ -58,6 +58,7 @@ Thresholds (HardwareConfig) and why:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -625,7 +626,7 @@ class HardwareDetector:
             inc = self.book.get(key)
             counts: dict[str, int] = dict(inc.extra["counts"]) if inc else {}
             name = _xid_bucket(counts, code)
-            news = inc is not None and name not in counts and xid_catalog.lookup(code).severity == "critical"
+            news = inc is not None and name not in counts and _xid_info(name)[0].severity == "critical"
             counts[name] = counts.get(name, 0) + 1
             burst = _XidBurst.of(counts)
             worst, total = burst.worst, burst.total
@@ -844,9 +845,13 @@ def _xid_bucket(counts: dict[str, int], code: int) -> str:
     return name if unknown < MAX_UNKNOWN_XIDS else OTHER_XIDS
 
 
-def _xid_rank(info: xid_catalog.XidInfo) -> tuple[int, int]:
-    """How bad a code is: its severity, then how much its action takes (a drain over a reset)."""
-    return SEVERITY_RANK[info.severity], _XID_ACTION_RANK[info.action]
+@functools.lru_cache(maxsize=4096)
+def _xid_info(name: str) -> tuple[xid_catalog.XidInfo, tuple[int, int]]:
+    """A counted code's catalogue entry and how bad it is: its severity, then how much its action
+    takes (a drain over a reset). OTHER_XIDS reads as an uncatalogued code. Cached: a burst looks
+    its codes up at every XID."""
+    info = xid_catalog.lookup(-1 if name == OTHER_XIDS else int(name))
+    return info, (SEVERITY_RANK[info.severity], _XID_ACTION_RANK[info.action])
 
 
 @dataclass(frozen=True, slots=True)
@@ -862,15 +867,13 @@ class _XidBurst:
 
     @classmethod
     def of(cls, counts: dict[str, int]) -> _XidBurst:
-        named = [(c, n, xid_catalog.lookup(int(c))) for c, n in counts.items() if c != OTHER_XIDS]
+        named = [(c, n, *_xid_info(c)) for c, n in counts.items() if c != OTHER_XIDS]
         # max() keeps the first of equals: among codes as bad as each other the first seen is worst
-        worst = max((info for _c, _n, info in named), key=_xid_rank, default=xid_catalog.lookup(-1))
+        worst = max(named, key=lambda x: x[3])[2] if named else _xid_info(OTHER_XIDS)[0]
         rank = SEVERITY_RANK[worst.severity]
         if OTHER_XIDS in counts:  # uncatalogued codes (or, from an older snapshot, any overflow)
-            rank = max(rank, SEVERITY_RANK[xid_catalog.lookup(-1).severity])
-        order = sorted(
-            range(len(named)), key=lambda i: (_xid_rank(named[i][2]), named[i][1], -i), reverse=True
-        )
+            rank = max(rank, _xid_info(OTHER_XIDS)[1][0])
+        order = sorted(range(len(named)), key=lambda i: (named[i][3], named[i][1], -i), reverse=True)
         listed = {named[i][0]: named[i][1] for i in order[:MAX_LISTED]}
         return cls(worst, rank, sum(counts.values()), listed)
 
