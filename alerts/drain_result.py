@@ -12,20 +12,19 @@ counts a drain as done once its result says `executed` (alerts/drain_log.py, ale
 The result is signed with the same shared key and canonical form as drain/1
 (alerts/drain_request.py): a result frees budget in `act`, so whoever can write the topic must not
 be able to make `act` believe a drain was refused and issue another one. A signature vouches only
-for what was authenticated: the adapter answers a request only once the request's own signature
-has verified (a forged one gets a dead letter and a counter, never a signed result carrying its
-id), and `request_signature` binds the answer to that exact request, so `act` files it only
-against the request it issued (request ids are predictable from finding ids; signatures are not).
-A result without it (written by an adapter of an earlier release, which also signed answers to
-forged requests) is not applied.
+for what was authenticated: the adapter answers a request only once it decoded and its signature
+verified (a forged or malformed one gets a dead letter and a counter, never a signed result
+carrying its id; `rejected_forged` and `rejected_malformed` are written only by earlier
+releases), and `request_signature` binds the answer to that exact request, so `act` files it
+only against the request it issued (request ids are predictable from finding ids; signatures are
+not). A result without it (written by an adapter of an earlier release, which also signed answers
+to forged requests) is not applied.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-import orjson
 
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request
@@ -97,31 +96,3 @@ def validate_result(m: Mapping[str, Any]) -> None:
 
 
 schemas.register(DRAIN_RESULT, validate_result, "ts", key_field="node")
-
-
-def authenticated_target(raw: bytes | None, key: bytes) -> tuple[str, str, str, str] | None:
-    """(request_id, node, action, signature) of a request that failed validation but whose
-    signature verifies: written by a holder of the key (e.g. an `act` of a later release with a
-    field this adapter does not know), so act can be told. Anything else (not a JSON object, no
-    readable id or node, or a signature that does not verify) is unauthenticated: nobody can be
-    told about it without vouching for content nobody signed, so it only goes to the dead letters.
-    """
-    if raw is None:
-        return None
-    try:
-        m = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(m, dict):
-        return None
-    rid, node, action, sig = m.get("request_id"), m.get("node"), m.get("action"), m.get("signature")
-    if not (isinstance(rid, str) and drain_request.REQUEST_ID.match(rid)):
-        return None
-    if not (isinstance(node, str) and schemas.NAME_RE.match(node)):
-        return None
-    try:
-        if not drain_request.verify(m, key):
-            return None
-    except (TypeError, orjson.JSONEncodeError):  # not re-encodable (e.g. an integer beyond 64 bits)
-        return None
-    return rid, node, action if action in drain_request.ACTIONS else "drain", sig

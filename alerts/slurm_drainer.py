@@ -16,10 +16,11 @@ Per request, in order:
 Every request handled gets one signed drain_result/1 on scheduler.drain.results.v1 (key = node,
 alerts/drain_result.py), so `act` learns what really happened; results and dead letters are
 flushed before the batch's offsets are committed. Only a request whose signature verified is
-answered, and its answer carries that signature (`request_signature`): a forged request, or a
-malformed one that no key holder signed, gets a dead letter, a counter and a log line, never a
-signed result, since our signature on its request id would vouch for content nobody authenticated
-(a forged copy of a pending request's id would otherwise free that request's budget slot in act).
+answered, and its answer carries that signature (`request_signature`): a forged or malformed
+request gets a dead letter, a counter and a log line, never a signed result, since our signature
+on its request id would vouch for content nobody authenticated (a forged copy of a pending
+request's id, or a real one made malformed in its unsigned Kafka key, would otherwise free that
+request's budget slot in act).
 Slurm being down is not the request's fault: the batch stops, offsets stay, and it is retried
 with backoff (up to MAX_ATTEMPTS, then recorded as failed and dead-lettered).
 
@@ -63,12 +64,12 @@ DEFAULT_GROUP = "fleetwatch-slurm"
 DEFAULT_MAX_AGE_S = 600.0
 DEFAULT_MAX_SKEW_S = 60.0
 # The drainer's outcome labels (its metric, dead-letter reasons) -> drain_result/1 outcomes.
+# `forged` and `malformed` have none on purpose: such a request is not authenticated, so it is
+# never answered (a signed answer carrying its id would free a real request's budget slot).
 RESULT_OUTCOME = {
     "executed": "executed",
     "duplicate": "duplicate",
     "unknown_node": "rejected_unknown_node",
-    "forged": "rejected_forged",
-    "malformed": "rejected_malformed",
     "stale": "rejected_stale",
     "not_ours": "rejected_not_ours",
     "failed": "failed",
@@ -193,8 +194,10 @@ class Drainer:
         try:
             msg = schemas.decode(raw, drain_request.DRAIN, key=key)
         except schemas.MessageError as e:
-            target = drain_result.authenticated_target(raw, self._key)
-            return self._reject(raw, target, "malformed", str(e), source, topic)
+            # Never answered, even when its signature verifies over its JSON: the Kafka key and
+            # the JSON's form (a duplicate key, say) are not signed, so anyone could make a copy
+            # of a real request malformed and have us sign a refusal bound to that request.
+            return self._reject(raw, None, "malformed", str(e), source, topic)
         if not drain_request.verify(msg, self._key):
             return self._reject(raw, None, "forged", "signature does not match", source, topic)
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
