@@ -124,6 +124,8 @@ class NodeTask:
     # time (NaN: none yet; pipeline/steady.py) ...
     steady_since: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
     seen_at: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
+    # ... (and when the whole partition was quiet: no node's run breaks across that)
+    pauses: steady.Pauses = field(default_factory=steady.Pauses)
     # ... and its latest sample's ts minus the time the broker took it (NaN: not known; metric
     # only, not snapshotted)
     clock_skew: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
@@ -318,7 +320,8 @@ class NodeTask:
         act sizes the drain budget on (fleetwatch/census.py)."""
         every = self.config.census_every_s
         t = steady.broker_times(batch.ts, batch.received)
-        restarted = steady.track(self.seen_at, self.steady_since, ctx.rows, t, self.config.steady_gap_s)
+        gap = self.config.steady_gap_s
+        restarted = steady.track(self.seen_at, self.steady_since, ctx.rows, t, gap, self.pauses)
         fleet_metrics.NEW_NODES.inc(int(np.count_nonzero(np.isnan(self.first_seen[restarted]))))
         due = np.flatnonzero((batch.ts >= self.census_at[ctx.rows] + every) | np.isin(ctx.rows, restarted))
         fresh = set(restarted.tolist())  # act learns at once that a node's warm-up starts again
@@ -416,6 +419,7 @@ class NodeTask:
                 "census_at": _by_name(names, self.census_at[:n], np.isfinite),
                 "steady_since": _by_name(names, self.steady_since[:n], np.isfinite),
                 "seen_at": _by_name(names, self.seen_at[:n], np.isfinite),
+                "pauses": self.pauses.to_state(),
                 "forget_clock": self.forget_clock,
             }
         )
@@ -457,6 +461,7 @@ class NodeTask:
             # older snapshots: each node's run starts at its next sample (cold until warm_up_s)
             steady_since=_by_row(index, d.get("steady_since", {}), np.nan),
             seen_at=_by_row(index, d.get("seen_at", {}), np.nan),
+            pauses=steady.Pauses.from_state(d.get("pauses")),
             forget_clock=d.get("forget_clock", 0.0),  # older snapshots: checked on the first batch
         )
 

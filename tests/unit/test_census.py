@@ -216,3 +216,23 @@ def test_metrics_stay_bounded_under_a_flood_of_new_names() -> None:
         assert warmth == {"warm": 20, "cold": 10_001}
     finally:
         task.close()
+
+
+def test_a_partition_wide_pause_is_not_a_break_in_any_node_s_run() -> None:
+    """A broker outage: the whole partition receives nothing for 10 minutes, then the agents'
+    spools arrive. Nobody's warm-up starts again (the fleet would be empty of warm nodes, and the
+    budget at its floor, for a warm-up after every outage); a node silent while the others reported
+    does start again."""
+    seen, since = np.full(3, np.nan), np.full(3, np.nan)
+    pauses = steady.Pauses()
+    for k in range(0, 300, 10):  # three nodes every 10 s
+        steady.track(seen, since, np.arange(3), np.full(3, T0 + k), 60.0, pauses)
+    steady.track(seen, since, np.array([0, 1]), np.full(2, T0 + 300), 60.0, pauses)  # row 2 goes quiet
+    steady.track(seen, since, np.array([0, 1]), np.full(2, T0 + 360), 60.0, pauses)
+    # nothing at all from T0 + 360 to T0 + 960; then the spools, one batch after another
+    assert list(steady.track(seen, since, np.array([0]), np.array([T0 + 960.0]), 60.0, pauses)) == []
+    restarted = steady.track(seen, since, np.array([1, 2]), np.array([T0 + 961.0, T0 + 962.0]), 60.0, pauses)
+    assert list(restarted) == [2]  # row 2 was quiet for 60 s + while the partition still received
+    assert list(since) == [T0, T0, T0 + 962]
+    restored = steady.Pauses.from_state(orjson.loads(orjson.dumps(pauses.to_state())))
+    assert restored == pauses
