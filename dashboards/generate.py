@@ -498,6 +498,31 @@ def fleet_overview() -> dict:
             stack=True,
             desc="Drains the policy refused: budget spent, storm, job already has a drained node, cooldown.",
         ),
+        ts(
+            "Census: warm and new nodes",
+            targets(
+                (f"sum by (warmth) (fleetwatch_act_census_nodes{{{C}}})", "{{warmth}}"),
+                (f"max(fleetwatch_act_census_recent_nodes{{{C}}})", "new in the burst window"),
+                (f"max(fleetwatch_act_census_burst_threshold{{{C}}})", "burst threshold"),
+            ),
+            w=12,
+            desc="The census act sizes the budget on: only warm nodes (steady telemetry for "
+            "--census-warm-up) count. New names above the threshold are a burst (FleetwatchCensusNodeBurst).",
+        ),
+        ts(
+            "Census records refused by reason",
+            targets(
+                (
+                    f"sum by (reason) (increase(fleetwatch_act_census_refused_total{{{C}}}[{RATE}]))",
+                    "{{reason}}",
+                )
+            ),
+            w=12,
+            bars=True,
+            stack=True,
+            desc="fleet.nodes.v1 records that did not verify with the census key (unsigned, bad_signature, "
+            "malformed, unsigned_tombstone) or replayed older ones (stale). None changed the fleet.",
+        ),
     ]
     return dashboard(
         "fleetwatch-fleet",

@@ -76,6 +76,9 @@ REFUSED = Counter(
     "replaying its input after a restart), unsigned_tombstone (a tombstone for a node act holds)",
     ["reason"],
 )
+REFUSE_REASONS = ("unsigned", "bad_signature", "malformed", "stale", "unsigned_tombstone")
+for _reason in REFUSE_REASONS:  # exported at 0, so a dashboard or rule sees each before the first
+    REFUSED.labels(_reason)
 NEW_NODES = Counter(
     "fleetwatch_act_census_new_nodes_total", "nodes added to act's census by a verified node/1 record"
 )
@@ -230,6 +233,7 @@ class Census:
         # window: new names (or nodes back after a break), whatever order act read them in, so
         # that reading the whole topic after a restart is no burst
         self._recent: dict[str, float] = {}
+        self._recent_kept = 0  # its size after the last pruning
         self._refused: dict[str, int] = {}
 
     # ------------------------------------------------------------ input (the follower's thread)
@@ -277,6 +281,11 @@ class Census:
             self._warm -= old.warm
         if m["steady_since"] > seen_at - self.config.burst_window_s:
             self._recent[node] = float(m["steady_since"])
+            if len(self._recent) > 2 * self._recent_kept + 1024:  # pruned as it grows, not only on a scrape
+                self._recent = {
+                    n: t for n, t in self._recent.items() if t > seen_at - self.config.burst_window_s
+                }
+                self._recent_kept = len(self._recent)
         self._nodes[node] = _Entry(seen_at, warm)
         self._warm += warm
 
