@@ -353,7 +353,8 @@ class AlertSender:
         max_backoff_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         on_rejected: OnRejected | None = None,
-        start: bool = True,  # False: queue only, nothing posted (to inspect the queue)
+        start: bool = True,  # False: no thread; nothing is posted but by post_next()
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.resend_s = resend_s
@@ -362,12 +363,13 @@ class AlertSender:
         self.max_backoff_s = max_backoff_s
         self.clock = clock
         self.on_rejected = on_rejected
+        self.monotonic = monotonic
         self.healthy = True
         self._cv = threading.Condition()
         self._queue: OrderedDict[str, Queued] = OrderedDict()  # fingerprint -> latest version
         self._flying: dict[str, Queued] = {}
         self._answers: deque[tuple[Queued, float, str | None, bytes]] = deque()  # (item, at, refusal)
-        self._retry_at = 0.0  # time.monotonic(): no post before this while Alertmanager is unavailable
+        self._retry_at = 0.0  # monotonic(): no post before this while Alertmanager is unavailable
         self._backoff = 1.0
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="alertmanager-sender", daemon=True)
@@ -467,19 +469,31 @@ class AlertSender:
 
     # ------------------------------------------------------------ sender thread
 
+    def retry_in(self) -> float:
+        """Seconds until the next post may start (0: now); backoff after an unavailable answer."""
+        with self._cv:
+            return max(0.0, self._retry_at - self.monotonic())
+
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and (not self._queue or time.monotonic() < self._retry_at):
-                    self._cv.wait(self._retry_at - time.monotonic() if self._queue else None)
+                while not self._stopping and (not self._queue or self.monotonic() < self._retry_at):
+                    self._cv.wait(self._retry_at - self.monotonic() if self._queue else None)
                 if self._stopping:
                     return
-                batch: list[Queued] = []
-                while self._queue and len(batch) < BATCH:
-                    fp, q = self._queue.popitem(last=False)
-                    self._flying[fp] = q
-                    batch.append(q)
+            self.post_next()
+
+    def post_next(self) -> int:
+        """Post the next batch of the queue now (the sender thread's step); returns its size."""
+        with self._cv:
+            batch: list[Queued] = []
+            while self._queue and len(batch) < BATCH:
+                fp, q = self._queue.popitem(last=False)
+                self._flying[fp] = q
+                batch.append(q)
+        if batch:
             self._post(batch)
+        return len(batch)
 
     def _post(self, batch: list[Queued]) -> None:
         now = self.clock()
@@ -501,7 +515,7 @@ class AlertSender:
         except Exception:  # the sender must outlive any surprise from the HTTP stack
             log.exception("posting alerts failed")
             left = len(batch) - len(answers)
-        ended = time.monotonic()
+        ended = self.monotonic()
         with self._cv:
             for q in batch:
                 if self._flying.get(q.fp) is q:

@@ -1,12 +1,13 @@
 """The alert queue of `fleetwatch act` (alerts/alertmanager.py AlertSender), without posting: it
 holds the latest state per alert, is bounded, and a changed alert evicts the oldest queued re-send
-(counted) while the evicted one stays due in its book. Delivery itself is tested against the real
-Alertmanager (tests/integration/test_alertmanager.py, test_act_slow_alertmanager.py)."""
+(counted) while the evicted one stays due in its book; backoff counts from the end of a failed
+post. Delivery itself is tested against the real Alertmanager (tests/integration/
+test_alertmanager.py, test_act_slow_alertmanager.py)."""
 
 from __future__ import annotations
 
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
-from fleetwatch.alerts.alertmanager import EVICTED, AlertmanagerClient, AlertSender
+from fleetwatch.alerts.alertmanager import EVICTED, AlertmanagerClient, AlertSender, PostResult
 from tests.helpers.findings import T0, finding
 
 NOW = T0 + 100
@@ -72,3 +73,28 @@ def test_closing_a_sender_that_could_not_post_counts_what_is_left_and_keeps_it()
     fire(book, "n2")
     assert s.close([book], timeout_s=0) == 2
     assert len(book.records) == 2 and all(r.dirty for r in book.records.values())
+
+
+def test_backoff_counts_from_the_end_of_a_failed_post_and_the_alert_stays_queued() -> None:
+    t = [100.0]
+
+    class ThirtySecondPost(AlertmanagerClient):
+        """The real client; the test's clock moves 30 s while it posts (to a port nobody serves)."""
+
+        def post(self, alerts: list[dict[str, object]]) -> PostResult:
+            t[0] += 30
+            return super().post(alerts)
+
+    client = ThirtySecondPost("http://127.0.0.1:9", timeout_s=1, retries=0)
+    s = AlertSender(client, clock=lambda: NOW, start=False, monotonic=lambda: t[0])
+    book = AlertBook()
+    fire(book, "n1")
+    s.flush([book])
+    assert s.post_next() == 1 and not s.healthy
+    assert t[0] == 130 and s.retry_in() == 1.0  # 1 s after the post ENDED, not after it began
+    assert [q.labels["node"] for q in s.queued()] == ["n1"]  # back in the queue, nothing lost
+    t[0] = 200
+    assert s.retry_in() == 0 and s.post_next() == 1
+    assert s.retry_in() == 2.0  # doubled, again from the end (t = 230)
+    s.flush([book])
+    assert all(r.dirty for r in book.records.values())  # still due in its book
