@@ -7,10 +7,11 @@ outage the newest telemetry is the most useful, and the drop count is kept (and 
 
 The disk may refuse a write even under the bound: the filesystem is full, a write fails with an
 I/O error, another process holds the file locked, the file is damaged. None of that stops the
-agent: on a full disk (or a failed write) the oldest samples are dropped until the new one fits;
-if nothing makes room, the new sample is dropped. Every drop is counted by reason, a failing
-spool is logged once per episode (not per sample), and it recovers by itself when the disk takes
-writes again. A path that cannot hold a spool at all (a read-only directory, a file where the
+agent: on a full disk (or a failed write) the oldest samples are dropped, a small batch at a
+time, until the new one fits; what the disk still refuses waits in memory (bounded: the oldest
+there go first), is sent all the same, and goes to disk once the disk takes writes again. Every
+drop is counted by reason, a failing spool is logged once per episode (not per sample), and it
+recovers by itself. A path that cannot hold a spool at all (a read-only directory, a file where the
 directory should be, a file that is not a SQLite database) is refused at open with a one-line
 `SpoolUnusable`.
 
@@ -24,7 +25,7 @@ import logging
 import secrets
 import sqlite3
 import threading
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,16 +43,18 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
 
 # Why a sample was dropped (the agent's fleetwatch_agent_spool_dropped_total{reason}).
 BOUND = "bound"  # the spool is over --spool-max-mib
-DISK_FULL = "disk_full"  # the filesystem refused the write (SQLITE_FULL, SQLITE_IOERR)
-SPOOL_ERROR = "spool_error"  # the spool file refused it (locked, read-only, damaged)
+DISK_FULL = "disk_full"  # the filesystem refused writes (SQLITE_FULL, SQLITE_IOERR)
+SPOOL_ERROR = "spool_error"  # the spool file refused them (locked, read-only, damaged)
 DROP_REASONS = (BOUND, DISK_FULL, SPOOL_ERROR)
 
 # SQLite's primary result codes (https://sqlite.org/rescode.html) for a disk that has no room or
 # failed a write: making room by dropping old samples can help. Any other refusal cannot be
 # helped from inside the file.
 _SQLITE_IOERR, _SQLITE_FULL = 10, 13
-_MAKE_ROOM_TRIES = 16  # chunks of ~1% dropped for one sample before it is dropped itself
-_BUSY_TIMEOUT_S = 0.5  # another process holding the file: drop this sample, don't stall the tick
+_MAKE_ROOM_TRIES = 16  # batches dropped to make room for one sample before it waits in memory
+_DELETE_BATCH = 64  # records per DELETE: a full disk has no room for a big transaction's journal
+MEMORY_BYTES = 16 << 20  # records the disk refused wait in memory up to this
+_BUSY_TIMEOUT_S = 0.5  # another process holding the file: keep this sample in memory, don't stall
 
 
 class SpoolUnusable(ValueError):
@@ -73,11 +76,12 @@ class SpooledRecord:
 
 
 class Spool:
-    def __init__(self, path: str | Path, max_bytes: int) -> None:
+    def __init__(self, path: str | Path, max_bytes: int, memory_bytes: int = MEMORY_BYTES) -> None:
         if max_bytes <= 0:
             raise ValueError(f"spool bound must be > 0 bytes, got {max_bytes}")
         self.path = Path(path)
         self.max_bytes = max_bytes
+        self.memory_bytes = min(memory_bytes, max_bytes)
         self._lock = threading.Lock()
         self._db = self._open(self.path)
         # Acknowledged records whose DELETE the disk refused: hidden from peek and the counts, and
@@ -91,6 +95,16 @@ class Spool:
         self._bytes, self._count = self._db.execute(
             "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM spool"
         ).fetchone()
+        # Records the disk refused, waiting in memory: (id, key, value, size), ids after the disk's.
+        self._mem: deque[tuple[int, bytes | None, bytes, int]] = deque()
+        self._mem_bytes = 0
+        # Ids are never reused (AUTOINCREMENT's sequence, and explicit ids after it).
+        self._last_id = max(
+            [
+                self._db.execute("SELECT COALESCE(MAX(id), 0) FROM spool").fetchone()[0],
+                *(r[0] for r in self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'spool'")),
+            ]
+        )
         # The spool's instance: the agent's seq is ordered only within one spool's life, so a new
         # spool (a reinstall, a lost disk) starts a new sequence under a new id. Kept as a signed
         # 64-bit integer in the integer-typed meta table, read back as 16 hex characters.
@@ -148,52 +162,91 @@ class Spool:
         """Add a record at the tail, with `meta` (e.g. the next seq) in the same transaction.
 
         Returns the records dropped by this call, by reason: the oldest ones to stay under the
-        bound or to make room on a full disk, or this one if nothing made room. Never raises for
-        what the disk does: a sample that cannot be spooled is dropped and counted.
+        bound or to make room on a full disk (or in memory, below). Never raises for what the disk
+        does. A record the disk will not take even after dropping old ones waits in memory (the
+        forwarder sends it all the same), bounded by `memory_bytes`, and goes to disk once the disk
+        takes writes again.
         """
         size = len(value) + (len(key) if key else 0)
         drops: Counter[str] = Counter()
         with self._lock:
-            for attempt in range(_MAKE_ROOM_TRIES):
-                try:
-                    self._insert(key, value, size, meta or {})
-                    if attempt == 0:
-                        self._maybe_recovered()
-                    break
-                except (sqlite3.OperationalError, sqlite3.DatabaseError, MemoryError) as e:
-                    if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
-                        raise  # a bug, not the disk
-                    reason = _reason(e) if not isinstance(e, MemoryError) else SPOOL_ERROR
-                    self._enter_failing(reason, e)
-                    # Room is what a full disk lacks: the oldest samples give it back. Nothing
-                    # else (a lock, a damaged file) is helped by deleting.
-                    if reason != DISK_FULL or not self._drop_oldest(drops, reason):
-                        drops[reason] += 1  # this sample
-                        break
-            else:
-                drops[DISK_FULL] += 1  # no room made: this sample too
-            try:
-                self._enforce_bound(drops)
-            except sqlite3.DatabaseError as e:
-                self._enter_failing(_reason(e), e)
+            rec_id = self._last_id + 1
+            self._purge_some()
+            if not (self._flush_memory() and self._store(rec_id, key, value, size, meta or {}, drops)):
+                self._mem.append((rec_id, key, value, size))
+                self._mem_bytes += size
+                self._persist_seq_best_effort(meta or {})
+            self._last_id = rec_id
+            self._bytes += size
+            self._count += 1
+            self._enforce_bounds(drops)
             self._count_drops(drops)
         return {k: n for k, n in drops.items() if n}
 
-    def _insert(self, key: bytes | None, value: bytes, size: int, meta: dict[str, int]) -> None:
+    def _store(
+        self,
+        rec_id: int,
+        key: bytes | None,
+        value: bytes,
+        size: int,
+        meta: dict[str, int],
+        drops: Counter[str],
+    ) -> bool:
+        """Write one record to disk; on a full disk drop the oldest ones to make room. False if the
+        disk would not take it."""
+        for attempt in range(_MAKE_ROOM_TRIES):
+            try:
+                self._insert([(rec_id, key, value, size)], meta)
+            except sqlite3.DatabaseError as e:
+                if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+                    raise  # a bug, not the disk
+                reason = _reason(e)
+                self._enter_failing(reason, e)
+                # Room is what a full disk lacks: the oldest samples give it back. Nothing else
+                # (a lock, a damaged file) is helped by deleting.
+                if reason != DISK_FULL or not self._drop_oldest(drops):
+                    return False
+                continue
+            if attempt == 0:
+                self._maybe_recovered()
+            return True
+        return False
+
+    def _insert(self, records: list[tuple[int, bytes | None, bytes, int]], meta: dict[str, int]) -> None:
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            if self._purge_to:
-                self._db.execute("DELETE FROM spool WHERE id <= ?", (self._purge_to,))
-            self._db.execute("INSERT INTO spool (key, value, size) VALUES (?, ?, ?)", (key, value, size))
+            self._db.executemany("INSERT INTO spool (id, key, value, size) VALUES (?, ?, ?, ?)", records)
             for k, v in meta.items():
                 self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, v))
             self._db.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
-        self._purge_to = 0
-        self._bytes += size
-        self._count += 1
+
+    def _flush_memory(self) -> bool:
+        """Move the records waiting in memory to disk, oldest first; False if some remain."""
+        while self._mem:
+            batch = [self._mem[i] for i in range(min(_DELETE_BATCH * 8, len(self._mem)))]
+            try:
+                self._insert(batch, {})
+            except sqlite3.DatabaseError as e:
+                if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+                    raise
+                return False
+            for _ in batch:
+                self._mem_bytes -= self._mem.popleft()[3]
+            if not self._mem:
+                self._leave_failing()  # the disk took back what memory held: it has room again
+        return True
+
+    def _persist_seq_best_effort(self, meta: dict[str, int]) -> None:
+        # A record kept in memory may still be sent: its seq must not be reused after a restart. An
+        # update of one existing row needs no new room, so a full disk usually still takes it.
+        try:
+            for k, v in meta.items():
+                self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, v))
+        except sqlite3.DatabaseError:
+            self._rollback()
 
     def _rollback(self) -> None:
         # SQLite may already have rolled back after SQLITE_FULL or IOERR; ROLLBACK may then fail.
@@ -203,32 +256,68 @@ class Spool:
             except sqlite3.Error:
                 log.debug("rollback failed", exc_info=True)
 
-    def _drop_oldest(self, drops: Counter[str], reason: str) -> bool:
-        """Delete the oldest ~1% (at least one) record; False when there is none or it fails."""
-        if self._count == 0:
-            return False
+    def _drop_oldest(self, drops: Counter[str], reason: str = DISK_FULL) -> bool:
+        """Delete the oldest records on disk, a small batch (a full disk has no room for the journal
+        of a big one); False when there is none or the disk refuses."""
+        n = min(_DELETE_BATCH, max(1, (self._count - len(self._mem)) // 100))
         try:
-            self._delete_chunk(max(1, self._count // 100), drops, reason)
+            size, count, last = self._db.execute(
+                "SELECT COALESCE(SUM(size), 0), COUNT(*), MAX(id) FROM "
+                "(SELECT id, size FROM spool WHERE id > ? ORDER BY id LIMIT ?)",
+                (self._purge_to, n),
+            ).fetchone()
+            if not count:
+                return False
+            self._db.execute("DELETE FROM spool WHERE id > ? AND id <= ?", (self._purge_to, last))
         except sqlite3.DatabaseError:
             self._rollback()
             return False
-        self._purge_to = 0
-        return True
-
-    def _delete_chunk(self, n: int, drops: Counter[str], reason: str) -> None:
-        size, count, last = self._db.execute(
-            "SELECT COALESCE(SUM(size), 0), COUNT(*), MAX(id) FROM "
-            "(SELECT id, size FROM spool WHERE id > ? ORDER BY id LIMIT ?)",
-            (self._purge_to, n),
-        ).fetchone()
-        self._db.execute("DELETE FROM spool WHERE id <= ?", (last,))
         self._bytes -= size
         self._count -= count
         drops[reason] += count
+        return True
+
+    def _hide_oldest(self, drops: Counter[str], reason: str) -> bool:
+        """Drop the oldest records on disk without writing: hidden now, deleted later."""
+        try:
+            size, count, last = self._db.execute(
+                "SELECT COALESCE(SUM(size), 0), COUNT(*), MAX(id) FROM "
+                "(SELECT id, size FROM spool WHERE id > ? ORDER BY id LIMIT ?)",
+                (self._purge_to, max(1, (self._count - len(self._mem)) // 100)),
+            ).fetchone()
+        except sqlite3.DatabaseError:
+            return False
+        if not count:
+            return False
+        self._purge_to = last
+        self._bytes -= size
+        self._count -= count
+        drops[reason] += count
+        return True
+
+    def _purge_some(self) -> None:
+        """Delete (a batch of) the records already acknowledged or dropped but still on disk."""
+        if not self._purge_to:
+            return
+        try:
+            first = self._db.execute("SELECT MIN(id) FROM spool").fetchone()[0]
+            if first is None or first > self._purge_to:
+                self._purge_to = 0
+                return
+            # ids are dense enough that a range of _DELETE_BATCH ids is at most that many rows
+            upto = min(self._purge_to, first + _DELETE_BATCH - 1)
+            self._db.execute("DELETE FROM spool WHERE id <= ?", (upto,))
+        except sqlite3.DatabaseError:
+            self._rollback()
+            return
+        if upto >= self._purge_to:
+            self._purge_to = 0
 
     def peek(self, after_id: int = 0, limit: int = 500) -> list[SpooledRecord]:
-        """The oldest records with id > after_id, in order ([] while the spool cannot be read)."""
+        """The oldest records with id > after_id, in order: on disk, then in memory (the disk's
+        are skipped while it cannot be read)."""
         with self._lock:
+            rows: list[tuple[int, bytes | None, bytes]] = []
             try:
                 rows = self._db.execute(
                     "SELECT id, key, value FROM spool WHERE id > ? ORDER BY id LIMIT ?",
@@ -238,16 +327,27 @@ class Spool:
                 if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
                     raise
                 self._enter_failing(SPOOL_ERROR, e)
-                return []
+            for rec_id, key, value, _size in self._mem:
+                if len(rows) >= limit:
+                    break
+                if rec_id > after_id:
+                    rows.append((rec_id, key, value))
         return [SpooledRecord(i, k, v) for i, k, v in rows]
 
     def ack(self, up_to_id: int) -> None:
         """Delete every record with id <= up_to_id (the broker has them).
 
         A disk that refuses the DELETE does not make them unacknowledged: they are hidden and
-        deleted with the next write that succeeds.
+        deleted later, a batch at a time.
         """
         with self._lock:
+            while self._mem and self._mem[0][0] <= up_to_id:
+                size = self._mem.popleft()[3]
+                self._mem_bytes -= size
+                self._bytes -= size
+                self._count -= 1
+            if up_to_id <= self._purge_to:
+                return
             try:
                 size, n = self._db.execute(
                     "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM spool WHERE id > ? AND id <= ?",
@@ -267,34 +367,35 @@ class Spool:
                 if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
                     raise
                 self._rollback()
-                self._purge_to = max(self._purge_to, up_to_id)
+                self._purge_to = up_to_id
                 self._enter_failing(_reason(e), e)
 
-    def _enforce_bound(self, drops: Counter[str]) -> None:
-        if self._bytes <= self.max_bytes:
-            return
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            while self._bytes > self.max_bytes and self._count > 1:
-                # Drop in chunks of ~1% so a full spool does not pay one DELETE per sample.
-                self._delete_chunk(max(1, self._count // 100), drops, BOUND)
-            self._db.execute("COMMIT")
-            self._purge_to = 0
-        except BaseException:
-            self._rollback()
-            # the counts are the database's again: nothing was deleted
-            self._bytes, self._count = self._db.execute(
-                "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM spool WHERE id > ?", (self._purge_to,)
-            ).fetchone()
-            drops[BOUND] = 0
-            raise
+    def _enforce_bounds(self, drops: Counter[str]) -> None:
+        # Memory first: records the disk refused wait there, the newest kept, within memory_bytes.
+        while self._mem_bytes > self.memory_bytes and len(self._mem) > 1:
+            size = self._mem.popleft()[3]
+            self._mem_bytes -= size
+            self._bytes -= size
+            self._count -= 1
+            drops[self._failing or SPOOL_ERROR] += 1
+        # Then the spool's bound, over disk and memory: the oldest go first, on disk if any.
+        while self._bytes > self.max_bytes and self._count > 1:
+            if not (self._drop_oldest(drops, BOUND) or self._hide_oldest(drops, BOUND)):
+                if len(self._mem) <= 1:
+                    break
+                size = self._mem.popleft()[3]
+                self._mem_bytes -= size
+                self._bytes -= size
+                self._count -= 1
+                drops[BOUND] += 1
 
     # ------------------------------------------------------------ failure episodes, drop counts
 
     def _enter_failing(self, reason: str, e: BaseException) -> None:
         if self._failing is None:
             log.warning(
-                "spool %s refuses writes (%s: %s); dropping samples (reason=%s) until it has room again",
+                "spool %s refuses writes (%s: %s): the oldest samples make room or new ones wait in "
+                "memory, drops counted as reason=%s, until it takes them again",
                 self.path,
                 getattr(e, "sqlite_errorname", type(e).__name__),
                 e,
@@ -313,6 +414,10 @@ class Spool:
         if self._failing is None:
             return
         if self._failing != DISK_FULL or self._bytes > self._full_bytes * 1.05 + 65536:
+            self._leave_failing()
+
+    def _leave_failing(self) -> None:
+        if self._failing is not None:
             log.warning(
                 "spool %s has room again (%d samples dropped while it had none)",
                 self.path,

@@ -128,41 +128,53 @@ def test_full_disk_drops_oldest_warns_once_and_recovers(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
-def test_locked_spool_drops_the_sample_counts_it_and_recovers(tmp_path: Path) -> None:
-    """Another process holding the spool locked: the write is refused (SQLITE_BUSY), never raised;
-    the sample is counted as spool_error, acknowledged records stay acknowledged, and writes go on
-    once the lock is gone."""
+def test_locked_spool_keeps_samples_in_memory_in_order_and_recovers(tmp_path: Path) -> None:
+    """Another process holding the spool locked (SQLITE_BUSY): writes are refused, never raised;
+    new samples wait in memory, bounded (the oldest of them dropped, counted as spool_error), and
+    are sent in order after the disk's; acknowledged records stay acknowledged; once the lock is
+    gone the memory goes to disk, in order."""
     path = tmp_path / "s.sqlite"
-    s = Spool(path, max_bytes=1 << 20)
+    s = Spool(path, max_bytes=1 << 20, memory_bytes=10 * 101)
     _fill(s, 3)
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # a writer's lock: readers go on, writers are refused
-    assert s.append(b"k", b"refused".ljust(100, b".")) == {"spool_error": 1}
+    assert s.append(b"k", b"00000003".ljust(100, b".")) == {}
     assert s.failing == "spool_error"
+    assert [r.value[:8] for r in s.peek()] == [f"{i:08d}".encode() for i in range(4)]
     s.ack(s.peek(limit=1)[0].id)  # the DELETE is refused too, the ack is kept
-    assert len(s) == 2 and [r.value[:8] for r in s.peek()] == [b"00000001", b"00000002"]
+    drops = {}
+    for i in range(4, 20):
+        for reason, n in s.append(b"k", f"{i:08d}".encode().ljust(100, b".")).items():
+            drops[reason] = drops.get(reason, 0) + n
+    assert drops == {"spool_error": 7}  # 17 waited in memory, room for 10: the oldest 7 dropped
+    seen = [r.value[:8] for r in s.peek(limit=100)]
+    assert seen == [f"{i:08d}".encode() for i in (1, 2, *range(10, 20))] and len(s) == len(seen)
     other.execute("ROLLBACK")
     other.close()
-    assert s.append(b"k", b"00000003".ljust(100, b".")) == {}
-    assert s.failing is None and s.dropped == {"spool_error": 1}
+    assert s.append(b"k", b"00000020".ljust(100, b".")) == {}
+    assert s.failing is None and s.dropped == {"spool_error": 7}
     s.close()
-    s2 = Spool(path, max_bytes=1 << 20)  # the deferred DELETE went through with that write
-    assert [r.value[:8] for r in s2.peek()] == [b"00000001", b"00000002", b"00000003"]
+    s2 = Spool(path, max_bytes=1 << 20)  # all on disk now, in order; the acknowledged one gone
+    assert [r.value[:8] for r in s2.peek(limit=100)] == [f"{i:08d}".encode() for i in (1, 2, *range(10, 21))]
 
 
-def test_damaged_spool_file_never_raises_from_the_agents_calls(tmp_path: Path) -> None:
+def test_damaged_spool_file_never_raises_and_samples_still_go_out(tmp_path: Path) -> None:
     """A spool file damaged while the agent runs (SQLITE_CORRUPT/NOTADB on the next read or write):
-    append, peek and ack refuse without raising, and the refusals are counted."""
+    append, peek and ack refuse without raising, new samples are still handed out (from memory)
+    and acknowledged, and memory stays bounded."""
     path = tmp_path / "s.sqlite"
-    s = Spool(path, max_bytes=1 << 20)
+    s = Spool(path, max_bytes=1 << 20, memory_bytes=5 * 101)
     _fill(s, 50)
     with path.open("r+b") as f:  # overwrite everything after the magic string and page size
         f.seek(24)
         f.write(b"\xa5" * (path.stat().st_size - 24))
-    assert s.append(b"k", b"x" * 100) == {"spool_error": 1}
-    assert s.peek() == []
-    s.ack(10)
-    assert s.failing == "spool_error" and s.dropped_total == 1
+    assert s.append(b"k", b"new".ljust(100, b".")) == {}
+    recs = s.peek()
+    assert [r.value[:3] for r in recs] == [b"new"] and s.failing == "spool_error"
+    s.ack(recs[0].id)
+    assert s.peek(after_id=recs[0].id) == []
+    dropped = sum(sum(s.append(b"k", b"x" * 100).values()) for _ in range(8))
+    assert dropped == 3 and s.dropped == {"spool_error": 3}  # room for 5 in memory
     s.close()
 
 
