@@ -170,33 +170,28 @@ class Spool:
         size = len(value) + (len(key) if key else 0)
         drops: Counter[str] = Counter()
         with self._lock:
-            rec_id = self._last_id + 1
-            self._purge_some()
-            if not (self._flush_memory() and self._store(rec_id, key, value, size, meta or {}, drops)):
-                self._mem.append((rec_id, key, value, size))
-                self._mem_bytes += size
-                self._persist_seq_best_effort(meta or {})
-            self._last_id = rec_id
+            self._last_id += 1
+            # Every record passes through memory on its way to disk: one path whether the disk
+            # takes it at once or only later, and the order is kept either way.
+            self._mem.append((self._last_id, key, value, size))
+            self._mem_bytes += size
             self._bytes += size
             self._count += 1
+            self._purge_some()
+            if not self._flush_memory(meta or {}, drops):
+                self._persist_seq_best_effort(meta or {})
             self._enforce_bounds(drops)
             self._count_drops(drops)
         return {k: n for k, n in drops.items() if n}
 
     def _store(
-        self,
-        rec_id: int,
-        key: bytes | None,
-        value: bytes,
-        size: int,
-        meta: dict[str, int],
-        drops: Counter[str],
+        self, records: list[tuple[int, bytes | None, bytes, int]], meta: dict[str, int], drops: Counter[str]
     ) -> bool:
-        """Write one record to disk; on a full disk drop the oldest ones to make room. False if the
-        disk would not take it."""
+        """Write records to disk; on a full disk drop the oldest ones to make room. False if the
+        disk would not take them."""
         for attempt in range(_MAKE_ROOM_TRIES):
             try:
-                self._insert([(rec_id, key, value, size)], meta)
+                self._insert(records, meta)
             except sqlite3.DatabaseError as e:
                 if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
                     raise  # a bug, not the disk
@@ -223,20 +218,19 @@ class Spool:
             self._rollback()
             raise
 
-    def _flush_memory(self) -> bool:
-        """Move the records waiting in memory to disk, oldest first; False if some remain."""
+    def _flush_memory(self, meta: dict[str, int], drops: Counter[str]) -> bool:
+        """Move the records waiting in memory to disk, oldest first, `meta` with the last batch;
+        False if some remain."""
+        held = len(self._mem) > 1  # more than the record just appended: the disk had refused some
         while self._mem:
-            batch = [self._mem[i] for i in range(min(_DELETE_BATCH * 8, len(self._mem)))]
-            try:
-                self._insert(batch, {})
-            except sqlite3.DatabaseError as e:
-                if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
-                    raise
+            n = min(_DELETE_BATCH * 8, len(self._mem))
+            batch = [self._mem[i] for i in range(n)]
+            if not self._store(batch, meta if n == len(self._mem) else {}, drops):
                 return False
             for _ in batch:
                 self._mem_bytes -= self._mem.popleft()[3]
-            if not self._mem:
-                self._leave_failing()  # the disk took back what memory held: it has room again
+        if held:
+            self._leave_failing()  # the disk took back what memory held: it has room again
         return True
 
     def _persist_seq_best_effort(self, meta: dict[str, int]) -> None:
