@@ -16,6 +16,7 @@ import pytest
 
 from fleetwatch import schemas
 from fleetwatch.collectors.agent import SourceRunner
+from fleetwatch.collectors.spool import Spool
 from tests.helpers.agents import CountingSource, make_agent
 from tests.helpers.paths import REPO
 
@@ -181,7 +182,10 @@ def _without_dac_override() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
-@pytest.mark.parametrize("case", ["read_only_dir", "file_as_dir", "no_permission_parent", "not_sqlite"])
+@pytest.mark.parametrize(
+    "case",
+    ["read_only_dir", "file_as_dir", "no_permission_parent", "not_sqlite", "read_only_file", "dir_as_file"],
+)
 def test_collect_cli_unusable_spool_is_one_line_and_status_2(tmp_path: Path, case: str) -> None:
     spool_dir = tmp_path / "spool"
     if case == "read_only_dir":
@@ -192,9 +196,14 @@ def test_collect_cli_unusable_spool_is_one_line_and_status_2(tmp_path: Path, cas
     elif case == "no_permission_parent":
         tmp_path.joinpath("locked").mkdir(mode=0o555)
         spool_dir = tmp_path / "locked" / "missing" / "spool"
-    else:
+    elif case == "not_sqlite":
         spool_dir.mkdir()
         (spool_dir / "n1.sqlite").write_bytes(b"\x00garbage, not SQLite" * 100)
+    elif case == "read_only_file":  # a spool of an earlier run, made read-only
+        Spool(spool_dir / "n1.sqlite", max_bytes=1 << 20).close()
+        (spool_dir / "n1.sqlite").chmod(0o444)
+    else:
+        (spool_dir / "n1.sqlite").mkdir(parents=True)
     r = subprocess.run(
         [
             sys.executable,
