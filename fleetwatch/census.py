@@ -258,14 +258,17 @@ class Census:
                 self._refuse("malformed", node, str(e))
             return
         with self._lock:
-            if "sig" not in m or "seen_at" not in m or "steady_since" not in m:
-                self._refuse("unsigned", node)
-            elif not verify(m, self._key):
-                self._refuse("bad_signature", node)
-            elif m.get("gone"):
-                self._apply_gone(node, m["seen_at"])
-            else:
-                self._apply_node(node, m)
+            try:
+                if "sig" not in m or "seen_at" not in m or "steady_since" not in m:
+                    self._refuse("unsigned", node)
+                elif not verify(m, self._key):
+                    self._refuse("bad_signature", node)
+                elif m.get("gone"):
+                    self._apply_gone(node, m["seen_at"])
+                else:
+                    self._apply_node(node, m)
+            except Exception as e:  # input no check foresaw: that record's problem, never the follower's
+                self._refuse("malformed", node, f"{type(e).__name__}: {str(e)[:200]}")
 
     def _apply_node(self, node: str, m: dict[str, Any]) -> None:
         seen_at = float(m["seen_at"])

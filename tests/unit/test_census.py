@@ -13,9 +13,21 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetwatch import schemas, topics
-from fleetwatch.census import NODE, Census, CensusConfig, CensusKeyError, load_key, node_message, sign, verify
+from fleetwatch.census import (
+    NODE,
+    REFUSE_REASONS,
+    Census,
+    CensusConfig,
+    CensusKeyError,
+    load_key,
+    node_message,
+    sign,
+    verify,
+)
 from fleetwatch.pipeline import fleet_metrics, steady
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
@@ -236,3 +248,28 @@ def test_a_partition_wide_pause_is_not_a_break_in_any_node_s_run() -> None:
     assert list(since) == [T0, T0, T0 + 962]
     restored = steady.Pauses.from_state(orjson.loads(orjson.dumps(pauses.to_state())))
     assert restored == pauses
+
+
+FIELDS = ["schema", "node", "first_seen", "last_seen", "steady_since", "seen_at", "gone", "sig", "x"]
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=20))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.one_of(st.none(), st.binary(max_size=40)),
+    value=st.one_of(
+        st.none(),
+        st.binary(max_size=300),
+        st.dictionaries(st.sampled_from(FIELDS), ANY).map(orjson.dumps),
+        # a signed record with one field made odd: verified, then applied or refused
+        st.tuples(st.sampled_from(FIELDS), ANY).map(
+            lambda kv: schemas.encode(sign({**node_message("n1", T0, T0 + 1), kv[0]: kv[1]}, KEY))
+        ),
+    ),
+)
+def test_no_record_raises_out_of_the_census(key: bytes | None, value: bytes | None) -> None:
+    """An exception would stop act's follower of the topic and freeze the fleet: every record is
+    applied, refused or ignored."""
+    c = census_of(("n1", record("n1", T0)))
+    c.apply(key, value)
+    assert c.fleet_size() <= 1 and set(c.refused()) <= set(REFUSE_REASONS)
