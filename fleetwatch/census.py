@@ -16,25 +16,29 @@ Why it is signed, and how (issue 23, item 9). Anyone who can write the topic cou
   file). It is its own key, not the drain key: detect must be able to vouch for the census without
   being able to sign a drain request past act's budget and storm guard. The `schema` field is
   signed too, so a census signature can never pass for another message's.
-- A tombstone has no body to sign. Rather than a signature in a header over a bare key, detect
+- A tombstone has no body to sign. Rather than a signature in a Kafka header over the bare key
+  (a second scheme, over bytes a compacting broker may drop, with freshness to reinvent), detect
   first writes a signed record with `gone: true`, and act forgets a node only on that; tombstones
-  only let the broker compact the key, and act ignores them (one without a verified gone before it
-  is counted). One record kind, one signature scheme, one code path for verification, and a
-  forged tombstone is as harmless as any other unsigned record.
+  only let the broker compact the key, and act ignores them (one for a node it holds is counted
+  as `unsigned_tombstone`). One record kind, one signature scheme, one code path for
+  verification, the replay rule below covers gone records too, and a forged tombstone is as
+  harmless as any other unsigned record.
 - Replays: `seen_at` is the broker's append time of the node's latest telemetry sample (the
   telemetry topic stamps LogAppendTime; a node cannot set it). Per node, act applies a record
   only if its `seen_at` is newer than the last one it applied (a gone record: not older), and a
   node forgotten by a verified gone comes back only with a record seen after it. An old signed
   record replayed is refused as `stale`.
 - Warm-up: `steady_since` is the broker time at which the node's current unbroken run of
-  telemetry began (a gap longer than the node stage's steady_gap_s starts a new run). A node
+  telemetry began (a gap longer than the node stage's steady_gap_s, not counting stretches in which
+  the whole partition received nothing, starts a new run). A node
   counts toward the budget and the storm threshold only once `seen_at - steady_since` reaches
   act's --census-warm-up; before that it is a known node (drainable, not `unknown_node`) that does
   not enlarge the fleet. Both times are the broker's, not the node's: a sample stamped a day in
   the past cannot make a new name look old.
-- A burst of new names (more than --census-burst-fraction of the warm fleet, and at least
-  --census-burst-min, first seen within --census-burst-window) sets fleetwatch_act_census_burst,
-  which the FleetwatchCensusNodeBurst rule pages on.
+- A burst of new names (nodes whose run began within --census-burst-window: more than
+  --census-burst-fraction of the warm fleet, and at least --census-burst-min) sets
+  fleetwatch_act_census_burst, which the FleetwatchCensusNodeBurst rule alerts on. Reading the
+  whole topic after act restarts is no burst: those nodes' runs began long before.
 
 What a writer of the topic can still do (docs/security.md: ACLs are what stop it): compaction keeps
 only the latest record per key, so a forged record displaces a node's signed one on the broker; a
