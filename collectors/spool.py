@@ -89,6 +89,7 @@ class Spool:
         self._purge_to = 0
         self._failing: str | None = None  # the reason writes fail now (logged once per episode)
         self._full_bytes = 0  # what the spool held when the disk first refused
+        self._busy = False  # the last write found the file locked by another process
         self._episode_drops = 0
         self.dropped: Counter[str] = Counter()  # this process's drops by reason
         self._dropped_before = self._read_meta("dropped")  # by earlier processes
@@ -177,8 +178,10 @@ class Spool:
             self._mem_bytes += size
             self._bytes += size
             self._count += 1
-            self._purge_some()
-            if not self._flush_memory(meta or {}, drops):
+            self._busy = False
+            if self._flush_memory(meta or {}, drops):
+                self._purge_some()
+            elif not self._busy:  # (a locked file would make each of these wait its timeout)
                 self._persist_seq_best_effort(meta or {})
             self._enforce_bounds(drops)
             self._count_drops(drops)
@@ -196,6 +199,7 @@ class Spool:
                 if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
                     raise  # a bug, not the disk
                 reason = _reason(e)
+                self._busy = getattr(e, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
                 self._enter_failing(reason, e)
                 # Room is what a full disk lacks: the oldest samples give it back. Nothing else
                 # (a lock, a damaged file) is helped by deleting.
@@ -425,6 +429,8 @@ class Spool:
             return
         self.dropped.update(drops)
         self._episode_drops += drops[DISK_FULL] + drops[SPOOL_ERROR]
+        if self._busy:
+            return
         try:  # best effort: a disk that refuses samples refuses this too
             self._db.execute(
                 "INSERT INTO meta (k, v) VALUES ('dropped', ?) "
