@@ -76,6 +76,11 @@ INTERNAL_ERRORS = Counter(
     "exception named in the dead letter's detail and the log)",
     ["group", "stage"],
 )
+# A task restored from a snapshot whose records then raise this many times in a row, each on its
+# own, with none handled in between: the state, not the records, is what fails (a snapshot its
+# stage loads but cannot run on), and the partition starts cold instead of dead-lettering all
+# its input one record at a time for good.
+FAILING_STATE_RECORDS = 10
 # Every output is checked against this before it is produced: an output the broker would refuse
 # (Kafka's default max.message.bytes is 1 MiB) would stop the worker before it commits, on every
 # restart. Detectors bound their findings far below it (detectors/findings.py).
@@ -136,6 +141,11 @@ class Worker:
         # raised, to replay one record at a time until the one that raises is found.
         self._poison: dict[TopicPart, set[int]] = {}
         self._suspect: dict[TopicPart, tuple[int, int]] = {}
+        # tasks restored from a snapshot (not started cold), how many records in a row raised on
+        # each since it last handled one, and those whose snapshot is no longer to be trusted
+        self._from_snapshot: set[tuple[str, int]] = set()
+        self._failing: dict[tuple[str, int], int] = {}
+        self._distrusted: set[tuple[str, int]] = set()
         self._last_snapshot = time.monotonic()
         self._rebalanced_at = time.monotonic()  # when partitions were last assigned
         # Exported at 0 from the start: a member stuck in its first join shows 0 partitions (the
@@ -243,12 +253,17 @@ class Worker:
         for name, p in sorted(keys):
             stage = self.stages[name]
             snap = snaps[(self._state_name(name), p)]
+            if (name, p) in self._distrusted:  # counted when it was found out (_quarantine)
+                self._distrusted.discard((name, p))
+                snap = None
             task = None if snap is None else self._restored(name, p, snap)
             if task is None:
                 self.tasks[(name, p)] = stage.new_task(p)
                 self._snap_offsets[(name, p)] = {}
+                self._from_snapshot.discard((name, p))
             else:
                 self.tasks[(name, p)] = task
+                self._from_snapshot.add((name, p))
                 self._snap_offsets[(name, p)] = snap.offsets
                 log.info(
                     "restored %s partition %d from a snapshot of %.0f s ago",
@@ -343,6 +358,9 @@ class Worker:
         for tp in revoked:
             self._poison.pop(tp, None)
             self._suspect.pop(tp, None)
+        for key in keys:
+            self._failing.pop(key, None)
+            self._distrusted.discard(key)
         if revoked:
             log.info("revoked %s", sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
 
@@ -436,6 +454,8 @@ class Worker:
         except Exception as e:  # a bug, or input no check foresaw: that record's problem only
             self._quarantine(tp, stage, block, e, out)
             return False
+        if self._failing:
+            self._failing.pop(self._task_key(tp), None)
         refused = getattr(task, "clock_refused", None)
         for i, e in bad:
             REJECTED.labels(self.group, tp.topic, e.reason).inc()
@@ -550,6 +570,10 @@ class Worker:
                 tp.topic,
             )
             self._poison.setdefault(tp, set()).add(first)
+            key = self._task_key(tp)
+            failing = self._failing[key] = self._failing.get(key, 0) + 1
+            if failing >= FAILING_STATE_RECORDS and key in self._from_snapshot:
+                self._distrust(key, failing)
         else:
             log.error(
                 "%d records of %s:%d (offsets %d-%d) raised %s; replaying them one at a time",
@@ -557,6 +581,21 @@ class Worker:
             )  # fmt: skip
             self._suspect[tp] = (first, last)
         self._reload(self._task_key(tp))
+
+    def _distrust(self, key: tuple[str, int], failing: int) -> None:
+        """The task's snapshot loads but every record raises on it: start the partition cold
+        (counted as unreadable state, as one its stage cannot load), and hand the records it
+        dead-lettered to the cold task (they were not at fault)."""
+        log.error(
+            "%s partition %d: %d records in a row raised on the state restored from its snapshot; "
+            "the snapshot is not used, the partition starts cold",
+            key[0], key[1], failing,
+        )  # fmt: skip
+        STATE_LOST.labels(self.group, key[0], "unreadable").inc()
+        self._distrusted.add(key)
+        self._failing.pop(key, None)
+        for tp in [tp for tp in self._poison if self._task_key(tp) == key]:
+            del self._poison[tp]
 
     def _reload(self, key: tuple[str, int]) -> None:
         """Drop a task and restore it from its last snapshot before the next poll (see _restore)."""

@@ -357,3 +357,29 @@ def test_records_a_task_refuses_are_dead_lettered_with_its_reason_and_counted() 
     assert {v for h, v in letters if h["reason"] == b"not_in_job"} == originals
     assert _rejected("not_in_job") - before["not_in_job"] == 5
     assert _rejected("unknown_job") - before["unknown_job"] == 1
+
+
+def test_a_snapshot_that_loads_but_fails_every_record_starts_its_partition_cold() -> None:
+    """A state its stage loads but cannot run on ([1,2,3] where a dict of counts belongs): each
+    record raised, was dead-lettered and the same state restored, for good. After
+    FAILING_STATE_RECORDS records in a row the snapshot is not used: the partition starts cold
+    (counted as unreadable), and its input, those records included, is counted from there."""
+    from fleetwatch.pipeline.worker import FAILING_STATE_RECORDS
+
+    bus = _bus()
+    producer = bus.producer()
+    write_snapshot(producer, "g-bad/count", 0, {IN: 0}, b"[1,2,3]")
+    cold = [n for n in NODES if bus.partition_of(IN, n.encode()) == 0]
+    _feed(bus, range(FAILING_STATE_RECORDS), cold[:1])
+    labels = {"group": "g-bad", "stage": "count", "reason": "unreadable"}
+    lost = REGISTRY.get_sample_value("fleetwatch_worker_state_lost_total", labels) or 0.0
+    w = Worker(bus, "g-bad", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    for _ in range(10 * FAILING_STATE_RECORDS):
+        w.step(timeout_ms=0)
+    _feed(bus, range(FAILING_STATE_RECORDS, FAILING_STATE_RECORDS + 1))
+    _drain(w)
+    assert REGISTRY.get_sample_value("fleetwatch_worker_state_lost_total", labels) == lost + 1
+    latest = _latest(bus)
+    assert latest[cold[0]] == FAILING_STATE_RECORDS + 1  # every record counted, from a cold state
+    assert all(latest[n] == 1 for n in NODES if n != cold[0])
+    w.close()
