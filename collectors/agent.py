@@ -85,7 +85,14 @@ class SourceRunner:
         if not self._ensure_source():
             return self._init_error or "unavailable"
         assert self._source is not None
-        self._pending = self._pool.submit(self._source.sample)
+        try:
+            self._pending = self._pool.submit(self._source.sample)
+        except RuntimeError as e:  # no thread to be had (a thread, process or memory limit)
+            # the refused call may sit in the pool's queue: drop that pool, a fresh one next time
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"src-{self.name}")
+            self._pending = None
+            return f"error: {type(e).__name__}: {e}"[:200]
         return None
 
     def result(self, timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:

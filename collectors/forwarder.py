@@ -101,6 +101,9 @@ class SpoolForwarder:
         except (kafka_io.BrokerUnavailable, OSError) as e:
             self._mark_down(f"cannot connect: {e}")
             return False
+        except Exception as e:  # the client could not be made (no thread or memory to be had): retried
+            self._mark_down(f"cannot create a producer: {type(e).__name__}: {e}")
+            return False
         if not self.broker_up:
             log.info("broker reachable; forwarding %d spooled samples", len(self.spool))
         self.broker_up = True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import resource
 import socket
@@ -285,3 +286,58 @@ def test_collect_keeps_running_on_a_full_disk_during_an_outage(
     text = "".join(stderr)
     assert sum("refuses writes" in line for line in stderr) == 1, text[-3000:]  # once, not per sample
     assert "Traceback" not in text
+
+
+# The agent with no thread and little memory to be had: an address-space limit (RLIMIT_AS, which
+# binds root too) with room for no new thread stack. Then the limit is lifted.
+_NO_THREADS = """
+import json, resource, sys, threading
+from pathlib import Path
+from fleetwatch.collectors.agent import SourceRunner
+from fleetwatch.collectors.host import HostSource
+from fleetwatch.runtime import StopFlag
+from tests.helpers.agents import make_agent
+
+agent = make_agent(Path(sys.argv[2]), sys.argv[1], [SourceRunner("host", HostSource)], node=sys.argv[3],
+                   interval_s=0.05)
+threading.stack_size(512 << 20)  # a new Python thread needs 512 MiB of address space
+with open("/proc/self/status") as f:
+    vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (8 << 20), resource.RLIM_INFINITY))
+agent.run(StopFlag(install=False), count=10)
+starved = dict(spooled=len(agent.spool), sent=agent.forwarder.sent_total)
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+threading.stack_size(0)
+agent.run(StopFlag(install=False), count=10)
+delivered = agent.forwarder.drain(30)
+agent.close(drain_timeout_s=10)
+print(json.dumps(dict(starved=starved, delivered=delivered)))
+"""
+
+
+def test_agent_runs_out_of_threads_and_memory_keeps_sampling_and_delivers_after(
+    kafka_bootstrap: str, topic_tail: Any, tmp_path: Path
+) -> None:
+    """No thread can start (the sources' calls, librdkafka's producer): each sample says so in
+    agent.source_errors, the samples are spooled, nothing crashes; once the limit is lifted the
+    sources answer again and every sample is delivered, in order."""
+    tail = topic_tail(topics.TELEMETRY)
+    node = f"agent-starved-{int(time.time())}"
+    r = subprocess.run(
+        [sys.executable, "-c", _NO_THREADS, kafka_bootstrap, str(tmp_path), node],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    starved = out["starved"]
+    assert starved["sent"] == 0 and starved["spooled"] == 10, out
+    assert out["delivered"] is True, out
+    assert "Traceback" not in r.stderr
+    recs = tail.collect(lambda rs: sum(x.key == node.encode() for x in rs) >= 20, 30)
+    msgs = list({m["seq"]: m for m in tail.messages(recs) if m["node"] == node}.values())
+    assert [m["seq"] for m in msgs] == list(range(20))
+    assert all("can't start new thread" in m["agent"]["source_errors"]["host"] for m in msgs[:10])
+    assert all("host" in m and m["agent"]["source_errors"] == {} for m in msgs[10:])
