@@ -13,7 +13,9 @@ in the task's snapshot, so a replay decides as the first run did), else the work
 whole jobs topic): a task that starts at the topic's end, or restores a snapshot of a release
 before this check, has not read the job/1 of a job that is already running. Nodes learnt from the
 table reach the detectors as a job record of their own, so they too drop any node outside the job.
-A job the task has seen end is not looked up in the table, which may lag behind the task.
+A job the task has seen end is not looked up in the table, which may lag behind the task. Slurm
+reuses job ids: a job/1 whose `start_ts` is older than the run the task knows (a previous run's
+records, published again) is about that run and changes nothing here, nor reaches the detectors.
 
 The hold is bounded (HoldConfig): `hold_records` records in all (beyond it the job held longest
 loses its oldest record first), and `hold_s` of event time: a held record is refused once its own
@@ -60,7 +62,9 @@ class JobMembers:
         self.cfg = config or HoldConfig()
         self.table = table  # configuration, not state: the worker's JobTable, if it has one
         self.nodes: dict[str, frozenset[str]] = {}
-        self.ended: OrderedDict[str, None] = OrderedDict()  # newest last
+        # job -> its run's start_ts (None where job/1 gives none), for running and ended jobs
+        self.start: dict[str, float | None] = {}
+        self.ended: OrderedDict[str, float | None] = OrderedDict()  # newest last
         self.held: dict[str, deque[dict[str, Any]]] = {}  # insertion order: the job held longest first
         self.span: dict[str, list[float]] = {}  # job -> [oldest, newest] ts of its held records
         self.n_held = 0
@@ -77,8 +81,9 @@ class JobMembers:
         self._index = {}
         for i, m in enumerate(msgs):
             if m["schema"] == JOB:
-                taken.append(m)
-                self._job(m, taken, refused)
+                if not self._stale(m):
+                    taken.append(m)
+                    self._job(m, taken, refused)
                 continue
             job, ts = m["job"], float(m["ts"])
             self.newest = max(self.newest, ts)
@@ -95,11 +100,19 @@ class JobMembers:
         self._index = {}
         return taken, refused
 
+    def _stale(self, m: dict[str, Any]) -> bool:
+        """A job/1 of an earlier run of a job id Slurm has reused (its start_ts is older)."""
+        job, start = m["job"], m.get("start_ts")
+        known = self.start.get(job, self.ended.get(job))
+        return start is not None and known is not None and float(start) < known
+
     def _job(self, m: dict[str, Any], taken: list[dict[str, Any]], refused: list[Refused]) -> None:
         job = m["job"]
+        start = None if m.get("start_ts") is None else float(m["start_ts"])
         if m["state"] in ENDED_STATES:
             self.nodes.pop(job, None)
-            self.ended[job] = None
+            self.start.pop(job, None)
+            self.ended[job] = start
             self.ended.move_to_end(job)
             while len(self.ended) > ENDED_MEMORY:
                 self.ended.popitem(last=False)
@@ -107,6 +120,7 @@ class JobMembers:
                 refused.append(self._refusal(r, UNKNOWN_JOB, f"{job} ended before a job/1 named its nodes"))
             return
         self.ended.pop(job, None)
+        self.start[job] = start
         self._learn(job, m["nodes"], taken, refused)
 
     def _nodes_of(
@@ -188,7 +202,8 @@ class JobMembers:
     def to_state(self) -> dict[str, Any]:
         return {
             "nodes": {job: sorted(nodes) for job, nodes in self.nodes.items()},
-            "ended": list(self.ended),
+            "start": self.start,
+            "ended": [[job, start] for job, start in self.ended.items()],
             "held": [[job, list(q)] for job, q in self.held.items()],
             "newest": None if self.newest == -math.inf else self.newest,
         }
@@ -202,7 +217,8 @@ class JobMembers:
         if d is None:
             return self
         self.nodes = {job: frozenset(nodes) for job, nodes in d["nodes"].items()}
-        self.ended = OrderedDict.fromkeys(d["ended"])
+        self.start = {job: None if t is None else float(t) for job, t in d["start"].items()}
+        self.ended = OrderedDict((job, None if t is None else float(t)) for job, t in d["ended"])
         for job, records in d["held"]:
             self.held[job] = deque(records)
             ts = [float(r["ts"]) for r in records]

@@ -177,3 +177,21 @@ def test_members_state_round_trips() -> None:
     assert len(taken) == 1 + 4 and m.n_held == 4
     again = JobMembers.from_state(orjson.loads(orjson.dumps(m.to_state(), option=orjson.OPT_SERIALIZE_NUMPY)))
     assert again.to_state() == m.to_state() and again.n_held == 4
+
+
+def test_a_previous_run_of_a_reused_job_id_does_not_end_the_running_one() -> None:
+    """Slurm reuses job ids. The records of an earlier run (older start_ts), published again while
+    the new run goes on, neither stop the new run's steps being judged nor reach the detectors."""
+    recs = steps(4, 200, slow={2: 0.25}, slow_from=10)
+    run = {**job_start(4), "start_ts": T0}
+    old = [{**job_start(4), "start_ts": T0 - 9000}, {**_job([], state="finished"), "start_ts": T0 - 9000}]
+    plain, reused = JobTask(), JobTask()
+    plain.process(topics.JOBS, [run])
+    reused.process(topics.JOBS, [run])
+    want = _run(plain, recs[:400])[0] + _run(plain, recs[400:])[0]
+    got = _run(reused, recs[:400])[0]
+    assert reused.process(topics.JOBS, old) == []
+    more, refused = _run(reused, recs[400:])
+    assert refused == [] and got + more == want and _stragglers(want)
+    plain.close()
+    reused.close()
