@@ -494,7 +494,7 @@ class Worker:
         good = [k for k in range(len(block)) if k not in failed]  # the task's messages, in order
         for r in refused:
             REJECTED.labels(self.group, r.topic, r.reason).inc()
-            if r.index is not None and r.topic == tp.topic:
+            if r.index is not None and r.topic == tp.topic and 0 <= r.index < len(good):
                 k = good[r.index]
                 raw, source = block.value(k), f"{tp.topic}:{tp.partition}:{block.offsets[k]}"
             else:
