@@ -62,7 +62,7 @@ def test_a_node_ahead_of_time_does_not_make_its_partition_mates_silent(kafka_boo
         def mine(recs: list[Any]) -> list[dict[str, Any]]:
             return [m for r in recs if r.key and r.key.decode() in nodes and (m := orjson.loads(r.value))]
 
-        got = mine(findings.collect(lambda rs: any(m["kind"] == "xid" for m in mine(rs)), 60))
+        got = mine(findings.collect(lambda rs: any(m["kind"] == "xid" for m in mine(rs)), 120))
         assert d.thread.is_alive()
     finally:
         d.close()
