@@ -3,9 +3,11 @@ plus per-node features re-keyed by job for the straggler stage.
 
 A task holds the detectors for the nodes of one fleet.telemetry.v1 partition, and one index of
 those nodes (detectors/node_index.py) that its own per-node arrays and every detector's are
-indexed by. Duplicate and out-of-order samples (ts not after the node's last accepted ts) are
-dropped there before any detector sees them, and counted: at-least-once delivery upstream makes
-duplicates normal, and an XID must not be counted twice.
+indexed by. Duplicate and late samples (by the agent's numbering: instance and seq, not the
+clock) are dropped there before any detector sees them, and counted: at-least-once delivery
+upstream makes duplicates normal, and an XID must not be counted twice. Each new sample reaches
+the detectors at its event time (never ahead of the broker's time, never before its node's
+previous sample); a clock that jumped is reported (detectors/clock.py).
 
 Nodes come and go (re-imaged, renamed, retired): a node whose last sample is more than
 `forget_after_s` older than the partition's clock is forgotten, checked every `forget_every_s` of
@@ -74,14 +76,14 @@ class NodeTaskConfig:
     forget_after_s: float = 86400.0  # a node unseen this long (event time) is forgotten; inf: never
     forget_every_s: float = 60.0  # event-time period of the check
     emit_features: bool = True
+    # a sample's time is believed at most this far ahead of the broker's time for it
+    # (detectors/node_index.py)
+    max_clock_lead_s: float = CLOCK_LEAD_S
     # census warm-up (pipeline/steady.py): a gap longer than this between a node's samples (broker
     # time) starts its run of steady reporting again; a node that has reported steadily for
     # warm_up_s is warm (act's fleet, and this worker's per-node /metrics series)
     steady_gap_s: float = 300.0
     warm_up_s: float = 1200.0
-    # a sample's time is believed at most this far ahead of the broker's time for it
-    # (detectors/node_index.py)
-    max_clock_lead_s: float = CLOCK_LEAD_S
     lemon: LemonConfig = field(default_factory=LemonConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
     silence: SilenceConfig = field(default_factory=SilenceConfig)
@@ -163,11 +165,12 @@ class NodeTask:
         thread while the worker already decodes with the message decoders
         (pipeline/telemetry_decode.py): what `fleetwatch detect` does, so a fresh install starts
         at once."""
-        from fleetwatch.detectors import counter_kernels, stat_kernels
+        from fleetwatch.detectors import admission_kernels, counter_kernels, stat_kernels
         from fleetwatch.pipeline.telemetry_decode import load_scanner
 
         # the kernels first: numba compiles one function at a time (a process-wide lock), and
         # the first batch needs them
+        admission_kernels.warm_up()
         counter_kernels.warm_up()
         stat_kernels.warm_up()
         load_scanner(background=scanner_in_background)
