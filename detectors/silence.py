@@ -92,7 +92,14 @@ class SilenceDetector:
         starts = rec[np.diff(rec, prepend=before) > sa]
         resumes = starts if np.isnan(self.resumed) else np.r_[self.resumed, starts]
         if len(index) >= self.cfg.min_nodes:
-            out += self._gaps_by_broker(batch, ctx, resumes, resolved)
+            # No gap can exceed the span from the earliest time a node of the batch is counted from
+            # to the newest record here: the usual batch (a second or two of a live stream) stops.
+            prev = self.heard[ctx.rows]
+            lo = min(float(rec[0]), float(np.fmin.reduce(prev, initial=np.inf)))
+            if len(resumes) and np.isnan(prev).any():
+                lo = min(lo, float(resumes[0]))
+            if float(rec[-1]) - lo > sa:
+                out += self._gaps_by_broker(batch, ctx, resumes, resolved)
         np.fmax.at(self.heard, ctx.rows, batch.received)
         self.clock = float(np.fmax(self.clock, rec[-1]))
         if len(resumes):
