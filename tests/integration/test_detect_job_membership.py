@@ -85,11 +85,11 @@ def test_steps_for_a_node_outside_the_job_are_dead_lettered_and_never_judged(
     before = _rejected(d, "not_in_job")
 
     # job 1: its job/1 first (the worker's job table has it), then 450 s of steps for a, b, c and d
-    produce(kafka_bootstrap, topics.JOBS, _job(j1, [a, b, c], now - 500))
+    produce(kafka_bootstrap, topics.JOBS, _job(j1, [a, b, c], now - 600))
     deadline = time.monotonic() + 30
     while not d.jobs.nodes_of(j1) and time.monotonic() < deadline:
         time.sleep(0.1)
-    produce(kafka_bootstrap, topics.STEPS, _steps(j1, [a, b, c, x], now - 460, 450, {c: 0.3, x: 0.3}))
+    produce(kafka_bootstrap, topics.STEPS, _steps(j1, [a, b, c, x], now - 560, 450, {c: 0.3, x: 0.3}))
 
     def mine(recs: list[Any]) -> list[dict[str, Any]]:
         return [schemas.decode(r.value) for r in recs if r.key and r.key.startswith(p.encode())]
@@ -107,18 +107,19 @@ def test_steps_for_a_node_outside_the_job_are_dead_lettered_and_never_judged(
     assert len(mine_letters) == 450 and all(m["job"] == j1 for _h, m in mine_letters)
     assert _rejected(d, "not_in_job") - before == 450
 
-    # job 2: 30 s of steps before its job/1 (held), then the job/1, then the rest
-    produce(kafka_bootstrap, topics.STEPS, _steps(j2, [e, f, g], now - 400, 30, {g: 0.3}))
+    # job 2, later in event time (a job held is refused once its partition's records are 2 x 60 s
+    # newer): 30 s of steps before its job/1 (held), then the job/1, then the rest
+    produce(kafka_bootstrap, topics.STEPS, _steps(j2, [e, f, g], now - 100, 30, {g: 0.3}))
     deadline = time.monotonic() + 30
     while _held(d, j2) < 90 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _held(d, j2) == 90, "job 2's early steps were not held for its job/1"
-    produce(kafka_bootstrap, topics.JOBS, _job(j2, [e, f, g], now - 410))
-    produce(kafka_bootstrap, topics.STEPS, _steps(j2, [e, f, g], now - 400, 100, {g: 0.3}, start=30))
+    produce(kafka_bootstrap, topics.JOBS, _job(j2, [e, f, g], now - 110))
+    produce(kafka_bootstrap, topics.STEPS, _steps(j2, [e, f, g], now - 100, 70, {g: 0.3}, start=30))
     got = opened(findings.collect(lambda rs: any(m["node"] == g for m in opened(rs)), 60))
     assert {(m["node"], m["job"]) for m in got} == {(g, j2)}, [m["summary"] for m in got]
     # the held steps were judged: the straggler was found before the first step after the job/1
-    assert min(m["first_seen"] for m in got) < now - 400 + 30
+    assert min(m["first_seen"] for m in got) < now - 100 + 30
     assert _held(d, j2) == 0
     assert not [r for r in dlq.collect(lambda _rs: False, 1) if j2.encode() in r.value]
     findings.close()
