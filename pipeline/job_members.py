@@ -101,10 +101,14 @@ class JobMembers:
         return taken, refused
 
     def _stale(self, m: dict[str, Any]) -> bool:
-        """A job/1 of an earlier run of a job id Slurm has reused (its start_ts is older)."""
+        """A job/1 of an earlier run of a job id Slurm has reused (its start_ts is older), or the
+        start of a run that has ended (a requeued run has a start_ts of its own)."""
         job, start = m["job"], m.get("start_ts")
         known = self.start.get(job, self.ended.get(job))
-        return start is not None and known is not None and float(start) < known
+        if start is None or known is None:
+            return False
+        again = job in self.ended and m["state"] not in ENDED_STATES
+        return float(start) < known or (again and float(start) == known)
 
     def _job(self, m: dict[str, Any], taken: list[dict[str, Any]], refused: list[Refused]) -> None:
         job = m["job"]

@@ -193,5 +193,9 @@ def test_a_previous_run_of_a_reused_job_id_does_not_end_the_running_one() -> Non
     assert reused.process(topics.JOBS, old) == []
     more, refused = _run(reused, recs[400:])
     assert refused == [] and got + more == want and _stragglers(want)
+    # the run ends; its start published again afterwards does not make it run again
+    end = {**_job([], state="finished", ts=recs[-1]["ts"] + 1), "start_ts": T0}
+    reused.process(topics.JOBS, [end])
+    assert reused.process(topics.JOBS, [run]) == [] and "job-1" not in reused.members.nodes
     plain.close()
     reused.close()
