@@ -66,13 +66,10 @@ def admission_pass(  # state and outputs are passed in, so that nothing is alloc
             new = True
         elif last_seq[r] < 0:  # restored from before seq was kept: time alone, as then
             new = own > known
-        elif instance[i] == cur_instance[r]:
-            if instance[i] == 0:  # no instance id: a higher seq, or a restarted sequence
-                new = seq[i] > last_seq[r] or own > known
-            else:
-                new = seq[i] > last_seq[r]
-        elif instance[i] == 0:  # an agent without an instance id after one with: as above
+        elif instance[i] == 0:  # no instance id: a higher seq, or a restarted sequence
             new = seq[i] > last_seq[r] or own > known
+        elif instance[i] == cur_instance[r]:
+            new = seq[i] > last_seq[r]
         else:  # another instance: a new sequence, unless it is the one the current one replaced
             new = instance[i] != old_instance[r]
         if new and instance[i] != cur_instance[r]:

@@ -17,7 +17,6 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-import numpy as np
 import orjson
 import pytest
 
