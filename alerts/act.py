@@ -114,7 +114,8 @@ def census_config(args: argparse.Namespace) -> CensusConfig:
 
 def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)  # fail fast, before touching Kafka
-    census_key = load_census_key(args.census_key_file)  # verifies the census (never logged)
+    # detect's key: verifies the census and the findings (never logged)
+    census_key = load_census_key(args.census_key_file)
     kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
     kafka_io.ensure_topics(args.bootstrap)
     kafka_io.ensure_topics(
@@ -192,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         census=census,
         results=results.get,
         pending_timeout_s=args.pending_timeout,
+        finding_key=census_key,  # detect's key signs its findings too: one that does not verify is refused
     )
     stage = Stage(
         name="act",  # the Worker keys snapshots by group too: two deployments never share state

@@ -16,6 +16,11 @@ from the moment it is requested; it is reported drained (fleetwatch_act_node_dra
 gauge) only once the Slurm adapter's drain_result/1 says `executed` (alerts/drain_log.py ResultBook),
 and a refused or failed one frees its slot and is alerted like any refusal ("adapter:<outcome>").
 
+Findings are signed by detect (detectors/findings.py sign, with detect's key: the census key) and
+ActTask refuses one whose signature is missing (`unsigned`) or does not verify (`bad_signature`):
+the worker dead-letters and counts it, and it is never alerted, drained on, or allowed to resolve
+a real finding. Anyone who can write fleet.findings.v1 could otherwise drain nodes or page on-call.
+
 Fleet-wide limits (the drain budget, one node per job, the storm guard) are evaluated by one
 Actor per process over ALL the tasks it owns. Deployment: run ONE `fleetwatch act` member; it owns
 every partition and the limits are exact. If more members join the group, each enforces its
@@ -40,7 +45,8 @@ from fleetwatch.alerts.drain_log import IGNORED as IGNORED_RESULTS
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
 from fleetwatch.census import Census
-from fleetwatch.pipeline.tasks import Output
+from fleetwatch.detectors import findings
+from fleetwatch.pipeline.tasks import Output, Refused
 from fleetwatch.schemas import MessageError
 
 log = logging.getLogger(__name__)
@@ -71,6 +77,7 @@ NODE_DRAINED = Gauge(
 
 STORM_SOURCE = "storm"
 UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a drain pending too long
+LOG_EVERY = 1000  # a refused finding is logged the first time for its reason and every 1000th after
 
 
 class ActTask:
@@ -86,9 +93,17 @@ class ActTask:
         self.nodes: dict[str, NodeState] = nodes or {}
         self.book = book or AlertBook()
         self.reconciled = False  # adopted the drain log (Actor.decide); not part of the snapshot
+        # findings the latest process() call refused (no valid signature): the worker dead-letters
+        # and counts them (pipeline/tasks.Refused); they are never alerted, drained or resolved
+        self.refused: list[Refused] = []
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
-        for f in msgs:
+        self.refused = []
+        for i, f in enumerate(msgs):
+            why = self.actor.signature_error(f)
+            if why is not None:
+                self.refused.append(Refused(topic, why[0], why[1], f, i))
+                continue
             self.actor.observe(self, f)
         # Decide once per polled batch, after every partition's findings are in: drains are then
         # ordered by onset across partitions, not by the order partitions happen to be handed over.
@@ -129,6 +144,7 @@ class Actor:
         census: Collection[str] | None = None,
         results: Callable[[str, str], Result | None] = lambda _rid, _sig: None,
         pending_timeout_s: float = 300.0,
+        finding_key: bytes | None = None,
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -146,6 +162,10 @@ class Actor:
         # (request id, request signature) -> the adapter's answer (alerts/drain_log.py ResultBook)
         self.results = results
         self.pending_timeout_s = pending_timeout_s
+        # detect's key (the census key): every finding must verify under it; None (in-process unit
+        # rigs only) checks nothing, `fleetwatch act` always passes it
+        self._finding_key = finding_key
+        self._refused_findings: dict[str, int] = {}
         self._waiting: set[int] = set()  # partitions of the current poll not yet processed
         self.global_book = AlertBook()  # the storm alert: derived from node onsets, not snapshotted
         self.last: Evaluation | None = None
@@ -161,6 +181,25 @@ class Actor:
     def partition_done(self, partition: int) -> bool:
         self._waiting.discard(partition)
         return not self._waiting
+
+    def signature_error(self, f: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(reason, detail) if the finding does not verify under detect's key, else None. Anyone
+        who can write fleet.findings.v1 could otherwise drain nodes, page on-call, or end a real
+        page with a forged `resolved`."""
+        if self._finding_key is None:
+            return None
+        why = findings.signature_error(f, self._finding_key)
+        if why is not None:
+            n = self._refused_findings[why[0]] = self._refused_findings.get(why[0], 0) + 1
+            if n == 1 or n % LOG_EVERY == 0:  # a flood of forgeries must not flood the log
+                log.warning(
+                    "finding %r for %r refused (%s); %d so far for this reason",
+                    str(f.get("id"))[:64],
+                    str(f.get("node"))[:128],
+                    why[0],
+                    n,
+                )
+        return why
 
     def observe(self, task: ActTask, f: dict[str, Any]) -> None:
         node = f["node"]

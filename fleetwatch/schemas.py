@@ -66,6 +66,10 @@ REASONS = (
     # a node its job's job/1 does not list, or for a job no job/1 named in time
     "not_in_job",
     "unknown_job",
+    # refused by act (alerts/actor.py): a finding/1 without a `sig`, or one that does not verify
+    # under detect's key (issue 23)
+    "unsigned",
+    "bad_signature",
 )
 
 # Node and job names end up in Kafka keys, Prometheus labels and scontrol argv: keep them plain.

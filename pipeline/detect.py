@@ -13,9 +13,12 @@ import argparse
 import functools
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from fleetwatch import census, kafka_io, schemas, topics
+from fleetwatch.detectors import findings
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
@@ -42,15 +45,22 @@ def stages(
     census_key: bytes | None = None,
     warm_up_s: float = NodeTaskConfig.warm_up_s,
 ) -> list[Stage]:
-    """census_key signs the census (fleetwatch/census.py): the stage's serializer for
-    fleet.nodes.v1 signs each node/1 as it is written, so the tasks and their snapshots never hold
-    the key. `fleetwatch detect` always has one (run() refuses to start without it); None, for
-    in-process tests of other outputs, writes the census unsigned, which act refuses."""
+    """census_key is detect's key (census and findings): the stages' serializers sign each node/1
+    on fleet.nodes.v1 (fleetwatch/census.py) and each finding/1 on fleet.findings.v1
+    (detectors/findings.py sign) as it is written, so the tasks and their snapshots never hold the
+    key. `fleetwatch detect` always has one (run() refuses to start without it); None, for
+    in-process tests of other outputs, writes both unsigned, which act refuses."""
     # forget_after_s is not shortened with the time scale: it bounds memory against node churn,
     # which a compressed simulation does not compress
     cfg = replace(
         NodeTaskConfig.for_time_scale(time_scale), forget_after_s=forget_after_s, warm_up_s=warm_up_s
     )
+    signing = {topics.NODES: census.encoder, topics.FINDINGS: findings.encoder}
+
+    def signers(*outputs: str) -> dict[str, Callable[[dict[str, Any]], bytes]]:
+        """The serializers that sign what a stage writes to `outputs` (none without a key)."""
+        return {} if census_key is None else {t: signing[t](census_key) for t in outputs}
+
     checked = {} if clock is None else {topics.TELEMETRY: clock, topics.STEPS: clock, topics.JOBS: clock}
     node = Stage(
         name="detect-node",
@@ -61,7 +71,7 @@ def stages(
         clock={t: c for t, c in checked.items() if t == topics.TELEMETRY},
         columnar_telemetry=True,
         warm_up=functools.partial(NodeTask.warm_up, scanner_in_background=True),
-        serializers={} if census_key is None else {topics.NODES: census.encoder(census_key)},
+        serializers=signers(topics.NODES, topics.FINDINGS),
     )
     job = Stage(
         name="detect-job",
@@ -78,6 +88,7 @@ def stages(
         # the job publisher's tombstones of old jobs (topics.JOB_HISTORY_S): the job table
         # (JobTableFollower) forgets the job, this stage has nothing to do
         skip_tombstones=frozenset({topics.JOBS}),
+        serializers=signers(topics.FINDINGS),
     )
     return [node, job]
 

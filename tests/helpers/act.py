@@ -25,7 +25,13 @@ class NoAlertmanager:
 
 
 class Rig:
-    def __init__(self, census: set[str], fleet_size: int | None = None, **cfg: Any) -> None:
+    def __init__(
+        self,
+        census: set[str],
+        fleet_size: int | None = None,
+        finding_key: bytes | None = None,  # detect's key: findings must verify (None: no check)
+        **cfg: Any,
+    ) -> None:
         self.now = T0
         self.jobs = JobTable()
         self.results = ResultBook(KEY)
@@ -43,6 +49,7 @@ class Rig:
             census=census,
             results=self.results.get,
             pending_timeout_s=300.0,
+            finding_key=finding_key,
         )
         self.task = self.tasks[("act", 0)] = ActTask(self.actor, 0)
 

@@ -1,11 +1,12 @@
 """finding/1 messages for the action layer's tests: an XID 79 drain-worthy critical by default,
-any kind, rule, severity and evidence on request; and the same finding resolved."""
+any kind, rule, severity and evidence on request; the same finding resolved; and a finding's bytes
+as detect writes them (signed with detect's key), which a real `fleetwatch act` requires."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fleetwatch.detectors.findings import make_finding
+from fleetwatch.detectors.findings import encode_signed, make_finding
 
 T0 = 1_800_000_000.0
 
@@ -42,3 +43,8 @@ def finding(
 
 def resolve(f: dict[str, Any], ts: float) -> dict[str, Any]:
     return {**f, "ts": ts, "resolved": True, "summary": "resolved: " + f["summary"]}
+
+
+def signed(f: dict[str, Any], key: bytes | str) -> bytes:
+    """`f` on fleet.findings.v1 as `fleetwatch detect` writes it with `key` (its census key)."""
+    return encode_signed(f, key.encode() if isinstance(key, str) else key)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import fleetwatch.alerts.drain_request  # noqa: F401  (registers drain/1 for TopicTail.messages)
 from fleetwatch import census as census_mod
@@ -24,7 +25,8 @@ from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.alerts import drain_result
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.census import node_message
-from tests.helpers.findings import finding, resolve
+from fleetwatch.detectors.findings import sign
+from tests.helpers.findings import finding, resolve, signed
 from tests.helpers.paths import REPO
 from tests.integration.services import SLURM_NODES, Alertmanager, Slurm, TopicTail
 
@@ -53,8 +55,13 @@ class ActRig:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def send(self, *fs: dict[str, Any]) -> None:
-        for f in fs:
-            self.producer.send(self.findings, key=f["node"].encode(), value=schemas.encode(f))
+        """Findings as detect writes them: signed with its key (the census key), or act refuses them."""
+        self.send_raw(*((f["node"], signed(f, CENSUS_KEY)) for f in fs))
+
+    def send_raw(self, *records: tuple[str, bytes]) -> None:
+        """(node, value) records on the findings topic as they are, e.g. forged ones."""
+        for node, value in records:
+            self.producer.send(self.findings, key=node.encode(), value=value)
         self.producer.flush(10)
 
     def result(self, request: dict[str, Any], outcome: str) -> None:
@@ -383,3 +390,81 @@ def test_only_census_nodes_drain_and_only_what_slurm_confirms_counts(
         assert act.wait(30) == 0
     finally:
         slurm.reset(*SLURM_NODES)
+
+
+def test_findings_that_do_not_verify_drain_page_and_end_nothing(
+    rig: ActRig, topic_tail: Callable[[str], TopicTail]
+) -> None:
+    """Issue 23: findings steer drains and pages, so act takes only those detect signed. An
+    unsigned XID 79 and one signed with another key, for census nodes and within the budget, drain
+    nothing and page nothing; forged `resolved` findings (unsigned, or carrying the real finding's
+    signature) end no real alert. Each is dead-lettered with its reason and counted, while a signed
+    finding for another node drains."""
+    drains, dlq = topic_tail(rig.drains), topic_tail(topics.DEADLETTER)
+    tag = uuid.uuid4().hex[:6]
+    unsigned_node, forged_node, real, paged = (f"{x}-{tag}" for x in ("unsigned", "forged", "real", "paged"))
+    rig.census(unsigned_node, forged_node, real, paged)
+    now = time.time()
+    xid, page = finding(real, ts=now - 20), warn(paged, now - 20)
+    rig.send_raw(
+        (unsigned_node, schemas.encode(finding(unsigned_node, ts=now - 30))),
+        (forged_node, signed(finding(forged_node, ts=now - 30), "not-detects-key-0123456789abcdef")),
+    )
+    rig.send(xid, page)
+    port = free_port()
+    # a budget of five nodes: only the signatures stand between the forged findings and a drain
+    act = rig.act("--fleet-size", "100", "--budget-min-nodes", "5", "--metrics-port", str(port))
+
+    def letters(records: list[Any]) -> list[tuple[str, str]]:
+        """(reason, node) of this rig's dead letters."""
+        out = []
+        for r in records:
+            h = dict(r.headers)
+            if h["source"].startswith(rig.findings.encode()):
+                out.append((h["reason"].decode(), schemas.decode(r.value)["node"]))
+        return out
+
+    def rejected(reason: str) -> float:
+        """fleetwatch_worker_rejected_total of this rig's findings topic for `reason`."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            families = text_string_to_metric_families(r.read().decode())
+        return sum(
+            s.value
+            for fam in families
+            for s in fam.samples
+            if s.name == "fleetwatch_worker_rejected_total"
+            and s.labels.get("topic") == rig.findings
+            and s.labels.get("reason") == reason
+        )
+
+    expected = {
+        ("FleetwatchXid", real, "0"),
+        ("FleetwatchNodeDrained", real, ""),
+        ("FleetwatchThermal", paged, "1"),
+    }
+    alerts = rig.am.wait_for(lambda a: labels_of(a) == expected, timeout_s=60, cluster=rig.cluster)
+    assert labels_of(alerts) == expected, rig.logs()  # the forged ones paged nothing
+    got = drains.collect(lambda rs: len(rs) >= 1, timeout_s=10)
+    got += drains.collect(lambda rs: False, timeout_s=1)
+    assert [r.key for r in got] == [real.encode()], rig.logs()  # and drained nothing
+    dead = dlq.collect(lambda rs: len(letters(rs)) >= 2, timeout_s=10)
+    assert sorted(letters(dead)) == [("bad_signature", forged_node), ("unsigned", unsigned_node)]
+    assert rejected("unsigned") == 1 and rejected("bad_signature") == 1
+
+    # forged ends of both real alerts: unsigned, and altered under the real finding's signature
+    rig.send_raw(
+        (paged, schemas.encode(resolve(page, time.time()))),
+        (real, schemas.encode(resolve(sign(xid, CENSUS_KEY.encode()), time.time()))),
+    )
+    dead = dlq.collect(lambda rs: len(letters(rs)) >= 2, timeout_s=30)
+    assert sorted(letters(dead)) == [("bad_signature", real), ("unsigned", paged)]
+    assert rejected("unsigned") == 2 and rejected("bad_signature") == 2
+    # the real end of the page, after the forged ones: once it is gone, act has seen them all
+    rig.send(resolve(page, time.time()))
+    alerts = rig.am.wait_for(
+        lambda a: ("FleetwatchThermal", paged, "1") not in labels_of(a), cluster=rig.cluster
+    )
+    assert labels_of(alerts) == expected - {("FleetwatchThermal", paged, "1")}, rig.logs()
+    assert drains.collect(lambda rs: False, timeout_s=0.5) == []
+    act.send_signal(signal.SIGTERM)
+    assert act.wait(30) == 0

@@ -2,7 +2,8 @@
 result book: the fleet is the census, not job/1 names or findings; a node outside the census is
 refused; a node with more findings than a request may list still gets one request and act goes on;
 only drains the adapter confirmed count as drained, a refused one frees its slot and is alerted and
-not asked again; a drain with no result for too long is alerted and keeps counting."""
+not asked again; a drain with no result for too long is alerted and keeps counting; a finding
+without detect's valid signature is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from prometheus_client import REGISTRY
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request, drain_result
 from tests.helpers.act import KEY, Rig
-from tests.helpers.findings import T0, finding
+from tests.helpers.findings import T0, finding, resolve, signed
 
 
 def metric(name: str, **labels: str) -> float | None:
@@ -157,3 +158,41 @@ def test_a_duplicate_answers_a_reissued_request_with_the_first_answer_to_its_id(
         again["signature"],
     )
     assert rig.results.get(again["request_id"], "e" * 64) is None
+
+
+DETECT_KEY = b"test-detect-key-0123456789abcdef"
+
+
+def wire(f: dict[str, Any], key: bytes = DETECT_KEY) -> dict[str, Any]:
+    """`f` as act decodes it from fleet.findings.v1 after detect signed it with `key`."""
+    return schemas.decode(signed(f, key))
+
+
+def test_a_finding_without_detects_valid_signature_is_refused_never_alerted_drained_or_resolving() -> None:
+    rig = Rig({"n1", "n2", "n3"}, fleet_size=100, budget_min_nodes=5, finding_key=DETECT_KEY)
+    real = finding("n3", ts=T0 + 2)
+    # a warning detect signed, made an XID 79 drain: the signature no longer covers it
+    altered = {**wire(finding("n2", "thermal", "warning", "thermal_throttle", ts=T0 + 1))}
+    altered.update(kind="xid", severity="critical", evidence=finding("n2")["evidence"])
+    out = rig.feed(
+        finding("n1"),  # unsigned
+        wire(finding("n2", ts=T0 + 1), b"not-detects-key-0123456789abcdef"),
+        altered,
+        wire(real),
+    )
+    assert [(m["action"], m["node"]) for m in out] == [("drain", "n3")]
+    assert [(r.reason, r.msg["node"], r.index) for r in rig.task.refused] == [
+        ("unsigned", "n1", 0),
+        ("bad_signature", "n2", 1),
+        ("bad_signature", "n2", 2),
+    ]
+    assert set(rig.task.nodes) == {"n3"}  # the refused ones left no state: nothing to alert on
+    assert set(rig.task.book.by_source) == {real["id"], "drained:n3"}
+
+    # a forged end of the real alert, under the real finding's signature, ends nothing ...
+    rig.feed(resolve(wire(real), T0 + 10))
+    assert [r.reason for r in rig.task.refused] == ["bad_signature"]
+    assert rig.task.nodes["n3"].open and real["id"] in rig.task.book.by_source
+    # ... and the signed one does, each call reporting only its own refusals
+    rig.feed(wire(resolve(real, T0 + 10)))
+    assert rig.task.refused == [] and real["id"] not in rig.task.book.by_source

@@ -1,15 +1,27 @@
-"""finding/1: construction, validation, registration, stable ids, and the incident lifecycle."""
+"""finding/1: construction, validation, registration, stable ids, signatures, and the incident
+lifecycle."""
 
 from __future__ import annotations
 
 import bisect
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
-from fleetwatch import schemas
-from fleetwatch.detectors.findings import KINDS, IncidentBook, finding_id, make_finding, severity_score
+from fleetwatch import schemas, topics
+from fleetwatch.detectors.findings import (
+    KINDS,
+    IncidentBook,
+    encode_signed,
+    finding_id,
+    make_finding,
+    severity_score,
+    signature_error,
+)
+from fleetwatch.pipeline.detect import stages
+from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.schemas import MessageError
 
 
@@ -92,6 +104,8 @@ def test_id_is_stable_and_depends_on_every_identity_field() -> None:
         ("node", "bad node!", "out_of_range"),
         ("gpu", -1, "out_of_range"),
         ("ts", 999.0, "out_of_range"),  # before first_seen
+        ("sig", 123, "wrong_type"),
+        ("sig", "f" * 129, "out_of_range"),
     ],
 )
 def test_validation_rejects(field: str, value: Any, reason: str) -> None:
@@ -100,6 +114,36 @@ def test_validation_rejects(field: str, value: Any, reason: str) -> None:
     with pytest.raises(MessageError) as e:
         schemas.validate(f)
     assert e.value.reason == reason
+
+
+KEY = b"test-detect-key-0123456789abcdef"
+
+
+def refusal(f: dict[str, Any], key: bytes = KEY) -> str | None:
+    """act's reason to refuse `f` (alerts/actor.py), None if it verifies."""
+    why = signature_error(f, key)
+    return None if why is None else why[0]
+
+
+def test_a_signed_finding_verifies_as_its_reader_decodes_it_and_nothing_else_does() -> None:
+    # numpy scalars in the evidence (a detector's float64) are signed as the numbers they encode to
+    f = sample(evidence={"xids": {"79": np.int64(1)}, "temp_c": np.float64(91.25)})
+    got = schemas.decode(encode_signed(f, KEY), "finding/1")
+    assert refusal(got) is None
+    assert refusal(f) == "unsigned"
+    assert refusal(got, b"another-key-0123456789abcdef") == "bad_signature"
+    for field, value in (("resolved", True), ("severity", "warning"), ("node", "gpu-node-0008"), ("x", 1)):
+        assert refusal({**got, field: value}) == "bad_signature"
+    assert refusal({**got, "sig": None}) == "bad_signature"
+
+
+def test_detect_signs_the_findings_of_both_stages_and_only_in_their_serializers() -> None:
+    f = sample()
+    for stage in stages(JobTable(), census_key=KEY):
+        assert refusal(schemas.decode(stage.serializer(topics.FINDINGS)(f))) is None, stage.name
+        assert "sig" not in f  # the task's message stays key-free (snapshots, `fleetwatch eval`)
+    for stage in stages(JobTable()):  # no key (in-process tests): unsigned, which act refuses
+        assert "sig" not in schemas.decode(stage.serializer(topics.FINDINGS)(f))
 
 
 def test_validation_requires_fields() -> None:
