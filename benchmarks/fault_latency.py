@@ -314,7 +314,7 @@ def measure(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     env = {
         **os.environ,
         "FLEETWATCH_DRAIN_KEY": secrets.token_hex(32),
-        "FLEETWATCH_CENSUS_KEY": secrets.token_hex(32),  # detect signs the census, act verifies it
+        "FLEETWATCH_CENSUS_KEY": secrets.token_hex(32),  # detect's: census and findings
         "PYTHONUNBUFFERED": "1",
     }
     detect_group, act_group = f"latency-detect-{run_id}", f"latency-act-{run_id}"

@@ -15,7 +15,8 @@ Why it is signed, and how (issue 23, item 9). Anyone who can write the topic cou
   alerts/drain_request.py signs drains), with the census key ($FLEETWATCH_CENSUS_KEY or a key
   file). It is its own key, not the drain key: detect must be able to vouch for the census without
   being able to sign a drain request past act's budget and storm guard. The `schema` field is
-  signed too, so a census signature can never pass for another message's.
+  signed too, so a census signature can never pass for another message's. It is detect's key:
+  detect signs its findings with it as well (detectors/findings.py sign), and act verifies both.
 - A tombstone has no body to sign. Rather than a signature in a Kafka header over the bare key
   (a second scheme, over bytes a compacting broker may drop, with freshness to reinvent), detect
   first writes a signed record with `gone: true`, and act forgets a node only on that; tombstones

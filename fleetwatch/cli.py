@@ -173,7 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse a message timestamped more than this many seconds before it reached the broker",
     )
     p.add_argument(
-        "--census-key-file", default=None, help="census HMAC key file (default: $FLEETWATCH_CENSUS_KEY)"
+        "--census-key-file",
+        default=None,
+        help="detect's key file, census and findings: it signs both (default: $FLEETWATCH_CENSUS_KEY)",
     )
     p.add_argument(
         "--census-warm-up",
@@ -263,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
     p.add_argument(
-        "--census-key-file", default=None, help="census HMAC key file (default: $FLEETWATCH_CENSUS_KEY)"
+        "--census-key-file",
+        default=None,
+        help="detect's key file, census and findings: act verifies both (default: $FLEETWATCH_CENSUS_KEY)",
     )
     p.add_argument(
         "--census-warm-up",

@@ -351,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
     env = {
         **os.environ,
         "FLEETWATCH_DRAIN_KEY": secrets.token_hex(32),
-        "FLEETWATCH_CENSUS_KEY": secrets.token_hex(32),  # detect signs the census, act verifies it
+        "FLEETWATCH_CENSUS_KEY": secrets.token_hex(32),  # detect's: census and findings
         "PYTHONUNBUFFERED": "1",
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
