@@ -195,7 +195,12 @@ class CounterTracker:
         one it has that is no longer tracked is dropped."""
         saved = tuple(d["names"])
         names = saved if names is None else names
-        self = cls(names, {k: (int(b), m) for k, (b, m) in d["limits"].items()})
+        limits = {k: (int(b), m) for k, (b, m) in d["limits"].items()}
+        # a counter's width as NVML types have them: 2**bits of a number off the state topic could
+        # take all the worker's memory (issue 23, item 4)
+        if any(not 1 <= b <= 64 or m not in ("saturate", "wrap") for b, m in limits.values()):
+            raise ValueError(f"counter limits out of range: {str(d['limits'])[:200]}")
+        self = cls(names, limits)
         self.row_ts = decode_array(d["row_ts"])
         last_val, last_ts = decode_array(d["last_val"]), decode_array(d["last_ts"])
         if names == saved:

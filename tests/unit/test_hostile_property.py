@@ -299,3 +299,18 @@ def test_a_worker_takes_any_state_record_and_goes_on(
     assert set(worker.tasks) == {("detect-node", 0)}
     assert bus.committed("hp")[TopicPart(topics.TELEMETRY, 0)] == len(NODES)
     worker.close()
+
+
+def test_a_counter_width_off_the_state_topic_is_refused_before_it_is_computed() -> None:
+    """A snapshot's counter limits are bits of an NVML type: 2**(2**40) would take the worker's
+    memory while the snapshot is loaded (issue 23, item 4). Refused: the stage cannot load it, and
+    the worker starts that partition cold."""
+    import pytest
+
+    from fleetwatch.detectors.counters import CounterTracker
+
+    state = CounterTracker(("a", "b"), {"a": (32, "wrap"), "b": (64, "saturate")}).to_state()
+    assert CounterTracker.from_state(state).limits == {"a": (32, "wrap"), "b": (64, "saturate")}
+    for bits, mode in ((2**40, "wrap"), (0, "wrap"), (-3, "saturate"), (32, "explode")):
+        with pytest.raises(ValueError, match="counter limits"):
+            CounterTracker.from_state({**state, "limits": {"a": [bits, mode]}})
