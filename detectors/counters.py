@@ -321,4 +321,6 @@ class RunLength:
     def from_state(cls, d: dict[str, Any]) -> RunLength:
         self = cls(int(d["k"]))
         self.run = decode_array(d["run"])
+        if self.run.ndim != 2 or self.run.shape[1] != self.k:  # k sizes every update's output
+            raise ValueError(f"run lengths of shape {self.run.shape} for k={str(d['k'])[:40]}")
         return self

@@ -232,11 +232,17 @@ class HardwareDetector:
         self.node_ts = self.index.place(saved, decode_array(d["node_ts"]), np.full(n, -np.inf))
         self.gpu_rows = self.index.place(saved, gpu_rows, np.full((n, gpu_rows.shape[1]), -1, dtype=np.int64))
         self.n_gpu = int(d["n_gpu"])
+        # GPU and port entity rows are dense and each belongs to a node's cell: numbers beyond
+        # that (a hostile record on the state topic) would size arrays past the worker's memory
+        if not 0 <= self.n_gpu <= gpu_rows.size:
+            raise ValueError(f"n_gpu {self.n_gpu} for {gpu_rows.size} GPU cells")
         self.gpu_counters = CounterTracker.from_state(d["gpu_counters"], GPU_COUNTERS)
         self.gpu_decay = DecayingCount.from_state(d["gpu_decay"], tuple(self.gpu_decay.tau))
         self.gpu_runs = RunLength.from_state(d["gpu_runs"])
         triples = d["ib_rows"]
         self.n_ib = len(triples)
+        if not all(0 <= int(r) < len(saved) and 0 <= int(e) < self.n_ib for r, _k, e in triples):
+            raise ValueError("IB port rows out of range")
         if triples and saved != self.index.names:  # a snapshot's node rows in this index's order
             at = self.index.rows
             triples = [[at[saved[r]], k, e] for r, k, e in triples if saved[r] in at]

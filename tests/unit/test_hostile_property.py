@@ -314,3 +314,33 @@ def test_a_counter_width_off_the_state_topic_is_refused_before_it_is_computed() 
     for bits, mode in ((2**40, "wrap"), (0, "wrap"), (-3, "saturate"), (32, "explode")):
         with pytest.raises(ValueError, match="counter limits"):
             CounterTracker.from_state({**state, "limits": {"a": [bits, mode]}})
+
+
+def test_sizes_off_the_state_topic_are_refused_before_anything_is_allocated() -> None:
+    """Entity counts and rows in a node-stage snapshot size the detectors' arrays: numbers past
+    what the snapshot itself holds (2**40 GPUs, a port of node 2**34) would take the worker's
+    memory on its first batch. Refused when loaded: the worker starts that partition cold."""
+    import pytest
+
+    task = NodeTask(JobTable())
+    task.process(topics.TELEMETRY, [telemetry(node=n, ts=NOW) for n in NODES])
+    good = orjson.loads(task.to_bytes())
+    task.close()
+    assert good["hardware"]["ib_rows"], "the snapshot holds IB ports"
+    hostile = []
+    for edit in ("n_gpu", "ib_node", "ib_entity", "run_k"):
+        d = copy.deepcopy(good)
+        hw = d["hardware"]
+        if edit == "n_gpu":
+            hw["n_gpu"] = 2**40
+        elif edit == "ib_node":
+            hw["ib_rows"][0][0] = 2**34
+        elif edit == "ib_entity":
+            hw["ib_rows"][0][2] = 2**34
+        else:
+            hw["gpu_runs"]["k"] = 2**34
+        hostile.append(orjson.dumps(d))
+    NodeTask.from_bytes(orjson.dumps(good), JobTable()).close()
+    for raw in hostile:
+        with pytest.raises(ValueError):
+            NodeTask.from_bytes(raw, JobTable())
