@@ -186,6 +186,10 @@ class KafkaGroupConsumer:
         self._on_assign: OnAssign | None = None
         self._on_revoke: OnRevoke | None = None
         self._pending = PendingAssignment(group)  # an assignment whose callback raised
+        # the owner's starting offsets of the pending assignment, where its callback succeeded and
+        # only the client's assign() failed: a retry must not ask the owner again (its tasks
+        # already stand at these offsets)
+        self._starts: dict[TopicPart, int] | None = None
 
     # --------------------------------------------------------- group membership
 
@@ -201,6 +205,7 @@ class KafkaGroupConsumer:
     def _assign(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         tps = [TopicPart(p.topic, p.partition) for p in parts]
         self._pending.clear()
+        self._starts = None
         try:
             self._take(tps)
         except Exception as e:
@@ -218,9 +223,12 @@ class KafkaGroupConsumer:
         fetching has not started yet. (Outside the rebalance callback, assign() replaces the
         assignment all the same.)"""
         assert self._on_assign is not None
-        starts = self._on_assign(tps)
-        self._consumer.assign([_native(t, starts[t]) for t in tps])
+        if self._starts is None:
+            starts = self._on_assign(tps)
+            self._starts = {t: int(starts[t]) for t in tps}
+        self._consumer.assign([_native(t, self._starts[t]) for t in tps])
         self._consumer.resume([_native(t) for t in tps])  # held paused after a failed attempt
+        self._starts = None
         self._assigned = set(tps)
 
     def _retry_assign(self) -> None:
@@ -234,7 +242,10 @@ class KafkaGroupConsumer:
     def _revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         assert self._on_revoke is not None
         tps = [TopicPart(p.topic, p.partition) for p in parts]
-        self._pending.clear()  # never handed to the owner: nothing of it to revoke
+        self._pending.clear()
+        if self._starts is not None:  # the owner took them (only assign() failed): it gives them up
+            self._assigned.update(self._starts)
+            self._starts = None
         try:
             self._on_revoke([t for t in tps if t in self._assigned])
         except Exception as e:  # the owner goes on without them; what it did not commit is replayed
