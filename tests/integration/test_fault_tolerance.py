@@ -30,6 +30,7 @@ import pytest
 from kafka.partitioner.default import murmur2
 
 from fleetwatch import kafka_io, schemas, topics
+from fleetwatch.collectors.sim.cli import live_epoch
 from fleetwatch.runtime import stop_processes
 from tests.helpers.paths import REPO
 from tests.integration.scale import (
@@ -157,6 +158,13 @@ def _wait_stable(bootstrap: str, group: str, n: int, procs: list[Any], timeout_s
     raise AssertionError(f"group {group} not stable with {n} members: {state} {members}")
 
 
+# Silence is judged on the broker's clock (detectors/silence.py): a node is silent once its
+# partition-mates' records kept reaching the broker for silent_after_s (10 s) without one of its
+# own. The ticks after each test's event are sent one a second for this many ticks, so that the
+# silence begun before the event is found, as it is live; the rest are sent as fast as they go.
+SILENT_PACE_TICKS = 12
+
+
 def _plan(
     tag: str, name: str, duration_s: int, event_s: int
 ) -> tuple[str, str, Any, float, Any, dict[str, Any]]:
@@ -165,7 +173,9 @@ def _plan(
     run = uuid.uuid4().hex[:6]
     prefix, group = f"{tag}{run}-", f"test-{name}-{run}"
     sc = scenario(prefix, NODES, duration_s, faults_around(prefix, event_s))
-    epoch = float(int(time.time()))
+    # every tick stamped before it is sent (as `fleetwatch simulate` stamps them: live_epoch), so no
+    # sample is ahead of the broker's time, where the node stage would cap its event time
+    epoch = float(int(live_epoch(time.time(), duration_s, 0.0)))
     ticks = sim_ticks(sc, epoch)
     expected = expected_ids(sc, epoch)
     assert {f["node"] for f in expected.values()} == fault_nodes(sc), describe(expected)
@@ -195,7 +205,8 @@ def test_killed_worker_loses_no_finding(kafka_bootstrap: str, tmp_path: Path) ->
         # assigned, before it processed anything.
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
-        produce(kafka_bootstrap, ticks[kill_s:], pace_s=0.02)
+        produce(kafka_bootstrap, ticks[kill_s : kill_s + SILENT_PACE_TICKS], pace_s=1.0)
+        produce(kafka_bootstrap, ticks[kill_s + SILENT_PACE_TICKS :], pace_s=0.02)
         # the survivor gets the dead member's partitions when its session expires
         _wait_stable(kafka_bootstrap, group, 1, [survivor], 40)
         wait_drained(kafka_bootstrap, group, 60)
@@ -234,7 +245,8 @@ def test_restarted_worker_resumes_from_snapshot_without_false_findings(kafka_boo
         before = drain_tail(tail, quiet_s=0.5)
         second = Member(kafka_bootstrap, group, "after")
         try:
-            produce(kafka_bootstrap, ticks[restart_s:])
+            produce(kafka_bootstrap, ticks[restart_s : restart_s + SILENT_PACE_TICKS], pace_s=1.0)
+            produce(kafka_bootstrap, ticks[restart_s + SILENT_PACE_TICKS :])
             wait_drained(kafka_bootstrap, group, 60)
             second.check()
         finally:
@@ -270,7 +282,7 @@ def test_broker_restart_during_a_run(private_broker: Any, caplog: pytest.LogCapt
     findings_from = end_offsets(bootstrap, [topics.FINDINGS])
     member = Member(bootstrap, group, "through-outage")
     errors: list[BaseException] = []
-    reached = threading.Event()
+    reached, back = threading.Event(), threading.Event()
 
     def agent() -> None:
         # agent-like: one sample per node per tick, and the client buffers and retries through
@@ -281,9 +293,13 @@ def test_broker_restart_during_a_run(private_broker: Any, caplog: pytest.LogCapt
                 for k, tick in enumerate(ticks):
                     if k == outage_s:
                         reached.set()
+                    if k == outage_s + 5:  # five ticks sent into the outage; the rest once it is over
+                        back.wait(90)
                     for topic, key, m in tick:
                         p.send(topic, key=key.encode(), value=schemas.encode(m))
-                    time.sleep(0.05)
+                    # one a second once the broker is back: the member may rejoin and restore its
+                    # tasks (whose broker clock starts afresh) a few seconds into it
+                    time.sleep(1.0 if k >= outage_s + 5 else 0.05)
                 p.flush(timeout=90)
             finally:
                 p.close(timeout=10)
@@ -299,6 +315,7 @@ def test_broker_restart_during_a_run(private_broker: Any, caplog: pytest.LogCapt
         time.sleep(1)
         member.check()
         private_broker.start()
+        back.set()
         producer.join(120)
         assert not producer.is_alive() and not errors, errors
         wait_drained(bootstrap, group, 60)

@@ -18,6 +18,7 @@ import uuid
 
 import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import topics
+from fleetwatch.collectors.sim.cli import live_epoch
 from tests.integration.scale import (
     Member,
     commit_start,
@@ -37,6 +38,9 @@ from tests.integration.services import TopicTail
 # ---------------------------------------------------------------- the test
 
 
+SILENT_FROM = 4  # the tick at which node 1000 goes down
+
+
 def test_three_workers_find_what_one_worker_and_the_in_process_path_find(kafka_bootstrap: str) -> None:
     run = uuid.uuid4().hex[:6]
     prefix = f"so{run}-"
@@ -45,10 +49,12 @@ def test_three_workers_find_what_one_worker_and_the_in_process_path_find(kafka_b
         {"kind": "sw_crash", "node": 300, "gpu": 0, "onset_s": 4},
         {"kind": "ib_link_down", "node": 517, "onset_s": 6},
         {"kind": "xid48", "node": 777, "gpu": 1, "onset_s": 8},
-        {"kind": "node_down", "node": 1000, "onset_s": 4},
+        {"kind": "node_down", "node": 1000, "onset_s": SILENT_FROM},
     ]
     sc = scenario(prefix, 1024, 20, faults)
-    epoch = float(int(time.time()))
+    # every tick stamped before it is sent (as `fleetwatch simulate` stamps them: live_epoch), so no
+    # sample is ahead of the broker's time, where the node stage would cap its event time
+    epoch = float(int(live_epoch(time.time(), 20, 0.0)))
     ticks = sim_ticks(sc, epoch)
     expected = expected_ids(sc, epoch)
     kinds = {(f["node"], f["kind"]) for f in expected.values()}
@@ -73,7 +79,11 @@ def test_three_workers_find_what_one_worker_and_the_in_process_path_find(kafka_b
     members = [Member(kafka_bootstrap, many, f"m{i}") for i in range(3)]
     try:
         wait_balanced(kafka_bootstrap, members)
-        produce(kafka_bootstrap, ticks)
+        # one tick a second from the silent node's last one on, until its silence is judged (on the
+        # broker's clock, detectors/silence.py: silent_after_s of the others' records reaching it)
+        produce(kafka_bootstrap, ticks[:SILENT_FROM])
+        produce(kafka_bootstrap, ticks[SILENT_FROM : SILENT_FROM + 12], pace_s=1.0)
+        produce(kafka_bootstrap, ticks[SILENT_FROM + 12 :])
         wait_drained(kafka_bootstrap, many, 60)
         for m in members:
             m.check()
