@@ -18,6 +18,7 @@ from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 
 counter = st.integers(0, 2**40)
+counter32 = st.integers(0, schemas.U32_MAX)  # the NVML fields that are unsigned int
 gpu = st.fixed_dictionaries(
     {"index": st.integers(0, schemas.MAX_GPU_INDEX)},
     optional={
@@ -31,12 +32,12 @@ gpu = st.fixed_dictionaries(
         "ecc_dbe_volatile": counter,
         "ecc_sbe_aggregate": counter,
         "ecc_dbe_aggregate": counter,
-        "retired_pages": counter,
+        "retired_pages": counter32,
         "remapped_rows_pending": st.integers(0, 3),
         "remapped_rows_failure": st.integers(0, 1),
         "nvlink_crc_errors": counter,
         "nvlink_replay_errors": counter,
-        "pcie_replay": counter,
+        "pcie_replay": counter32,
         "xids": st.lists(st.integers(0, 200), max_size=5),
         "lost": st.booleans(),
     },
@@ -69,6 +70,8 @@ def telemetry(draw: Any) -> dict[str, Any]:
         m["host"] = {"load1": draw(st.floats(0, 1e4)), "procs_d_state": draw(st.integers(0, 10**6))}
     if draw(st.booleans()):
         m["net"] = {"ib": draw(st.lists(ib_port, max_size=3))}
+    if draw(st.booleans()):  # agents reinstalled, and older ones that number without an instance
+        m["agent"] = {"instance": draw(st.sampled_from(["a1", "b2", "c3"]))}
     return schemas.validate(m, schemas.TELEMETRY)
 
 
