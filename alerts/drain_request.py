@@ -25,13 +25,13 @@ import hmac
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from fleetwatch import schemas
+from fleetwatch import schemas, signing_keys
 from fleetwatch.schemas import MessageError
+from fleetwatch.signing_keys import SigningKeyError
 
 DRAIN = "drain/1"
 ACTIONS = frozenset({"drain", "resume"})
@@ -44,25 +44,15 @@ REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
 _FIELDS = ("schema", "request_id", "node", "action", "reason", "severity", "findings", "issued_at")
 
 
-class DrainKeyError(ValueError):
-    """No usable signing key; the message names where it was looked for, never its value."""
+class DrainKeyError(SigningKeyError):
+    """No usable drain key; the message names where it was looked for, never its value."""
 
 
 def load_key(key_file: str | None = None, env: Mapping[str, str] | None = None) -> bytes:
     """The shared HMAC key: the key file if given, else $FLEETWATCH_DRAIN_KEY."""
-    env = os.environ if env is None else env
-    if key_file:
-        try:
-            raw = Path(key_file).read_bytes().strip()
-        except OSError as e:
-            raise DrainKeyError(f"cannot read the drain key file {key_file}: {e.strerror}") from None
-        where = f"key file {key_file}"
-    else:
-        raw = env.get(KEY_ENV, "").strip().encode()
-        where = f"${KEY_ENV}"
-    if len(raw) < 16:
-        raise DrainKeyError(f"no drain signing key: {where} is missing or shorter than 16 bytes")
-    return raw
+    return signing_keys.load_key(
+        "drain", KEY_ENV, key_file, os.environ if env is None else env, DrainKeyError
+    )
 
 
 def request_id(node: str, action: str, findings: Iterable[str]) -> str:

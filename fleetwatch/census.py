@@ -59,13 +59,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 from prometheus_client import Counter, Gauge
 
-from fleetwatch import schemas
+from fleetwatch import schemas, signing_keys
+from fleetwatch.signing_keys import SigningKeyError
 
 log = logging.getLogger(__name__)
 
@@ -103,25 +103,15 @@ BURST_THRESHOLD = Gauge(
 )
 
 
-class CensusKeyError(ValueError):
+class CensusKeyError(SigningKeyError):
     """No usable census key; the message names where it was looked for, never its value."""
 
 
 def load_key(key_file: str | None = None, env: Mapping[str, str] | None = None) -> bytes:
     """The census HMAC key: the key file if given, else $FLEETWATCH_CENSUS_KEY (>= 16 bytes)."""
-    env = os.environ if env is None else env
-    if key_file:
-        try:
-            raw = Path(key_file).read_bytes().strip()
-        except OSError as e:
-            raise CensusKeyError(f"cannot read the census key file {key_file}: {e.strerror}") from None
-        where = f"key file {key_file}"
-    else:
-        raw = env.get(KEY_ENV, "").strip().encode()
-        where = f"${KEY_ENV}"
-    if len(raw) < 16:
-        raise CensusKeyError(f"no census signing key: {where} is missing or shorter than 16 bytes")
-    return raw
+    return signing_keys.load_key(
+        "census", KEY_ENV, key_file, os.environ if env is None else env, CensusKeyError
+    )
 
 
 def validate_node(m: Mapping[str, Any]) -> None:

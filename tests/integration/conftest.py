@@ -25,6 +25,7 @@ from tests.integration.services import (
     TopicTail,
     service,
 )
+from tests.integration.workers import Detect
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -92,3 +93,13 @@ def slurm() -> Iterator[Slurm]:
     s.reset(*SLURM_NODES)
     yield s
     s.reset(*SLURM_NODES)
+
+
+@pytest.fixture
+def detect(kafka_bootstrap: str) -> Iterator[tuple[Detect, str]]:
+    """A detect worker on a thread in a group of its own, at the end of its inputs, and a node
+    name prefix of this run's (the shared topics carry other tests' nodes too)."""
+    run = uuid.uuid4().hex[:6]
+    d = Detect(kafka_bootstrap, run)
+    yield d, f"d{run}-"
+    d.close()

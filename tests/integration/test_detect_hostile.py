@@ -10,12 +10,9 @@ matches.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
-import pytest
 from kafka import KafkaProducer
 from prometheus_client import REGISTRY
 
@@ -24,14 +21,6 @@ from fleetwatch import census, kafka_io, schemas, topics
 from tests.helpers.messages import gpu, sample
 from tests.integration.services import TopicTail
 from tests.integration.workers import Detect
-
-
-@pytest.fixture
-def detect(kafka_bootstrap: str) -> Iterator[tuple[Detect, str]]:
-    run = uuid.uuid4().hex[:6]
-    d = Detect(kafka_bootstrap, run)
-    yield d, f"h{run}-"
-    d.close()
 
 
 def test_hostile_samples_are_dead_lettered_or_handled_and_the_worker_goes_on(

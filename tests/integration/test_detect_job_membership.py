@@ -10,12 +10,9 @@ run, so the shared topics carry nothing else that matches."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
-import pytest
 from prometheus_client import REGISTRY
 
 import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
@@ -23,14 +20,6 @@ from fleetwatch import schemas, topics
 from fleetwatch.pipeline.job_stage import JobTask
 from tests.integration.services import TopicTail
 from tests.integration.workers import Detect, produce
-
-
-@pytest.fixture
-def detect(kafka_bootstrap: str) -> Iterator[tuple[Detect, str]]:
-    run = uuid.uuid4().hex[:6]
-    d = Detect(kafka_bootstrap, run)
-    yield d, f"m{run}-"
-    d.close()
 
 
 def _steps(

@@ -8,11 +8,7 @@ drain. Nodes are named per run, so the shared topics carry nothing else that mat
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import schemas, topics
@@ -22,14 +18,6 @@ from tests.integration.services import TopicTail
 from tests.integration.workers import Detect, produce
 
 BENIGN = (8, 13, 31, 32, 38, 43, 45, 61, 63, 68, 69, 92, 94, 109, 1001, 1002, 1003, 1004)
-
-
-@pytest.fixture
-def detect(kafka_bootstrap: str) -> Iterator[tuple[Detect, str]]:
-    run = uuid.uuid4().hex[:6]
-    d = Detect(kafka_bootstrap, run)
-    yield d, f"x{run}-"
-    d.close()
 
 
 def test_an_xid79_after_many_benign_codes_is_critical_and_drains(

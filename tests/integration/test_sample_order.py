@@ -10,25 +10,13 @@ instance's sample is still a duplicate.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import schemas, topics
 from tests.helpers.messages import gpu, sample
 from tests.integration.services import TopicTail
 from tests.integration.workers import Detect, produce
-
-
-@pytest.fixture
-def detect(kafka_bootstrap: str) -> Iterator[tuple[Detect, str]]:
-    run = uuid.uuid4().hex[:6]
-    d = Detect(kafka_bootstrap, run)
-    yield d, f"o{run}-"
-    d.close()
 
 
 def test_a_jumping_clock_hides_no_xid_and_is_reported(
