@@ -32,10 +32,16 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fleetwatch.detectors.findings import KINDS
+
 FINDINGS = Counter(
     "fleetwatch_findings_total", "findings emitted (opened or escalated)", ["kind", "severity"]
 )
 FINDINGS_RESOLVED = Counter("fleetwatch_findings_resolved_total", "findings resolved", ["kind"])
+# exported at 0 from the start, one series per finding kind (a bounded set): the dashboards' rates
+# of resolved findings read 0, not "no data", until the first incident resolves
+for _kind in sorted(KINDS):
+    FINDINGS_RESOLVED.labels(_kind)
 SAMPLES = Counter("fleetwatch_detect_samples_total", "telemetry node-samples run through the detectors")
 LATENCY = Histogram(
     "fleetwatch_finding_latency_seconds",
