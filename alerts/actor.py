@@ -16,7 +16,7 @@ from the moment it is requested; it is reported drained (fleetwatch_act_node_dra
 gauge) only once the Slurm adapter's drain_result/1 says `executed` (alerts/drain_log.py ResultBook),
 and a refused or failed one frees its slot and is alerted like any refusal ("adapter:<outcome>").
 
-Findings are signed by detect (detectors/findings.py sign, with detect's key: the census key) and
+Findings are signed by detect (fleetwatch/signing.py, with detect's key: the census key) and
 ActTask refuses one whose signature is missing (`unsigned`) or does not verify (`bad_signature`):
 the worker dead-letters and counts it, and it is never alerted, drained on, or allowed to resolve
 a real finding. Anyone who can write fleet.findings.v1 could otherwise drain nodes or page on-call.

@@ -21,7 +21,6 @@ adapter, old or new, accepts and verifies it unchanged.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -29,9 +28,9 @@ from typing import Any
 
 import orjson
 
-from fleetwatch import schemas, signing_keys
+from fleetwatch import schemas, signing
 from fleetwatch.schemas import MessageError
-from fleetwatch.signing_keys import SigningKeyError
+from fleetwatch.signing import SigningKeyError
 
 DRAIN = "drain/1"
 ACTIONS = frozenset({"drain", "resume"})
@@ -50,9 +49,7 @@ class DrainKeyError(SigningKeyError):
 
 def load_key(key_file: str | None = None, env: Mapping[str, str] | None = None) -> bytes:
     """The shared HMAC key: the key file if given, else $FLEETWATCH_DRAIN_KEY."""
-    return signing_keys.load_key(
-        "drain", KEY_ENV, key_file, os.environ if env is None else env, DrainKeyError
-    )
+    return signing.load_key("drain", KEY_ENV, key_file, os.environ if env is None else env, DrainKeyError)
 
 
 def request_id(node: str, action: str, findings: Iterable[str]) -> str:
@@ -61,13 +58,12 @@ def request_id(node: str, action: str, findings: Iterable[str]) -> str:
 
 
 def canonical(msg: Mapping[str, Any]) -> bytes:
-    """The signed bytes: every field but `signature`, keys sorted."""
-    body = {k: v for k, v in msg.items() if k != "signature"}
-    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    """The signed bytes: every field but `signature`, keys sorted (fleetwatch/signing.py)."""
+    return signing.canonical(msg, "signature")
 
 
 def sign(msg: Mapping[str, Any], key: bytes) -> str:
-    return hmac.new(key, canonical(msg), hashlib.sha256).hexdigest()
+    return signing.mac(msg, key, "signature")
 
 
 def one_line(reason: str, limit: int = MAX_REASON) -> str:
@@ -115,10 +111,7 @@ def make_request(
 
 def verify(msg: Mapping[str, Any], key: bytes) -> bool:
     """True if the signature matches (constant-time compare)."""
-    sig = msg.get("signature")
-    if not isinstance(sig, str):
-        return False
-    return hmac.compare_digest(sig, sign(msg, key))
+    return signing.verify(msg, key, "signature")
 
 
 def check_envelope(

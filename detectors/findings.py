@@ -13,7 +13,6 @@ finding/1; it travels in `evidence["rule"]`.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fleetwatch import census, schemas
+from fleetwatch import schemas, signing
 from fleetwatch.schemas import MessageError
 
 FINDING = "finding/1"
@@ -176,26 +175,9 @@ schemas.register(FINDING, validate_finding, "ts", key_field="node")
 # ---------------------------------------------------------------- signatures (issue 23)
 #
 # Findings steer drains and pages, so detect signs each one it writes with its key (the census key:
-# detect's key, fleetwatch/census.py, the same scheme: HMAC-SHA256 over the canonical JSON of every
-# field but `sig`, `schema` included) and act refuses one that does not verify. Only the stage's
-# serializer signs (pipeline/detect.py): tasks, snapshots and `fleetwatch eval` never hold the key.
-
-
-def sign(f: Mapping[str, Any], key: bytes) -> dict[str, Any]:
-    """The finding as it travels, with its `sig`. Signed over its JSON values (a numpy scalar in the
-    evidence becomes a plain number), which is what a reader decodes and verifies."""
-    plain = orjson.loads(schemas.encode({k: v for k, v in f.items() if k != "sig"}))
-    return census.sign(plain, key)
-
-
-def encode_signed(f: Mapping[str, Any], key: bytes) -> bytes:
-    """A finding/1 as detect writes it to fleet.findings.v1: signed, compact JSON."""
-    return schemas.encode(sign(f, key))
-
-
-def encoder(key: bytes) -> Callable[[dict[str, Any]], bytes]:
-    """The detect stages' serializer for fleet.findings.v1 (pipeline/tasks.py Stage.serializers)."""
-    return functools.partial(encode_signed, key=key)
+# detect's key) in fleetwatch/signing.py's scheme, and act refuses one that does not verify. Only
+# the stages' serializers sign (pipeline/detect.py, signing.encoder): tasks, snapshots and
+# `fleetwatch eval` never hold the key.
 
 
 def signature_error(f: Mapping[str, Any], key: bytes) -> tuple[str, str] | None:
@@ -203,7 +185,7 @@ def signature_error(f: Mapping[str, Any], key: bytes) -> tuple[str, str] | None:
     sig: forged, or an older detect) or `bad_signature` (forged, altered, or another key)."""
     if "sig" not in f:
         return "unsigned", "finding/1 without sig: not written by a detect holding the key"
-    if not census.verify(f, key):
+    if not signing.verify(f, key):
         return "bad_signature", "finding/1 sig does not verify under detect's key"
     return None
 

@@ -16,7 +16,7 @@ Why it is signed, and how (issue 23, item 9). Anyone who can write the topic cou
   file). It is its own key, not the drain key: detect must be able to vouch for the census without
   being able to sign a drain request past act's budget and storm guard. The `schema` field is
   signed too, so a census signature can never pass for another message's. It is detect's key:
-  detect signs its findings with it as well (detectors/findings.py sign), and act verifies both.
+  detect signs its findings with it as well (fleetwatch/signing.py), and act verifies both.
 - A tombstone has no body to sign. Rather than a signature in a Kafka header over the bare key
   (a second scheme, over bytes a compacting broker may drop, with freshness to reinvent), detect
   first writes a signed record with `gone: true`, and act forgets a node only on that; tombstones
@@ -49,9 +49,6 @@ next refresh (census_every_s, 10 minutes).
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import hmac
 import logging
 import math
 import os
@@ -61,11 +58,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from prometheus_client import Counter, Gauge
 
-from fleetwatch import schemas, signing_keys
-from fleetwatch.signing_keys import SigningKeyError
+from fleetwatch import schemas, signing
+from fleetwatch.signing import SigningKeyError
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +105,7 @@ class CensusKeyError(SigningKeyError):
 
 def load_key(key_file: str | None = None, env: Mapping[str, str] | None = None) -> bytes:
     """The census HMAC key: the key file if given, else $FLEETWATCH_CENSUS_KEY (>= 16 bytes)."""
-    return signing_keys.load_key(
-        "census", KEY_ENV, key_file, os.environ if env is None else env, CensusKeyError
-    )
+    return signing.load_key("census", KEY_ENV, key_file, os.environ if env is None else env, CensusKeyError)
 
 
 def validate_node(m: Mapping[str, Any]) -> None:
@@ -146,7 +140,7 @@ def node_message(
     seen_at: float | None = None,
     gone: bool = False,
 ) -> dict[str, Any]:
-    """A valid, unsigned node/1 message (the node stage's output; sign() or encode_signed() sign it).
+    """A valid, unsigned node/1 message (the node stage's output; fleetwatch/signing.py signs it).
     steady_since and seen_at default to last_seen (a node seen once)."""
     seen = float(last_seen if seen_at is None else seen_at)
     m: dict[str, Any] = {
@@ -161,35 +155,6 @@ def node_message(
         m["gone"] = True
     validate_node(m)
     return m
-
-
-def canonical(msg: Mapping[str, Any]) -> bytes:
-    """The signed bytes: every field but `sig`, keys sorted."""
-    return orjson.dumps({k: v for k, v in msg.items() if k != "sig"}, option=orjson.OPT_SORT_KEYS)
-
-
-def sign(msg: Mapping[str, Any], key: bytes) -> dict[str, Any]:
-    """The message with its `sig`."""
-    return {**msg, "sig": hmac.new(key, canonical(msg), hashlib.sha256).hexdigest()}
-
-
-def verify(msg: Mapping[str, Any], key: bytes) -> bool:
-    """True if `sig` matches (constant-time compare)."""
-    sig = msg.get("sig")
-    if not isinstance(sig, str):
-        return False
-    return hmac.compare_digest(sig, hmac.new(key, canonical(msg), hashlib.sha256).hexdigest())
-
-
-def encode_signed(msg: Mapping[str, Any], key: bytes) -> bytes:
-    """A node/1 as it goes on the topic: signed, compact JSON."""
-    return schemas.encode(sign(msg, key))
-
-
-def encoder(key: bytes) -> Callable[[dict[str, Any]], bytes]:
-    """The node stage's serializer for fleet.nodes.v1 (pipeline/tasks.py Stage.serializers): the
-    task's outputs stay key-free (snapshots and `fleetwatch eval` never see the key)."""
-    return functools.partial(encode_signed, key=key)
 
 
 def is_warm(m: Mapping[str, Any], warm_up_s: float) -> bool:
@@ -256,7 +221,7 @@ class Census:
             try:
                 if "sig" not in m or "seen_at" not in m or "steady_since" not in m:
                     self._refuse("unsigned", node)
-                elif not verify(m, self._key):
+                elif not signing.verify(m, self._key):
                     self._refuse("bad_signature", node)
                 elif m.get("gone"):
                     self._apply_gone(node, m["seen_at"])

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from fleetwatch import census, kafka_io, schemas, topics
-from fleetwatch.detectors import findings
+from fleetwatch import census, kafka_io, schemas, signing, topics
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
@@ -47,7 +46,7 @@ def stages(
 ) -> list[Stage]:
     """census_key is detect's key (census and findings): the stages' serializers sign each node/1
     on fleet.nodes.v1 (fleetwatch/census.py) and each finding/1 on fleet.findings.v1
-    (detectors/findings.py sign) as it is written, so the tasks and their snapshots never hold the
+    (fleetwatch/signing.py) as it is written, so the tasks and their snapshots never hold the
     key. `fleetwatch detect` always has one (run() refuses to start without it); None, for
     in-process tests of other outputs, writes both unsigned, which act refuses."""
     # forget_after_s is not shortened with the time scale: it bounds memory against node churn,
@@ -55,11 +54,10 @@ def stages(
     cfg = replace(
         NodeTaskConfig.for_time_scale(time_scale), forget_after_s=forget_after_s, warm_up_s=warm_up_s
     )
-    signing = {topics.NODES: census.encoder, topics.FINDINGS: findings.encoder}
 
     def signers(*outputs: str) -> dict[str, Callable[[dict[str, Any]], bytes]]:
         """The serializers that sign what a stage writes to `outputs` (none without a key)."""
-        return {} if census_key is None else {t: signing[t](census_key) for t in outputs}
+        return {} if census_key is None else {t: signing.encoder(census_key) for t in outputs}
 
     checked = {} if clock is None else {topics.TELEMETRY: clock, topics.STEPS: clock, topics.JOBS: clock}
     node = Stage(

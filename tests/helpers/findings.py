@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetwatch.detectors.findings import encode_signed, make_finding
+from fleetwatch.detectors.findings import make_finding
+from fleetwatch.signing import encode_signed
 
 T0 = 1_800_000_000.0
 

@@ -20,12 +20,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import fleetwatch.alerts.drain_request  # noqa: F401  (registers drain/1 for TopicTail.messages)
-from fleetwatch import census as census_mod
 from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.alerts import drain_result
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.census import node_message
-from fleetwatch.detectors.findings import sign
+from fleetwatch.signing import encode_signed
+from fleetwatch.signing import signed as sign
 from tests.helpers.findings import finding, resolve, signed
 from tests.helpers.paths import REPO
 from tests.integration.services import SLURM_NODES, Alertmanager, Slurm, TopicTail
@@ -85,9 +85,7 @@ class ActRig:
         now = time.time()
         for n in nodes:
             m = node_message(n, now - steady_for, now, steady_since=now - steady_for, seen_at=now)
-            self.producer.send(
-                self.nodes, key=n.encode(), value=census_mod.encode_signed(m, CENSUS_KEY.encode())
-            )
+            self.producer.send(self.nodes, key=n.encode(), value=encode_signed(m, CENSUS_KEY.encode()))
         self.producer.flush(10)
 
     def act(self, *extra: str) -> subprocess.Popen[bytes]:

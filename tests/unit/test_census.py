@@ -25,12 +25,12 @@ from fleetwatch.census import (
     CensusKeyError,
     load_key,
     node_message,
-    sign,
-    verify,
 )
 from fleetwatch.pipeline import fleet_metrics, steady
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
+from fleetwatch.signing import signed as sign
+from fleetwatch.signing import verify
 from tests.helpers.messages import telemetry
 
 T0 = 1_800_000_000.0

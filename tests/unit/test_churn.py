@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 
 from fleetwatch import schemas, topics
-from fleetwatch.census import Census, CensusConfig, sign
+from fleetwatch.census import Census, CensusConfig
 from fleetwatch.detectors.findings import FORGOTTEN
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
 from fleetwatch.pipeline.tasks import Output
+from fleetwatch.signing import signed as sign
 from tests.helpers.act import Rig
 from tests.helpers.findings import T0, finding
 from tests.helpers.messages import telemetry

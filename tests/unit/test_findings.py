@@ -14,7 +14,6 @@ from fleetwatch import schemas, topics
 from fleetwatch.detectors.findings import (
     KINDS,
     IncidentBook,
-    encode_signed,
     finding_id,
     make_finding,
     severity_score,
@@ -23,6 +22,7 @@ from fleetwatch.detectors.findings import (
 from fleetwatch.pipeline.detect import stages
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.schemas import MessageError
+from fleetwatch.signing import encode_signed
 
 
 def sample(**over: Any) -> dict[str, Any]:
