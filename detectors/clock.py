@@ -46,17 +46,18 @@ class ClockDetector:
 
     def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
         """The NodeDetector protocol (detectors/protocol.py)."""
-        seg = Segments.of(ctx.rows)
-        times = SampleTimes(ctx.index.names, ctx.index.rows, seg.rows, batch.ts[seg.order])
-        out: list[dict[str, Any]] = []
         jump = ctx.clock_jump
+        bad = np.empty(0, dtype=np.int64)
         if jump is not None:
             with np.errstate(invalid="ignore"):
                 bad = np.flatnonzero(np.abs(jump) >= self.cfg.jump_s)
-            for i in bad.tolist():
-                out += self._jumped(
-                    ctx.nodes[i], float(batch.ts[i]), float(jump[i]), int(batch.seq[i]), times
-                )
+        if len(bad) == 0 and not self.book.open:
+            return []  # the usual batch: no jump and nothing to resolve, so no sort of its rows
+        seg = Segments.of(ctx.rows)
+        times = SampleTimes(ctx.index.names, ctx.index.rows, seg.rows, batch.ts[seg.order])
+        out: list[dict[str, Any]] = []
+        for i in bad.tolist():
+            out += self._jumped(ctx.nodes[i], float(batch.ts[i]), float(jump[i]), int(batch.seq[i]), times)
         out += self.book.sweep(times.next_ts, times.latest)
         return out
 
