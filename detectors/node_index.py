@@ -45,21 +45,24 @@ class NodeIndex(RowIndex):
         names: Iterable[str] = (),
         last_ts: Sequence[float] = (),
         last_seq: Sequence[int] = (),
-        instances: Sequence[tuple[int, int]] = (),
+        instances: Sequence[Sequence[int]] = (),
     ) -> None:
-        """last_ts, last_seq, instances ((current, replaced) instance codes): each node's, in the
-        order of `names`; nodes past their ends have none (a seq of -1: not known)."""
+        """last_ts, last_seq (the current instance's), instances ((current instance, the one before
+        it, that one's last seq)): each node's, in the order of `names`; nodes past their ends have
+        none (a seq of -1: not known)."""
         super().__init__(names)
         n = max(16, len(self))  # spare rows after len(self): no sample yet
         self._last_ts = np.full(n, np.nan)
         self._last_ts[: len(last_ts)] = last_ts
         self._seq = np.full(n, -1, dtype=np.int64)
         self._seq[: len(last_seq)] = last_seq
-        pairs = np.asarray(instances, dtype=np.int64).reshape(-1, 2)
+        agents = np.asarray(instances, dtype=np.int64).reshape(-1, 3)
         self._instance = np.zeros(n, dtype=np.int64)  # the current instance's code (0: none given)
-        self._instance[: len(pairs)] = pairs[:, 0]
-        self._replaced = np.zeros(n, dtype=np.int64)  # the instance it replaced (0: none)
-        self._replaced[: len(pairs)] = pairs[:, 1]
+        self._instance[: len(agents)] = agents[:, 0]
+        self._replaced = np.zeros(n, dtype=np.int64)  # the instance before it (0: none)
+        self._replaced[: len(agents)] = agents[:, 1]
+        self._replaced_seq = np.full(n, -1, dtype=np.int64)  # that one's last seq (-1: none)
+        self._replaced_seq[: len(agents)] = agents[:, 2]
 
     @property
     def last_ts(self) -> np.ndarray:
@@ -68,13 +71,16 @@ class NodeIndex(RowIndex):
 
     @property
     def last_seq(self) -> np.ndarray:
-        """(N,) every node's latest accepted seq (-1: not known), by row (a view: read only)."""
+        """(N,) every node's current instance's last accepted seq (-1: not known), by row (a view:
+        read only)."""
         return self._seq[: len(self)]
 
     @property
     def instances(self) -> np.ndarray:
-        """(N, 2) every node's current agent instance code and the one it replaced (0: none), a copy."""
-        return np.column_stack([self._instance[: len(self)], self._replaced[: len(self)]])
+        """(N, 3) every node's current agent instance code, the one before it (0: none) and that
+        one's last seq (-1: none), a copy."""
+        n = len(self)
+        return np.column_stack([self._instance[:n], self._replaced[:n], self._replaced_seq[:n]])
 
     @property
     def allocated(self) -> int:
@@ -117,6 +123,7 @@ class NodeIndex(RowIndex):
         self._seq = grow(self._seq, n, -1)
         self._instance = grow(self._instance, n, 0)
         self._replaced = grow(self._replaced, n, 0)
+        self._replaced_seq = grow(self._replaced_seq, n, -1)
         before = self._last_ts[rows]
         m = len(rows)
         keep = np.zeros(m, dtype=bool)
@@ -129,8 +136,9 @@ class NodeIndex(RowIndex):
             received,
             float(lead_s),
             self._instance,
-            self._replaced,
             self._seq,
+            self._replaced,
+            self._replaced_seq,
             self._last_ts,
             keep,
             event_ts,
@@ -145,6 +153,7 @@ class NodeIndex(RowIndex):
             self._seq = rows.take(self._seq, -1, size=len(self._last_ts))
             self._instance = rows.take(self._instance, 0, size=len(self._last_ts))
             self._replaced = rows.take(self._replaced, 0, size=len(self._last_ts))
+            self._replaced_seq = rows.take(self._replaced_seq, -1, size=len(self._last_ts))
         return rows
 
     def place(self, saved: Sequence[str], values: np.ndarray, into: np.ndarray) -> np.ndarray:

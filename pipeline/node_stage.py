@@ -412,7 +412,8 @@ class NodeTask:
                 **{reg.name: getattr(self, reg.name).to_state() for reg in NODE_DETECTORS},
                 # every node, in the index's row order (from_bytes rebuilds the index from it)
                 "last_ts": dict(zip(names, self.index.last_ts.tolist(), strict=True)),
-                # where each node's agent numbering stands: seq, and [current, replaced] instance
+                # where each node's agent numbering stands: its current instance's seq, and [current
+                # instance, the one before it, that one's seq]
                 "last_seq": self.index.last_seq.tolist(),
                 "instances": self.index.instances.tolist(),
                 "failed_jobs_seen": sorted(self.failed_jobs_seen),

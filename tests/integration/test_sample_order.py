@@ -23,7 +23,9 @@ def test_a_jumping_clock_hides_no_xid_and_is_reported(
     kafka_bootstrap: str, detect: tuple[Detect, str]
 ) -> None:
     d, p = detect
-    ahead, behind, reinstalled, quiet = (f"{p}{name}" for name in ("ahead", "behind", "reinstalled", "quiet"))
+    ahead, behind, reinstalled, spoofed, quiet = (
+        f"{p}{name}" for name in ("ahead", "behind", "reinstalled", "spoofed", "quiet")
+    )
     now = time.time()
     old, new = {"instance": "5f0c1a2b3c4d5e6f"}, {"instance": "a0b1c2d3e4f50617"}
     records = [
@@ -39,6 +41,11 @@ def test_a_jumping_clock_hides_no_xid_and_is_reported(
         (reinstalled, sample(reinstalled, now - 2, 0, [gpu(0, xids=[79])], agent=new)),
         # ... and a late copy of an old instance's sample, with an XID it never had: a duplicate
         (reinstalled, sample(reinstalled, now - 1, 101, [gpu(0, xids=[48])], agent=old)),
+        # a record under another instance (forged or stray) between the agent's own samples: the
+        # agent's next sample and its XID 79 still count
+        (spoofed, sample(spoofed, now - 4, 500, agent=old)),
+        (spoofed, sample(spoofed, now - 3, 0, agent={"instance": "f0f0f0f0f0f0f0f0"})),
+        (spoofed, sample(spoofed, now - 2, 501, [gpu(0, xids=[79])], agent=old)),
         # a node with a good clock and nothing to find (the worker got this far)
         (quiet, sample(quiet, now - 1, 1)),
         (quiet, sample(quiet, now, 2, [gpu(0, xids=[13])])),
@@ -49,13 +56,13 @@ def test_a_jumping_clock_hides_no_xid_and_is_reported(
     def mine(recs: list[Any]) -> list[dict[str, Any]]:
         return [schemas.decode(r.value) for r in recs if r.key and r.key.startswith(p.encode())]
 
-    wanted = {(ahead, "xid"), (behind, "xid"), (reinstalled, "xid"), (quiet, "xid")}
+    wanted = {(ahead, "xid"), (behind, "xid"), (reinstalled, "xid"), (spoofed, "xid"), (quiet, "xid")}
     wanted |= {(ahead, "host"), (behind, "host")}
     got = mine(findings.collect(lambda rs: {(f["node"], f["kind"]) for f in mine(rs)} >= wanted, 60))
     assert d.thread.is_alive(), "the worker died"
 
     xids = {f["node"]: f for f in got if f["kind"] == "xid"}
-    for node in (ahead, behind, reinstalled):
+    for node in (ahead, behind, reinstalled, spoofed):
         assert xids[node]["evidence"]["worst_xid"] == 79, xids[node]
         assert xids[node]["severity"] == "critical"
     # the old instance's late copy added nothing to the reinstalled node's incident

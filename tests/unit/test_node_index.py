@@ -248,6 +248,20 @@ def test_a_reinstalled_agent_is_a_new_sequence_and_the_old_ones_copies_stay_dupl
     assert xid["evidence"]["worst_xid"] == 79 and "48" not in xid["evidence"]["xids"]
 
 
+def test_a_record_under_another_instance_does_not_lock_the_nodes_own_agent_out() -> None:
+    """A stray or forged sample under another instance (or none) becomes the node's current
+    instance for a moment; the agent's own next samples still count, and its copies stay copies."""
+    task = NodeTask(JobTable())
+    own = [_sample("a", 1000.0 + k, 10 + k, instance="agent") for k in range(3)]
+    out = task.process(topics.TELEMETRY, own)
+    out += task.process(topics.TELEMETRY, [_sample("a", 1003.0, 5, instance="forged")])
+    out += task.process(topics.TELEMETRY, [_sample("a", 1003.5, 7)])  # no instance at all
+    out += task.process(topics.TELEMETRY, [_sample("a", 1004.0, 13, (79,), instance="agent")])
+    out += task.process(topics.TELEMETRY, [_sample("a", 1005.0, 12, (48,), instance="agent")])  # a copy
+    [xid] = _findings(out, "xid")
+    assert xid["evidence"]["worst_xid"] == 79 and "48" not in xid["evidence"]["xids"]
+
+
 def test_a_restored_task_still_knows_where_each_agents_numbering_stands() -> None:
     """A redelivery after a restore (the snapshot's offsets lag the input) is still a duplicate,
     whatever its timestamp; a snapshot from before seq was kept admits by time."""
