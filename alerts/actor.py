@@ -208,9 +208,9 @@ class Actor:
         FINDINGS.labels(f["kind"], f["severity"]).inc()
         if f["resolved"]:
             task.book.end(f["id"], float(f["ts"]))
-        else:
-            drain = st.open[f["id"]].drain if f["id"] in st.open else None
-            labels, annotations = self.builder.from_finding(f, drain)
+        elif f["id"] in st.open:  # not a late copy of an opening that has resolved since (the policy
+            # kept it out): a replayed signed finding must not page again about what has ended
+            labels, annotations = self.builder.from_finding(f, st.open[f["id"]].drain)
             task.book.fire(f["id"], labels, annotations, float(f["first_seen"]))
 
     # ------------------------------------------------------------ decisions

@@ -196,3 +196,19 @@ def test_a_finding_without_detects_valid_signature_is_refused_never_alerted_drai
     # ... and the signed one does, each call reporting only its own refusals
     rig.feed(wire(resolve(real, T0 + 10)))
     assert rig.task.refused == [] and real["id"] not in rig.task.book.by_source
+
+
+def test_a_replayed_signed_opening_after_its_end_pages_again_about_nothing() -> None:
+    """A signature says who wrote a finding, not that it is new: detect's own opening, sent again
+    after the finding resolved (a replay by whoever can write the topic), must not page again
+    while act remembers the end (its node's state: here the node stays drained for another)."""
+    rig = Rig({"n1"}, fleet_size=100, budget_min_nodes=5, finding_key=DETECT_KEY)
+    opening = finding("n1", "thermal", "warning", "thermal_throttle", ts=T0)
+    rig.feed(wire(finding("n1", ts=T0)), wire(opening))
+    assert opening["id"] in rig.task.book.by_source
+    rig.feed(wire(resolve(opening, T0 + 60)))
+    assert opening["id"] not in rig.task.book.by_source
+    rig.feed(wire(opening))  # the replay
+    assert rig.task.refused == []  # it verifies: it is detect's ...
+    assert opening["id"] not in rig.task.book.by_source  # ... but pages about nothing
+    assert opening["id"] not in rig.task.nodes["n1"].open
