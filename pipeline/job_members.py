@@ -32,13 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleetwatch import topics
+from fleetwatch import schemas, topics
 from fleetwatch.detectors.job_batch import ENDED_STATES
 from fleetwatch.pipeline.tasks import Refused
 from fleetwatch.schemas import JOB, NODE_FEATURES, STEP
 
 NOT_IN_JOB = "not_in_job"
 UNKNOWN_JOB = "unknown_job"
+HELD_SCHEMAS = frozenset({STEP, NODE_FEATURES})  # the records a job's hold keeps
 ENDED_MEMORY = 4096  # jobs seen to end, remembered so that a lagging JobTable does not revive them
 _TOPIC = {STEP: topics.STEPS, NODE_FEATURES: topics.NODE_FEATURES}
 
@@ -223,10 +224,16 @@ class JobMembers:
         self.nodes = {job: frozenset(nodes) for job, nodes in d["nodes"].items()}
         self.start = {job: None if t is None else float(t) for job, t in d["start"].items()}
         self.ended = OrderedDict((job, None if t is None else float(t)) for job, t in d["ended"])
+        if len(self.ended) > ENDED_MEMORY:
+            raise ValueError(f"{len(self.ended)} ended jobs in the snapshot (at most {ENDED_MEMORY})")
         for job, records in d["held"]:
-            self.held[job] = deque(records)
+            # a held record is judged later as the decoder passed it: one the state topic made up
+            # must be refused here (the partition starts cold), not raise at every replay
+            self.held[job] = deque(schemas.validate(r, HELD_SCHEMAS) for r in records)
             ts = [float(r["ts"]) for r in records]
             self.span[job] = [min(ts), max(ts)]
             self.n_held += len(records)
+        if self.n_held > self.cfg.hold_records:
+            raise ValueError(f"{self.n_held} held records in the snapshot (at most {self.cfg.hold_records})")
         self.newest = -math.inf if d["newest"] is None else float(d["newest"])
         return self

@@ -52,7 +52,10 @@ class Pauses:
         if not d:
             return cls()
         latest = d.get("latest")
-        return cls(float("nan") if latest is None else float(latest), [(a, b) for a, b in d.get("spans", [])])
+        spans = [(float(a), float(b)) for a, b in d.get("spans", [])]
+        if len(spans) > MAX_PAUSES:  # a made-up snapshot would cost a pass per span on every batch
+            raise ValueError(f"{len(spans)} pauses in the snapshot (at most {MAX_PAUSES})")
+        return cls(float("nan") if latest is None else float(latest), spans)
 
 
 def broker_times(ts: np.ndarray, received: np.ndarray) -> np.ndarray:

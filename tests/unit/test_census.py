@@ -248,6 +248,9 @@ def test_a_partition_wide_pause_is_not_a_break_in_any_node_s_run() -> None:
     assert list(since) == [T0, T0, T0 + 962]
     restored = steady.Pauses.from_state(orjson.loads(orjson.dumps(pauses.to_state())))
     assert restored == pauses
+    # more pauses than a task keeps: a made-up snapshot, refused (its partition starts cold)
+    with pytest.raises(ValueError):
+        steady.Pauses.from_state({"latest": T0, "spans": [[0.0, 1.0]] * (steady.MAX_PAUSES + 1)})
 
 
 FIELDS = ["schema", "node", "first_seen", "last_seen", "steady_since", "seen_at", "gone", "sig", "x"]

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
+import pytest
 
 from fleetwatch import topics
 from fleetwatch.pipeline.job_members import NOT_IN_JOB, UNKNOWN_JOB, HoldConfig, JobMembers
@@ -199,3 +200,23 @@ def test_a_previous_run_of_a_reused_job_id_does_not_end_the_running_one() -> Non
     assert reused.process(topics.JOBS, [run]) == [] and "job-1" not in reused.members.nodes
     plain.close()
     reused.close()
+
+
+def test_a_snapshot_whose_held_records_or_memories_the_stage_would_not_take_is_refused() -> None:
+    """The state topic is input too: a held record is judged later as if the decoder had passed
+    it, so one that is not a valid step/1 or nodefeatures/1 (or too many of them, or too many
+    ended jobs) makes the restore fail, and the worker starts the partition cold, instead of
+    raising at every replay."""
+    good = JobMembers.from_state(JobMembers().to_state())
+    assert good.n_held == 0
+    step = steps(2, 1, job="j1")[0]
+    bad_states = [
+        {"held": [["j1", [{k: v for k, v in step.items() if k != "node"}]]]},  # a step without a node
+        {"held": [["j1", [5]]]},
+        {"held": [["j1", [step] * 5]]},  # more than the hold takes (4 below)
+        {"ended": [[f"j{i}", None] for i in range(5000)]},
+    ]
+    for bad in bad_states:
+        state = {**JobMembers().to_state(), **bad}
+        with pytest.raises((ValueError, TypeError)):
+            JobMembers.from_state(orjson.loads(orjson.dumps(state)), HoldConfig(hold_records=4))
