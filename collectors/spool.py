@@ -325,6 +325,11 @@ class Spool:
                 if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
                     raise
                 self._enter_failing(SPOOL_ERROR, e)
+                busy = getattr(e, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+                if busy and self._count > len(self._mem):
+                    # the disk's records are older than memory's and only locked for now: sending
+                    # memory's would ack past them, and the next DELETE would lose them unsent
+                    return []
             for rec_id, key, value, _size in self._mem:
                 if len(rows) >= limit:
                     break
@@ -443,8 +448,16 @@ class Spool:
     # ------------------------------------------------------------ small persistent counters
 
     def _read_meta(self, k: str, default: int = 0) -> int:
+        """A meta value as the spool wrote it: an integer in 0..2**62 (the instance: a signed
+        64-bit one); anything else is a spool this agent did not write, refused at start."""
         row = self._db.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()
-        return default if row is None else int(row[0])
+        if row is None:
+            return default
+        v = row[0]
+        lo, hi = (-(2**63), 2**63 - 1) if k == "instance" else (0, 2**62)
+        if type(v) is not int or not lo <= v <= hi:
+            raise SpoolUnusable(f"spool {self.path}: its meta {k!r} is not an integer in {lo}..{hi}")
+        return v
 
     def get_meta(self, k: str, default: int = 0) -> int:
         with self._lock:

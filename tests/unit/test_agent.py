@@ -5,6 +5,7 @@ Kafka broker, including a broker stopped and restarted mid-run: tests/integratio
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -184,7 +185,16 @@ def _without_dac_override() -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["read_only_dir", "file_as_dir", "no_permission_parent", "not_sqlite", "read_only_file", "dir_as_file"],
+    [
+        "read_only_dir",
+        "file_as_dir",
+        "no_permission_parent",
+        "not_sqlite",
+        "read_only_file",
+        "dir_as_file",
+        "seq_at_int64_max",  # a spool this agent did not write: its numbering must not overflow
+        "seq_as_text",
+    ],
 )
 def test_collect_cli_unusable_spool_is_one_line_and_status_2(tmp_path: Path, case: str) -> None:
     spool_dir = tmp_path / "spool"
@@ -202,6 +212,11 @@ def test_collect_cli_unusable_spool_is_one_line_and_status_2(tmp_path: Path, cas
     elif case == "read_only_file":  # a spool of an earlier run, made read-only
         Spool(spool_dir / "n1.sqlite", max_bytes=1 << 20).close()
         (spool_dir / "n1.sqlite").chmod(0o444)
+    elif case in ("seq_at_int64_max", "seq_as_text"):
+        Spool(spool_dir / "n1.sqlite", max_bytes=1 << 20).close()
+        with sqlite3.connect(spool_dir / "n1.sqlite") as db:
+            value = 2**63 - 1 if case == "seq_at_int64_max" else "seven"
+            db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('next_seq', ?)", (value,))
     else:
         (spool_dir / "n1.sqlite").mkdir(parents=True)
     r = subprocess.run(

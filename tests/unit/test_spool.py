@@ -158,6 +158,26 @@ def test_locked_spool_keeps_samples_in_memory_in_order_and_recovers(tmp_path: Pa
     assert [r.value[:8] for r in s2.peek(limit=100)] == [f"{i:08d}".encode() for i in (1, 2, *range(10, 21))]
 
 
+def test_a_spool_locked_even_for_reading_sends_nothing_past_its_unread_records(tmp_path: Path) -> None:
+    """While another process holds the file exclusively, the disk's records cannot be read: the
+    newer ones waiting in memory are not sent ahead of them (their ack would delete the unread
+    ones unsent once the lock is gone); afterwards everything goes out, in order, none dropped."""
+    path = tmp_path / "s.sqlite"
+    s = Spool(path, max_bytes=1 << 20)
+    _fill(s, 3)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # readers are refused too
+    assert s.append(b"k", b"00000003".ljust(100, b".")) == {}  # waits in memory
+    assert s.peek() == []
+    other.execute("ROLLBACK")
+    other.close()
+    sent = s.peek(limit=100)
+    assert [r.value[:8] for r in sent] == [f"{i:08d}".encode() for i in range(4)]
+    s.ack(sent[-1].id)
+    assert len(s) == 0 and s.dropped == {}
+    s.close()
+
+
 def test_damaged_spool_file_never_raises_and_samples_still_go_out(tmp_path: Path) -> None:
     """A spool file damaged while the agent runs (SQLITE_CORRUPT/NOTADB on the next read or write):
     append, peek and ack refuse without raising, new samples are still handed out (from memory)
