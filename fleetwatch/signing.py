@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import os
+import stat
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,6 +25,7 @@ import orjson
 from fleetwatch import schemas
 
 MIN_KEY_BYTES = 16
+MAX_KEY_FILE_BYTES = 4096
 
 
 class SigningKeyError(ValueError):
@@ -41,9 +43,15 @@ def load_key(
     ("drain", "census"), which are raised as `error`."""
     if key_file:
         try:
-            raw = Path(key_file).read_bytes().strip()
+            if not stat.S_ISREG(os.stat(key_file).st_mode):  # a FIFO would block, /dev/zero never end
+                raise error(f"the {what} key file {key_file} is not a regular file")
+            with open(key_file, "rb") as f:
+                raw = f.read(MAX_KEY_FILE_BYTES + 1)
         except OSError as e:
             raise error(f"cannot read the {what} key file {key_file}: {e.strerror}") from None
+        if len(raw) > MAX_KEY_FILE_BYTES:
+            raise error(f"the {what} key file {key_file} is longer than {MAX_KEY_FILE_BYTES} bytes")
+        raw = raw.strip()
         where = f"key file {key_file}"
     else:
         raw = env.get(env_var, "").strip().encode()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -10,6 +13,7 @@ import pytest
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request as dr
 from fleetwatch.alerts import drain_result
+from tests.helpers.paths import REPO
 
 KEY = b"k" * 32
 
@@ -147,3 +151,39 @@ def test_drain_results_are_signed_and_validated() -> None:
     for change in (*changes, {"request_signature": "XYZ"}, {"request_signature": 7}):
         with pytest.raises(schemas.MessageError):
             drain_result.validate_result({**back, **change})
+
+
+@pytest.mark.parametrize("kind", ["fifo", "endless", "directory", "huge"])
+def test_a_key_file_that_is_no_small_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """A FIFO blocked the reader forever and /dev/zero never ended: every key loader (the drain
+    key, detect's) refuses what is not a regular file of at most 4 KiB, and says so in one line
+    through the real command."""
+    path = tmp_path / "key"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "endless":
+        path = Path("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b"k" * 5000)
+    with pytest.raises(dr.DrainKeyError):
+        dr.load_key(str(path), env={})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetwatch.cli",
+            "detect",
+            "--bootstrap",
+            "127.0.0.1:1",
+            "--census-key-file",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert str(path) in r.stderr
