@@ -1,11 +1,15 @@
-"""The one small interface the worker runs Kafka through: a group consumer, a producer, and a
-reader of whole partitions (snapshots).
+"""The one interface every fleetwatch process runs Kafka through: a group consumer, a producer, a
+reader of assigned partitions (followers of whole topics, snapshots), and the topics' admin.
+No module outside fleetwatch/bus imports a Kafka client (tests/unit/test_one_kafka_client.py).
 
 Two implementations, with the same behaviour where the worker can tell:
 - fleetwatch.bus.kafka: the real broker, through confluent-kafka (librdkafka) and its public API
   only. The worker uses it because it reads ~2-4x more messages per CPU-second than kafka-python
   and decompresses in C (benchmarks/README.md, "Kafka clients").
 - fleetwatch.bus.memory: in-process topics, for fast unit tests of stages and the worker loop.
+
+Where the broker is and its security settings: fleetwatch/bus/config.py. Topic creation and
+inspection: fleetwatch/bus/admin.py. Kafka's default partitioner: fleetwatch/bus/partitioner.py.
 
 Offsets are Kafka's: the offset of the next record to read. Group members follow the eager
 protocol: on a rebalance every member's partitions are revoked, then the new share assigned.
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from prometheus_client import Counter
@@ -35,6 +39,24 @@ REBALANCE_ERRORS = Counter(
 class TopicPart(NamedTuple):
     topic: str
     partition: int
+
+
+class Record(NamedTuple):
+    """One record read by a Reader."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None  # None: a tombstone
+    timestamp_ms: int  # the record's timestamp (the producer's or the broker's), -1 if none
+    log_append: bool  # the broker stamped it (a LogAppendTime topic: topics.BROKER_TIMED)
+
+
+def reference_time(record: Record, now: float) -> float:
+    """A record's reference time for clock checks (seconds): when the broker appended it, or `now`
+    where its topic keeps the producer's time (see topics.BROKER_TIMED)."""
+    return record.timestamp_ms / 1000.0 if record.log_append else now
 
 
 class Outgoing(NamedTuple):
@@ -170,6 +192,10 @@ class Producer(Protocol):
         """Queue one record (None value: a tombstone); raises SendError if it is refused outright."""
         ...
 
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports (the Deliveries of earlier sends settle) without flushing."""
+        ...
+
     def flush(self, timeout_s: float) -> list[Outgoing]:
         """Wait for everything queued since the last flush; the records the broker did not
         acknowledge (failed, or still pending at the timeout), in the order sent."""
@@ -178,6 +204,34 @@ class Producer(Protocol):
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush what it can within timeout_s, then drop the rest."""
         ...
+
+
+class Reader(Protocol):
+    """A consumer of assigned partitions, outside any group: it never commits. What a follower of a
+    whole topic, or a reader of one partition, uses."""
+
+    def partitions(self, topic: str, wait_s: float = 0.0) -> list[int]:
+        """The topic's partitions, sorted; waits up to wait_s for a topic just created ([] if none)."""
+        ...
+
+    def assign(self, parts: Sequence[TopicPart], start: Mapping[TopicPart, int] | str = "beginning") -> None:
+        """Read these partitions (replacing any assigned before) from their beginning, their end
+        ("end"), or the given offsets."""
+        ...
+
+    def end_offsets(self, parts: Sequence[TopicPart]) -> dict[TopicPart, int]:
+        """Each partition's end (the offset the next record appended gets), asked of the broker now."""
+        ...
+
+    def position(self, part: TopicPart) -> int:
+        """The offset of the next record poll() returns of this assigned partition."""
+        ...
+
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[Record]:
+        """The records that are there now, else waits up to timeout_s for some; offset order per partition."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class Bus(Protocol):
@@ -197,7 +251,37 @@ class Bus(Protocol):
         partitions back without waiting out its old session)."""
         ...
 
-    def producer(self) -> Producer: ...
+    def producer(
+        self,
+        *,
+        linger_ms: int = 20,
+        delivery_timeout_s: float | None = None,
+        idempotent: bool = True,
+        max_message_bytes: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> Producer:
+        """acks=all, zstd, murmur2 on keys. idempotent=False: a best-effort producer (no sequence
+        state for an outage to wedge). delivery_timeout_s: a record not acknowledged by then fails.
+        options: further librdkafka settings (the in-memory bus ignores them)."""
+        ...
+
+    def reader(self) -> Reader: ...
+
+    def wait_for_broker(self, timeout_s: float | None = None) -> None:
+        """Block until the broker answers, or raise BrokerUnavailable (config.connect_timeout_s())."""
+        ...
+
+    def ensure_topics(
+        self, names: Iterable[str] = ..., partitions: int = 4, replication: int | None = None
+    ) -> None:
+        """Create the missing topics with admin.topic_configs(); keep admin.kept_configs() on the others."""
+        ...
+
+    def partition_count(self, topic: str) -> int:
+        """0 where the topic does not exist."""
+        ...
+
+    def list_topics(self) -> set[str]: ...
 
     def read_to_end(
         self,

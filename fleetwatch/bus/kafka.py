@@ -1,24 +1,32 @@
 """The bus on the real broker, through confluent-kafka (librdkafka) and its public API.
 
-Security settings come from the same FLEETWATCH_KAFKA_* variables as every other client
-(fleetwatch/kafka_io.py), translated to librdkafka's names. Producers compress with zstd and
-partition keys with murmur2, as Kafka's Java client and kafka-python do, so a node's records land
-on the partition every other fleetwatch producer picks for it.
+Security settings come from the FLEETWATCH_KAFKA_* variables (fleetwatch/bus/config.py), translated
+to librdkafka's names. Producers compress with zstd and partition keys with murmur2, as Kafka's Java
+client does, so a node's records land on the partition fleetwatch/bus/partitioner.py computes.
+
+Fork: librdkafka's threads do not survive os.fork(). A client inherited by a forked child (a
+PyTorch DataLoader worker forked from a training rank that reports steps) goes inert there: it never
+calls into the inherited handle, and the handle is never destroyed in the child either (destroying
+it waits for the parent's threads, which the child does not have: it would hang at the child's
+exit). The child makes clients of its own.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_INVALID,
     TIMESTAMP_LOG_APPEND_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
     KafkaException,
@@ -26,34 +34,61 @@ from confluent_kafka import (
 )
 from confluent_kafka import Producer as _Producer
 
+from fleetwatch import topics
 from fleetwatch.bus import (
     Delivery,
     OnAssign,
     OnRevoke,
     Outgoing,
     PendingAssignment,
+    Record,
     SendError,
     TopicPart,
+    admin,
 )
-from fleetwatch.kafka_io import COMPRESSION, SECURITY_SETTINGS, BrokerUnavailable, unavailable
+from fleetwatch.bus.config import COMPRESSION, BrokerUnavailable, protocol, rdkafka_config, unavailable
 from fleetwatch.record_block import RecordBlock
+
+__all__ = ["KafkaBus", "KafkaGroupConsumer", "KafkaProducer", "KafkaReader", "rdkafka_config"]
 
 log = logging.getLogger(__name__)
 
 METADATA_TIMEOUT_S = 10.0
 
 
-def rdkafka_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    env = os.environ if env is None else env
-    # librdkafka's own log lines (connection failures, retries) go to Python logging, not stderr
-    cfg: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "logger": logging.getLogger("fleetwatch.bus.rdkafka"),
-    }
-    for var, (_kafka_python, key) in SECURITY_SETTINGS.items():
-        if env.get(var):
-            cfg[key] = env[var]
-    return cfg
+class _Native:
+    """Holds one librdkafka handle (a confluent-kafka Producer or Consumer) for a bus client, and
+    makes it inert in a forked child (see the module doc)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.pid = os.getpid()
+        _LIVE.add(self)
+
+    @property
+    def inherited(self) -> bool:
+        return os.getpid() != self.pid
+
+    def forget_in_child(self) -> None:
+        # One reference that is never released: no finaliser of this process (garbage collection,
+        # interpreter exit) ever destroys the parent's handle. Py_IncRef is CPython's public API.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.handle))
+
+
+_LIVE: weakref.WeakSet[_Native] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for native in list(_LIVE):
+        native.forget_in_child()
+    _LIVE.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class InheritedClient(RuntimeError):
+    """A Kafka client was used in a process forked after it was made (it is the parent's)."""
 
 
 def _check_reachable(client: Any, bootstrap: str, cfg: Mapping[str, Any], timeout_s: float) -> None:
@@ -67,8 +102,7 @@ def _check_reachable(client: Any, bootstrap: str, cfg: Mapping[str, Any], timeou
             client.close()
         else:
             client.purge()
-        protocol = str(cfg.get("security.protocol", "PLAINTEXT")).upper()
-        raise BrokerUnavailable(unavailable(bootstrap, protocol)) from e
+        raise BrokerUnavailable(unavailable(bootstrap, protocol(cfg))) from e
 
 
 def _native(part: TopicPart, offset: int = OFFSET_INVALID) -> TopicPartition:
@@ -105,9 +139,46 @@ class KafkaBus:
             on_commit_failure=on_commit_failure,
         )
 
-    def producer(self, *, linger_ms: int = 20, delivery_timeout_s: float | None = None) -> KafkaProducer:
-        """delivery_timeout_s: a record not acknowledged by then fails (librdkafka's default: 300 s)."""
-        return KafkaProducer(self, linger_ms=linger_ms, delivery_timeout_s=delivery_timeout_s)
+    def producer(
+        self,
+        *,
+        linger_ms: int = 20,
+        delivery_timeout_s: float | None = None,
+        idempotent: bool = True,
+        max_message_bytes: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> KafkaProducer:
+        """delivery_timeout_s: a record not acknowledged by then fails (librdkafka's default: 300 s).
+        options: further librdkafka settings, applied last."""
+        return KafkaProducer(
+            self,
+            linger_ms=linger_ms,
+            delivery_timeout_s=delivery_timeout_s,
+            idempotent=idempotent,
+            max_message_bytes=max_message_bytes,
+            options=options,
+        )
+
+    def reader(self) -> KafkaReader:
+        return KafkaReader(self)
+
+    # --------------------------------------------------------- admin (fleetwatch/bus/admin.py)
+
+    def wait_for_broker(self, timeout_s: float | None = None) -> None:
+        admin.wait_for_broker(self.bootstrap, timeout_s)
+
+    def ensure_topics(
+        self, names: Iterable[str] = topics.ALL, partitions: int = 4, replication: int | None = None
+    ) -> None:
+        admin.ensure_topics(self.bootstrap, names, partitions, replication)
+
+    def partition_count(self, topic: str) -> int:
+        with admin.Admin(self.bootstrap, self.connect_timeout_s) as a:
+            return a.partition_count(topic)
+
+    def list_topics(self) -> set[str]:
+        with admin.Admin(self.bootstrap, self.connect_timeout_s) as a:
+            return a.list_topics()
 
     def read_to_end(
         self,
@@ -180,8 +251,9 @@ class KafkaGroupConsumer:
         }
         if instance_id:
             cfg["group.instance.id"] = instance_id
-        self._consumer = Consumer(cfg)
-        _check_reachable(self._consumer, bus.bootstrap, cfg, bus.connect_timeout_s)
+        consumer = Consumer(cfg)
+        _check_reachable(consumer, bus.bootstrap, cfg, bus.connect_timeout_s)
+        self._native = _Native(consumer)
         self._assigned: set[TopicPart] = set()
         self._on_assign: OnAssign | None = None
         self._on_revoke: OnRevoke | None = None
@@ -190,6 +262,12 @@ class KafkaGroupConsumer:
         # only the client's assign() failed: a retry must not ask the owner again (its tasks
         # already stand at these offsets)
         self._starts: dict[TopicPart, int] | None = None
+
+    @property
+    def _consumer(self) -> Consumer:
+        if self._native.inherited:
+            raise InheritedClient("this group consumer belongs to the process that forked this one")
+        return self._native.handle
 
     # --------------------------------------------------------- group membership
 
@@ -339,25 +417,37 @@ class KafkaGroupConsumer:
         return 0 if meta is None or meta.error is not None else len(meta.partitions)
 
     def close(self) -> None:
-        self._consumer.close()  # leaves the group: its partitions move at once
+        if not self._native.inherited:
+            self._consumer.close()  # leaves the group: its partitions move at once
 
 
 class KafkaProducer:
     def __init__(
-        self, bus: KafkaBus, *, linger_ms: int = 20, delivery_timeout_s: float | None = None
+        self,
+        bus: KafkaBus,
+        *,
+        linger_ms: int = 20,
+        delivery_timeout_s: float | None = None,
+        idempotent: bool = True,
+        max_message_bytes: int | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
         cfg = rdkafka_config(bus.bootstrap) | {
             # acks=all + idempotence: an acknowledged record is on every in-sync replica once.
             "acks": "all",
-            "enable.idempotence": True,
+            "enable.idempotence": idempotent,
             "linger.ms": linger_ms,
             "compression.type": COMPRESSION,
             "partitioner": "murmur2_random",  # Kafka's default for keyed records (see module doc)
         }
         if delivery_timeout_s is not None:
             cfg["message.timeout.ms"] = int(delivery_timeout_s * 1000)
-        self._producer = _Producer(cfg)
-        _check_reachable(self._producer, bus.bootstrap, cfg, bus.connect_timeout_s)
+        if max_message_bytes is not None:
+            cfg["message.max.bytes"] = max_message_bytes
+        cfg.update(options or {})
+        producer = _Producer(cfg)
+        _check_reachable(producer, bus.bootstrap, cfg, bus.connect_timeout_s)
+        self._native = _Native(producer)
         self._sent: list[Delivery] = []
 
     def send(
@@ -368,6 +458,9 @@ class KafkaProducer:
         headers: Any = None,
         partition: int | None = None,
     ) -> Delivery:
+        if self._native.inherited:
+            raise SendError("this producer belongs to the process that forked this one")
+        producer = self._native.handle
         delivery = Delivery(Outgoing(topic, key, value, headers, partition))
 
         def settle(err: KafkaError | None, _msg: Any) -> None:
@@ -380,23 +473,117 @@ class KafkaProducer:
             kwargs["partition"] = partition
         while True:
             try:
-                self._producer.produce(topic, **kwargs)
+                producer.produce(topic, **kwargs)
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
-                self._producer.poll(0.1)
+                producer.poll(0.1)
             except KafkaException as e:
                 raise SendError(str(e)) from e
         self._sent.append(delivery)
-        self._producer.poll(0)  # serve callbacks of earlier sends
+        producer.poll(0)  # serve callbacks of earlier sends
         return delivery
 
+    def poll(self, timeout_s: float = 0.0) -> None:
+        if not self._native.inherited:
+            self._native.handle.poll(timeout_s)
+
     def flush(self, timeout_s: float) -> list[Outgoing]:
-        self._producer.flush(timeout_s)
+        if not self._native.inherited:
+            self._native.handle.flush(timeout_s)
         sent, self._sent = self._sent, []
         return [d.item for d in sent if not d.acked]
 
     def close(self, timeout_s: float = 10.0) -> None:
-        if self._producer.flush(timeout_s):
-            self._producer.purge()  # drop what is still queued or in flight
-            self._producer.flush(0)
+        """Bounded: what is not delivered within timeout_s is dropped (its Deliveries fail)."""
         self._sent = []
+        if self._native.inherited:
+            return
+        producer = self._native.handle
+        if producer.flush(timeout_s):
+            producer.purge()  # drop what is still queued or in flight
+            producer.flush(0)
+
+
+class KafkaReader:
+    """Assigned partitions of any topics, outside any consumer group (a throwaway group id that never
+    joins nor commits)."""
+
+    def __init__(self, bus: KafkaBus) -> None:
+        cfg = rdkafka_config(bus.bootstrap) | {
+            "group.id": f"fleetwatch-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+        consumer = Consumer(cfg)
+        _check_reachable(consumer, bus.bootstrap, cfg, bus.connect_timeout_s)
+        self._native = _Native(consumer)
+        self._position: dict[TopicPart, int] = {}
+
+    @property
+    def _consumer(self) -> Consumer:
+        if self._native.inherited:
+            raise InheritedClient("this reader belongs to the process that forked this one")
+        return self._native.handle
+
+    def partitions(self, topic: str, wait_s: float = 0.0) -> list[int]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            meta = self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+            if meta is not None and meta.error is None and meta.partitions:
+                return sorted(meta.partitions)
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(0.2)  # the metadata of a topic just created lags
+
+    def assign(self, parts: Sequence[TopicPart], start: Mapping[TopicPart, int] | str = "beginning") -> None:
+        if isinstance(start, str):
+            if start not in ("beginning", "end"):
+                raise ValueError(f"start must be 'beginning', 'end' or offsets, not {start!r}")
+            marks = {t: self._watermarks(t) for t in parts}
+            offsets = {t: marks[t][0] if start == "beginning" else marks[t][1] for t in parts}
+        else:
+            offsets = {t: int(start[t]) for t in parts}
+        self._consumer.assign([_native(t, o) for t, o in offsets.items()])
+        self._position = dict(offsets)
+
+    def _watermarks(self, part: TopicPart) -> tuple[int, int]:
+        low, high = self._consumer.get_watermark_offsets(_native(part), timeout=METADATA_TIMEOUT_S)
+        return int(low), int(high)
+
+    def end_offsets(self, parts: Sequence[TopicPart]) -> dict[TopicPart, int]:
+        return {t: self._watermarks(t)[1] for t in parts}
+
+    def position(self, part: TopicPart) -> int:
+        return self._position[part]
+
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[Record]:
+        consumer = self._consumer
+        msgs = consumer.consume(max_records, 0)
+        if not msgs:
+            msgs = consumer.consume(1, timeout_s)
+            if not msgs:
+                return []
+            msgs += consumer.consume(max_records - 1, 0)
+        out: list[Record] = []
+        for m in msgs:
+            if m.error() is not None:
+                # librdkafka retries what it can itself; what reaches here is for the log only
+                log.warning("reader: %s", m.error())
+                continue
+            kind, ms = m.timestamp()
+            rec = Record(
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                m.key(),
+                m.value(),
+                -1 if kind == TIMESTAMP_NOT_AVAILABLE else int(ms),
+                kind == TIMESTAMP_LOG_APPEND_TIME,
+            )
+            self._position[TopicPart(rec.topic, rec.partition)] = rec.offset + 1
+            out.append(rec)
+        return out
+
+    def close(self) -> None:
+        if not self._native.inherited:
+            self._native.handle.close()

@@ -4,21 +4,30 @@ For fast unit tests of stages and the worker loop. It keeps what the worker depe
 each partition's order, murmur2 partitioning of keyed records (as the real producers), committed
 offsets per group, a rebalance that revokes every member's partitions and assigns the new shares
 inside the members' next poll(), LogAppendTime on the topics that keep it, and producers whose
-records can be made to fail (`fail_next`), as a broker outage fails them.
+records can be made to fail (`fail_next`), as a broker outage fails them. Its readers, admin calls
+and producer options take the real bus's arguments (the librdkafka `options` are ignored).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka.partitioner.default import murmur2
-
 from fleetwatch import topics as fleet_topics
-from fleetwatch.bus import Delivery, OnAssign, OnRevoke, Outgoing, PendingAssignment, TopicPart
+from fleetwatch.bus import (
+    Delivery,
+    OnAssign,
+    OnRevoke,
+    Outgoing,
+    PendingAssignment,
+    Record,
+    TopicPart,
+)
+from fleetwatch.bus.partitioner import partition_for
 from fleetwatch.record_block import RecordBlock
 
 
@@ -82,7 +91,7 @@ class MemoryBus:
 
     def partition_of(self, topic: str, key: bytes | None) -> int:
         """Where a keyed record goes: murmur2, as the real producers partition."""
-        return (murmur2(key) & 0x7FFFFFFF) % len(self.partitions(topic)) if key is not None else 0
+        return partition_for(key, len(self.partitions(topic))) if key is not None else 0
 
     def committed(self, group: str) -> dict[TopicPart, int]:
         """The group's committed offsets (for test assertions)."""
@@ -107,8 +116,36 @@ class MemoryBus:
     ) -> MemoryGroupConsumer:
         return MemoryGroupConsumer(self, group, start_at)
 
-    def producer(self) -> MemoryProducer:
+    def producer(
+        self,
+        *,
+        linger_ms: int = 20,
+        delivery_timeout_s: float | None = None,
+        idempotent: bool = True,
+        max_message_bytes: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> MemoryProducer:
         return MemoryProducer(self)
+
+    def reader(self) -> MemoryReader:
+        return MemoryReader(self)
+
+    def wait_for_broker(self, timeout_s: float | None = None) -> None:
+        return None  # always up
+
+    def ensure_topics(
+        self, names: Iterable[str] = fleet_topics.ALL, partitions: int = 4, replication: int | None = None
+    ) -> None:
+        for name in names:
+            self.create_topic(name, partitions)
+
+    def partition_count(self, topic: str) -> int:
+        with self._lock:
+            return len(self.logs.get(topic, ()))
+
+    def list_topics(self) -> set[str]:
+        with self._lock:
+            return set(self.logs)
 
     def read_to_end(
         self,
@@ -299,3 +336,50 @@ class MemoryProducer:
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._failed = []
+
+
+class MemoryReader:
+    def __init__(self, bus: MemoryBus) -> None:
+        self.bus = bus
+        self._position: dict[TopicPart, int] = {}
+        self.closed = False
+
+    def partitions(self, topic: str, wait_s: float = 0.0) -> list[int]:
+        return list(range(self.bus.partition_count(topic)))
+
+    def assign(self, parts: Sequence[TopicPart], start: Mapping[TopicPart, int] | str = "beginning") -> None:
+        if isinstance(start, str):
+            if start not in ("beginning", "end"):
+                raise ValueError(f"start must be 'beginning', 'end' or offsets, not {start!r}")
+            ends = self.end_offsets(parts)
+            self._position = {t: 0 if start == "beginning" else ends[t] for t in parts}
+        else:
+            self._position = {t: int(start[t]) for t in parts}
+
+    def end_offsets(self, parts: Sequence[TopicPart]) -> dict[TopicPart, int]:
+        with self.bus._lock:
+            return {t: len(self.bus.partitions(t.topic)[t.partition]) for t in parts}
+
+    def position(self, part: TopicPart) -> int:
+        return self._position[part]
+
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[Record]:
+        out: list[Record] = []
+        with self.bus._lock:
+            for tp in sorted(self._position):
+                start = self._position[tp]
+                stored = self.bus.partitions(tp.topic)[tp.partition][start : start + max_records - len(out)]
+                appended = tp.topic in self.bus.log_append_time
+                out += [
+                    Record(tp.topic, tp.partition, start + i, r.key, r.value, r.append_ms, appended)
+                    for i, r in enumerate(stored)
+                ]
+                self._position[tp] = start + len(stored)
+                if len(out) >= max_records:
+                    break
+        if not out and timeout_s > 0:
+            time.sleep(min(timeout_s, 0.01))  # nothing yet: a caller's loop must not spin
+        return out
+
+    def close(self) -> None:
+        self.closed = True

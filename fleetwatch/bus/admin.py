@@ -1,0 +1,226 @@
+"""Topics and groups on the real broker, through confluent-kafka's AdminClient: waiting for the broker,
+creating fleetwatch's topics with the settings readers depend on, and what tests and tools inspect
+(partition counts, topic configs, a group's offsets and members)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from fleetwatch import topics
+from fleetwatch.bus import TopicPart
+from fleetwatch.bus.config import BrokerUnavailable, connect_timeout_s, protocol, rdkafka_config, unavailable
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 10.0
+
+
+class Admin:
+    """An admin client of the broker at `bootstrap`; BrokerUnavailable (one line) if it does not
+    answer within timeout_s with the configured security settings."""
+
+    def __init__(self, bootstrap: str, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.bootstrap = bootstrap
+        self.timeout_s = timeout_s
+        cfg = rdkafka_config(bootstrap)
+        self._client: AdminClient | None = AdminClient(cfg)
+        try:  # librdkafka connects lazily and retries for ever: ask now whether the broker answers
+            self._client.list_topics(timeout=timeout_s)
+        except KafkaException as e:
+            self._client = None  # destroyed now: stops its reconnects
+            raise BrokerUnavailable(unavailable(bootstrap, protocol(cfg))) from e
+
+    @property
+    def client(self) -> AdminClient:
+        if self._client is None:
+            raise RuntimeError("the admin client is closed")
+        return self._client
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client = None  # AdminClient has no close(): the last reference destroys it
+
+    def list_topics(self) -> set[str]:
+        return {t for t in self.client.list_topics(timeout=self.timeout_s).topics if not t.startswith("__")}
+
+    def partition_count(self, topic: str) -> int:
+        """The topic's partitions; 0 if it does not exist."""
+        meta = self.client.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+        return 0 if meta is None or meta.error is not None else len(meta.partitions)
+
+    def create_topics(
+        self,
+        names: Iterable[str],
+        partitions: int = 4,
+        replication: int = 1,
+        configs: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> list[str]:
+        """Create the named topics (configs: per topic); one that exists already is left as it is.
+        The names created by this call."""
+        configs = configs or {}
+        new = [
+            NewTopic(
+                n, num_partitions=partitions, replication_factor=replication, config=dict(configs.get(n, {}))
+            )
+            for n in names
+        ]
+        if not new:
+            return []
+        created: list[str] = []
+        for name, fut in self.client.create_topics(new, request_timeout=self.timeout_s).items():
+            try:
+                fut.result()
+                created.append(name)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # made by another process meanwhile
+                    raise
+        self._await_metadata([t.topic for t in new])
+        return created
+
+    def _await_metadata(self, names: Sequence[str]) -> None:
+        # A topic the controller just created reaches the brokers' metadata a moment later; readers
+        # that list its partitions right after ensure_topics would find none.
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            meta = self.client.list_topics(timeout=self.timeout_s).topics
+            if all(n in meta and meta[n].error is None and meta[n].partitions for n in names):
+                return
+            time.sleep(0.1)
+
+    def delete_topics(self, names: Iterable[str]) -> None:
+        names = list(names)
+        if not names:
+            return
+        for fut in self.client.delete_topics(names, request_timeout=self.timeout_s).values():
+            try:
+                fut.result()
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+
+    def describe_configs(self, topic: str) -> dict[str, str]:
+        """Every setting of the topic (its own and the broker's defaults), name -> value."""
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = self.client.describe_configs([res], request_timeout=self.timeout_s)[res].result()
+        return {name: e.value for name, e in entries.items() if e.value is not None}
+
+    def alter_configs(self, topic: str, configs: Mapping[str, str]) -> None:
+        """Set these settings of the topic; its others stay as they are (an incremental SET)."""
+        entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=entries)
+        for fut in self.client.incremental_alter_configs([res], request_timeout=self.timeout_s).values():
+            fut.result()
+
+    def group_offsets(self, group: str, parts: Sequence[TopicPart] | None = None) -> dict[TopicPart, int]:
+        """The group's committed offsets (-1: none) of `parts`, or of every partition it committed."""
+        req = ConsumerGroupTopicPartitions(
+            group, None if parts is None else [TopicPartition(t.topic, t.partition) for t in parts]
+        )
+        got = self.client.list_consumer_group_offsets([req], request_timeout=self.timeout_s)[group].result()
+        return {TopicPart(tp.topic, tp.partition): int(tp.offset) for tp in got.topic_partitions}
+
+    def group_members(self, group: str) -> int:
+        """How many members the group has now."""
+        d = self.client.describe_consumer_groups([group], request_timeout=self.timeout_s)[group].result()
+        return len(d.members)
+
+
+def wait_for_broker(bootstrap: str, timeout_s: float | None = None) -> None:
+    """Block until an admin client can talk to the broker, or raise BrokerUnavailable.
+
+    timeout_s defaults to connect_timeout_s()."""
+    timeout_s = connect_timeout_s() if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while True:
+        try:
+            with Admin(bootstrap, timeout_s=max(0.5, deadline - time.monotonic())) as admin:
+                admin.list_topics()
+            return
+        except (BrokerUnavailable, KafkaException, OSError) as e:
+            last = e
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    raise BrokerUnavailable(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s ({last})")
+
+
+def topic_configs(name: str) -> dict[str, str]:
+    """The configuration fleetwatch creates a topic with."""
+    cfg: dict[str, str] = {}
+    if name in topics.COMPACTED:
+        cfg["cleanup.policy"] = "compact"
+    if name in topics.BROKER_TIMED:
+        cfg["message.timestamp.type"] = "LogAppendTime"
+    return cfg
+
+
+def kept_configs(name: str) -> dict[str, str]:
+    """The part of topic_configs() that ensure_topics also puts on a topic that already exists:
+    what readers depend on. LogAppendTime on BROKER_TIMED topics (the clock checks); compaction of
+    the jobs topic, which every worker reads whole at start (a topic made before it was compacted,
+    or by someone else, would grow with every job ever run; `compact,delete` would also drop the
+    start of a job running longer than the retention)."""
+    cfg = {k: v for k, v in topic_configs(name).items() if k == "message.timestamp.type"}
+    if name == topics.JOBS:
+        cfg["cleanup.policy"] = "compact"
+    return cfg
+
+
+def ensure_topics(
+    bootstrap: str, names: Iterable[str] = topics.ALL, partitions: int = 4, replication: int | None = None
+) -> None:
+    """Create the topics that are missing, with topic_configs(); and put kept_configs() on the
+    existing ones (LogAppendTime on BROKER_TIMED topics, compaction of the jobs topic: topics made
+    before these were set, or by someone else).
+
+    Replication defaults to FLEETWATCH_KAFKA_REPLICATION, else 1 (the local single-node broker).
+    """
+    names = list(names)
+    replication = replication or int(os.environ.get("FLEETWATCH_KAFKA_REPLICATION", "1"))
+    with Admin(bootstrap) as admin:
+        existing = admin.list_topics()
+        missing = [n for n in names if n not in existing]
+        created = admin.create_topics(
+            missing, partitions, replication, {n: topic_configs(n) for n in missing}
+        )
+        if created:
+            log.info("created topics %s", created)
+        kept = {n: kept_configs(n) for n in names if n in existing}
+        _keep_configs(admin, {n: cfg for n, cfg in kept.items() if cfg})
+
+
+def _keep_configs(admin: Admin, kept: dict[str, dict[str, str]]) -> None:
+    # Idempotent, and the topic's other settings stay as they are (an incremental SET).
+    for name, cfg in kept.items():
+        try:
+            admin.alter_configs(name, cfg)
+        except (KafkaException, ValueError) as e:
+            log.warning(
+                "could not set %s on %s (%s): without LogAppendTime clock checks of their records "
+                "use the reader's clock instead of the broker's; without compaction the jobs topic "
+                "keeps every job ever run, and workers start slower as it grows",
+                cfg,
+                name,
+                e,
+            )
