@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from fleetwatch.alerts.drain_request import request_id
+from fleetwatch.config import knob
 
 DRAIN_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -121,17 +122,21 @@ class JobLookup(Protocol):
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    drain_budget: float = 0.02  # max fraction of the fleet drained at once
-    budget_min_nodes: int = 0  # floor on the budget in nodes (0: the fraction is strict)
-    resume_after_s: float = 900.0  # healthy this long before an automatic resume
-    cooldown_s: float = 3600.0  # a re-drain this soon after a resume marks the node flapping
-    auto_resume: bool = True
-    storm_window_s: float = 60.0
-    storm_nodes: int = 5  # a storm is >= this many nodes in the window ...
-    storm_fraction: float = 0.05  # ... or >= this fraction of the fleet, whichever is fewer ...
-    storm_min_nodes: int = 3  # ... but never fewer than this (two failures at once happen)
-    storm_clear_s: float = 120.0  # a storm ends this long after its last onset
-    settle_s: float = 0.0  # wait this long after an onset before draining (lets a storm show)
+    drain_budget: float = knob(0.02, "max fraction of the fleet drained at once", ge=0, le=1.0)
+    budget_min_nodes: int = knob(0, "floor on the budget in nodes (0: the fraction is strict)", ge=0)
+    resume_after_s: float = knob(900.0, "healthy this long (s) before an automatic resume", ge=0)
+    cooldown_s: float = knob(3600.0, "a re-drain this soon (s) after a resume marks the node flapping", ge=0)
+    auto_resume: bool = knob(True, "resume a drained node once healthy (false: never request resumes)")
+    storm_window_s: float = knob(
+        60.0, "window (s) in which drain-worthy onsets on many nodes are a storm", gt=0
+    )
+    storm_nodes: int = knob(5, "a storm is >= this many nodes in the window ...", ge=1)
+    storm_fraction: float = knob(
+        0.05, "... or >= this fraction of the fleet, whichever is fewer ...", ge=0, le=1.0
+    )
+    storm_min_nodes: int = knob(3, "... but never fewer than this (two failures at once happen)", ge=1)
+    storm_clear_s: float = knob(120.0, "a storm ends this long (s) after its last onset", ge=0)
+    settle_s: float = knob(0.0, "wait this long (s) after an onset before draining (lets a storm show)", ge=0)
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetwatch.config import knob
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.counters import Segments
 from fleetwatch.detectors.findings import Forgotten, IncidentBook, SampleTimes, severity_score
@@ -32,10 +33,13 @@ RULE = "clock_jump"
 
 @dataclass(frozen=True)
 class ClockConfig:
-    # A jump this large is a clock stepped by hand or by a misconfigured time service, not NTP's
-    # slewing (at most 0.5 ms/s) or its default step threshold (128 ms).
-    jump_s: float = 5.0
-    clear_after_s: float = 600.0
+    jump_s: float = knob(
+        5.0,
+        "a clock step this large (s) is set by hand or by a misconfigured time service, not NTP's "
+        "slewing (at most 0.5 ms/s) or its default step threshold (128 ms)",
+        gt=0,
+    )
+    clear_after_s: float = knob(600.0, "a clock-jump finding resolves this many seconds after the jump", gt=0)
 
 
 class ClockDetector:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetwatch.config import knob
 from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
 from fleetwatch.detectors.counters import decode_array, encode_array
 from fleetwatch.detectors.findings import Forgotten, IncidentBook, severity_score
@@ -44,11 +45,19 @@ _SERIES_STATE = ("n", "level", "scale", "cusum_pos", "cusum_neg")  # RobustScore
 
 @dataclass(frozen=True)
 class GpuStatsConfig:
-    threshold: float = 0.999
-    persist_samples: int = 30
-    clear_after_s: float = 60.0
-    min_peers: int = 6  # sibling GPUs with a value needed for a residual
-    min_peer_z: float = 3.0  # and a flagged sample must be this many robust sigmas from its siblings
+    threshold: float = knob(
+        0.999, "anomaly score (0-1) above which a GPU's sample is unusual for it", gt=0, le=1
+    )
+    persist_samples: int = knob(
+        30, "unusual samples in a row before a finding: single spikes are normal", ge=1
+    )
+    clear_after_s: float = knob(
+        60.0, "a GPU-statistics finding resolves after this many normal seconds", gt=0
+    )
+    min_peers: int = knob(6, "sibling GPUs with a value needed for a residual", ge=1)
+    min_peer_z: float = knob(
+        3.0, "and a flagged sample must be this many robust sigmas from its siblings (not node-wide)", ge=0
+    )
 
 
 def _rounds(rows: np.ndarray) -> np.ndarray:

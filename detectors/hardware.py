@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from fleetwatch.config import knob
 from fleetwatch.detectors import xid_catalog
 from fleetwatch.detectors.batch import GPU_COL, IB_COL, TelemetryBatch
 from fleetwatch.detectors.counters import (
@@ -137,23 +138,33 @@ _IB_COUNTER_COLS = np.array([IB_COL[c] for c in IB_COUNTERS])
 
 @dataclass(slots=True)
 class HardwareConfig:
-    xid_quiet_s: float = 180.0
-    xid_burst_escalate: int = 20
-    clear_after_s: float = 300.0
-    sbe_per_hour: float = 10.0
-    retired_pages_soft: int = 15
-    retired_pages_max: int = 63
-    rate_window_s: float = 60.0
-    nvlink_crc_per_s: float = 100.0
-    nvlink_replay_per_min: float = 1.0
-    pcie_replay_per_min: float = 8.0
-    critical_factor: float = 10.0
-    sustained_s: float = 600.0
-    thermal_samples: int = 5
-    ib_window_s: float = 3600.0
-    ib_symbol_per_hour: float = 10.0
-    ib_rcv_per_hour: float = 10.0
-    ib_xmit_discards_per_hour: float = 100.0
+    xid_quiet_s: float = knob(180.0, "an XID burst ends after this many seconds without another XID", gt=0)
+    xid_burst_escalate: int = knob(20, "XIDs in one burst that make it critical, whatever their codes", ge=1)
+    clear_after_s: float = knob(
+        300.0, "a hardware finding resolves this many seconds after its fault was last seen", gt=0
+    )
+    sbe_per_hour: float = knob(10.0, "single-bit ECC errors per hour on a GPU that raise a finding", gt=0)
+    retired_pages_soft: int = knob(15, "retired memory pages on a GPU that raise a warning", ge=0)
+    retired_pages_max: int = knob(63, "retired memory pages on a GPU that are critical (its limit)", ge=1)
+    rate_window_s: float = knob(60.0, "window (s) over which NVLink and PCIe error rates are measured", gt=0)
+    nvlink_crc_per_s: float = knob(100.0, "NVLink CRC errors per second that raise a finding", gt=0)
+    nvlink_replay_per_min: float = knob(1.0, "NVLink replays per minute that raise a finding", gt=0)
+    pcie_replay_per_min: float = knob(8.0, "PCIe replays per minute that raise a finding", gt=0)
+    critical_factor: float = knob(10.0, "an error rate this many times its threshold is critical", ge=1)
+    sustained_s: float = knob(600.0, "an error-rate finding that lasts this long (s) becomes critical", ge=0)
+    thermal_samples: int = knob(
+        5, "samples in a row with thermal or power throttling that raise a finding", ge=1
+    )
+    ib_window_s: float = knob(3600.0, "window (s) over which InfiniBand error rates are measured", gt=0)
+    ib_symbol_per_hour: float = knob(
+        10.0, "InfiniBand symbol errors per hour on a port that raise a finding", gt=0
+    )
+    ib_rcv_per_hour: float = knob(
+        10.0, "InfiniBand receive errors per hour on a port that raise a finding", gt=0
+    )
+    ib_xmit_discards_per_hour: float = knob(
+        100.0, "InfiniBand transmit discards per hour on a port that raise a finding", gt=0
+    )
 
 
 def _f(x: Any) -> float | int | None:

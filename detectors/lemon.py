@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import poisson
 
+from fleetwatch.config import knob
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
 from fleetwatch.detectors.node_index import NodeIndex
@@ -35,16 +36,25 @@ from fleetwatch.detectors.rows import Compaction, grow
 
 @dataclass(frozen=True)
 class LemonConfig:
-    tau_s: float = 30 * 86400.0
-    min_events: float = 3.0  # decayed event count a node needs before it can be a lemon
-    p_lemon: float = 1e-4
-    job_failure_weight: float = 1.0  # a failed job counts like one incident
-    floor_rate_per_s: float = 2.34 / 1000 / 86400  # RSC-2's 2.34 failures per 1000 node-days, a floor
-    clear_after_s: float = 86400.0
-    # Findings on one node closer together than this are one episode (one fault often raises
-    # several findings: SBE rate, then DBE, then its XID) and count once.
-    episode_gap_s: float = 600.0
-    judge_every_s: float = 60.0  # event-time period of the judgements (observe())
+    tau_s: float = knob(30 * 86400.0, "decay time (s) of a node's incident history: 30 days", gt=0)
+    min_events: float = knob(3.0, "decayed event count a node needs before it can be a lemon", ge=0)
+    p_lemon: float = knob(
+        1e-4, "a lemon's incident count has at most this chance at the fleet's rate", gt=0, lt=1
+    )
+    job_failure_weight: float = knob(1.0, "a failed job counts like this many incidents", ge=0)
+    floor_rate_per_s: float = knob(
+        2.34 / 1000 / 86400, "floor on the fleet's rate: RSC-2's 2.34 failures per 1000 node-days", gt=0
+    )
+    clear_after_s: float = knob(
+        86400.0, "a lemon finding resolves this long (s) after it was last judged one", gt=0
+    )
+    episode_gap_s: float = knob(
+        600.0,
+        "findings on one node closer together than this (s) are one episode (one fault often raises "
+        "several findings: SBE rate, then DBE, then its XID) and count once",
+        ge=0,
+    )
+    judge_every_s: float = knob(60.0, "event-time period (s) of the judgements", gt=0)
 
 
 class LemonScorer:

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetwatch.config import knob
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
 from fleetwatch.detectors.node_index import NodeIndex
@@ -54,9 +55,13 @@ from fleetwatch.detectors.rows import Compaction, grow
 
 @dataclass(frozen=True)
 class SilenceConfig:
-    silent_after_s: float = 10.0  # 10 missed 1 s samples; well past scheduling jitter of an agent
-    min_nodes: int = 2  # a partition with one node has no other clock to judge it by
-    reference_percentile: float = 90.0
+    silent_after_s: float = knob(
+        10.0, "seconds without a sample that make a node silent: 10 missed 1 s samples, past jitter", gt=0
+    )
+    min_nodes: int = knob(2, "nodes a partition needs: one node has no other clock to judge it by", ge=1)
+    reference_percentile: float = knob(
+        90.0, "the partition's clock: this percentile of its nodes' latest sample times", ge=0, le=100
+    )
 
 
 class SilenceDetector:

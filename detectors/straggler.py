@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from fleetwatch.config import knob
 from fleetwatch.detectors.findings import IncidentBook, severity_score
 from fleetwatch.detectors.job_batch import FEATURES_RECORD, JOB_RECORD, STEP_RECORD, JobBatch
 
@@ -48,16 +49,24 @@ NAN = np.nan
 
 @dataclass(frozen=True)
 class StragglerConfig:
-    window: int = 12  # samples per node in the rolling median
-    min_samples: int = 6  # a node needs this many before it is judged
-    min_slowdown: float = 0.05  # 5%: below the smallest straggler worth acting on, above step jitter
-    persist_s: float = 15.0
-    critical_after_s: float = 300.0
-    clear_after_s: float = 60.0
-    eval_every_s: float = 5.0  # judge on a fixed event-time grid, so batch boundaries do not matter
-    # SM clocks are compared only while the GPUs are busy: during startup, checkpoints or a wait
-    # for peers the clock idles down, which says nothing about the node's speed.
-    busy_util_pct: float = 80.0
+    window: int = knob(12, "samples per node in the rolling median", ge=1)
+    min_samples: int = knob(6, "a node needs this many before it is judged", ge=1)
+    min_slowdown: float = knob(
+        0.05, "slowdown against the job's median that counts (5%: least worth acting on, above jitter)", gt=0
+    )
+    persist_s: float = knob(15.0, "seconds of event time a node must stay that slow before a finding", ge=0)
+    critical_after_s: float = knob(300.0, "a straggler persisting this long (s) becomes critical", ge=0)
+    clear_after_s: float = knob(60.0, "a straggler finding resolves after this many seconds at speed", gt=0)
+    eval_every_s: float = knob(
+        5.0, "judge on a fixed event-time grid (s), so batch boundaries do not matter", gt=0
+    )
+    busy_util_pct: float = knob(
+        80.0,
+        "SM clocks are compared only while the GPUs are this busy: during startup, checkpoints or a "
+        "wait for peers the clock idles down, which says nothing about the node's speed",
+        ge=0,
+        le=100,
+    )
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fleetwatch import schemas, topics
+from fleetwatch.config import knob
 from fleetwatch.detectors.job_batch import ENDED_STATES
 from fleetwatch.pipeline.tasks import Refused
 from fleetwatch.schemas import JOB, NODE_FEATURES, STEP
@@ -46,8 +47,8 @@ _TOPIC = {STEP: topics.STEPS, NODE_FEATURES: topics.NODE_FEATURES}
 
 @dataclass(frozen=True)
 class HoldConfig:
-    hold_s: float = 60.0  # event time a job's records wait for its job/1
-    hold_records: int = 4096  # records held at once, all jobs together
+    hold_s: float = knob(60.0, "event time (s) a job's records wait for its job/1", ge=0)
+    hold_records: int = knob(4096, "records held at once, all jobs together (bounds memory)", ge=0)
 
 
 class NodesOf(Protocol):

@@ -17,6 +17,7 @@ import orjson
 from prometheus_client import Counter
 
 from fleetwatch import topics
+from fleetwatch.config import why
 from fleetwatch.detectors.job_batch import ENDED_STATES, JobBatch
 from fleetwatch.detectors.protocol import JobDetector
 from fleetwatch.detectors.registry import JOB_DETECTORS
@@ -37,8 +38,12 @@ class JobTaskConfig:
     """Each registered job detector's configuration, under its registry name; and how long the
     stage holds a job's records for its job/1 (`hold`)."""
 
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    hold: HoldConfig = field(default_factory=HoldConfig)
+    straggler: StragglerConfig = field(
+        default_factory=StragglerConfig, metadata=why("stragglers: nodes slower than the rest of their job")
+    )
+    hold: HoldConfig = field(
+        default_factory=HoldConfig, metadata=why("records of a job waiting for its job/1")
+    )
 
 
 @dataclass(eq=False)  # identity: tasks are registered with the metrics collector

@@ -39,6 +39,7 @@ import orjson
 from prometheus_client import Counter
 
 from fleetwatch import census, schemas, topics
+from fleetwatch.config import knob, why
 from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
 from fleetwatch.detectors.clock import ClockConfig, ClockDetector
 from fleetwatch.detectors.findings import Forgotten
@@ -72,29 +73,47 @@ _FEATURE_COLS = {
 
 @dataclass
 class NodeTaskConfig:
-    census_every_s: float = 600.0  # event-time period of a node's node/1 refresh (fleetwatch/census.py)
-    forget_after_s: float = 86400.0  # a node unseen this long (event time) is forgotten; inf: never
-    forget_every_s: float = 60.0  # event-time period of the check
-    emit_features: bool = True
-    # a sample's time is believed at most this far ahead of the broker's time for it
-    # (detectors/node_index.py)
-    max_clock_lead_s: float = CLOCK_LEAD_S
-    # census warm-up (pipeline/steady.py): a gap longer than this between a node's samples (broker
-    # time) starts its run of steady reporting again; a node that has reported steadily for
-    # warm_up_s is warm (act's fleet, and this worker's per-node /metrics series)
-    steady_gap_s: float = 300.0
-    warm_up_s: float = 1200.0
-    lemon: LemonConfig = field(default_factory=LemonConfig)
-    clock: ClockConfig = field(default_factory=ClockConfig)
-    silence: SilenceConfig = field(default_factory=SilenceConfig)
-    stats: GpuStatsConfig = field(default_factory=GpuStatsConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    census_every_s: float = knob(600.0, "event-time period (s) of a node's node/1 refresh", gt=0)
+    forget_after_s: float = knob(
+        86400.0,
+        "a node unseen this long (event time, s) is forgotten, its findings resolved; inf: never",
+        gt=0,
+    )
+    forget_every_s: float = knob(60.0, "event-time period (s) of the check for nodes to forget", gt=0)
+    emit_features: bool = knob(
+        True, "re-key node features by job onto fleet.nodefeatures.v1 (the job stage's input)"
+    )
+    # detectors/node_index.py
+    max_clock_lead_s: float = knob(
+        CLOCK_LEAD_S, "a sample's time is believed at most this far (s) ahead of the broker's for it", ge=0
+    )
+    # census warm-up: pipeline/steady.py
+    steady_gap_s: float = knob(
+        300.0, "a gap longer than this (s, broker time) in a node's samples restarts its steady run", gt=0
+    )
+    warm_up_s: float = knob(
+        1200.0, "steady reporting (s) that makes a node warm (act's fleet, per-node /metrics series)", ge=0
+    )
+    lemon: LemonConfig = field(
+        default_factory=LemonConfig, metadata=why("lemons: nodes that fail more often than the fleet")
+    )
+    clock: ClockConfig = field(default_factory=ClockConfig, metadata=why("clock jumps on a node"))
+    silence: SilenceConfig = field(default_factory=SilenceConfig, metadata=why("nodes that stop reporting"))
+    stats: GpuStatsConfig = field(
+        default_factory=GpuStatsConfig, metadata=why("GPU signals unusual for the GPU and its siblings")
+    )
+    hardware: HardwareConfig = field(
+        default_factory=HardwareConfig, metadata=why("hardware error counters, XIDs, throttling, InfiniBand")
+    )
 
     @classmethod
-    def for_time_scale(cls, scale: float) -> NodeTaskConfig:
-        """Defaults with the day-long lemon windows shortened by `scale` (compressed scenarios)."""
-        lemon = LemonConfig()
-        return cls(
+    def for_time_scale(cls, scale: float, base: NodeTaskConfig | None = None) -> NodeTaskConfig:
+        """`base` (default: the code defaults) with the day-long lemon windows shortened by `scale`
+        (compressed scenarios)."""
+        base = base or cls()
+        lemon = base.lemon
+        return replace(
+            base,
             lemon=replace(
                 lemon,
                 judge_every_s=lemon.judge_every_s * scale,
