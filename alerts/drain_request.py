@@ -22,25 +22,23 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 
 from fleetwatch import schemas, signing
-from fleetwatch.schemas import MessageError
 from fleetwatch.signing import SigningKeyError
 
-DRAIN = "drain/1"
-ACTIONS = frozenset({"drain", "resume"})
-SEVERITIES = frozenset({"info", "warning", "critical"})
+# The schema and its limits live in the core (fleetwatch/schemas.py), which decodes drain/1
+# without importing this layer.
+DRAIN = schemas.DRAIN
+ACTIONS = schemas.DRAIN_ACTIONS
+MAX_REASON = schemas.MAX_REASON
+MAX_FINDINGS = schemas.MAX_FINDINGS
+REQUEST_ID = schemas.REQUEST_ID_RE
+validate_drain = schemas.validate_drain
 KEY_ENV = "FLEETWATCH_DRAIN_KEY"
-MAX_REASON = 400  # scontrol stores the reason; keep it a line, not an essay
-MAX_FINDINGS = 256
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
-_FIELDS = ("schema", "request_id", "node", "action", "reason", "severity", "findings", "issued_at")
 
 
 class DrainKeyError(SigningKeyError):
@@ -112,49 +110,3 @@ def make_request(
 def verify(msg: Mapping[str, Any], key: bytes) -> bool:
     """True if the signature matches (constant-time compare)."""
     return signing.verify(msg, key, "signature")
-
-
-def check_envelope(
-    m: Mapping[str, Any], what: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()
-) -> None:
-    """What drain/1 and drain_result/1 share: exactly `fields` (and any of `optional`) and a
-    signature (unknown fields would be signed but unchecked by older readers: refused outright), a
-    request id, a node, an action, a signature of the right shape."""
-    for f in (*fields, "signature"):
-        if f not in m:
-            raise MessageError("missing_field", f"{what}.{f} is required")
-    extra = set(m) - set(fields) - set(optional) - {"signature"}
-    if extra:
-        raise MessageError("out_of_range", f"{what} has unknown fields {sorted(extra)[:5]}")
-    schemas._string(f"{what}.request_id", m["request_id"])
-    if not REQUEST_ID.match(m["request_id"]):
-        raise MessageError("out_of_range", f"{what}.request_id must be 32 hex digits")
-    schemas._name(f"{what}.node", m["node"])
-    if m["action"] not in ACTIONS:
-        raise MessageError("out_of_range", f"{what}.action must be one of {sorted(ACTIONS)}")
-    check_signature_field(f"{what}.signature", m["signature"])
-
-
-def check_signature_field(name: str, value: Any) -> None:
-    schemas._string(name, value)
-    if not _HEX64.match(value):
-        raise MessageError("out_of_range", f"{name} must be 64 lowercase hex digits")
-
-
-def validate_drain(m: Mapping[str, Any]) -> None:
-    """Shape check (no signature check: that needs the key, see verify())."""
-    check_envelope(m, "drain", _FIELDS)
-    schemas._string("drain.reason", m["reason"])
-    if not m["reason"] or len(m["reason"]) > MAX_REASON or any(c in m["reason"] for c in "\r\n\0"):
-        raise MessageError("out_of_range", f"drain.reason must be one line of 1..{MAX_REASON} characters")
-    if m["severity"] not in SEVERITIES:
-        raise MessageError("out_of_range", f"drain.severity must be one of {sorted(SEVERITIES)}")
-    ids = schemas._list("drain.findings", m["findings"])
-    if len(ids) > MAX_FINDINGS:
-        raise MessageError("out_of_range", f"drain.findings has more than {MAX_FINDINGS} ids")
-    for i, f in enumerate(ids):
-        schemas._string(f"drain.findings[{i}]", f)
-    schemas._number("drain.issued_at", m["issued_at"], 0)
-
-
-schemas.register(DRAIN, validate_drain, "issued_at", key_field="node")

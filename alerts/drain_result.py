@@ -23,35 +23,20 @@ to forged requests) is not applied.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request
-from fleetwatch.schemas import MessageError
 
-DRAIN_RESULT = "drain_result/1"
+# The schema, its outcomes and its limits live in the core (fleetwatch/schemas.py), which decodes
+# drain_result/1 without importing this layer.
+DRAIN_RESULT = schemas.DRAIN_RESULT
+OUTCOMES = schemas.DRAIN_OUTCOMES
+MAX_DETAIL = schemas.MAX_DETAIL
+BINDING = schemas.REQUEST_SIGNATURE  # optional in the schema (earlier releases wrote none), always written
+validate_result = schemas.validate_result
 EXECUTED = "executed"
 DUPLICATE = "duplicate"  # handled before; its first result says how (act ignores this one)
-# executed: scontrol did it (or Slurm shows it was done before a crash). undetermined: a request
-# was interrupted by a crash and Slurm's state can no longer tell whether it took effect (an
-# operator changed the node since): nothing is done, a human decides.
-OUTCOMES = frozenset(
-    {
-        EXECUTED,
-        DUPLICATE,
-        "rejected_unknown_node",
-        "rejected_forged",
-        "rejected_malformed",
-        "rejected_stale",
-        "rejected_not_ours",
-        "failed",
-        "undetermined",
-    }
-)
-MAX_DETAIL = 400
-_FIELDS = ("schema", "request_id", "node", "action", "outcome", "detail", "ts")
-BINDING = "request_signature"  # optional in the schema (earlier releases wrote none), always written
 
 
 def make_result(
@@ -78,21 +63,3 @@ def make_result(
     msg["signature"] = drain_request.sign(msg, key)
     validate_result(msg)
     return msg
-
-
-def validate_result(m: Mapping[str, Any]) -> None:
-    """Shape check; the signature is checked with drain_request.verify (needs the key)."""
-    drain_request.check_envelope(m, "drain_result", _FIELDS, (BINDING,))
-    if BINDING in m:
-        drain_request.check_signature_field(f"drain_result.{BINDING}", m[BINDING])
-    if m["outcome"] not in OUTCOMES:
-        raise MessageError("out_of_range", f"drain_result.outcome must be one of {sorted(OUTCOMES)}")
-    schemas._string("drain_result.detail", m["detail"])
-    if len(m["detail"]) > MAX_DETAIL or any(c in m["detail"] for c in "\r\n\0"):
-        raise MessageError(
-            "out_of_range", f"drain_result.detail must be one line of <= {MAX_DETAIL} characters"
-        )
-    schemas._number("drain_result.ts", m["ts"], 0)
-
-
-schemas.register(DRAIN_RESULT, validate_result, "ts", key_field="node")

@@ -23,32 +23,20 @@ import numpy as np
 import orjson
 
 from fleetwatch import schemas, signing
-from fleetwatch.schemas import MessageError
 
-FINDING = "finding/1"
-KINDS = frozenset(
-    {
-        "xid",
-        "ecc",
-        "row_remap",
-        "nvlink",
-        "pcie",
-        "thermal",
-        "ib_link",
-        "host",
-        "statistical",
-        "straggler",
-        "lemon",
-    }
-)
-SEVERITIES = ("info", "warning", "critical")
+# The schema, its kinds and its limits live in the core (fleetwatch/schemas.py), which decodes
+# finding/1 without importing this layer.
+FINDING = schemas.FINDING
+KINDS = schemas.FINDING_KINDS
+SEVERITIES = schemas.SEVERITIES
+validate_finding = schemas.validate_finding
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 _BASE_SCORE = {"info": 0.3, "warning": 0.6, "critical": 0.9}
 # A finding stays far below the broker's message limit whatever a sample held: its summary is cut
 # and its evidence keeps the entries that fit, naming how many it left out.
-MAX_SUMMARY = 500
+MAX_SUMMARY = schemas.MAX_SUMMARY
 MAX_EVIDENCE_BYTES = 8192
-MAX_ID = 64
+MAX_ID = schemas.MAX_FINDING_ID
 
 
 def finding_id(node: str, gpu: int | None, job: str | None, kind: str, rule: str, first_seen: float) -> str:
@@ -124,52 +112,6 @@ def bounded_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
             size += n
     kept["truncated"] = len(evidence) - len(kept)
     return kept
-
-
-def validate_finding(m: Mapping[str, Any]) -> None:
-    for k in (
-        "id",
-        "node",
-        "kind",
-        "severity",
-        "score",
-        "summary",
-        "evidence",
-        "first_seen",
-        "ts",
-        "resolved",
-    ):
-        if k not in m:
-            raise MessageError("missing_field", f"finding.{k} is required")
-    if not isinstance(m["id"], str) or not m["id"]:
-        raise MessageError("wrong_type", "finding.id must be a non-empty string")
-    schemas._string("finding.id", m["id"], MAX_ID)
-    schemas._name("finding.node", m["node"])
-    if m.get("gpu") is not None:
-        schemas._integer("finding.gpu", m["gpu"], 0, schemas.MAX_GPU_INDEX)
-    if m.get("job") is not None:
-        schemas._name("finding.job", m["job"])
-    if m["kind"] not in KINDS:
-        raise MessageError("out_of_range", f"finding.kind {m['kind']!r} is not one of {sorted(KINDS)}")
-    if m["severity"] not in SEVERITY_RANK:
-        raise MessageError("out_of_range", f"finding.severity {m['severity']!r} is not one of {SEVERITIES}")
-    schemas._number("finding.score", m["score"], 0, 1)
-    schemas._string("finding.summary", m["summary"], MAX_SUMMARY)
-    if not isinstance(m["evidence"], dict):
-        raise MessageError("wrong_type", "finding.evidence must be an object")
-    schemas._number("finding.first_seen", m["first_seen"], 0)
-    schemas._number("finding.ts", m["ts"], 0)
-    if m["ts"] < m["first_seen"]:
-        raise MessageError("out_of_range", "finding.ts is before finding.first_seen")
-    if not isinstance(m["resolved"], bool):
-        raise MessageError("wrong_type", "finding.resolved must be a boolean")
-    # issue 23: optional for the decoder (readers other than act, such as the scorecard, need no
-    # key); act refuses a finding whose `sig` is missing or does not verify (signature_error)
-    if "sig" in m:
-        schemas._string("finding.sig", m["sig"], 128)
-
-
-schemas.register(FINDING, validate_finding, "ts", key_field="node")
 
 
 # ---------------------------------------------------------------- signatures (issue 23)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from typing import Any
 
 import msgspec
@@ -17,12 +19,46 @@ from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
 from fleetwatch.schemas import MessageError
 from tests.helpers.batches import assert_same_batch
 from tests.helpers.messages import GOOD, mutated_telemetry, python_accepts, telemetry
+from tests.helpers.paths import REPO
 
 
 @pytest.mark.parametrize("schema", sorted(GOOD))
 def test_good_messages_round_trip(schema: str) -> None:
     raw = schemas.encode(GOOD[schema])
     assert schemas.decode(raw, schema) == GOOD[schema]
+
+
+# Run in a fresh interpreter: imports fleetwatch.schemas and nothing else of fleetwatch's, decodes
+# each message it is given (key and clock checked too), and says which fleetwatch modules loaded.
+_CORE_ONLY = """
+import json, sys
+from fleetwatch import schemas
+decoded = {}
+for name, m in json.load(sys.stdin).items():
+    raw = schemas.encode(m)
+    key = m[schemas.KEY_FIELD[name]].encode()
+    ts = m[schemas.TS_FIELD[name]]
+    decoded[name] = schemas.decode(raw, name, key=key, ref_ts=ts, clock=schemas.DEFAULT_CLOCK) == m
+print(json.dumps({"known": sorted(schemas.VALIDATORS), "decoded": decoded, "loaded": sorted(sys.modules)}))
+"""
+
+
+def test_the_core_alone_decodes_every_schema() -> None:
+    """Every schema is named in the core's table (issue 24, item 7): none is learnt from importing
+    its writer for a side effect, so a reader that imports only fleetwatch.schemas decodes them all."""
+    r = subprocess.run(
+        [sys.executable, "-c", _CORE_ONLY],
+        input=json.dumps(GOOD),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
+    out = json.loads(r.stdout)
+    assert out["known"] == sorted(GOOD)  # GOOD holds one message of every schema
+    assert out["decoded"] == {name: True for name in GOOD}
+    writers = {"census", "detectors", "alerts", "pipeline", "collectors"}  # where the schemas are written
+    assert {m.split(".")[1] for m in out["loaded"] if m.startswith("fleetwatch.")} & writers == set()
 
 
 def test_missing_optional_fields_are_fine() -> None:
@@ -133,6 +169,19 @@ def test_clock_skew_is_judged_against_the_messages_arrival(ref_ts: float, accept
         ("step/1", "rank", KeyError, "missing_field"),
         ("truth/1", "end_ts", 1.0, "out_of_range"),  # ends before its onset
         ("truth/1", "fault", 79, "wrong_type"),
+        ("finding/1", "kind", "meteor", "out_of_range"),
+        ("finding/1", "ts", 1.0, "out_of_range"),  # before its first_seen
+        ("node/1", "last_seen", 1.0, "out_of_range"),
+        ("drain/1", "reason", "two\nlines", "out_of_range"),
+        ("drain/1", "findings", ["x"] * 257, "out_of_range"),
+        ("drain_result/1", "request_signature", "ab", "out_of_range"),
+        ("drain_result/1", "outcome", "shrugged", "out_of_range"),
+        # a list or an object where a name from a fixed set belongs: a clear error, not TypeError
+        ("finding/1", "kind", ["xid"], "wrong_type"),
+        ("finding/1", "severity", {}, "wrong_type"),
+        ("drain/1", "action", ["drain"], "wrong_type"),
+        ("drain/1", "severity", [], "wrong_type"),
+        ("drain_result/1", "outcome", {"a": 1}, "wrong_type"),
     ],
 )
 def test_bad_other_schemas(schema: str, field: str, value: Any, reason: str) -> None:
