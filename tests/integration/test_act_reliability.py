@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import fleetwatch.alerts.drain_request  # noqa: F401  (registers drain/1 for TopicTail.messages)
 from fleetwatch import kafka_io, schemas, topics
 from fleetwatch.alerts import drain_result
 from fleetwatch.alerts.journal import Journal

@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 from prometheus_client import REGISTRY
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import schemas, topics
 from fleetwatch.pipeline.job_stage import JobTask
 from tests.integration.services import TopicTail

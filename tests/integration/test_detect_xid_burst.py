@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import schemas, topics
 from fleetwatch.alerts.policy import NodeState, Policy, drain_reason
 from tests.helpers.messages import gpu, sample

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import schemas, topics
 from tests.helpers.messages import gpu, sample
 from tests.integration.services import TopicTail

@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 import uuid
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import topics
 from fleetwatch.collectors.sim.cli import live_epoch
 from tests.integration.scale import (

@@ -12,7 +12,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1)
 from fleetwatch import schemas
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask

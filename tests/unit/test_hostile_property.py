@@ -17,7 +17,6 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1)
 from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request
 from fleetwatch.detectors.batch import TelemetryBatch
