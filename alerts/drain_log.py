@@ -25,15 +25,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import TopicPartition
 from prometheus_client import Counter
 
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request, drain_result
+from fleetwatch.bus import Bus, TopicPart
 
 log = logging.getLogger(__name__)
 
@@ -45,35 +44,32 @@ IGNORED = Counter(
 )
 
 
-def latest_requests(
-    consumer_factory: Callable[[], Any], topic: str, key: bytes, timeout_s: float = 30.0
-) -> dict[str, dict[str, Any]]:
+def latest_requests(bus: Bus, topic: str, key: bytes, timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:
     """node -> its latest request that carries a valid signature (anything else is ignored)."""
-    consumer = consumer_factory()
+    reader = bus.reader()
     latest: dict[str, dict[str, Any]] = {}
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        tps = [TopicPart(topic, p) for p in reader.partitions(topic)]
         if not tps:
             return latest
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
+        reader.assign(tps, "beginning")
+        end = reader.end_offsets(tps)
         deadline = time.monotonic() + timeout_s
-        while any(consumer.position(tp) < end[tp] for tp in tps):
+        while any(reader.position(tp) < end[tp] for tp in tps):
             if time.monotonic() > deadline:
                 log.warning("timed out reading %s; adopting what was read", topic)
                 break
-            for batch in consumer.poll(timeout_ms=200).values():
-                for r in batch:
-                    try:
-                        msg = schemas.decode(r.value, drain_request.DRAIN)
-                    except schemas.MessageError:
-                        continue
-                    if drain_request.verify(msg, key):
-                        latest[msg["node"]] = msg
+            for r in reader.poll(0.2):
+                if r.value is None:
+                    continue
+                try:
+                    msg = schemas.decode(r.value, drain_request.DRAIN)
+                except schemas.MessageError:
+                    continue
+                if drain_request.verify(msg, key):
+                    latest[msg["node"]] = msg
     finally:
-        consumer.close()
+        reader.close()
     return latest
 
 

@@ -39,20 +39,21 @@ import argparse
 import logging
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kafka import TopicPartition
-from kafka.structs import OffsetAndMetadata
 from prometheus_client import Counter
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.journal import Entry, Journal
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
+from fleetwatch.bus import TopicPart
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
 from fleetwatch.runtime import StopFlag, serve_metrics
 
@@ -284,13 +285,14 @@ def run(args: argparse.Namespace) -> int:
         args.state_dir or Path(os.environ.get("FLEETWATCH_HOME", ".fleetwatch")) / "slurm-drainer"
     )
     journal = Journal(state_dir / "journal.sqlite")
-    kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
-    kafka_io.ensure_topics(args.bootstrap, [args.drain_topic, args.results_topic, topics.DEADLETTER])
+    bus = KafkaBus(args.bootstrap)
+    bus.wait_for_broker(30)
+    bus.ensure_topics([args.drain_topic, args.results_topic, topics.DEADLETTER])
     serve_metrics(args.metrics_port, args.metrics_addr)
-    producer = kafka_io.make_producer(args.bootstrap)
-    consumer = kafka_io.make_consumer(
-        args.bootstrap, args.drain_topic, group_id=args.group, max_poll_records=100
-    )
+    producer = bus.producer(linger_ms=5)
+    consumer = bus.group_consumer(args.group, client_id=f"slurm-drainer-{socket.gethostname()}")
+    # Each batch's offsets are committed once handled, so a new owner starts where the group stands.
+    consumer.subscribe([args.drain_topic], consumer.group_offsets, lambda _parts: None)
     drainer = Drainer(
         slurm,
         journal,
@@ -306,26 +308,31 @@ def run(args: argparse.Namespace) -> int:
     idle_since = time.monotonic()
     try:
         while not stop:
-            polled = consumer.poll(timeout_ms=200)
+            polled = consumer.poll(100, 0.2)
             if polled:
                 idle_since = time.monotonic()
             elif args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
                 break
-            done: dict[TopicPartition, int] = {}
-            retry_at: dict[TopicPartition, int] = {}
-            for tp, records in polled.items():
-                for r in records:
+            done: dict[TopicPart, int] = {}
+            retry_at: dict[TopicPart, int] = {}
+            for tp, block in polled.items():
+                for k, offset in enumerate(block.offsets.tolist()):
                     try:
-                        drainer.handle(r.value, f"{tp.topic}:{tp.partition}:{r.offset}", tp.topic, r.key)
+                        drainer.handle(
+                            block.value(k), f"{tp.topic}:{tp.partition}:{offset}", tp.topic, block.key(k)
+                        )
                     except Retry as e:
                         log.warning("Slurm unavailable (%s); retrying in %.0f s", e, backoff)
-                        retry_at[tp] = r.offset
+                        retry_at[tp] = offset
                         break
-                    done[tp] = r.offset + 1
+                    done[tp] = offset + 1
             # Results and dead letters first, then the commit that forgets the input.
-            producer.flush(timeout=30)
+            unsent = producer.flush(30)
+            if unsent:
+                # their requests are handled (journalled): a replay of them answers from the journal
+                log.warning("%d results or dead letters were not acknowledged by Kafka", len(unsent))
             if done:
-                consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in done.items()})
+                consumer.commit(done, asynchronous=False)
             for tp, off in retry_at.items():
                 consumer.seek(tp, off)
             if retry_at:
@@ -336,6 +343,6 @@ def run(args: argparse.Namespace) -> int:
                 backoff = 1.0
     finally:
         consumer.close()
-        producer.close(timeout=10)
+        producer.close(10)
         journal.close()
     return 0

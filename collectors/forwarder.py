@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from fleetwatch import kafka_io
 from fleetwatch.bus import Delivery, SendError
+from fleetwatch.bus.config import BrokerUnavailable
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.spool import Spool
 
@@ -98,7 +98,7 @@ class SpoolForwarder:
             return False
         try:
             self._producer = self._factory()
-        except (kafka_io.BrokerUnavailable, OSError) as e:
+        except (BrokerUnavailable, OSError) as e:
             self._mark_down(f"cannot connect: {e}")
             return False
         except Exception as e:  # the client could not be made (no thread or memory to be had): retried

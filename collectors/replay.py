@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,13 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"no such file: {path}")
         stream = path.open("rb")
         name = str(path)
-    kafka_io.wait_for_broker(args.bootstrap)
-    kafka_io.ensure_topics(args.bootstrap)
-    producer = kafka_io.make_producer(args.bootstrap)
+    bus = KafkaBus(args.bootstrap)
+    bus.wait_for_broker()
+    bus.ensure_topics()
+    producer = bus.producer(linger_ms=5)
     rejected: Counter[str] = Counter()
     sent = 0
+    failed: list[Any] = []
     last_report = time.monotonic()
     try:
         for lineno, raw in _lines(stream):
@@ -74,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
             if time.monotonic() - last_report > 5:
                 log.info("replayed %d messages so far", sent)
                 last_report = time.monotonic()
-        producer.flush(timeout=30)
+        failed = producer.flush(30)
     finally:
-        producer.close(timeout=10)
+        producer.close(10)
         if stream is not sys.stdin.buffer:
             stream.close()
     total_rejected = sum(rejected.values())
@@ -84,4 +87,7 @@ def run(args: argparse.Namespace) -> int:
         "replayed %d messages; %d rejected to %s %s", sent, total_rejected, topics.DEADLETTER, dict(rejected)
     )
     print(f"replayed {sent} messages, rejected {total_rejected}", file=sys.stderr)
+    if failed:
+        print(f"fleetwatch replay: {len(failed)} messages were not delivered to Kafka", file=sys.stderr)
+        return 1
     return 0

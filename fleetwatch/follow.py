@@ -3,7 +3,8 @@
 For small topics that every reader needs in full, such as the census of reporting nodes
 (fleet.nodes.v1) or the Slurm adapter's drain results: no consumer group, every partition assigned,
 each record handed to `apply(key, value)` in partition order (a tombstone arrives as value None);
-a subclass that needs more of the record (its timestamp) overrides apply_record instead.
+a subclass that needs more of the record (its timestamp) overrides apply_record instead. It reads
+through the bus (fleetwatch/bus: a Reader of every partition), on the real broker or in memory.
 `caught_up` is set once everything that was on the topic when the thread started has been applied,
 so a caller can wait for the table to be complete before deciding anything on it.
 """
@@ -14,9 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from kafka import TopicPartition
+from fleetwatch.bus import Bus, Record, TopicPart
 
 log = logging.getLogger(__name__)
 
@@ -24,42 +24,40 @@ Apply = Callable[[bytes | None, bytes | None], None]
 
 
 class TopicFollower(threading.Thread):
-    def __init__(self, topic: str, apply: Apply | None, consumer_factory: Callable[[], Any]) -> None:
+    def __init__(self, topic: str, apply: Apply | None, bus: Bus) -> None:
         super().__init__(name=f"follow-{topic}", daemon=True)
         self.topic = topic
         self._apply = apply
-        self._factory = consumer_factory
+        self._bus = bus
         self._stopping = threading.Event()  # not _stop: Thread.join calls its own _stop()
         self.caught_up = threading.Event()
 
     def run(self) -> None:
-        consumer = self._factory()
+        reader = self._bus.reader()
         try:
-            parts = consumer.partitions_for_topic(self.topic) or set()
-            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            tps = [TopicPart(self.topic, p) for p in reader.partitions(self.topic)]
             if not tps:
                 log.warning("topic %s has no partitions; following nothing", self.topic)
                 self.caught_up.set()
                 return
-            consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            end = consumer.end_offsets(tps)
+            reader.assign(tps, "beginning")
+            end = reader.end_offsets(tps)
             while not self._stopping.is_set():
-                for batch in consumer.poll(timeout_ms=200).values():
-                    now = time.time()
-                    for r in batch:
-                        self.apply_record(r, now)
-                if not self.caught_up.is_set() and all(consumer.position(tp) >= end[tp] for tp in tps):
+                records = reader.poll(0.2)
+                now = time.time()
+                for r in records:
+                    self.apply_record(r, now)
+                if not self.caught_up.is_set() and all(reader.position(tp) >= end[tp] for tp in tps):
                     self.caught_up.set()
         except Exception:
             # A dead follower must be loud: its table silently going stale would be worse.
             log.exception("following %s failed", self.topic)
             raise
         finally:
-            consumer.close()
+            reader.close()
 
-    def apply_record(self, record: Any, now: float) -> None:
-        """One consumed record (kafka-python's ConsumerRecord), read at wall time `now`."""
+    def apply_record(self, record: Record, now: float) -> None:
+        """One record, read at wall time `now`."""
         assert self._apply is not None, "a follower without `apply` overrides apply_record"
         self._apply(record.key, record.value)
 

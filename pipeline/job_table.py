@@ -16,10 +16,11 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus import Bus, Record, reference_time
 from fleetwatch.follow import TopicFollower
 
 log = logging.getLogger(__name__)
@@ -139,19 +140,19 @@ class JobTableFollower(TopicFollower):
     def __init__(
         self,
         table: JobTable,
-        consumer_factory: Callable[[], Any],
+        bus: Bus,
         clock: schemas.ClockLimits | None = schemas.DEFAULT_CLOCK,
     ) -> None:
-        super().__init__(topics.JOBS, None, consumer_factory)
+        super().__init__(topics.JOBS, None, bus)
         self.table = table
         self._clock = clock
 
-    def apply_record(self, record: Any, now: float) -> None:
+    def apply_record(self, record: Record, now: float) -> None:
         if record.value is None:  # a tombstone: the publisher is done with this job
             if record.key is not None:
                 self.table.forget(record.key.decode("utf-8", "replace"))
             return
-        ref = kafka_io.reference_time(record, now)
+        ref = reference_time(record, now)
         try:
             msg = schemas.decode(record.value, schemas.JOB, key=record.key, ref_ts=ref, clock=self._clock)
         except schemas.MessageError as e:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from typing import Any
 
-from kafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
-from fleetwatch import kafka_io, schemas
+from fleetwatch import schemas
+from fleetwatch.bus import SendError
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.sim.scenario import load_scenario
 from fleetwatch.collectors.sim.simulation import Simulation
 from fleetwatch.runtime import StopFlag, serve_metrics
@@ -46,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
     stop = StopFlag()
 
     serve_metrics(args.metrics_port, args.metrics_addr)
-    kafka_io.wait_for_broker(args.bootstrap)  # BrokerUnavailable: cli.main reports it
-    kafka_io.ensure_topics(args.bootstrap)
-    producer = kafka_io.make_producer(args.bootstrap)
+    bus = KafkaBus(args.bootstrap)
+    bus.wait_for_broker()  # BrokerUnavailable: cli.main reports it
+    bus.ensure_topics()
+    producer = bus.producer(linger_ms=5)
 
     epoch = args.epoch if args.epoch is not None else live_epoch(time.time(), scenario.duration_s, speed)
     sim = Simulation(scenario, epoch=epoch)
@@ -64,12 +65,6 @@ def run(args: argparse.Namespace) -> int:
     )
 
     errors: list[str] = []
-
-    def on_error(exc: Any) -> None:
-        if not errors:
-            log.error("produce failed: %s", exc)
-        errors.append(str(exc))
-
     sent = 0
     ticks_sent = 0
     wall0 = time.monotonic()
@@ -85,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             if stop:
                 break
             for topic, key, msg in messages:
-                producer.send(topic, key=key.encode(), value=schemas.encode(msg)).add_errback(on_error)
+                producer.send(topic, key=key.encode(), value=schemas.encode(msg))
                 SENT.labels(topic).inc()
             sent += len(messages)
             ticks_sent += 1
@@ -96,15 +91,12 @@ def run(args: argparse.Namespace) -> int:
                 last_log = now
                 active = sum(f.status == "active" for f in sim.faults)
                 log.info("tick %d/%d: %d messages sent, %d faults active", k + 1, sim.n_ticks, sent, active)
-    except KafkaError as e:
+    except SendError as e:
         errors.append(str(e))
         log.error("producer error: %s", e)
     finally:
-        try:
-            producer.flush(timeout=30)
-        except KafkaError as e:
-            errors.append(str(e))
-        producer.close(timeout=10)
+        errors += [f"to {item.topic}: not acknowledged by the broker" for item in producer.flush(30)]
+        producer.close(10)
 
     log.info(
         "%s after %d/%d ticks: %d messages in %.1f s",

@@ -51,6 +51,7 @@ class Record(NamedTuple):
     value: bytes | None  # None: a tombstone
     timestamp_ms: int  # the record's timestamp (the producer's or the broker's), -1 if none
     log_append: bool  # the broker stamped it (a LogAppendTime topic: topics.BROKER_TIMED)
+    headers: list[tuple[str, bytes]] | None = None  # [(name, value)], None for none
 
 
 def reference_time(record: Record, now: float) -> float:

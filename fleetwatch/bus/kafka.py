@@ -54,6 +54,7 @@ __all__ = ["KafkaBus", "KafkaGroupConsumer", "KafkaProducer", "KafkaReader", "rd
 log = logging.getLogger(__name__)
 
 METADATA_TIMEOUT_S = 10.0
+PRUNE_AT = 10_000  # sent records a producer keeps before it drops the acknowledged ones
 
 
 class _Native:
@@ -449,6 +450,7 @@ class KafkaProducer:
         _check_reachable(producer, bus.bootstrap, cfg, bus.connect_timeout_s)
         self._native = _Native(producer)
         self._sent: list[Delivery] = []
+        self._prune_at = PRUNE_AT
 
     def send(
         self,
@@ -481,6 +483,11 @@ class KafkaProducer:
                 raise SendError(str(e)) from e
         self._sent.append(delivery)
         producer.poll(0)  # serve callbacks of earlier sends
+        if len(self._sent) >= self._prune_at:
+            # A producer that seldom flushes (the simulator, replay) must not keep every record it
+            # sent: the acknowledged ones are done; what failed or waits stays for flush().
+            self._sent = [d for d in self._sent if not d.acked]
+            self._prune_at = max(PRUNE_AT, 2 * len(self._sent))
         return delivery
 
     def poll(self, timeout_s: float = 0.0) -> None:
@@ -579,6 +586,7 @@ class KafkaReader:
                 m.value(),
                 -1 if kind == TIMESTAMP_NOT_AVAILABLE else int(ms),
                 kind == TIMESTAMP_LOG_APPEND_TIME,
+                m.headers(),
             )
             self._position[TopicPart(rec.topic, rec.partition)] = rec.offset + 1
             out.append(rec)

@@ -371,7 +371,9 @@ class MemoryReader:
                 stored = self.bus.partitions(tp.topic)[tp.partition][start : start + max_records - len(out)]
                 appended = tp.topic in self.bus.log_append_time
                 out += [
-                    Record(tp.topic, tp.partition, start + i, r.key, r.value, r.append_ms, appended)
+                    Record(
+                        tp.topic, tp.partition, start + i, r.key, r.value, r.append_ms, appended, r.headers
+                    )
                     for i, r in enumerate(stored)
                 ]
                 self._position[tp] = start + len(stored)

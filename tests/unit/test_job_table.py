@@ -6,13 +6,13 @@ task is restored from its snapshot."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 
 from fleetwatch import topics
+from fleetwatch.bus.memory import MemoryBus
 from fleetwatch.pipeline import job_table
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
@@ -61,9 +61,11 @@ def test_a_tombstone_forgets_a_job_running_or_failed() -> None:
 
 def test_the_follower_applies_records_and_tombstones_in_order() -> None:
     """A job's records and then its tombstone; a tombstone before a job's record (the publisher
-    reusing an id); a record keyed as another job: applied in offset order, the last one not."""
+    reusing an id); a record keyed as another job: applied in offset order, the last one not.
+    Read from the bus (in memory, one partition so that one order holds), as from the broker."""
     t = JobTable()
-    follower = JobTableFollower(t, lambda: None)  # not started: fed directly
+    bus = MemoryBus(partitions=1, clock_ms=lambda: int(time.time() * 1000))
+    follower = JobTableFollower(t, bus)
     now = time.time()
     rec = [
         (b"dead", job("dead", ["n1"], "failed", now)),
@@ -74,10 +76,14 @@ def test_the_follower_applies_records_and_tombstones_in_order() -> None:
         (b"bad", job("other", ["n3"], "running", now)),
         (None, None),  # a tombstone without a key names no job
     ]
-    for offset, (key, msg) in enumerate(rec):
-        value = None if msg is None else orjson.dumps(msg)
-        record = SimpleNamespace(key=key, value=value, offset=offset, timestamp=-1, timestamp_type=0)
-        follower.apply_record(record, now)
+    for key, msg in rec:
+        bus.append(topics.JOBS, key, None if msg is None else orjson.dumps(msg))
+    follower.start()
+    try:
+        assert follower.caught_up.wait(30)
+    finally:
+        follower.stop()
+        follower.join(30)
     assert t.failed_jobs == {} and t.jobs_of(["n1", "n2", "n3"]) == [("run",), ("again", "run"), ()]
 
 
