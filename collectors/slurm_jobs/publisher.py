@@ -29,8 +29,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from fleetwatch import kafka_io, schemas, topics
-from fleetwatch.bus import Producer, SendError
+from fleetwatch import schemas, topics
+from fleetwatch.bus import Bus, Producer, Record, SendError
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.slurm_jobs import squeue
 from fleetwatch.collectors.slurm_jobs.jobcomp import JobcompLog
@@ -208,12 +208,12 @@ class _LedgerReader(TopicFollower):
     """The jobs topic from its beginning into a Ledger (TopicFollower: every partition, tombstones
     as value None), read once at start-up."""
 
-    def __init__(self, ledger: Ledger, topic: str, consumer_factory: Any) -> None:
-        super().__init__(topic, None, consumer_factory)
+    def __init__(self, ledger: Ledger, topic: str, bus: Bus) -> None:
+        super().__init__(topic, None, bus)
         self.ledger = ledger
         self.records = 0
 
-    def apply_record(self, record: Any, now: float) -> None:
+    def apply_record(self, record: Record, now: float) -> None:
         self.records += 1
         if record.key is None:
             return
@@ -228,9 +228,9 @@ class _LedgerReader(TopicFollower):
         self.ledger.load(key, msg)
 
 
-def load_ledger(bootstrap: str, ledger: Ledger, topic: str = topics.JOBS, timeout_s: float = 300.0) -> int:
+def load_ledger(bus: Bus, ledger: Ledger, topic: str = topics.JOBS, timeout_s: float = 300.0) -> int:
     """Reads the whole (compacted) jobs topic into `ledger`; returns the records read."""
-    reader = _LedgerReader(ledger, topic, lambda: kafka_io.make_consumer(bootstrap))
+    reader = _LedgerReader(ledger, topic, bus)
     reader.start()
     try:
         deadline = time.monotonic() + timeout_s
@@ -252,11 +252,12 @@ def run(args: argparse.Namespace) -> int:
     except SlurmUnavailable as e:
         print(f"fleetwatch slurm-jobs: Slurm is not reachable: {e}", file=sys.stderr)
         return 3
-    kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
-    kafka_io.ensure_topics(args.bootstrap, [args.topic])
+    bus = KafkaBus(args.bootstrap)
+    bus.wait_for_broker(30)
+    bus.ensure_topics([args.topic])
     serve_metrics(args.metrics_port, args.metrics_addr)
     ledger = Ledger()
-    n = load_ledger(args.bootstrap, ledger, args.topic)
+    n = load_ledger(bus, ledger, args.topic)
     jobcomp = JobcompLog(args.jobcomp) if args.jobcomp else None
     log.info(
         "slurm-jobs up: %d records read back from %s, %d jobs running there; jobcomp %s",
@@ -265,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         len(ledger.running()),
         args.jobcomp or "not used",
     )
-    producer = KafkaBus(args.bootstrap).producer(linger_ms=0)
+    producer = bus.producer(linger_ms=0)
     publisher = Publisher(producer, ledger, jobcomp, args.topic)
     stop = StopFlag()
     try:
