@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from kafka import TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from fleetwatch import kafka_io, topics
+from fleetwatch import topics
+from fleetwatch.bus import TopicPart
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.sim import load_scenario
 from fleetwatch.collectors.sim.cli import live_epoch
 from fleetwatch.demo_plot import plot_fleet
@@ -76,12 +77,9 @@ def start_demo_broker(home: Path) -> str:
     bootstrap = f"127.0.0.1:{DEMO_KAFKA_PORT}"
     # A broker started for another checkout (its own FLEETWATCH_HOME) may still hold the port: this
     # stop cannot see it, and its old telemetry would be scored as this run's findings.
-    kafka_io.wait_for_broker(bootstrap)
-    admin = kafka_io.make_admin(bootstrap)
-    try:
-        leftover = sorted(t for t in admin.list_topics() if t.startswith("fleet."))
-    finally:
-        admin.close()
+    bus = KafkaBus(bootstrap)
+    bus.wait_for_broker()
+    leftover = sorted(t for t in bus.list_topics() if t.startswith("fleet."))
     if leftover:
         raise SystemExit(
             f"fleetwatch demo: the broker on port {DEMO_KAFKA_PORT} is not a fresh one (it holds "
@@ -213,19 +211,14 @@ class LiveView:
         self.storm: dict[str, Any] | None = None  # this run's storm, for the scorecard
         self._storm_active = False
         self._next_storm_poll = 0.0
-        self.consumer = kafka_io.make_consumer(bootstrap, enable_auto_commit=False)
+        self.reader = KafkaBus(bootstrap).reader()
         tps = []
         for t in self.TOPICS:
-            parts = self.consumer.partitions_for_topic(t)
-            deadline = time.monotonic() + 30
-            while not parts and time.monotonic() < deadline:  # metadata of a just-created topic lags
-                time.sleep(0.2)
-                parts = self.consumer.partitions_for_topic(t)
+            parts = self.reader.partitions(t, wait_s=30)  # metadata of a just-created topic lags
             if not parts:
                 raise RuntimeError(f"topic {t} has no partitions on the broker")
-            tps += [TopicPartition(t, p) for p in sorted(parts)]
-        self.consumer.assign(tps)
-        self.consumer.seek_to_beginning(*tps)
+            tps += [TopicPart(t, p) for p in parts]
+        self.reader.assign(tps, "beginning")
         self.truths: list[dict[str, Any]] = []
         self.findings: list[dict[str, Any]] = []
         self.drains: list[dict[str, Any]] = []
@@ -238,43 +231,40 @@ class LiveView:
         return f"t={ts - self.epoch:6.1f}s"
 
     def poll(self) -> None:
-        for tp, records in self.consumer.poll(timeout_ms=300).items():
-            for r in records:
-                self.last_event = time.monotonic()
-                if tp.topic == topics.DEADLETTER:
-                    self.deadletters += 1
-                    continue
-                if r.value is None:  # a tombstone (an old job the job publisher forgot): nothing to show
-                    continue
-                m = orjson.loads(r.value)
-                if tp.topic in (topics.TRUTH, topics.JOBS) and r.timestamp >= 0:
-                    self.clock.observe(
-                        m["onset_ts" if tp.topic == topics.TRUTH else "ts"], r.timestamp / 1000
-                    )
-                if tp.topic == topics.TRUTH:
-                    self.truths.append(m)
-                    if "end_ts" not in m or m.get("end_ts") == m.get("onset_ts"):
-                        where = m["node"] + (f" GPU{m['gpu']}" if m.get("gpu") is not None else "")
-                        self.console.print(
-                            f"[dim]{self.t(m['onset_ts'])}[/]  [magenta]INJECT[/]   {m['fault']:<18} {where}"
-                        )
-                elif tp.topic == topics.FINDINGS:
-                    self.findings.append(m)
-                    key = f"{m['id']}:{m['severity']}:{m['resolved']}"
-                    if key in self._seen:
-                        continue
-                    self._seen.add(key)
-                    style = "green" if m["resolved"] else SEVERITY_STYLE.get(m["severity"], "white")
-                    label = "RESOLVED" if m["resolved"] else m["severity"].upper()
-                    self.console.print(f"[dim]{self.t(m['ts'])}[/]  [{style}]{label:<8}[/] {m['summary']}")
-                elif tp.topic == topics.DRAIN:
-                    self.drains.append(m)
+        for r in self.reader.poll(0.3):
+            self.last_event = time.monotonic()
+            if r.topic == topics.DEADLETTER:
+                self.deadletters += 1
+                continue
+            if r.value is None:  # a tombstone (an old job the job publisher forgot): nothing to show
+                continue
+            m = orjson.loads(r.value)
+            if r.topic in (topics.TRUTH, topics.JOBS) and r.timestamp_ms >= 0:
+                self.clock.observe(m["onset_ts" if r.topic == topics.TRUTH else "ts"], r.timestamp_ms / 1000)
+            if r.topic == topics.TRUTH:
+                self.truths.append(m)
+                if "end_ts" not in m or m.get("end_ts") == m.get("onset_ts"):
+                    where = m["node"] + (f" GPU{m['gpu']}" if m.get("gpu") is not None else "")
                     self.console.print(
-                        f"[dim]{self.t(self.clock.at(m['issued_at']))}[/]  "
-                        f"[bold blue]{m['action'].upper():<8}[/] {m['node']}: {m['reason']}"
+                        f"[dim]{self.t(m['onset_ts'])}[/]  [magenta]INJECT[/]   {m['fault']:<18} {where}"
                     )
-                elif tp.topic == topics.JOBS:
-                    self.jobs.append(m)
+            elif r.topic == topics.FINDINGS:
+                self.findings.append(m)
+                key = f"{m['id']}:{m['severity']}:{m['resolved']}"
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                style = "green" if m["resolved"] else SEVERITY_STYLE.get(m["severity"], "white")
+                label = "RESOLVED" if m["resolved"] else m["severity"].upper()
+                self.console.print(f"[dim]{self.t(m['ts'])}[/]  [{style}]{label:<8}[/] {m['summary']}")
+            elif r.topic == topics.DRAIN:
+                self.drains.append(m)
+                self.console.print(
+                    f"[dim]{self.t(self.clock.at(m['issued_at']))}[/]  "
+                    f"[bold blue]{m['action'].upper():<8}[/] {m['node']}: {m['reason']}"
+                )
+            elif r.topic == topics.JOBS:
+                self.jobs.append(m)
         self._poll_storm()
 
     def _poll_storm(self) -> None:
@@ -315,7 +305,7 @@ class LiveView:
         self.console.print(f"[dim]{self.t(now)}[/]  [bold magenta]STORM[/]    over: drains are allowed again")
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -332,8 +322,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         console.print("starting a fresh local Kafka broker (KRaft) ...")
         bootstrap = start_demo_broker(REPO / ".fleetwatch")
-    kafka_io.wait_for_broker(bootstrap)
-    kafka_io.ensure_topics(bootstrap)
+    bus = KafkaBus(bootstrap)
+    bus.wait_for_broker()
+    bus.ensure_topics()
     _sh("services/alertmanager/alertmanager.sh", "start", dict(os.environ))
     prom_env = {**os.environ, "FLEETWATCH_CLUSTER": "demo"}
     _sh("services/prometheus/prometheus.sh", "start", prom_env)
