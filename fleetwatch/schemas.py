@@ -519,8 +519,8 @@ DRAIN_OUTCOMES = frozenset(
     }
 )
 REQUEST_SIGNATURE = "request_signature"  # drain_result/1's binding to its request; optional (older adapters)
-_DRAIN_FIELDS = ("schema", "request_id", "node", "action", "reason", "severity", "findings", "issued_at")
-_RESULT_FIELDS = ("schema", "request_id", "node", "action", "outcome", "detail", "ts")
+DRAIN_FIELDS = ("schema", "request_id", "node", "action", "reason", "severity", "findings", "issued_at")
+RESULT_FIELDS = ("schema", "request_id", "node", "action", "outcome", "detail", "ts")
 
 
 def validate_finding(m: Mapping[str, Any]) -> None:
@@ -612,7 +612,7 @@ def check_envelope(
 
 def validate_drain(m: Mapping[str, Any]) -> None:
     """Shape check (no signature check: that needs the key, alerts/drain_request.verify)."""
-    check_envelope(m, "drain", _DRAIN_FIELDS)
+    check_envelope(m, "drain", DRAIN_FIELDS)
     _string("drain.reason", m["reason"])
     if not m["reason"] or len(m["reason"]) > MAX_REASON or any(c in m["reason"] for c in "\r\n\0"):
         raise MessageError("out_of_range", f"drain.reason must be one line of 1..{MAX_REASON} characters")
@@ -629,7 +629,7 @@ def validate_drain(m: Mapping[str, Any]) -> None:
 
 def validate_result(m: Mapping[str, Any]) -> None:
     """Shape check; the signature is checked with alerts/drain_request.verify (needs the key)."""
-    check_envelope(m, "drain_result", _RESULT_FIELDS, (REQUEST_SIGNATURE,))
+    check_envelope(m, "drain_result", RESULT_FIELDS, (REQUEST_SIGNATURE,))
     if REQUEST_SIGNATURE in m:
         check_signature_field(f"drain_result.{REQUEST_SIGNATURE}", m[REQUEST_SIGNATURE])
     _string("drain_result.outcome", m["outcome"])

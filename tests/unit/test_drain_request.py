@@ -115,7 +115,7 @@ def test_a_node_with_more_findings_than_the_limit_gets_a_request_every_adapter_a
     assert msg["reason"] == f"fleetwatch: IB link down, XID 79 ({dr.MAX_FINDINGS} of 257 findings listed)"
     assert msg["request_id"] == dr.request_id("gpu-node-01", "drain", ids)  # the id covers all of them
     # No new field: an adapter of the previous release (which refuses unknown fields) takes it too.
-    assert set(msg) == {*dr._FIELDS, "signature"}
+    assert set(msg) == {*schemas.DRAIN_FIELDS, "signature"}
     back = schemas.decode(schemas.encode(msg), dr.DRAIN)
     assert dr.verify(back, KEY)
     long_reason = request(findings=ids, reason="x" * 1000)["reason"]
