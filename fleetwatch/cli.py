@@ -9,15 +9,40 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from fleetwatch import config
 from fleetwatch.kafka_io import BrokerUnavailable
 from fleetwatch.runtime import METRICS_ADDR, setup_logging
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 
 log = logging.getLogger("fleetwatch")
+
+# The commands that read the deployment file (--config FILE or $FLEETWATCH_CONFIG), each with a
+# section of its flags ([detect], [act], ...); detect and act also have typed sections
+# (_typed_sections). Options that only make sense for one run stay out of the file.
+CONFIGURED = ("collect", "simulate", "detect", "act", "slurm-jobs", "slurm-drainer")
+PER_RUN = frozenset({"help", "config", "idle_exit", "count", "once"})
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that keeps the options added to it and its commands' parsers, so that the
+    configuration file's flat sections are made from the flags themselves (their types, defaults
+    and help), not from a second list."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options: list[argparse.Action] = []  # before super(): it adds --help
+        self.commands: dict[str, _Parser] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.options.append(action)
+        return action
 
 
 def _positive_float(text: str) -> float:
@@ -39,6 +64,57 @@ def _nonneg_float(text: str) -> float:
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return v
+
+
+_EXPECTED: dict[Any, str] = {
+    int: "an integer",
+    float: "a number",
+    _positive_int: "an integer > 0",
+    _positive_float: "a number > 0",
+    _nonneg_float: "a number >= 0",
+}
+
+
+def _file_flag(action: argparse.Action) -> config.Flag:
+    """A flag as a key of its command's section: the file's value checked as the flag's own are."""
+    if action.nargs == 0:  # store_true / store_false
+        expected = "true or false"
+    elif action.choices:
+        expected = "one of " + ", ".join(map(str, action.choices))
+    else:
+        expected = _EXPECTED.get(action.type, "a string" if action.type is None else "a valid value")
+
+    def convert(value: Any) -> Any:
+        if action.nargs == 0:
+            if not isinstance(value, bool):
+                raise ValueError(expected)
+            return value
+        # TOML gives numbers and strings as themselves: a string where a number is due (or the
+        # reverse, or a float for an integer) is the file's mistake, not something to coerce
+        numeric = action.type in _EXPECTED
+        if isinstance(value, bool) or not isinstance(value, (int, float) if numeric else str):
+            raise ValueError(expected)
+        if isinstance(value, float) and "integer" in expected:
+            raise ValueError(expected)
+        try:
+            out = action.type(str(value)) if action.type is not None else value
+        except (ValueError, argparse.ArgumentTypeError):
+            raise ValueError(expected) from None
+        if action.choices and out not in action.choices:
+            raise ValueError(expected)
+        return out
+
+    return config.Flag(action.dest, action.default, action.help or "", convert)
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help=f"deployment configuration, TOML (default: ${config.ENV}; docs/configuration.md); "
+        "flags given here override it",
+    )
 
 
 def _add_bootstrap(p: argparse.ArgumentParser) -> None:
@@ -66,8 +142,8 @@ def _add_results_topic(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleetwatch", description=__doc__.splitlines()[0])
+def build_parser() -> _Parser:
+    parser = _Parser(prog="fleetwatch", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -84,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--drain-budget", type=_nonneg_float, default=0.02, help="fraction of the fleet drainable")
     p.add_argument("--settle", type=_positive_float, default=8.0, help="seconds of quiet to wait at the end")
+    _add_config(p)  # checked here, read by the demo's detect and act
     p.set_defaults(handler="fleetwatch.demo:run")
 
     p = sub.add_parser("collect", help="node agent: stream this node's GPU/host/network telemetry")
@@ -97,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument("--call-timeout", type=_positive_float, default=5.0, help="seconds per collector call")
+    _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.agent:run")
 
     p = sub.add_parser("simulate", help="simulated cluster with fault injection and ground truth")
@@ -117,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
+    _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.sim.cli:run")
 
     p = sub.add_parser("replay", help="produce recorded telemetry, one JSON message per line")
@@ -145,9 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--forget-after",
         type=_positive_float,
-        default=86400.0,
-        help="forget a node after this many seconds without telemetry (event time; default one day; "
-        "inf: never): its findings resolve, its state and series go, act drops it from the fleet",
+        default=None,
+        help="forget a node after this many seconds without telemetry (event time; default "
+        "[detect.node] forget_after_s, one day; inf: never): its findings resolve, its state and "
+        "series go, act drops it from the fleet",
     )
     p.add_argument(
         "--snapshot-every", type=_positive_float, default=30.0, help="seconds between state snapshots"
@@ -180,9 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--census-warm-up",
         type=_nonneg_float,
-        default=1200.0,
-        help="seconds of steady telemetry before a node's per-node /metrics series are always exported",
+        default=None,
+        help="seconds of steady telemetry before a node's per-node /metrics series are always exported "
+        "(default [detect.node] warm_up_s, 1200)",
     )
+    _add_config(p)
     p.set_defaults(handler="fleetwatch.pipeline.detect:run")
 
     p = sub.add_parser("eval", help="simulate -> detect -> score, without wall-clock waits")
@@ -211,13 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="at exit, seconds to wait for Alertmanager to take the queued alerts (the rest stay in "
         "the closing snapshot and are sent after a restart)",
     )
+    # The policy's and the census's flags default to None: not given, [act.policy] / [act.census]
+    # of the file decides, else the code default (alerts/policy.py PolicyConfig, census.CensusConfig).
     p.add_argument(
-        "--drain-budget", type=_nonneg_float, default=0.02, help="max fraction of the fleet drained"
+        "--drain-budget", type=_nonneg_float, default=None, help="max fraction of the fleet drained (0.02)"
     )
     p.add_argument(
         "--budget-min-nodes",
         type=int,
-        default=0,
+        default=None,
         help="budget floor in nodes (default 0: the fraction is strict)",
     )
     p.add_argument(
@@ -243,21 +327,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume-after",
         type=_nonneg_float,
-        default=900.0,
-        help="healthy seconds before a drained node resumes",
+        default=None,
+        help="healthy seconds before a drained node resumes (900)",
     )
     p.add_argument(
-        "--cooldown", type=_nonneg_float, default=3600.0, help="re-drain within this many seconds = flapping"
+        "--cooldown",
+        type=_nonneg_float,
+        default=None,
+        help="re-drain within this many seconds = flapping (3600)",
     )
-    p.add_argument("--no-auto-resume", action="store_true", help="never request resumes")
-    p.add_argument("--storm-window", type=_positive_float, default=60.0, help="storm window, seconds")
-    p.add_argument("--storm-nodes", type=_positive_int, default=5, help="nodes in a window that make a storm")
     p.add_argument(
-        "--storm-fraction", type=_nonneg_float, default=0.05, help="fraction of the fleet that makes a storm"
+        "--no-auto-resume",
+        dest="auto_resume",
+        action="store_false",
+        default=None,
+        help="never request resumes",
     )
-    p.add_argument("--storm-min-nodes", type=_positive_int, default=3, help="never a storm below this")
-    p.add_argument("--storm-clear", type=_nonneg_float, default=120.0, help="quiet seconds that end a storm")
-    p.add_argument("--settle", type=_nonneg_float, default=0.0, help="seconds to wait after an onset")
+    p.add_argument("--storm-window", type=_positive_float, default=None, help="storm window, seconds (60)")
+    p.add_argument(
+        "--storm-nodes", type=_positive_int, default=None, help="nodes in a window that make a storm (5)"
+    )
+    p.add_argument(
+        "--storm-fraction",
+        type=_nonneg_float,
+        default=None,
+        help="fraction of the fleet that makes a storm (0.05)",
+    )
+    p.add_argument("--storm-min-nodes", type=_positive_int, default=None, help="never a storm below this (3)")
+    p.add_argument(
+        "--storm-clear", type=_nonneg_float, default=None, help="quiet seconds that end a storm (120)"
+    )
+    p.add_argument("--settle", type=_nonneg_float, default=None, help="seconds to wait after an onset (0)")
     p.add_argument(
         "--runbook-base",
         default="https://github.com/fleetwatch/fleetwatch/blob/main/docs/runbooks.md#",
@@ -272,24 +372,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--census-warm-up",
         type=_nonneg_float,
-        default=1200.0,
-        help="seconds of steady telemetry before a census node counts toward the budget and storm guard",
+        default=None,
+        help="seconds of steady telemetry before a census node counts toward the budget and storm guard "
+        "(1200)",
     )
     p.add_argument(
         "--census-burst-fraction",
         type=_nonneg_float,
-        default=0.1,
+        default=None,
         help="new node names within --census-burst-window, as a fraction of the warm fleet, that raise "
-        "fleetwatch_act_census_burst",
+        "fleetwatch_act_census_burst (0.1)",
     )
     p.add_argument(
         "--census-burst-min",
         type=_positive_int,
-        default=10,
-        help="never a census burst below this many names",
+        default=None,
+        help="never a census burst below this many names (10)",
     )
     p.add_argument(
-        "--census-burst-window", type=_positive_float, default=600.0, help="census burst window, s"
+        "--census-burst-window", type=_positive_float, default=None, help="census burst window, s (600)"
     )
     p.add_argument("--group", default="fleetwatch-act", help="consumer group")
     p.add_argument("--findings-topic", default="fleet.findings.v1", help="input topic")
@@ -304,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-timeout", type=_positive_float, default=10.0, help="group session timeout, seconds"
     )
     p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
+    _add_config(p)
     p.set_defaults(handler="fleetwatch.alerts.act:run")
 
     p = sub.add_parser(
@@ -323,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--topic", default="fleet.jobs.v1", help="jobs topic (default fleet.jobs.v1)")
     p.add_argument("--once", action="store_true", help="poll once, publish, exit")
+    _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.slurm_jobs.publisher:run")
 
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
@@ -350,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse requests issued more than this many seconds ahead of this clock (rejected_stale)",
     )
     p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
+    _add_config(p)
     p.set_defaults(handler="fleetwatch.alerts.slurm_drainer:run")
     # --- end of the action layer's blocks
 
@@ -361,25 +465,117 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler="fleetwatch.pipeline.score_cli:run")
 
+    p = sub.add_parser("config", help="print the deployment configuration's defaults, or check a file")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--defaults", action="store_true", help="print every key with its default and reason (TOML)"
+    )
+    what.add_argument("--check", metavar="FILE", help="check a file: exit 0 if every command would accept it")
+    p.set_defaults(handler="fleetwatch.cli:config_command")
+
+    parser.commands.update((name, sub.choices[name]) for name in CONFIGURED)  # type: ignore[misc]
     return parser
+
+
+def _typed_sections(command: str) -> tuple[dict[str, type], set[str]]:
+    """The typed sections a command reads and the flags that override their fields (imported only
+    when needed: collect imports no detector)."""
+    if command == "detect":
+        from fleetwatch.pipeline.detect import SECTION_FLAGS, SECTIONS
+    elif command == "act":
+        from fleetwatch.alerts.act import SECTION_FLAGS, SECTIONS
+    else:
+        return {}, set()
+    return SECTIONS, {flag for flags in SECTION_FLAGS.values() for flag in flags}
+
+
+def command_sections(parser: _Parser, command: str) -> dict[str, config.Section]:
+    """A command's sections of the file: its flags ([act]), then its typed sections ([act.policy]).
+    A flag that overrides a typed field is not a key of its own: the field is."""
+    typed, overriding = _typed_sections(command)
+    flags = [
+        _file_flag(a)
+        for a in parser.commands[command].options
+        if a.option_strings and a.dest not in PER_RUN and a.dest not in overriding
+    ]
+    return {command: flags, **typed}
+
+
+def all_sections(parser: _Parser) -> dict[str, config.Section]:
+    """Every section of the file, in the order --defaults prints them."""
+    out: dict[str, config.Section] = {}
+    for command in CONFIGURED:
+        out.update(command_sections(parser, command))
+    return out
+
+
+HEADER = f"""fleetwatch deployment configuration (docs/configuration.md): every key with its code default.
+Generated by `fleetwatch config --defaults`; check a file with `fleetwatch config --check FILE`.
+Commands read it with --config FILE or ${config.ENV}; a flag on the command line overrides the
+file, the file overrides the code. Keys commented out have no default (TOML has no null)."""
+
+
+def config_command(args: argparse.Namespace) -> int:
+    sections = all_sections(build_parser())
+    if args.defaults:
+        sys.stdout.write(config.render(sections, HEADER))
+        return 0
+    config.check_sections(config.load(args.check), sections)  # ConfigError: main reports, status 2
+    print(f"{args.check}: ok")
+    return 0
+
+
+def _configure(parser: _Parser, argv: Sequence[str], args: argparse.Namespace) -> argparse.Namespace:
+    """Parse again with the file's values as the command's defaults, so that a flag given overrides
+    the file; the typed sections reach the command as args.settings ({} without a file).
+
+    A command checks its own sections and that every section is some command's (each command
+    checks its own keys: collect on a node imports no detector to check [detect.node])."""
+    path = args.config or os.environ.get(config.ENV) or None
+    args.settings = {}
+    if path is None:
+        return args
+    data = config.load(path)
+    if args.command not in parser.commands:  # the demo: the file is its workers', checked whole
+        config.check_sections(data, all_sections(parser))
+        args.config = path
+        return args
+    sections = command_sections(parser, args.command)
+    decoded = config.check_sections(data, sections, roots=CONFIGURED)
+    parser.commands[args.command].set_defaults(**decoded.pop(args.command))
+    args = parser.parse_args(argv)
+    args.settings, args.config = decoded, path
+    log.info("configuration from %s", path)
+    return args
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line with the deployment file applied, as main() runs it (ConfigError: a bad file)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return _configure(parser, argv, args) if hasattr(args, "config") else args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        if hasattr(args, "config"):  # a command that reads the file (`config --check` names its own)
+            args = _configure(parser, argv, args)
+        return int(_resolve(args.handler)(args) or 0)
+    except BrokerUnavailable as e:
+        print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
+        return 3
+    except (FileNotFoundError, ValueError) as e:  # ConfigError among them: "config error: [act] ..."
+        print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 def _resolve(spec: str) -> Callable[[argparse.Namespace], int]:
     module, func = spec.split(":")
     return getattr(importlib.import_module(module), func)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
-    try:
-        return int(_resolve(args.handler)(args) or 0)
-    except BrokerUnavailable as e:
-        print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
-        return 3
-    except (FileNotFoundError, ValueError) as e:
-        print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

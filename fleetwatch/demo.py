@@ -347,6 +347,9 @@ def run(args: argparse.Namespace) -> int:
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     detect_group, act_group = f"demo-detect-{run_id}", f"demo-act-{run_id}"
+    # the deployment file (--config, or $FLEETWATCH_CONFIG, which the workers inherit anyway):
+    # its settings are the workers'; the flags below, the demo's own, override it
+    conf = ["--config", args.config] if getattr(args, "config", None) else []
     procs["detect"] = _spawn(
         [
             "detect",
@@ -360,6 +363,7 @@ def run(args: argparse.Namespace) -> int:
             "latest" if args.bootstrap else "earliest",
             "--time-scale",
             str(sc.detector_time_scale),
+            *conf,
         ],
         env,
         out_dir / "detect.log",
@@ -388,6 +392,7 @@ def run(args: argparse.Namespace) -> int:
             "6",
             "--cluster",
             DEMO_CLUSTER,
+            *conf,
         ],
         env,
         out_dir / "act.log",

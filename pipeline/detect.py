@@ -17,15 +17,22 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from fleetwatch import census, kafka_io, schemas, signing, topics
-from fleetwatch.pipeline.job_stage import JobTask
+from fleetwatch import census, config, schemas, signing, topics
+from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.pipeline.job_stage import JobTask, JobTaskConfig
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
 from fleetwatch.pipeline.tasks import Stage
+from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)
+
+# The deployment file's sections detect reads (fleetwatch/config.py, docs/configuration.md), and
+# the flags that override their fields (flag dest -> field): a flag given wins over the file.
+SECTIONS: dict[str, type] = {"detect.node": NodeTaskConfig, "detect.job": JobTaskConfig}
+SECTION_FLAGS = {"detect.node": {"forget_after": "forget_after_s", "census_warm_up": "warm_up_s"}}
 
 # Telemetry, steps and jobs whose timestamps lie too far from their arrival at the broker are
 # rejected (dead-lettered as clock_skew): a node with a broken clock must not open or resolve
@@ -39,21 +46,30 @@ def stages(
     jobs: JobTable,
     clock: schemas.ClockLimits | None = schemas.DEFAULT_CLOCK,
     time_scale: float = 1.0,
-    forget_after_s: float = NodeTaskConfig.forget_after_s,
+    forget_after_s: float | None = None,
     *,
     census_key: bytes | None = None,
-    warm_up_s: float = NodeTaskConfig.warm_up_s,
+    warm_up_s: float | None = None,
+    node_config: NodeTaskConfig | None = None,
+    job_config: JobTaskConfig | None = None,
 ) -> list[Stage]:
-    """census_key is detect's key (census and findings): the stages' serializers sign each node/1
+    """The stages run on `node_config` and `job_config` (the deployment's; default: the code's),
+    with the lemon windows shortened by time_scale and forget_after_s / warm_up_s over them where
+    given. Restored tasks get the same configuration as new ones: snapshots hold state only.
+
+    census_key is detect's key (census and findings): the stages' serializers sign each node/1
     on fleet.nodes.v1 (fleetwatch/census.py) and each finding/1 on fleet.findings.v1
     (fleetwatch/signing.py) as it is written, so the tasks and their snapshots never hold the
     key. `fleetwatch detect` always has one (run() refuses to start without it); None, for
     in-process tests of other outputs, writes both unsigned, which act refuses."""
     # forget_after_s is not shortened with the time scale: it bounds memory against node churn,
     # which a compressed simulation does not compress
-    cfg = replace(
-        NodeTaskConfig.for_time_scale(time_scale), forget_after_s=forget_after_s, warm_up_s=warm_up_s
-    )
+    cfg = NodeTaskConfig.for_time_scale(time_scale, node_config)
+    if forget_after_s is not None:
+        cfg = replace(cfg, forget_after_s=forget_after_s)
+    if warm_up_s is not None:
+        cfg = replace(cfg, warm_up_s=warm_up_s)
+    job_cfg = job_config or JobTaskConfig()
 
     def signers(*outputs: str) -> dict[str, Callable[[dict[str, Any]], bytes]]:
         """The serializers that sign what a stage writes to `outputs` (none without a key)."""
@@ -67,7 +83,7 @@ def stages(
         new_task=lambda _p: NodeTask(jobs, cfg),
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs, cfg),
         clock={t: c for t, c in checked.items() if t == topics.TELEMETRY},
-        columnar_telemetry=True,
+        decoders={topics.TELEMETRY: decode_telemetry},  # bytes -> TelemetryBatch
         warm_up=functools.partial(NodeTask.warm_up, scanner_in_background=True),
         serializers=signers(topics.NODES, topics.FINDINGS),
     )
@@ -80,8 +96,8 @@ def stages(
             topics.JOBS: schemas.JOB,
         },
         # the job table: the nodes of a job whose job/1 a task has not read (pipeline/job_members.py)
-        new_task=lambda _p: JobTask(jobs=jobs),
-        load_task=lambda _p, raw: JobTask.from_bytes(raw, jobs=jobs),
+        new_task=lambda _p: JobTask(job_cfg, jobs=jobs),
+        load_task=lambda _p, raw: JobTask.from_bytes(raw, job_cfg, jobs=jobs),
         clock={t: c for t, c in checked.items() if t != topics.TELEMETRY},
         # the job publisher's tombstones of old jobs (topics.JOB_HISTORY_S): the job table
         # (JobTableFollower) forgets the job, this stage has nothing to do
@@ -97,13 +113,21 @@ def clock_limits(args: argparse.Namespace) -> schemas.ClockLimits | None:
     return schemas.ClockLimits(ahead_s=args.max_clock_ahead, behind_s=args.max_clock_behind)
 
 
+def node_config(args: argparse.Namespace) -> NodeTaskConfig:
+    """[detect.node] of the deployment's file (args.settings, set by the CLI; the code defaults
+    without one), with --forget-after and --census-warm-up over it where given."""
+    base = getattr(args, "settings", {}).get("detect.node") or NodeTaskConfig()
+    return config.flags_over(base, args, SECTION_FLAGS["detect.node"])
+
+
 def run(args: argparse.Namespace) -> int:
     key = census.load_key(args.census_key_file)  # fail fast, before touching Kafka; never logged
-    kafka_io.wait_for_broker(args.bootstrap)
-    kafka_io.ensure_topics(args.bootstrap)
+    bus = KafkaBus(args.bootstrap)
+    bus.wait_for_broker()
+    bus.ensure_topics()
     serve_metrics(args.metrics_port, args.metrics_addr)
     jobs = JobTable()
-    follower = JobTableFollower(jobs, lambda: kafka_io.make_consumer(args.bootstrap), clock_limits(args))
+    follower = JobTableFollower(jobs, bus, clock_limits(args))
     follower.start()
     follower.caught_up.wait(30)  # node features need job membership; do not start blind
     worker = Worker(
@@ -113,9 +137,9 @@ def run(args: argparse.Namespace) -> int:
             jobs,
             clock_limits(args),
             args.time_scale,
-            args.forget_after,
             census_key=key,
-            warm_up_s=args.census_warm_up,
+            node_config=node_config(args),
+            job_config=getattr(args, "settings", {}).get("detect.job"),
         ),
         snapshot_every_s=args.snapshot_every,
         client_id=f"detect-{socket.gethostname()}",

@@ -162,3 +162,22 @@ def test_prometheus_in_compose_scrapes_the_workers(config: dict[str, Any]) -> No
         timeout=60,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_fleetwatch_services_read_the_deployment_file(config: dict[str, Any]) -> None:
+    # every fleetwatch container names the mounted example file (issue 24, item 6), and that file is
+    # one every command accepts
+    for name in ("simulate", "detect", "act"):
+        svc = config["services"][name]
+        target = svc["environment"]["FLEETWATCH_CONFIG"]
+        (mount,) = [v for v in svc["volumes"] if v["target"] == target]
+        assert mount["type"] == "bind" and mount["read_only"], name
+        assert Path(mount["source"]) == REPO / "services" / "fleetwatch.toml", name
+    r = subprocess.run(
+        ["fleetwatch", "config", "--check", "services/fleetwatch.toml"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
