@@ -152,11 +152,13 @@ def flags(values: Mapping[str, Any], section: str, known: Sequence[Flag]) -> dic
     return out
 
 
-def check_sections(data: Mapping[str, Any], sections: Mapping[str, Section]) -> dict[str, Any]:
-    """Every table of the file decoded: {section name: dataclass instance or the flags' values}.
+def check_sections(
+    data: Mapping[str, Any], sections: Mapping[str, Section], roots: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`sections` of the file decoded: {section name: dataclass instance or the flags' values}.
 
-    A table the file has and `sections` does not know is an error, at any depth (a key of a flat
-    section that is a table names none of its sub-sections, so it is caught as an unknown key)."""
+    A top-level table neither in `sections` nor in `roots` is an error; below the top, a table
+    that names none of a flat section's sub-sections is an unknown key of it."""
     out: dict[str, Any] = {}
     for name, sec in sections.items():
         values = table(data, name)
@@ -165,12 +167,19 @@ def check_sections(data: Mapping[str, Any], sections: Mapping[str, Section]) -> 
         else:
             subs = {s.rpartition(".")[2] for s in sections if s.startswith(name + ".")}
             out[name] = flags({k: v for k, v in values.items() if k not in subs}, name, sec)
-    roots = {name.split(".")[0] for name in sections}
+    known = {name.split(".")[0] for name in sections} | set(roots)
     for key, value in data.items():
-        if key not in roots:
+        if key not in known:
             kind = "section" if isinstance(value, dict) else "key"
-            raise ConfigError(f"[{key}]: unknown {kind} (known: {', '.join(sorted(roots))})")
+            raise ConfigError(f"[{key}]: unknown {kind} (known: {', '.join(sorted(known))})")
     return out
+
+
+def flags_over(base: Any, args: Any, fields_of: Mapping[str, str]) -> Any:
+    """`base` with each field in `fields_of` (flag dest -> field) that was given on the command line
+    (not None: such flags default to None, so the file's value shows through) replaced by the flag's."""
+    given = {f: getattr(args, flag) for flag, f in fields_of.items() if getattr(args, flag, None) is not None}
+    return dataclasses.replace(base, **given)
 
 
 # ------------------------------------------------------------------------- writing
