@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from fleetwatch import kafka_io
+from fleetwatch.bus.admin import ensure_topics, wait_for_broker
 from tests.integration.services import (
     AM_PORT,
     KAFKA_SH,
@@ -43,8 +43,8 @@ def kafka_bootstrap() -> str:
         r = subprocess.run(["bash", str(KAFKA_SH), "start"], capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             pytest.fail(f"could not start the local Kafka broker: {r.stderr.strip()[-2000:]}")
-    kafka_io.wait_for_broker(bootstrap, timeout_s=60)
-    kafka_io.ensure_topics(bootstrap)
+    wait_for_broker(bootstrap, timeout_s=60)
+    ensure_topics(bootstrap)
     return bootstrap
 
 
@@ -66,7 +66,7 @@ def topic_tail(kafka_bootstrap: str) -> Iterator[Callable[[str], TopicTail]]:
 def private_broker(kafka_bootstrap: str) -> Iterator[PrivateBroker]:
     broker = PrivateBroker(int(os.environ.get("FLEETWATCH_TEST_PRIVATE_PORT", "19192")))
     broker.start()
-    kafka_io.ensure_topics(broker.bootstrap)
+    ensure_topics(broker.bootstrap)
     yield broker
     broker.stop()
 

@@ -1,6 +1,7 @@
 """The real services the integration tests run against, as classes the fixtures in
 tests/integration/conftest.py and the tests themselves use: the local Kafka broker
-(services/kafka/kafka.sh) read through TopicTail, a PrivateBroker to stop and restart,
+(services/kafka/kafka.sh) read through TopicTail and written and inspected with small helpers on
+fleetwatch.bus (the project's one Kafka client: tests use no other), a PrivateBroker to stop and restart,
 Alertmanager (services/alertmanager/alertmanager.sh), Slurm (services/slurm/slurm.sh) and the
 `fleetwatch slurm-jobs` publisher with its sbatch jobs (Jobs). Every start fails loudly when a
 service cannot start: these tests are about the real thing, so there is nothing to skip to."""
@@ -17,14 +18,16 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
-from fleetwatch import kafka_io, schemas
+from fleetwatch import schemas
+from fleetwatch.bus import Reader, Record, TopicPart
+from fleetwatch.bus.admin import Admin, ensure_topics, wait_for_broker
+from fleetwatch.bus.kafka import KafkaBus
 from tests.helpers.paths import REPO
 
 KAFKA_SH = REPO / "services" / "kafka" / "kafka.sh"
@@ -34,40 +37,113 @@ AM_PORT = int(os.environ.get("FLEETWATCH_TEST_AM_PORT", "19094"))
 SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 5)]
 
 
+def topic_parts(bootstrap: str, names: Sequence[str], wait_s: float = 10.0) -> list[TopicPart]:
+    """Every partition of these topics (each waited for up to wait_s, as a topic just created)."""
+    reader = KafkaBus(bootstrap).reader()
+    try:
+        parts = [TopicPart(t, p) for t in names for p in reader.partitions(t, wait_s=wait_s)]
+    finally:
+        reader.close()
+    return parts
+
+
+def partition_count(bootstrap: str, topic: str) -> int:
+    with Admin(bootstrap) as admin:
+        return admin.partition_count(topic)
+
+
+def end_offsets(bootstrap: str, names: Sequence[str]) -> dict[TopicPart, int]:
+    """Where each partition of these topics ends now: a test reads only what comes after."""
+    reader = KafkaBus(bootstrap).reader()
+    try:
+        return reader.end_offsets([TopicPart(t, p) for t in names for p in reader.partitions(t, wait_s=10)])
+    finally:
+        reader.close()
+
+
+def reader_at(bootstrap: str, start: Mapping[TopicPart, int]) -> Reader:
+    """A reader of these partitions from these offsets on (the caller closes it)."""
+    reader = KafkaBus(bootstrap).reader()
+    reader.assign(list(start), start)
+    return reader
+
+
+def read_quiet(reader: Reader, quiet_s: float, timeout_s: float) -> list[Record]:
+    """What `reader` returns until nothing new arrives for quiet_s (or timeout_s passes)."""
+    records: list[Record] = []
+    deadline = time.monotonic() + timeout_s
+    last_new = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - last_new < quiet_s:
+        got = reader.poll(0.2)
+        if got:
+            records += got
+            last_new = time.monotonic()
+    return records
+
+
+def commit_offsets(bootstrap: str, group: str, offsets: Mapping[TopicPart, int]) -> None:
+    """Commit `offsets` for `group` (one with no member now), as a member that never joins would."""
+    member = KafkaBus(bootstrap).group_consumer(group, client_id=f"{group}-offsets")
+    try:
+        member.commit(offsets, asynchronous=False)
+    finally:
+        member.close()
+
+
+def send(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None]],
+    *,
+    partition: int | None = None,
+    timeout_s: float = 30.0,
+    **producer: Any,
+) -> None:
+    """Produce (key, value) records (None value: a tombstone) and wait until the broker has every
+    one of them; `producer`: KafkaBus.producer()'s settings."""
+    p = KafkaBus(bootstrap).producer(**producer)
+    try:
+        for key, value in records:
+            p.send(topic, key=key, value=value, partition=partition)
+        failed = p.flush(timeout_s)
+        assert not failed, f"{len(failed)} records to {topic} were not acknowledged"
+    finally:
+        p.close(5)
+
+
 class TopicTail:
-    """A consumer placed at the current end of a topic: it sees only what a test produces next."""
+    """A reader placed at the current end of a topic: it sees only what a test produces next."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.topic = topic
-        self.consumer = KafkaConsumer(
-            **kafka_io.client_config(bootstrap), enable_auto_commit=False, consumer_timeout_ms=200
-        )
-        parts = self.consumer.partitions_for_topic(topic)
-        deadline = time.monotonic() + 10
-        while not parts and time.monotonic() < deadline:
-            time.sleep(0.2)
-            parts = self.consumer.partitions_for_topic(topic)
+        self.reader = KafkaBus(bootstrap).reader()
+        parts = self.reader.partitions(topic, wait_s=10)
         assert parts, f"topic {topic} has no partitions"
-        self.tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        self.consumer.assign(self.tps)
-        self.consumer.seek_to_end(*self.tps)
-        for tp in self.tps:  # force the lazy seek now, before the test produces anything
-            self.consumer.position(tp)
+        self.tps = [TopicPart(topic, p) for p in parts]
+        # the end as offsets taken now, before the test produces anything (not "end", which the
+        # client would resolve later, possibly past a record produced meanwhile)
+        self.reader.assign(self.tps, self.reader.end_offsets(self.tps))
 
-    def collect(self, until: Callable[[list[Any]], bool], timeout_s: float = 30.0) -> list[Any]:
-        """Poll records until `until(records)` holds or the timeout passes; returns raw records."""
-        records: list[Any] = []
+    def rewind(self) -> None:
+        """Read the topic again from its beginning."""
+        self.reader.assign(self.tps, "beginning")
+
+    def poll(self, timeout_s: float = 0.2) -> list[Record]:
+        return self.reader.poll(timeout_s)
+
+    def collect(self, until: Callable[[list[Record]], bool], timeout_s: float = 30.0) -> list[Record]:
+        """Poll records until `until(records)` holds or the timeout passes."""
+        records: list[Record] = []
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not until(records):
-            for batch in self.consumer.poll(timeout_ms=200).values():
-                records.extend(batch)
+            records += self.reader.poll(0.2)
         return records
 
-    def messages(self, records: list[Any]) -> list[dict[str, Any]]:
+    def messages(self, records: list[Record]) -> list[dict[str, Any]]:
         return [schemas.decode(r.value) for r in records]
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 class PrivateBroker:
@@ -103,7 +179,7 @@ class PrivateBroker:
 
     def start(self) -> None:
         self._sh("start")
-        kafka_io.wait_for_broker(self.bootstrap, timeout_s=60)
+        wait_for_broker(self.bootstrap, timeout_s=60)
 
     def stop(self) -> None:
         self._sh("stop")
@@ -204,9 +280,9 @@ class Jobs:
         self.bootstrap = bootstrap
         self.tmp = tmp
         self.topic = topic or f"test.jobs.{uuid.uuid4().hex[:10]}"
-        kafka_io.ensure_topics(bootstrap, [self.topic])
+        ensure_topics(bootstrap, [self.topic])
         self.tail = TopicTail(bootstrap, self.topic)
-        self.records: list[Any] = []
+        self.records: list[Record] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.env = dict(slurm.env)
         self.jobcomp = str(Path(slurm.conf).parent / "jobcomp.log")

@@ -14,12 +14,11 @@ import uuid
 from typing import Any
 
 import orjson
-from kafka.partitioner.default import murmur2
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
-from fleetwatch import kafka_io, topics
+from fleetwatch import topics
+from fleetwatch.bus.partitioner import partition_for
 from tests.helpers.messages import gpu, sample
-from tests.integration.services import TopicTail
+from tests.integration.services import TopicTail, partition_count
 from tests.integration.workers import Detect, produce
 
 
@@ -28,7 +27,7 @@ def _same_partition(prefix: str, count: int, partitions: int) -> list[str]:
     by_part: dict[int, list[str]] = {}
     for i in range(1000):
         name = f"{prefix}{i}"
-        group = by_part.setdefault((murmur2(name.encode()) & 0x7FFFFFFF) % partitions, [])
+        group = by_part.setdefault(partition_for(name.encode(), partitions), [])
         group.append(name)
         if len(group) == count:
             return group
@@ -37,9 +36,7 @@ def _same_partition(prefix: str, count: int, partitions: int) -> list[str]:
 
 def test_a_node_ahead_of_time_does_not_make_its_partition_mates_silent(kafka_bootstrap: str) -> None:
     run = uuid.uuid4().hex[:6]
-    admin = kafka_io.make_admin(kafka_bootstrap)
-    partitions = len(admin.describe_topics([topics.TELEMETRY])[0]["partitions"])
-    admin.close()
+    partitions = partition_count(kafka_bootstrap, topics.TELEMETRY)
     ahead, *healthy = nodes = _same_partition(f"sk{run}-", 3, partitions)
     findings = TopicTail(kafka_bootstrap, topics.FINDINGS)
     d = Detect(kafka_bootstrap, run)

@@ -11,15 +11,15 @@ from typing import Any
 
 import orjson
 import pytest
-from kafka.partitioner.default import murmur2
 from prometheus_client import REGISTRY
 
-from fleetwatch import kafka_io, topics
+from fleetwatch import topics
 from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.bus.partitioner import partition_for
 from fleetwatch.pipeline import state_store
 from fleetwatch.pipeline.state_store import read_snapshots, write_snapshot
 from tests.helpers.messages import gpu, sample
-from tests.integration.services import TopicTail
+from tests.integration.services import TopicTail, partition_count
 from tests.integration.workers import Detect, produce
 
 
@@ -30,7 +30,7 @@ def test_snapshots_of_several_stages_and_partitions_come_back_from_one_read(
     run = uuid.uuid4().hex[:8]
     node, job = f"g-{run}/node", f"g-{run}/job"
     states = {(node, 0): os.urandom(3500), (job, 0): os.urandom(10), (node, 1): os.urandom(2000)}
-    producer = kafka_io.make_producer(kafka_bootstrap)
+    producer = KafkaBus(kafka_bootstrap).producer()
     for (stage, p), state in states.items():
         write_snapshot(producer, stage, p, {"in.topic": 100 + p}, b"old" + state)
         write_snapshot(producer, stage, p, {"in.topic": 200 + p}, state)  # the newer one wins
@@ -40,7 +40,7 @@ def test_snapshots_of_several_stages_and_partitions_come_back_from_one_read(
     producer.send(
         topics.STATE, key=f"{job}/1/chunk-00000".encode(), value=b"0123456789abcdef:partial", partition=1
     )
-    producer.flush()
+    assert not producer.flush(30), "records not acknowledged"
     producer.close()
 
     made: list[tuple[str, list[int]]] = []
@@ -80,7 +80,7 @@ def _lost(group: str, stage: str) -> float:
 def _plant(bootstrap: str, state: str, partition: int, manifest: bytes, chunk: bytes | None = None) -> None:
     """A manifest (and chunk 0) for one partition of a stage on the state topic, as a hostile or
     buggy client could write it."""
-    producer = kafka_io.make_producer(bootstrap)
+    producer = KafkaBus(bootstrap).producer()
     if chunk is not None:
         producer.send(
             topics.STATE, key=f"{state}/{partition}/chunk-00000".encode(), value=chunk, partition=partition
@@ -88,7 +88,7 @@ def _plant(bootstrap: str, state: str, partition: int, manifest: bytes, chunk: b
     producer.send(
         topics.STATE, key=f"{state}/{partition}/manifest".encode(), value=manifest, partition=partition
     )
-    producer.flush()
+    assert not producer.flush(30), "records not acknowledged"
     producer.close()
 
 
@@ -103,14 +103,12 @@ def test_unreadable_state_starts_its_partition_cold_and_detect_goes_on_across_a_
     run = uuid.uuid4().hex[:6]
     group = f"test-hostile-{run}"  # Detect's group for this run
     node_state, job_state = f"{group}/detect-node", f"{group}/detect-job"
-    admin = kafka_io.make_admin(kafka_bootstrap)
-    n_parts = admin.describe_topics([topics.TELEMETRY])[0]["partitions"]
-    admin.close()
+    n_parts = partition_count(kafka_bootstrap, topics.TELEMETRY)
     nodes = [f"su{run}-{i}" for i in range(40)]
     by_part: dict[int, str] = {}
     for n in nodes:  # a node of each telemetry partition
-        by_part.setdefault((murmur2(n.encode()) & 0x7FFFFFFF) % len(n_parts), n)
-    assert len(by_part) == len(n_parts) >= 2
+        by_part.setdefault(partition_for(n.encode(), n_parts), n)
+    assert len(by_part) == n_parts >= 2
     _plant(kafka_bootstrap, node_state, 0, b"[1,2,3]")
     _plant(kafka_bootstrap, node_state, 1, b"\x00\xff not json")
     _plant(kafka_bootstrap, job_state, 0, b'{"generation": "a", "chunks": 1000000000000, "offsets": {}}')

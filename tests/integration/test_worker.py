@@ -18,13 +18,14 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from fleetwatch import kafka_io, schemas
+from fleetwatch import schemas
+from fleetwatch.bus.admin import ensure_topics
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
 from tests.helpers.messages import telemetry
 from tests.helpers.paths import REPO
-from tests.integration.services import TopicTail
+from tests.integration.services import TopicTail, partition_count
 from tests.integration.workers import counting_stage, produce
 
 
@@ -36,7 +37,7 @@ def _names() -> tuple[str, str, str, str]:
 
 def test_worker_dead_letters_commits_and_resumes_from_snapshot(kafka_bootstrap: str) -> None:
     in_topic, out_topic, group, stage = _names()
-    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic])
+    ensure_topics(kafka_bootstrap, [in_topic, out_topic])
     nodes = [f"wnode-{i:02d}" for i in range(8)]
     first = [(n, schemas.encode(telemetry(node=n, seq=s))) for s in range(20) for n in nodes]
     bad = [("wnode-00", b"{not json"), ("wnode-01", b'{"schema": "telemetry/1"}')]
@@ -46,9 +47,7 @@ def test_worker_dead_letters_commits_and_resumes_from_snapshot(kafka_bootstrap: 
     dlq = TopicTail(kafka_bootstrap, "fleet.deadletter.v1")
     a = Worker(kafka_bootstrap, group, [counting_stage(stage, in_topic, out_topic)], snapshot_every_s=3600)
     a.run(StopFlag(install=False), idle_exit_s=3)
-    admin = kafka_io.make_admin(kafka_bootstrap)
-    n_partitions = len(admin.describe_topics([in_topic])[0]["partitions"])
-    admin.close()
+    n_partitions = partition_count(kafka_bootstrap, in_topic)
     assert REGISTRY.get_sample_value("fleetwatch_worker_partitions", {"group": group}) == n_partitions
     a.close()  # snapshots every task it holds, then leaves the group
     assert REGISTRY.get_sample_value("fleetwatch_worker_partitions", {"group": group}) == 0
@@ -87,7 +86,7 @@ def test_a_restore_longer_than_the_session_timeout_keeps_the_member_in_its_group
     member expelled. (With kafka-python, whose callbacks ran on the thread that heartbeats, it
     did, and the group rebalanced under it.)"""
     in_topic, out_topic, group, stage = _names()
-    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
+    ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
     nodes = [f"snode-{i}" for i in range(4)]
     produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=0))) for n in nodes])
     a = Worker(kafka_bootstrap, group, [counting_stage(stage, in_topic, out_topic)], snapshot_every_s=3600)
@@ -119,7 +118,7 @@ def test_a_poll_that_never_returns_is_reported_and_normal_polls_are_not(kafka_bo
     process exits for its supervisor to restart it); its own slow work and ordinary polls are not
     stalls."""
     in_topic, out_topic, group, stage = _names()
-    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
+    ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
     nodes = [f"pnode-{i}" for i in range(4)]
     produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n))) for n in nodes])
     stalls: list[float] = []
@@ -152,7 +151,7 @@ def test_a_poll_that_never_returns_is_reported_and_normal_polls_are_not(kafka_bo
 
 def test_by_default_a_stalled_worker_process_exits_for_its_supervisor(kafka_bootstrap: str) -> None:
     in_topic, out_topic, group, stage = _names()
-    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
+    ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=1)
     script = f"""
 import threading
 from fleetwatch.runtime import StopFlag
@@ -200,7 +199,7 @@ kernels = (
     stat_kernels.sibling_z_pass, stat_kernels.calibrate_pass, stat_kernels.robust_pass,
 )
 before = [bool(f.signatures) for f in (telemetry_scan._scan, *kernels)]
-next(s for s in detect.stages(JobTable()) if s.columnar_telemetry).warm_up()
+next(s for s in detect.stages(JobTable()) if s.decoders).warm_up()
 warm = [bool(f.signatures) for f in kernels]
 telemetry_decode.load_scanner()  # waits for the background load
 print(before, warm, bool(telemetry_scan._scan.signatures), telemetry_decode.scanner_ready())
@@ -214,7 +213,7 @@ def test_an_assignment_whose_restore_fails_is_held_and_taken_on_retry(kafka_boot
     of poll() as SystemError and the worker exited). The state topic cannot be read at the first
     assignment: the partitions are held unread and counted, and the retry restores their state."""
     in_topic, out_topic, group, stage = _names()
-    kafka_io.ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=2)
+    ensure_topics(kafka_bootstrap, [in_topic, out_topic], partitions=2)
     nodes = [f"rnode-{i}" for i in range(4)]
     produce(kafka_bootstrap, in_topic, [(n, schemas.encode(telemetry(node=n, seq=0))) for n in nodes])
     a = Worker(kafka_bootstrap, group, [counting_stage(stage, in_topic, out_topic)], snapshot_every_s=3600)

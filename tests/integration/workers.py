@@ -7,14 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
-from kafka import KafkaProducer
-
-from fleetwatch import kafka_io
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline.detect import stages
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
 from tests.helpers.counting import CountingTask, counting_stage  # noqa: F401  (used by the tests)
+from tests.integration.services import send
 
 
 class Detect:
@@ -23,7 +22,7 @@ class Detect:
 
     def __init__(self, bootstrap: str, run: str, census_key: bytes | None = None) -> None:
         self.jobs = JobTable()
-        self.follower = JobTableFollower(self.jobs, lambda: kafka_io.make_consumer(bootstrap))
+        self.follower = JobTableFollower(self.jobs, KafkaBus(bootstrap))
         self.follower.start()
         self.worker = Worker(
             bootstrap,
@@ -49,8 +48,5 @@ class Detect:
 
 
 def produce(bootstrap: str, topic: str, values: list[tuple[str, bytes]]) -> None:
-    p = KafkaProducer(**kafka_io.client_config(bootstrap))
-    for key, value in values:
-        p.send(topic, key=key.encode(), value=value)
-    p.flush()
-    p.close()
+    """(key, value) records on `topic`, each acknowledged by the broker before this returns."""
+    send(bootstrap, topic, ((key.encode(), value) for key, value in values))
