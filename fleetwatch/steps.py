@@ -51,9 +51,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from kafka.errors import KafkaConfigurationError, KafkaTimeoutError
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus import Delivery, SendError
+from fleetwatch.bus.config import ConfigError
+from fleetwatch.bus.kafka import KafkaBus
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,6 @@ Record = tuple[int, float, float, float | None]
 
 # Every open reporter, for the fork hook below (weak: the hook must not keep one alive).
 _REPORTERS: weakref.WeakSet[StepReporter] = weakref.WeakSet()
-# Producers inherited through a fork: the child never uses or closes them (their sockets and
-# buffers are the parent's), and keeps them referenced so that no finaliser touches them either.
-_INHERITED: list[Any] = []
 
 
 def _after_fork_in_child() -> None:
@@ -177,7 +176,7 @@ class StepReporter:
     Use it as a context manager (`with StepReporter(...) as r:`) or call `close()`; an atexit
     hook closes it otherwise. `bootstrap` defaults to $FLEETWATCH_BOOTSTRAP. Kafka security
     settings come from the same FLEETWATCH_KAFKA_* variables as every fleetwatch client
-    (fleetwatch/kafka_io.py). One reporter per process (per training thread): calls from several
+    (fleetwatch/bus/config.py). One reporter per process (per training thread): calls from several
     threads are safe, but its counters may then be off by a few."""
 
     def __init__(
@@ -197,6 +196,7 @@ class StepReporter:
         retry_backoff_s: tuple[float, float] = (0.2, 10.0),
         env: Mapping[str, str] | None = None,
         producer_config: Mapping[str, Any] | None = None,
+        connect_timeout_s: float = 2.0,
     ) -> None:
         env = os.environ if env is None else env
         bootstrap = bootstrap or env.get(BOOTSTRAP_ENV)
@@ -211,6 +211,7 @@ class StepReporter:
             ("close_timeout_s", close_timeout_s),
             ("exit_timeout_s", exit_timeout_s),
             ("delivery_timeout_s", delivery_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
         ):
             if not 0 <= v < _INF:
                 raise ValueError(f"{name} must be finite and >= 0, got {v}")
@@ -228,6 +229,7 @@ class StepReporter:
         self._delivery_timeout_s = delivery_timeout_s
         self._backoff_min_s, self._backoff_max_s = retry_backoff_s
         self._producer_config = dict(producer_config or {})
+        self._connect_timeout_s = connect_timeout_s
 
         # The training thread's side: it writes only these.
         self._buf: collections.deque[Record] = collections.deque(maxlen=max_buffered)
@@ -238,7 +240,7 @@ class StepReporter:
 
         # The sender thread's side.
         self._producer: Any = None
-        self._in_flight: collections.deque[Any] = collections.deque()  # futures, in send order
+        self._in_flight: collections.deque[Delivery] = collections.deque()  # in send order
         self._taken = 0  # records taken out of the buffer (handed to the producer or abandoned)
         self._sent = 0
         self._failed = 0  # handed to the producer, never acknowledged
@@ -407,8 +409,8 @@ class StepReporter:
         parent's; this process starts from nothing, with a sender of its own at its first step."""
         closed = self._stop.is_set()
         self._forked = True
-        if self._producer is not None:
-            _INHERITED.append(self._producer)
+        # The parent's producer is inert here (fleetwatch/bus/kafka.py: its librdkafka handle is
+        # never used nor destroyed in a child); this process makes its own at its first step.
         self._producer = None
         self._in_flight = collections.deque()
         self._buf = collections.deque(maxlen=0 if closed else self.max_buffered)
@@ -460,29 +462,29 @@ class StepReporter:
 
     def _connect(self) -> bool:
         linger_ms = 20  # batches a burst of steps; far below any step time worth reporting
-        delivery_ms = max(linger_ms + 2, int(self._delivery_timeout_s * 1000))
-        cfg: dict[str, Any] = {
-            # One bootstrap attempt per try: the thread retries with backoff, and close() must not
-            # wait long for a constructor that cannot reach the broker.
-            "bootstrap_timeout_ms": 2000,
-            # send() waits this long for a topic's metadata; only this thread ever waits.
-            "max_block_ms": 500,
-            # Step times are best-effort metrics: a step lost or repeated is harmless. Without
-            # idempotence an outage leaves no producer sequence state to wedge (see
-            # collectors/forwarder.py), so one producer reconnects by itself across outages.
-            "enable_idempotence": False,
-            "delivery_timeout_ms": delivery_ms,
-            # kafka-python requires delivery_timeout_ms > linger_ms + request_timeout_ms.
-            "request_timeout_ms": max(1, min(5000, delivery_ms - linger_ms - 1)),
-            "linger_ms": linger_ms,
-            # kafka-python backs reconnects off up to 30 s; steps sent after a restart would wait
-            # that long. 5 s (with kafka-python's jitter) still spares a recovering broker a herd.
-            "reconnect_backoff_max_ms": 5000,
+        delivery_s = max((linger_ms + 2) / 1000, self._delivery_timeout_s)
+        options: dict[str, Any] = {
+            # A request waits at most this long for the broker's answer (librdkafka requires it
+            # below the delivery timeout).
+            "request.timeout.ms": max(1, min(5000, int(delivery_s * 1000) - linger_ms - 1)),
+            # librdkafka backs reconnects off up to 10 s; steps sent after a restart would wait
+            # that long. 5 s (with librdkafka's jitter) still spares a recovering broker a herd.
+            "reconnect.backoff.max.ms": 5000,
         }
-        cfg.update(self._producer_config)
+        options.update(self._producer_config)
         try:
-            producer = kafka_io.make_producer(self.bootstrap, **cfg)
-        except (KafkaConfigurationError, TypeError, ValueError) as e:
+            # One bootstrap attempt per try (connect_timeout_s): the thread retries with backoff,
+            # and close() must not wait long for a connection that cannot be made.
+            producer = KafkaBus(self.bootstrap, connect_timeout_s=self._connect_timeout_s).producer(
+                linger_ms=linger_ms,
+                delivery_timeout_s=delivery_s,
+                # Step times are best-effort metrics: a step lost or repeated is harmless. Without
+                # idempotence an outage leaves no producer sequence state to wedge (see
+                # collectors/forwarder.py), so one producer reconnects by itself across outages.
+                idempotent=False,
+                options=options,
+            )
+        except (ConfigError, TypeError, ValueError) as e:
             # Not the broker's fault: say so once, loudly; retries (at the slowest pace) change nothing
             # but keep the buffer bounded as in any outage.
             if not self._misconfigured:
@@ -490,15 +492,10 @@ class StepReporter:
                 log.error("fleetwatch.steps: cannot create the Kafka producer (%s); steps are dropped", e)
             self._mark_down(f"bad producer configuration: {e}")
             return False
-        except Exception as e:  # BrokerUnavailable, NoBrokersAvailable, OSError, ...
+        except Exception as e:  # BrokerUnavailable, OSError, ...
             self._mark_down(f"cannot connect: {e}")
             return False
         self._producer = producer
-        # atexit runs the newest hook first: kafka-python's own hook (registered by the producer
-        # just now) would close the producer before ours could hand it the last steps.
-        if not self._stop.is_set():
-            atexit.unregister(self._at_exit)
-            atexit.register(self._at_exit)
         self._mark_up()
         return True
 
@@ -537,30 +534,32 @@ class StepReporter:
 
     def _send(self, rec: Record) -> bool:
         try:
-            fut = self._producer.send(self.topic, value=self._encode(rec), key=self._key)
-        except KafkaTimeoutError as e:  # no metadata within max_block_ms: the broker is away
+            delivery = self._producer.send(self.topic, value=self._encode(rec), key=self._key)
+        except SendError as e:  # refused outright (the producer's queue is full, say): this step is lost
             self._failed += 1
-            self._mark_down(f"send timed out: {e}")
+            self._mark_down(f"send refused: {e}")
             return False
         except Exception as e:  # BufferError, a closed producer, ...: this step is lost, not the job
             self._failed += 1
             self._mark_down(f"send failed: {e!r}")
             return False
-        self._in_flight.append(fut)
+        self._in_flight.append(delivery)
         return True
 
     def _retire(self) -> None:
         # One key, so one partition: the producer completes these futures in send order.
         q = self._in_flight
-        while q and q[0].is_done:
-            fut = q.popleft()
-            if fut.exception is None:
+        if q:
+            self._producer.poll(0)  # the producer settles deliveries when asked to
+        while q and q[0].done:
+            delivery = q.popleft()
+            if delivery.error is None:
                 self._sent += 1
                 if not self._broker_up:
                     self._mark_up()
             else:
                 self._failed += 1
-                self._mark_down(f"delivery failed: {fut.exception}")
+                self._mark_down(f"delivery failed: {delivery.error}")
 
     def _mark_down(self, why: str) -> None:
         if self._broker_up or self._outages == 0:
@@ -584,17 +583,15 @@ class StepReporter:
         producer = self._producer
         if producer is None:
             return
-        # Stop sending a little before the caller stops waiting, so that producer.close() below has
-        # begun (and unregistered kafka-python's own atexit hook, which would wait again) by then.
+        # Stop sending a little before the caller stops waiting, so that the producer is closed (and
+        # the counts final) by then.
         until = self._deadline - min(0.25, 0.25 * max(0.0, self._deadline - time.monotonic()))
         while time.monotonic() < until:
             self._pump()
             if not self._buf and not self._in_flight:
                 break
             try:
-                producer.flush(timeout=max(0.0, min(0.1, until - time.monotonic())))
-            except KafkaTimeoutError:
-                continue  # not all delivered yet: try again until the deadline
+                producer.flush(max(0.0, min(0.1, until - time.monotonic())))
             except Exception as e:
                 log.debug("fleetwatch.steps: flushing the producer: %r", e)
                 break
@@ -607,10 +604,9 @@ class StepReporter:
                 self.bootstrap,
             )
         try:
-            # With steps still unacknowledged (broker down), kafka-python's close() returns only
-            # once they are delivered or expire (delivery_timeout_s): this daemon thread waits for
-            # that, the caller of close() does not, and interpreter exit does not wait for it.
-            producer.close(timeout=self._delivery_timeout_s + 5 if self._in_flight else 1)
+            # Past the deadline: what is still unacknowledged is purged, not waited for (bounded, so
+            # interpreter exit with the broker down is as quick as exit_timeout_s).
+            producer.close(0)
         except Exception as e:
             log.debug("fleetwatch.steps: closing the producer: %r", e)
         self._retire()

@@ -35,6 +35,10 @@ class BrokerUnavailable(RuntimeError):
     """The bootstrap servers did not answer; the message is one line for the user."""
 
 
+class ConfigError(ValueError):
+    """The client refused its settings (an unknown or invalid librdkafka setting)."""
+
+
 def rdkafka_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """librdkafka's settings for `bootstrap` with the FLEETWATCH_KAFKA_* security settings."""
     env = os.environ if env is None else env

@@ -46,7 +46,14 @@ from fleetwatch.bus import (
     TopicPart,
     admin,
 )
-from fleetwatch.bus.config import COMPRESSION, BrokerUnavailable, protocol, rdkafka_config, unavailable
+from fleetwatch.bus.config import (
+    COMPRESSION,
+    BrokerUnavailable,
+    ConfigError,
+    protocol,
+    rdkafka_config,
+    unavailable,
+)
 from fleetwatch.record_block import RecordBlock
 
 __all__ = ["KafkaBus", "KafkaGroupConsumer", "KafkaProducer", "KafkaReader", "rdkafka_config"]
@@ -446,7 +453,10 @@ class KafkaProducer:
         if max_message_bytes is not None:
             cfg["message.max.bytes"] = max_message_bytes
         cfg.update(options or {})
-        producer = _Producer(cfg)
+        try:
+            producer = _Producer(cfg)
+        except KafkaException as e:
+            raise ConfigError(f"the Kafka producer refused its settings: {e.args[0].str()}") from e
         _check_reachable(producer, bus.bootstrap, cfg, bus.connect_timeout_s)
         self._native = _Native(producer)
         self._sent: list[Delivery] = []

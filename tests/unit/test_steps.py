@@ -37,7 +37,7 @@ def dead_reporter() -> Iterator[Any]:
         kw.setdefault("rank", 0)
         kw.setdefault("node", "n1")
         # One short bootstrap attempt: the tests that wait for the thread to finish wait less.
-        r = StepReporter(DEAD, producer_config={"bootstrap_timeout_ms": 200}, **kw)
+        r = StepReporter(DEAD, connect_timeout_s=0.2, **kw)
         made.append(r)
         return r
 
