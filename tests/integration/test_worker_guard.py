@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 from prometheus_client import REGISTRY
 
-from fleetwatch import kafka_io, schemas
+from fleetwatch import schemas
+from fleetwatch.bus.admin import ensure_topics
 from fleetwatch.deadletter import KEPT_BYTES
 from fleetwatch.pipeline.tasks import Output, Stage
 from fleetwatch.pipeline.worker import MAX_OUTPUT_BYTES, Worker
@@ -49,7 +50,7 @@ class PoisonedCountingTask(CountingTask):
 def _run(bootstrap: str, values: list[tuple[str, bytes]]) -> tuple[str, str, str, Worker]:
     run = uuid.uuid4().hex[:8]
     in_topic, out_topic, group = f"test.guard.in.{run}", f"test.guard.out.{run}", f"g-guard-{run}"
-    kafka_io.ensure_topics(bootstrap, [in_topic, out_topic])
+    ensure_topics(bootstrap, [in_topic, out_topic])
     produce(bootstrap, in_topic, values)
     stage = Stage(
         name=f"guard-{run}",

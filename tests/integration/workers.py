@@ -8,6 +8,7 @@ import threading
 import time
 
 from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.detect import stages
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.worker import Worker
@@ -27,7 +28,8 @@ class Detect:
         self.worker = Worker(
             bootstrap,
             f"test-hostile-{run}",
-            stages(self.jobs, census_key=census_key),
+            # the tasks export to this process's /metrics, as `fleetwatch detect` wires them
+            stages(self.jobs, census_key=census_key, metrics=fleet_metrics.exported()),
             snapshot_every_s=3600,
             start_at="latest",
         )
@@ -48,5 +50,7 @@ class Detect:
 
 
 def produce(bootstrap: str, topic: str, values: list[tuple[str, bytes]]) -> None:
-    """(key, value) records on `topic`, each acknowledged by the broker before this returns."""
-    send(bootstrap, topic, ((key.encode(), value) for key, value in values))
+    """(key, value) records on `topic`, each acknowledged by the broker before this returns. Values
+    up to 1 MiB (kafka-python's limit, which these tests were written against; librdkafka's default
+    is 1,000,000 bytes): the worker's guard is tested with records just under what the broker takes."""
+    send(bootstrap, topic, ((key.encode(), value) for key, value in values), max_message_bytes=1 << 20)
