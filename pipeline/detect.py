@@ -19,6 +19,7 @@ from typing import Any
 
 from fleetwatch import census, config, schemas, signing, topics
 from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.job_stage import JobTask, JobTaskConfig
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
@@ -52,6 +53,7 @@ def stages(
     warm_up_s: float | None = None,
     node_config: NodeTaskConfig | None = None,
     job_config: JobTaskConfig | None = None,
+    metrics: fleet_metrics.FleetStateCollector | None = None,
 ) -> list[Stage]:
     """The stages run on `node_config` and `job_config` (the deployment's; default: the code's),
     with the lemon windows shortened by time_scale and forget_after_s / warm_up_s over them where
@@ -61,7 +63,10 @@ def stages(
     on fleet.nodes.v1 (fleetwatch/census.py) and each finding/1 on fleet.findings.v1
     (fleetwatch/signing.py) as it is written, so the tasks and their snapshots never hold the
     key. `fleetwatch detect` always has one (run() refuses to start without it); None, for
-    in-process tests of other outputs, writes both unsigned, which act refuses."""
+    in-process tests of other outputs, writes both unsigned, which act refuses.
+
+    metrics: where the tasks export their state and counts (run() gives fleet_metrics.exported(),
+    the global registry's); None exports nothing."""
     # forget_after_s is not shortened with the time scale: it bounds memory against node churn,
     # which a compressed simulation does not compress
     cfg = NodeTaskConfig.for_time_scale(time_scale, node_config)
@@ -80,8 +85,8 @@ def stages(
         name="detect-node",
         inputs=(topics.TELEMETRY,),
         schemas={topics.TELEMETRY: schemas.TELEMETRY},
-        new_task=lambda _p: NodeTask(jobs, cfg),
-        load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs, cfg),
+        new_task=lambda _p: NodeTask(jobs, cfg, metrics=metrics),
+        load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs, cfg, metrics),
         clock={t: c for t, c in checked.items() if t == topics.TELEMETRY},
         decoders={topics.TELEMETRY: decode_telemetry},  # bytes -> TelemetryBatch
         warm_up=functools.partial(NodeTask.warm_up, scanner_in_background=True),
@@ -96,8 +101,8 @@ def stages(
             topics.JOBS: schemas.JOB,
         },
         # the job table: the nodes of a job whose job/1 a task has not read (pipeline/job_members.py)
-        new_task=lambda _p: JobTask(job_cfg, jobs=jobs),
-        load_task=lambda _p, raw: JobTask.from_bytes(raw, job_cfg, jobs=jobs),
+        new_task=lambda _p: JobTask(job_cfg, jobs=jobs, metrics=metrics),
+        load_task=lambda _p, raw: JobTask.from_bytes(raw, job_cfg, jobs=jobs, metrics=metrics),
         clock={t: c for t, c in checked.items() if t != topics.TELEMETRY},
         # the job publisher's tombstones of old jobs (topics.JOB_HISTORY_S): the job table
         # (JobTableFollower) forgets the job, this stage has nothing to do
@@ -140,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             census_key=key,
             node_config=node_config(args),
             job_config=getattr(args, "settings", {}).get("detect.job"),
+            metrics=fleet_metrics.exported(),  # the tasks' state and counts on this process's /metrics
         ),
         snapshot_every_s=args.snapshot_every,
         client_id=f"detect-{socket.gethostname()}",

@@ -4,6 +4,11 @@ Per-node and per-GPU gauges are not set sample by sample: at 16k node-samples/s 
 cost more than the detectors. The tasks keep their latest values in numpy arrays anyway, and
 a custom collector reads them when Prometheus scrapes.
 
+Nothing here reaches the tasks by itself: a task exports only to the FleetStateCollector it is
+given (NodeTask/JobTask `metrics`, default None: nothing exported), and only the commands wire
+this process's one collector into the global registry (`exported()`, pipeline/detect.py), so a task
+built by `fleetwatch eval`, a benchmark or a test leaves prometheus_client's REGISTRY alone.
+
 Label cardinality is bounded and chosen for a 16k-GPU cluster (2,048 nodes x 8 GPUs): each
 worker exports only the nodes of the partitions it owns (a task leaves the registry when its
 partition is revoked) and only nodes heard from within the node stage's forget_after_s (a
@@ -29,10 +34,10 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.core import REGISTRY, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetwatch.detectors.findings import KINDS
+from fleetwatch.schemas import FINDING_KINDS
 
 FINDINGS = Counter(
     "fleetwatch_findings_total", "findings emitted (opened or escalated)", ["kind", "severity"]
@@ -40,7 +45,7 @@ FINDINGS = Counter(
 FINDINGS_RESOLVED = Counter("fleetwatch_findings_resolved_total", "findings resolved", ["kind"])
 # exported at 0 from the start, one series per finding kind (a bounded set): the dashboards' rates
 # of resolved findings read 0, not "no data", until the first incident resolves
-for _kind in sorted(KINDS):
+for _kind in sorted(FINDING_KINDS):
     FINDINGS_RESOLVED.labels(_kind)
 SAMPLES = Counter("fleetwatch_detect_samples_total", "telemetry node-samples run through the detectors")
 LATENCY = Histogram(
@@ -48,10 +53,6 @@ LATENCY = Histogram(
     "wall time from the sample that raised a finding to the finding being produced",
     ["kind"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
-)
-NEW_NODES = Counter(
-    "fleetwatch_detect_new_nodes_total",
-    "node names this worker started holding (a first sample; a flood of made-up names shows here)",
 )
 COLD_NODES = 256  # per-node series exported per worker for nodes not warm yet (worst health first)
 
@@ -98,12 +99,35 @@ class JobSource(Protocol):
 
 
 class FleetStateCollector(Collector):
-    """Reads the live tasks of this process at scrape time (weakly held: a dropped task is gone)."""
+    """What the tasks export: their live state, read at scrape time (weakly held: a dropped task is
+    gone), and the counters they keep as they work. Tasks are given one (NodeTask/JobTask
+    `metrics`); none is registered anywhere until a command does it (exported())."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._nodes: weakref.WeakSet[Any] = weakref.WeakSet()
         self._jobs: weakref.WeakSet[Any] = weakref.WeakSet()
+        # the tasks' counters, in no registry of their own: collect() exports them with the state
+        self.new_nodes = Counter(
+            "fleetwatch_detect_new_nodes_total",
+            "node names this worker started holding (a first sample; a flood of made-up names shows here)",
+            registry=None,
+        )
+        self.stale_samples = Counter(
+            "fleetwatch_detect_stale_samples_total",
+            "telemetry samples dropped as duplicate or out of order",
+            registry=None,
+        )
+        self.nodes_forgotten = Counter(
+            "fleetwatch_detect_nodes_forgotten_total",
+            "nodes forgotten after forget_after_s without telemetry",
+            registry=None,
+        )
+        self.stale_job_records = Counter(
+            "fleetwatch_detect_stale_job_records_total",
+            "step and node-feature records dropped as duplicate or out of order",
+            registry=None,
+        )
 
     def add_nodes(self, src: NodeSource) -> None:
         with self._lock:
@@ -118,7 +142,7 @@ class FleetStateCollector(Collector):
             self._nodes.discard(src)
             self._jobs.discard(src)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         with self._lock:
             nodes, jobs = list(self._nodes), list(self._jobs)
         health = GaugeMetricFamily(
@@ -215,10 +239,23 @@ class FleetStateCollector(Collector):
                     step.add_metric([job, node], t)
                     slow.add_metric([job, node], sd)
         yield from (health, state, value, score, skew, step, median, slow, opened, held, unexported)
+        for counter in (self.new_nodes, self.stale_samples, self.nodes_forgotten, self.stale_job_records):
+            yield from counter.collect()
 
 
-COLLECTOR = FleetStateCollector()
-REGISTRY.register(COLLECTOR)
+_exported: FleetStateCollector | None = None
+_exported_lock = threading.Lock()
+
+
+def exported() -> FleetStateCollector:
+    """This process's collector in prometheus_client's global REGISTRY (what /metrics serves),
+    registered on the first call; for the commands (fleetwatch detect) to hand their tasks."""
+    global _exported
+    with _exported_lock:
+        if _exported is None:
+            _exported = FleetStateCollector()
+            REGISTRY.register(_exported)
+        return _exported
 
 
 def count_findings(findings: list[dict[str, Any]], now: float) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from prometheus_client import Counter
 
 from fleetwatch import topics
 from fleetwatch.config import why
@@ -26,11 +25,6 @@ from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.job_members import HoldConfig, JobMembers, NodesOf
 from fleetwatch.pipeline.tasks import Output, Refused
 from fleetwatch.schemas import JOB
-
-STALE = Counter(
-    "fleetwatch_detect_stale_job_records_total",
-    "step and node-feature records dropped as duplicate or out of order",
-)
 
 
 @dataclass(frozen=True)
@@ -58,6 +52,9 @@ class JobTask:
     jobs: NodesOf | None = None
     members: JobMembers | None = None  # each job's nodes, and the records held for a job/1
     refused: list[Refused] = field(default_factory=list)  # by the latest process() call
+    # where the task exports its jobs and counts (fleetwatch detect: fleet_metrics.exported());
+    # None, as eval and tests build it: nothing exported, the global registry untouched
+    metrics: fleet_metrics.FleetStateCollector | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for reg in JOB_DETECTORS:  # each one the task was not given starts empty
@@ -65,7 +62,8 @@ class JobTask:
                 setattr(self, reg.name, reg.detector(getattr(self.config, reg.name)))
         if self.members is None:
             self.members = JobMembers(self.config.hold, self.jobs)
-        fleet_metrics.COLLECTOR.add_jobs(self)
+        if self.metrics is not None:
+            self.metrics.add_jobs(self)
 
     @property
     def detectors(self) -> list[JobDetector]:
@@ -82,7 +80,8 @@ class JobTask:
                 yield inc.kind, inc.severity
 
     def close(self) -> None:
-        fleet_metrics.COLLECTOR.remove(self)
+        if self.metrics is not None:
+            self.metrics.remove(self)
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
         # steps, node features or jobs: each message says which by its schema. Only records of
@@ -105,7 +104,8 @@ class JobTask:
             seen = self.last_ts.setdefault(m["job"], {})
             key = f"{m['schema']} {m['node']}"
             if m["ts"] <= seen.get(key, float("-inf")):
-                STALE.inc()
+                if self.metrics is not None:
+                    self.metrics.stale_job_records.inc()
                 continue
             seen[key] = m["ts"]
             out.append(m)
@@ -119,7 +119,11 @@ class JobTask:
 
     @classmethod
     def from_bytes(
-        cls, raw: bytes, config: JobTaskConfig | None = None, jobs: NodesOf | None = None
+        cls,
+        raw: bytes,
+        config: JobTaskConfig | None = None,
+        jobs: NodesOf | None = None,
+        metrics: fleet_metrics.FleetStateCollector | None = None,
     ) -> JobTask:
         """State from the snapshot, configuration from `config`: the deployment's, as new tasks get;
         `jobs`: the worker's JobTable."""
@@ -132,4 +136,4 @@ class JobTask:
         }
         # snapshots before the membership check have no "members": the JobTable tells the nodes
         members = JobMembers.from_state(d.get("members"), config.hold, jobs)
-        return cls(config, **detectors, last_ts=d["last_ts"], jobs=jobs, members=members)
+        return cls(config, **detectors, last_ts=d["last_ts"], jobs=jobs, members=members, metrics=metrics)
