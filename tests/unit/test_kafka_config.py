@@ -1,9 +1,10 @@
-"""Kafka security settings come from the environment (kafka_io.client_config). That they reach
-every client, and work against real SASL and mutual-TLS listeners: tests/integration/test_kafka_config.py."""
+"""Kafka security settings come from the environment (fleetwatch.bus.config.rdkafka_config), in
+librdkafka's names, for every client of the bus. That they reach every client, and work against
+real SASL and mutual-TLS listeners: tests/integration/test_kafka_config.py."""
 
 from __future__ import annotations
 
-from fleetwatch import kafka_io
+from fleetwatch.bus.config import rdkafka_config, unavailable
 
 
 def test_security_settings_from_the_environment() -> None:
@@ -16,12 +17,12 @@ def test_security_settings_from_the_environment() -> None:
         "FLEETWATCH_KAFKA_SSL_CERTFILE": "/etc/cert.pem",
         "FLEETWATCH_KAFKA_SSL_KEYFILE": "/etc/key.pem",
     }
-    cfg = kafka_io.client_config("b1:9093,b2:9093", env)
-    assert cfg["bootstrap_servers"] == ["b1:9093", "b2:9093"]
-    assert cfg["security_protocol"] == "SASL_SSL"
-    assert cfg["sasl_mechanism"] == "SCRAM-SHA-512"
-    assert (cfg["sasl_plain_username"], cfg["sasl_plain_password"]) == ("fleetwatch", "s3cret")
-    assert (cfg["ssl_cafile"], cfg["ssl_certfile"], cfg["ssl_keyfile"]) == (
+    cfg = rdkafka_config("b1:9093,b2:9093", env)
+    assert cfg["bootstrap.servers"] == "b1:9093,b2:9093"
+    assert cfg["security.protocol"] == "SASL_SSL"
+    assert cfg["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert (cfg["sasl.username"], cfg["sasl.password"]) == ("fleetwatch", "s3cret")
+    assert (cfg["ssl.ca.location"], cfg["ssl.certificate.location"], cfg["ssl.key.location"]) == (
         "/etc/ca.pem",
         "/etc/cert.pem",
         "/etc/key.pem",
@@ -29,5 +30,13 @@ def test_security_settings_from_the_environment() -> None:
 
 
 def test_plaintext_by_default() -> None:
-    cfg = kafka_io.client_config("127.0.0.1:19092", {})
-    assert "security_protocol" not in cfg and "sasl_mechanism" not in cfg
+    cfg = rdkafka_config("127.0.0.1:19092", {})
+    assert "security.protocol" not in cfg and "sasl.mechanism" not in cfg
+    assert not any(k.startswith(("ssl.", "sasl.")) for k in cfg)
+
+
+def test_the_unavailable_line_names_the_settings_to_check_never_their_values() -> None:
+    assert unavailable("b:9092") == "no Kafka broker answered at b:9092"
+    line = unavailable("b:9093", "SASL_SSL")
+    assert "\n" not in line and "FLEETWATCH_KAFKA_SASL_*" in line and "FLEETWATCH_KAFKA_SSL_*" in line
+    assert "FLEETWATCH_KAFKA_SSL_*" in unavailable("b:9093", "SSL")
