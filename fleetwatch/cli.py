@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleetwatch import config
-from fleetwatch.kafka_io import BrokerUnavailable
+from fleetwatch.bus.config import BrokerUnavailable
 from fleetwatch.runtime import METRICS_ADDR, setup_logging
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
@@ -473,7 +473,10 @@ def build_parser() -> _Parser:
     what.add_argument("--check", metavar="FILE", help="check a file: exit 0 if every command would accept it")
     p.set_defaults(handler="fleetwatch.cli:config_command")
 
-    parser.commands.update((name, sub.choices[name]) for name in CONFIGURED)  # type: ignore[misc]
+    for name in CONFIGURED:  # the add_parser() of a _Parser's subparsers makes _Parsers
+        command = sub.choices[name]
+        assert isinstance(command, _Parser)
+        parser.commands[name] = command
     return parser
 
 
