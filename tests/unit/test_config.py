@@ -8,6 +8,7 @@ restarted stage runs on the file it is restarted with, not on the one its snapsh
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 import sys
@@ -231,6 +232,31 @@ def test_no_file_is_the_code_defaults() -> None:
     assert detect.node_config(cli.parse(["detect"])) == NodeTaskConfig()
     # --no-auto-resume still turns resumes off
     assert act.policy_config(cli.parse(["act", "--no-auto-resume"])).auto_resume is False
+
+
+@pytest.mark.parametrize(
+    ("command", "key", "value", "flag"),
+    [
+        ("collect", "interval", 5.0, "--interval"),
+        ("collect", "spool_dir", "/var/spool/fleetwatch", "--spool-dir"),
+        ("simulate", "speed", 0.0, "--speed"),
+        ("slurm-jobs", "jobcomp", "/var/log/slurm/jobcomp.log", "--jobcomp"),
+        ("slurm-drainer", "max_age", 120.0, "--max-age"),
+        ("detect", "no_skew_check", True, "--no-skew-check"),
+    ],
+)
+def test_each_command_takes_its_flags_from_its_section(
+    tmp_path: Path, command: str, key: str, value: Any, flag: str
+) -> None:
+    text = json.dumps(value) if isinstance(value, str) else str(value).lower()  # TOML's spelling
+    path = write(tmp_path, f"[{command}]\n{key} = {text}\n")
+    assert getattr(cli.parse([command, "--config", path]), key) == value
+    plain = cli.parse([command])
+    assert getattr(plain, key) != value  # not the code's default: the file set it
+    if isinstance(value, bool):
+        return
+    given = cli.parse([command, "--config", path, flag, "9"])
+    assert getattr(given, key) == (9.0 if isinstance(value, float) else "9")  # the flag wins
 
 
 def test_the_environment_names_the_file_and_config_overrides_it(
