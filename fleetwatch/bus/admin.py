@@ -16,6 +16,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    ConfigSource,
     NewTopic,
 )
 
@@ -26,6 +27,12 @@ from fleetwatch.bus.config import BrokerUnavailable, connect_timeout_s, protocol
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0
+# where a setting that nobody changed comes from (kafka-python's "modified" filter leaves these out)
+_DEFAULT_SOURCES = {
+    ConfigSource.DEFAULT_CONFIG,
+    ConfigSource.STATIC_BROKER_CONFIG,
+    ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG,
+}
 
 
 class Admin:
@@ -124,9 +131,26 @@ class Admin:
         entries = self.client.describe_configs([res], request_timeout=self.timeout_s)[res].result()
         return {name: e.value for name, e in entries.items() if e.value is not None}
 
-    def alter_configs(self, topic: str, configs: Mapping[str, str]) -> None:
-        """Set these settings of the topic; its others stay as they are (an incremental SET)."""
-        entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
+    def modified_configs(self, topic: str) -> dict[str, tuple[str, str]]:
+        """The topic's settings that are not the brokers' defaults: name -> (value, where it is set,
+        e.g. "DYNAMIC_TOPIC_CONFIG" for the topic's own)."""
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        entries = self.client.describe_configs([res], request_timeout=self.timeout_s)[res].result()
+        return {
+            name: (e.value, ConfigSource(e.source).name)
+            for name, e in entries.items()
+            if e.value is not None and ConfigSource(e.source) not in _DEFAULT_SOURCES
+        }
+
+    def alter_configs(self, topic: str, configs: Mapping[str, str | None]) -> None:
+        """Set these settings of the topic (None: remove the topic's own, back to the broker's
+        default); its others stay as they are (an incremental change)."""
+        entries = [
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+            if v is not None
+            else ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE)
+            for k, v in configs.items()
+        ]
         res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=entries)
         for fut in self.client.incremental_alter_configs([res], request_timeout=self.timeout_s).values():
             fut.result()
@@ -141,8 +165,14 @@ class Admin:
 
     def group_members(self, group: str) -> int:
         """How many members the group has now."""
+        return self.describe_group(group)[1]
+
+    def describe_group(self, group: str) -> tuple[str, int, int]:
+        """The group's state (confluent-kafka's ConsumerGroupState name: "STABLE", "EMPTY", ...), its
+        members, and the partitions assigned to them in all."""
         d = self.client.describe_consumer_groups([group], request_timeout=self.timeout_s)[group].result()
-        return len(d.members)
+        assigned = sum(len(m.assignment.topic_partitions) for m in d.members if m.assignment is not None)
+        return d.state.name, len(d.members), assigned
 
 
 def wait_for_broker(bootstrap: str, timeout_s: float | None = None) -> None:
