@@ -10,47 +10,63 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
-from kafka import KafkaProducer
-from kafka.admin import AlterConfigOp, ConfigResource, ConfigResourceType
 from prometheus_client import REGISTRY
 
-from fleetwatch import kafka_io, topics
-from tests.integration.services import TopicTail
+from fleetwatch import topics
+from fleetwatch.bus import Record, TopicPart
+from fleetwatch.bus.admin import Admin, ensure_topics, topic_configs
+from fleetwatch.bus.kafka import KafkaBus
+from tests.integration.services import TopicTail, end_offsets, reader_at
 from tests.integration.workers import Detect
 
 
 def _configs(bootstrap: str, topic: str) -> dict[str, tuple[str, str]]:
     """The topic's modified settings: name -> (value, where it is set)."""
-    admin = kafka_io.make_admin(bootstrap)
-    try:
-        got = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-    finally:
-        admin.close()
-    return {k: (v["value"], v["config_source"]) for k, v in got["topic"][topic].items()}
+    with Admin(bootstrap) as admin:
+        return admin.modified_configs(topic)
 
 
-def _alter(bootstrap: str, topic: str, configs: dict[str, object]) -> None:
-    admin = kafka_io.make_admin(bootstrap)
+def _alter(bootstrap: str, topic: str, configs: dict[str, str | None]) -> None:
+    """An incremental change of the topic's settings (None: back to the broker's default)."""
+    with Admin(bootstrap) as admin:
+        admin.alter_configs(topic, configs)
+
+
+def _find(
+    bootstrap: str,
+    since: dict[TopicPart, int],
+    wanted: list[tuple[bytes, bytes | None]],
+    timeout_s: float = 10,
+) -> list[Record]:
+    """Where each (key, value) in `wanted` landed: its first record after `since`, in that order."""
+    found: dict[tuple[bytes, bytes | None], Record] = {}
+    reader = reader_at(bootstrap, since)
     try:
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=configs)])
+        deadline = time.monotonic() + timeout_s
+        while len(found) < len(wanted) and time.monotonic() < deadline:
+            for r in reader.poll(0.2):
+                if r.key is not None and (r.key, r.value) in wanted:
+                    found.setdefault((r.key, r.value), r)
     finally:
-        admin.close()
+        reader.close()
+    assert len(found) == len(wanted), f"found {len(found)} of {len(wanted)} records produced"
+    return [found[w] for w in wanted]
 
 
 def test_the_jobs_topic_is_compacted_and_ensure_topics_keeps_it_so(kafka_bootstrap: str) -> None:
     """A jobs topic made before compaction (or by someone else) is compacted by ensure_topics with an
     incremental change: its other settings stay, LogAppendTime with them."""
-    assert kafka_io.topic_configs(topics.JOBS) == {
+    assert topic_configs(topics.JOBS) == {
         "cleanup.policy": "compact",
         "message.timestamp.type": "LogAppendTime",
     }
-    kafka_io.ensure_topics(kafka_bootstrap)
+    ensure_topics(kafka_bootstrap)
     assert _configs(kafka_bootstrap, topics.JOBS)["cleanup.policy"][0] == "compact"
     # 0.5 is the broker's default: set on the topic it changes nothing but shows as the topic's own
     _alter(kafka_bootstrap, topics.JOBS, {"cleanup.policy": "delete", "min.cleanable.dirty.ratio": "0.5"})
     try:
         assert _configs(kafka_bootstrap, topics.JOBS)["cleanup.policy"][0] == "delete"
-        kafka_io.ensure_topics(kafka_bootstrap)
+        ensure_topics(kafka_bootstrap)
         cfg = _configs(kafka_bootstrap, topics.JOBS)
         assert cfg["cleanup.policy"] == ("compact", "DYNAMIC_TOPIC_CONFIG")
         assert cfg["min.cleanable.dirty.ratio"] == ("0.5", "DYNAMIC_TOPIC_CONFIG")
@@ -61,7 +77,7 @@ def test_the_jobs_topic_is_compacted_and_ensure_topics_keeps_it_so(kafka_bootstr
         _alter(
             kafka_bootstrap,
             topics.JOBS,
-            {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": (AlterConfigOp.DELETE, None)},
+            {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": None},
         )
 
 
@@ -92,21 +108,24 @@ def test_tombstones_reach_the_job_table_and_the_worker_skips_them(
     d, p = detect
     running, failed = f"{p}run", f"{p}dead"
     dlq = TopicTail(kafka_bootstrap, topics.DEADLETTER)
-    producer = KafkaProducer(**kafka_io.client_config(kafka_bootstrap))
+    producer = KafkaBus(kafka_bootstrap).producer()
     try:
         now = time.time()
         for job, state in ((running, "running"), (failed, "failed")):
             msg = {"schema": "job/1", "job": job, "nodes": [f"{p}n1", f"{p}n2"], "state": state, "ts": now}
             producer.send(topics.JOBS, key=job.encode(), value=orjson.dumps(msg))
-        producer.flush()
+        assert not producer.flush(30), "records not acknowledged"
         assert _wait(lambda: d.jobs.jobs_on(f"{p}n1") == (running,) and failed in d.jobs.failed_ids())
-        stones = [producer.send(topics.JOBS, key=job.encode(), value=None) for job in (running, failed)]
+        since = end_offsets(kafka_bootstrap, [topics.JOBS])
+        stones = [(job.encode(), None) for job in (running, failed)]
         # after the tombstone, in its partition: dead-lettered by the worker once it is past the tombstone
         other = {"schema": "job/1", "job": f"{p}other", "nodes": [f"{p}n1"], "state": "running", "ts": now}
-        marker = producer.send(topics.JOBS, key=running.encode(), value=orjson.dumps(other))
-        producer.flush()
-        sources = {f"{topics.JOBS}:{m.partition}:{m.offset}" for m in (f.get(10) for f in stones)}
-        mark = marker.get(10)
+        marker = (running.encode(), orjson.dumps(other))
+        for key, value in (*stones, marker):
+            producer.send(topics.JOBS, key=key, value=value)
+        assert not producer.flush(30), "records not acknowledged"
+        *stone_records, mark = _find(kafka_bootstrap, since, [*stones, marker])
+        sources = {f"{topics.JOBS}:{r.partition}:{r.offset}" for r in stone_records}
         mark_source = f"{topics.JOBS}:{mark.partition}:{mark.offset}"
         assert _wait(lambda: d.jobs.nodes_of(running) == () and failed not in d.jobs.failed_ids())
         assert d.jobs.jobs_on(f"{p}n1") == ()
