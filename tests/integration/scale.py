@@ -10,21 +10,20 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kafka import TopicPartition
-from kafka.structs import OffsetAndMetadata
-
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
-from fleetwatch import kafka_io, schemas, topics
-from fleetwatch.bus import TopicPart
+from fleetwatch import schemas, topics
+from fleetwatch.bus import Record, TopicPart
+from fleetwatch.bus.admin import Admin
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.sim import Simulation
 from fleetwatch.collectors.sim.scenario import Scenario, parse_scenario
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline.detect import stages
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
-from tests.integration.services import TopicTail
+from tests.integration.services import TopicTail, commit_offsets, end_offsets, read_quiet
 
 INPUTS = (topics.TELEMETRY, topics.STEPS, topics.JOBS, topics.NODE_FEATURES)
 
@@ -66,7 +65,10 @@ def expected_ids(sc: Scenario, epoch: float) -> dict[str, dict[str, Any]]:
                 if topic == topics.JOBS:
                     jobs.apply(m)
                     out += job_task.process(topic, [m])
-            node_out = node_task.process(topics.TELEMETRY, [m for t, _k, m in tick if t == topics.TELEMETRY])
+            node_out = node_task.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([m for t, _k, m in tick if t == topics.TELEMETRY]),
+            )
             out += node_out
             out += job_task.process(
                 topics.NODE_FEATURES, [m for t, _k, m in node_out if t == topics.NODE_FEATURES]
@@ -95,37 +97,17 @@ def describe(findings: dict[str, dict[str, Any]]) -> list[tuple[Any, ...]]:
 def commit_start(bootstrap: str, group: str) -> None:
     """Commit the current end of every detect input for `group`: its workers (whenever they join)
     start exactly there, so nothing produced afterwards is skipped and nothing older is read."""
-    c = kafka_io.make_consumer(bootstrap, group_id=group)
-    try:
-        tps = [TopicPartition(t, p) for t in INPUTS for p in sorted(c.partitions_for_topic(t) or ())]
-        c.assign(tps)
-        ends = c.end_offsets(tps)
-        c.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in ends.items()})
-    finally:
-        c.close()
+    commit_offsets(bootstrap, group, end_offsets(bootstrap, INPUTS))
 
 
-def end_offsets(bootstrap: str, names: Sequence[str]) -> dict[TopicPartition, int]:
-    c = kafka_io.make_consumer(bootstrap)
-    try:
-        tps = [TopicPartition(t, p) for t in names for p in sorted(c.partitions_for_topic(t) or ())]
-        return dict(c.end_offsets(tps))
-    finally:
-        c.close()
-
-
-def wait_committed(bootstrap: str, group: str, targets: dict[TopicPartition, int], timeout_s: float) -> None:
-    admin = kafka_io.make_admin(bootstrap)
+def wait_committed(bootstrap: str, group: str, targets: dict[TopicPart, int], timeout_s: float) -> None:
+    admin = Admin(bootstrap)
     try:
         deadline = time.monotonic() + timeout_s
-        behind: dict[TopicPartition, tuple[int, int]] = {}
+        behind: dict[TopicPart, tuple[int, int]] = {}
         while time.monotonic() < deadline:
-            got = admin.list_group_offsets({group: None})[group]
-            behind = {
-                tp: (got[tp].offset if tp in got else -1, end)
-                for tp, end in targets.items()
-                if tp not in got or got[tp].offset < end
-            }
+            got = admin.group_offsets(group, list(targets))  # -1: nothing committed
+            behind = {tp: (got.get(tp, -1), end) for tp, end in targets.items() if got.get(tp, -1) < end}
             if not behind:
                 return
             time.sleep(0.3)
@@ -148,33 +130,26 @@ def wait_drained(bootstrap: str, group: str, timeout_s: float) -> None:
 def produce(
     bootstrap: str, ticks: Sequence[list[tuple[str, str, dict[str, Any]]]], pace_s: float = 0.0
 ) -> None:
-    p = kafka_io.make_producer(bootstrap, linger_ms=20, batch_size=1 << 20, max_request_size=8 << 20)
+    p = KafkaBus(bootstrap).producer(linger_ms=20, max_message_bytes=8 << 20)
     try:
         for tick in ticks:
             for topic, key, m in tick:
                 p.send(topic, key=key.encode(), value=schemas.encode(m))
             if pace_s:
-                p.flush(timeout=30)
+                assert not p.flush(30), "records not acknowledged"
                 time.sleep(pace_s)
-        p.flush(timeout=60)
+        assert not p.flush(60), "records not acknowledged"
     finally:
-        p.close(timeout=10)
+        p.close(10)
 
 
-def mine(records: Iterable[Any], prefix: str) -> list[dict[str, Any]]:
+def mine(records: Iterable[Record], prefix: str) -> list[dict[str, Any]]:
     return [schemas.decode(r.value) for r in records if r.key and r.key.startswith(prefix.encode())]
 
 
-def drain_tail(tail: TopicTail, quiet_s: float = 1.5, timeout_s: float = 15.0) -> list[Any]:
+def drain_tail(tail: TopicTail, quiet_s: float = 1.5, timeout_s: float = 15.0) -> list[Record]:
     """What the tail holds until nothing new arrives for quiet_s."""
-    records: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    last_new = time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - last_new < quiet_s:
-        for batch in tail.consumer.poll(timeout_ms=200).values():
-            records.extend(batch)
-            last_new = time.monotonic()
-    return records
+    return read_quiet(tail.reader, quiet_s, timeout_s)
 
 
 class Member:
@@ -184,7 +159,7 @@ class Member:
     def __init__(self, bootstrap: str, group: str, name: str, snapshot_every_s: float = 3600.0) -> None:
         self.name = name
         self.jobs = JobTable()
-        self.follower = JobTableFollower(self.jobs, lambda: kafka_io.make_consumer(bootstrap))
+        self.follower = JobTableFollower(self.jobs, KafkaBus(bootstrap))
         self.follower.start()
         assert self.follower.caught_up.wait(30), "the job table follower never caught up"
         self.worker = Worker(

@@ -27,9 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka.partitioner.default import murmur2
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus import Record, TopicPart
+from fleetwatch.bus.admin import Admin
+from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.bus.partitioner import partition_for
 from fleetwatch.collectors.sim.cli import live_epoch
 from fleetwatch.runtime import stop_processes
 from tests.helpers.paths import REPO
@@ -47,14 +50,14 @@ from tests.integration.scale import (
     sim_ticks,
     wait_drained,
 )
-from tests.integration.services import TopicTail
+from tests.integration.services import TopicTail, read_quiet, reader_at
 
-PARTITIONS = 4  # kafka_io.ensure_topics' default, which the broker's topics were created with
+PARTITIONS = 4  # ensure_topics' default, which the broker's topics were created with
 NODES = 64
 
 
 def partition_of(node: str) -> int:
-    return (murmur2(node.encode()) & 0x7FFFFFFF) % PARTITIONS
+    return partition_for(node.encode(), PARTITIONS)
 
 
 def nodes_by_partition(prefix: str) -> list[list[int]]:
@@ -136,23 +139,21 @@ def _detect_proc(bootstrap: str, group: str, log: Path) -> subprocess.Popen[byte
     )
 
 
-def _members(bootstrap: str, group: str) -> tuple[str, list[dict[str, Any]]]:
-    admin = kafka_io.make_admin(bootstrap)
-    try:
-        d = admin.describe_groups([group])[group]
-    finally:
-        admin.close()
-    return d["group_state"], d["members"]
+def _members(bootstrap: str, group: str) -> tuple[str, int]:
+    """The group's state ("STABLE", ...) and how many members it has."""
+    with Admin(bootstrap) as admin:
+        state, members, _assigned = admin.describe_group(group)
+    return state, members
 
 
 def _wait_stable(bootstrap: str, group: str, n: int, procs: list[Any], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    state, members = "", []
+    state, members = "", 0
     while time.monotonic() < deadline:
         for p in procs:
             assert p.poll() is None, f"a detect process exited early (rc {p.returncode})"
         state, members = _members(bootstrap, group)
-        if state == "Stable" and len(members) == n:
+        if state == "STABLE" and members == n:
             return
         time.sleep(0.5)
     raise AssertionError(f"group {group} not stable with {n} members: {state} {members}")
@@ -288,7 +289,7 @@ def test_broker_restart_during_a_run(private_broker: Any, caplog: pytest.LogCapt
         # agent-like: one sample per node per tick, and the client buffers and retries through
         # the outage (acks=all, idempotent: nothing lost, nothing doubled)
         try:
-            p = kafka_io.make_producer(bootstrap, linger_ms=20)
+            p = KafkaBus(bootstrap).producer(linger_ms=20)
             try:
                 for k, tick in enumerate(ticks):
                     if k == outage_s:
@@ -300,9 +301,9 @@ def test_broker_restart_during_a_run(private_broker: Any, caplog: pytest.LogCapt
                     # one a second once the broker is back: the member may rejoin and restore its
                     # tasks (whose broker clock starts afresh) a few seconds into it
                     time.sleep(1.0 if k >= outage_s + 5 else 0.05)
-                p.flush(timeout=90)
+                assert not p.flush(90), "records not acknowledged"
             finally:
-                p.close(timeout=10)
+                p.close(10)
         except BaseException as e:
             errors.append(e)
 
@@ -329,21 +330,11 @@ def test_broker_restart_during_a_run(private_broker: Any, caplog: pytest.LogCapt
 
 
 def read_from(
-    bootstrap: str, start: dict[Any, int], quiet_s: float = 2.0, timeout_s: float = 30.0
-) -> list[Any]:
+    bootstrap: str, start: dict[TopicPart, int], quiet_s: float = 2.0, timeout_s: float = 30.0
+) -> list[Record]:
     """Every record after `start` (topic-partition -> offset), until nothing new for quiet_s."""
-    c = kafka_io.make_consumer(bootstrap)
+    reader = reader_at(bootstrap, start)
     try:
-        c.assign(list(start))
-        for tp, off in start.items():
-            c.seek(tp, off)
-        records: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        last_new = time.monotonic()
-        while time.monotonic() < deadline and time.monotonic() - last_new < quiet_s:
-            for batch in c.poll(timeout_ms=200).values():
-                records.extend(batch)
-                last_new = time.monotonic()
-        return records
+        return read_quiet(reader, quiet_s, timeout_s)
     finally:
-        c.close()
+        reader.close()
