@@ -41,6 +41,7 @@ from typing import Any
 
 from fleetwatch import topics
 from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.runtime import gc_paused
 
 GPUS = 8
@@ -86,7 +87,7 @@ def _timed(task: Any, ticks: Iterable[list[dict[str, Any]]], batch: int) -> tupl
         nonlocal cpu, n
         with gc_paused():
             t0 = time.process_time()
-            task.process(topics.TELEMETRY, chunk)
+            task.process(topics.TELEMETRY, TelemetryBatch.from_messages(chunk))
             cpu += time.process_time() - t0
         n += len(chunk)
 
@@ -127,7 +128,7 @@ def bench_task(ticks: Iterator[list[dict[str, Any]]], batch: int) -> tuple[Any, 
 
     task = NodeTask(JobTable())
     with gc_paused():
-        task.process(topics.TELEMETRY, next(ticks))
+        task.process(topics.TELEMETRY, TelemetryBatch.from_messages(next(ticks)))
     cpu, n = _timed(task, ticks, batch)
     return task, cpu, n
 

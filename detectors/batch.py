@@ -2,8 +2,14 @@
 
 Detectors work on numpy arrays over a whole batch (hundreds to thousands of messages) rather than
 on dicts, so that one detector core keeps up with >= 20,000 node-samples/s. The only Python-level
-loops here are the unavoidable ones that pull values out of the message dicts, and they are kept to
-C-level iteration where possible (`operator.itemgetter` + `np.fromiter`).
+loops here are the unavoidable ones that pull values out of decoded messages, and they are kept to
+C-level iteration where possible (`operator.attrgetter`/`itemgetter` + `np.fromiter`).
+
+Two constructors: `from_scan`, the worker's hot path (fleetwatch/telemetry_scan.py's columns, no
+object per value), and `from_structs`, for what the message decoders return
+(fleetwatch/fast_schema.py), which reads them with the same code (`_read`) as `from_messages`
+reads the dicts of tests, eval and the simulator (the edge where dicts stop); all end in
+`_assemble`. pipeline/telemetry_decode.py is the one way from bytes to a batch.
 
 Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
 - `node_names` (U,) the distinct node names of the batch; `node_idx` (M,) index into it. The node
@@ -33,11 +39,11 @@ lose sub-byte precision only beyond ~9 PB, which rates do not care about.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import attrgetter, itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -60,19 +66,6 @@ IB_NUMERIC: tuple[str, ...] = tuple(f for f in IB_FIELDS if f not in ("device", 
 IB_COL: dict[str, int] = {f: i for i, f in enumerate(IB_NUMERIC)}
 
 _GPU_KEYS = ("index", *GPU_NUMERIC)
-_GPU_GET = itemgetter(*_GPU_KEYS)
-_HOST_GET = itemgetter(*HOST_NUMERIC)
-_IB_GET = itemgetter(*IB_NUMERIC)
-# The same columns read from fleetwatch.fast_schema's decoded structs, where absent numbers are NaN.
-_GPU_ATTR = attrgetter(*_GPU_KEYS)
-_HOST_ATTR = attrgetter(*HOST_NUMERIC)
-_IB_ATTR = attrgetter(*IB_NUMERIC)
-_HOST_ABSENT = (NAN,) * len(HOST_NUMERIC)
-_NODE, _TS, _SEQ, _GPUS, _HOST, _NET, _AGENT = (
-    attrgetter(a) for a in ("node", "ts", "seq", "gpus", "host", "net", "agent")
-)
-_LOST, _XIDS = attrgetter("lost"), attrgetter("xids")
-_IB_KEY, _IB_STATE = attrgetter("device", "port"), attrgetter("state")
 # Each GPU column's NVML "not available" value as float64 (NaN: none); 2**64 - 1 rounds to 2**64,
 # as the value itself does when it becomes float64.
 _GPU_NOT_AVAILABLE = np.array([float(NVML_NOT_AVAILABLE.get(f, NAN)) for f in GPU_NUMERIC])
@@ -92,8 +85,9 @@ def instance_code(instance: str | None) -> int:
     return h or 1
 
 
-def _instance_of_struct(agent: Any) -> int:
-    return 0 if agent is UNSET or agent.instance is UNSET else instance_code(agent.instance)
+def _instance_of_struct(msg: Any) -> int:
+    agent = msg.agent
+    return 0 if not agent or agent.instance is UNSET else instance_code(agent.instance)
 
 
 def _instance_of_dict(msg: dict[str, Any]) -> int:
@@ -101,16 +95,17 @@ def _instance_of_dict(msg: dict[str, Any]) -> int:
     return instance_code(agent.get("instance")) if type(agent) is dict else 0
 
 
-def _codes_of(values: list[Any]) -> dict[Any, int]:
-    """Each distinct value -> its code, in order of first appearance (C-level: dict.fromkeys)."""
-    codes = dict.fromkeys(values, 0)
-    for i, v in enumerate(codes):
-        codes[v] = i
-    return codes
+def _attr_table(rows: list[Any], keys: tuple[str, ...]) -> np.ndarray:
+    """Rows of `keys` from structs as float64 (absent numbers decode to NaN; an absent struct, UNSET
+    or None, is a row of NaN)."""
+    n, k = len(rows), len(keys)
+    get = _ATTRS[keys]
+    it = map(get, rows) if all(rows) else (get(r) if r else (NAN,) * k for r in rows)
+    return np.fromiter(chain.from_iterable(it), np.float64, count=n * k).reshape(n, k)
 
 
-def _table(entries: list[dict[str, Any]], getter: itemgetter, keys: tuple[str, ...]) -> np.ndarray:
-    """Rows of `keys` from dicts as float64 with NaN for absent keys.
+def _item_table(entries: list[Any], keys: tuple[str, ...]) -> np.ndarray:
+    """Rows of `keys` from dicts as float64 with NaN for absent keys (an absent dict: a row of NaN).
 
     The fast path reads every dict with one C-level itemgetter call; only if some dict lacks a key
     (a lost GPU, a collector that cannot read ECC) do those dicts go through per-key `.get`.
@@ -118,6 +113,7 @@ def _table(entries: list[dict[str, Any]], getter: itemgetter, keys: tuple[str, .
     n, k = len(entries), len(keys)
     if n == 0:
         return np.empty((0, k), dtype=np.float64)
+    getter = _ITEMS[keys]
     try:
         flat = np.fromiter(chain.from_iterable(map(getter, entries)), dtype=np.float64, count=n * k)
         return flat.reshape(n, k)
@@ -136,6 +132,82 @@ def _table(entries: list[dict[str, Any]], getter: itemgetter, keys: tuple[str, .
         part = [i for i in range(n) if i not in fullset]
         out[part] = np.array([[entries[i].get(f, NAN) for f in keys] for i in part], dtype=np.float64)
     return out
+
+
+_ATTRS = {keys: attrgetter(*keys) for keys in (_GPU_KEYS, HOST_NUMERIC, IB_NUMERIC)}
+_ITEMS = {keys: itemgetter(*keys) for keys in (_GPU_KEYS, HOST_NUMERIC, IB_NUMERIC)}
+
+
+def _dict_ports(msg: dict[str, Any]) -> Any:
+    net = msg.get("net")
+    return (net.get("ib") or ()) if net else ()
+
+
+def _struct_ports(msg: Any) -> Any:
+    net = msg.net
+    return (net.ib or ()) if net else ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Access:
+    """How TelemetryBatch._read reads one form of decoded message: by attribute or by key."""
+
+    node: Callable[[Any], str]
+    ts: Callable[[Any], float]
+    seq: Callable[[Any], int]
+    gpus: Callable[[Any], list[Any]]
+    host: Callable[[Any], Any]  # the host part (absent: UNSET or None in a struct, {} for a dict)
+    ports: Callable[[Any], Any]  # the IB ports (absent: ())
+    instance: Callable[[Any], int]  # instance_code of agent.instance
+    index: Callable[[Any], int]  # a GPU entry's index
+    lost: Callable[[Any], Any]  # a GPU entry's lost flag
+    xids: Callable[[Any], Any]  # a GPU entry's XIDs (absent: false)
+    port_key: Callable[[Any], tuple[Any, Any]]  # a port's (device, port), "" where absent
+    state: Callable[[Any], Any]  # a port's state (absent: None or UNSET)
+    table: Callable[[list[Any], tuple[str, ...]], np.ndarray]  # rows of numeric fields
+
+
+_STRUCTS = _Access(
+    *map(attrgetter, ("node", "ts", "seq", "gpus", "host")),
+    ports=_struct_ports,
+    instance=_instance_of_struct,
+    index=attrgetter("index"),
+    lost=attrgetter("lost"),
+    xids=attrgetter("xids"),
+    port_key=attrgetter("device", "port"),  # absent parts decode to ""
+    state=attrgetter("state"),
+    table=_attr_table,
+)
+_DICTS = _Access(
+    *map(itemgetter, ("node", "ts", "seq", "gpus")),
+    host=lambda x: x.get("host") or {},
+    ports=_dict_ports,
+    instance=_instance_of_dict,
+    index=itemgetter("index"),
+    lost=methodcaller("get", "lost"),
+    xids=methodcaller("get", "xids"),
+    port_key=lambda p: (p.get("device", ""), p.get("port", "")),
+    state=methodcaller("get", "state"),
+    table=_item_table,
+)
+
+
+def _codes_of(values: list[Any]) -> dict[Any, int]:
+    """Each distinct value -> its code, in order of first appearance (C-level: dict.fromkeys)."""
+    codes = dict.fromkeys(values, 0)
+    for i, v in enumerate(codes):
+        codes[v] = i
+    return codes
+
+
+def _entries_of(new_row: np.ndarray, entry_msg: np.ndarray) -> np.ndarray:
+    """The entries (XIDs, ports) of the taken messages, ordered by their messages' new places
+    (within a message, as they were)."""
+    place = new_row[entry_msg]
+    kept = np.flatnonzero(place >= 0)
+    if len(kept) > 1 and (np.diff(place[kept]) < 0).any():  # taken out of order (a merge)
+        kept = kept[np.argsort(place[kept], kind="stable")]
+    return kept
 
 
 @dataclass(slots=True)
@@ -182,7 +254,10 @@ class TelemetryBatch:
 
     def select(self, keep: np.ndarray) -> TelemetryBatch:
         """The messages where `keep` (M,) is True, in order; names no kept message uses are dropped."""
-        rows = np.flatnonzero(keep)
+        return self.take(np.flatnonzero(keep))
+
+    def take(self, rows: np.ndarray) -> TelemetryBatch:
+        """The messages at `rows` (distinct), in that order; names no taken message uses are dropped."""
         new_row = np.full(len(self.ts), -1, dtype=np.int64)
         new_row[rows] = np.arange(len(rows))
         codes = self.node_idx[rows]
@@ -190,12 +265,11 @@ class TelemetryBatch:
         used = uniq[np.argsort(first)]  # names in order of first appearance, as the constructors do
         remap = np.empty(len(self.node_names), dtype=np.int64)
         remap[used] = np.arange(len(used))
-        node_idx = remap[codes]
-        xk = keep[self.xid_msg]
-        pk = keep[self.ib_msg]
+        xk = _entries_of(new_row, self.xid_msg)
+        pk = _entries_of(new_row, self.ib_msg)
         return TelemetryBatch(
             node_names=[self.node_names[i] for i in used.tolist()],
-            node_idx=node_idx,
+            node_idx=remap[codes],
             ts=self.ts[rows],
             seq=self.seq[rows],
             received=self.received[rows],
@@ -216,66 +290,119 @@ class TelemetryBatch:
             ib_state_idx=self.ib_state_idx[pk],
         )
 
+    @classmethod
+    def concat(cls, parts: Sequence[TelemetryBatch]) -> TelemetryBatch:
+        """The parts' messages one after the other (GPU columns as wide as the widest part's)."""
+        if len(parts) == 1:
+            return parts[0]
+        m = np.cumsum([0, *(len(p) for p in parts)])
+        g = max(p.gpu.shape[1] for p in parts)
+
+        def cat(col: str, offsets: Sequence[int] | None = None) -> np.ndarray:
+            arrays = [getattr(p, col) for p in parts]
+            if offsets is not None:
+                arrays = [a + o for a, o in zip(arrays, offsets, strict=True)]
+            return np.concatenate(arrays)
+
+        def wide(col: str, fill: Any) -> np.ndarray:
+            out = np.full(
+                (int(m[-1]), g, *getattr(parts[0], col).shape[2:]), fill, getattr(parts[0], col).dtype
+            )
+            for p, lo in zip(parts, m[:-1].tolist(), strict=True):
+                a = getattr(p, col)
+                out[lo : lo + len(a), : a.shape[1]] = a
+            return out
+
+        def names(col: str) -> tuple[list[Any], list[int]]:
+            lists = [getattr(p, col) for p in parts]
+            return [n for ns in lists for n in ns], np.cumsum([0, *map(len, lists)])[:-1].tolist()
+
+        node_names, node_off = names("node_names")
+        key_names, key_off = names("ib_key_names")
+        state_names, state_off = names("ib_state_names")
+        first = _codes_of(node_names)  # a node in several parts: one name, its first code
+        node_code = np.fromiter(map(first.__getitem__, node_names), np.int64, count=len(node_names))
+        return cls(
+            node_names=list(first),
+            node_idx=node_code[cat("node_idx", node_off)],
+            ts=cat("ts"),
+            seq=cat("seq"),
+            received=cat("received"),
+            instance=cat("instance"),
+            gpu=wide("gpu", NAN),
+            present=wide("present", False),
+            lost=wide("lost", False),
+            xid_msg=cat("xid_msg", m[:-1].tolist()),
+            xid_gpu=cat("xid_gpu"),
+            xid_code=cat("xid_code"),
+            host=cat("host"),
+            ib_msg=cat("ib_msg", m[:-1].tolist()),
+            ib_key_names=key_names,
+            ib_key_idx=cat("ib_key_idx", key_off),
+            ib=cat("ib"),
+            ib_active=cat("ib_active"),
+            ib_state_names=state_names,
+            ib_state_idx=cat("ib_state_idx", state_off),
+        )
+
     def nodes(self) -> list[str]:
         """Node name of every message (M,)."""
         names = self.node_names
         return [names[i] for i in self.node_idx.tolist()]
 
     @classmethod
-    def from_any(cls, msgs: Sequence[Any]) -> TelemetryBatch:
-        """From validated messages as dicts, as fast_schema structs (the worker's hot path), or a mix
-        (a message only the Python validator accepted comes as a dict among structs)."""
-        if all(type(x) is dict for x in msgs):
-            return cls.from_messages(msgs)
-        if not any(type(x) is dict for x in msgs):
-            return cls.from_structs(msgs)
-        return cls.from_messages([x if type(x) is dict else _struct_dict(x) for x in msgs])  # rare
+    def from_structs(cls, msgs: Sequence[Any]) -> TelemetryBatch:
+        """From fleetwatch.fast_schema telemetry structs: what the message decoders return."""
+        return cls._read(msgs, _STRUCTS)
 
     @classmethod
-    def from_structs(cls, msgs: Sequence[Any]) -> TelemetryBatch:
-        """Build the columnar batch from fleetwatch.fast_schema telemetry structs.
+    def from_messages(cls, msgs: Sequence[Any]) -> TelemetryBatch:
+        """From validated telemetry/1 dicts (tests, eval, the simulator: dicts stop at this edge),
+        or a mix of dicts and structs (a message only the Python validator accepted comes as a
+        dict among the decoders' structs): each form read its own way, then put back in order."""
+        is_dict = np.fromiter((type(x) is dict for x in msgs), dtype=bool, count=len(msgs))
+        if is_dict.all():
+            return cls._read(msgs, _DICTS)
+        if not is_dict.any():
+            return cls._read(msgs, _STRUCTS)
+        d, s = np.flatnonzero(is_dict), np.flatnonzero(~is_dict)
+        parts = [
+            cls._read([msgs[i] for i in d.tolist()], _DICTS),
+            cls._read([msgs[i] for i in s.tolist()], _STRUCTS),
+        ]
+        return cls.concat(parts).take(np.argsort(np.concatenate([d, s]), kind="stable"))
 
-        Every pass over messages, GPUs or ports is a C-level map() of an attrgetter (or of a dict's
-        __getitem__), not a Python loop: this runs on every sample the worker reads, and the
-        Python-level loops used to cost as much as the detectors."""
+    @classmethod
+    def _read(cls, msgs: Sequence[Any], a: _Access) -> TelemetryBatch:
+        """The one reader of decoded messages, by attribute (structs) or by key (dicts): `a`.
+
+        Every pass over messages, GPUs or ports is a C-level map() of an attrgetter or itemgetter,
+        not a Python loop: this runs on every sample the worker decodes without the scanner, and
+        the Python-level loops used to cost as much as the detectors."""
         m = len(msgs)
-        nodes = list(map(_NODE, msgs))
+        nodes = list(map(a.node, msgs))
         name_ix = _codes_of(nodes)
         node_idx = np.fromiter(map(name_ix.__getitem__, nodes), np.int64, count=m)
-        ts = np.fromiter(map(_TS, msgs), dtype=np.float64, count=m)
-        seq = np.fromiter(map(_SEQ, msgs), dtype=np.int64, count=m)
-        gpu_lists = list(map(_GPUS, msgs))
+        ts = np.fromiter(map(a.ts, msgs), dtype=np.float64, count=m)
+        seq = np.fromiter(map(a.seq, msgs), dtype=np.int64, count=m)
+        gpu_lists = list(map(a.gpus, msgs))
         counts = np.fromiter(map(len, gpu_lists), dtype=np.int64, count=m)
         entries = list(chain.from_iterable(gpu_lists))
-        k = len(_GPU_KEYS)
-        table = np.fromiter(chain.from_iterable(map(_GPU_ATTR, entries)), np.float64, count=len(entries) * k)
-        lost_flags = list(map(_LOST, entries))
+        lost_flags = list(map(a.lost, entries))
         # `in` compares with ==, so 1 or 1.0 also lead to the exact `is True` test
         flagged = [i for i, f in enumerate(lost_flags) if f is True] if True in lost_flags else []
-        xid_lists = list(map(_XIDS, entries))  # UNSET and [] are both false
+        xid_lists = list(map(a.xids, entries))  # absent (UNSET, None) and [] are all false
         xids = (
-            [(e, entries[e].index, c) for e, xl in enumerate(xid_lists) if xl for c in xl]
+            [(e, a.index(entries[e]), c) for e, xl in enumerate(xid_lists) if xl for c in xl]
             if any(xid_lists)
             else []
         )
-        hosts = list(map(_HOST, msgs))
-        host_rows = (
-            map(_HOST_ATTR, hosts)
-            if UNSET not in hosts
-            else (_HOST_ABSENT if h is UNSET else _HOST_ATTR(h) for h in hosts)
-        )
-        host = np.fromiter(chain.from_iterable(host_rows), np.float64, count=m * len(HOST_NUMERIC)).reshape(
-            m, len(HOST_NUMERIC)
-        )
-        port_lists = [() if n is UNSET else (n.ib or ()) for n in map(_NET, msgs)]
+        port_lists = list(map(a.ports, msgs))
         plist = list(chain.from_iterable(port_lists))
         port_msg = np.repeat(np.arange(m, dtype=np.int64), np.fromiter(map(len, port_lists), np.int64, m))
-        ib = np.fromiter(
-            chain.from_iterable(map(_IB_ATTR, plist)), np.float64, count=len(plist) * len(IB_NUMERIC)
-        ).reshape(len(plist), len(IB_NUMERIC))
-        port_keys = list(map(_IB_KEY, plist))  # absent parts decode to ""
+        port_keys = list(map(a.port_key, plist))  # absent parts are ""
         key_ix = _codes_of(port_keys)
-        states = list(map(_IB_STATE, plist))
+        states = list(map(a.state, plist))
         state_ix = _codes_of(states)
         return cls._assemble(
             list(name_ix),
@@ -283,17 +410,17 @@ class TelemetryBatch:
             ts,
             seq,
             counts,
-            table.reshape(len(entries), k),
+            a.table(entries, _GPU_KEYS),
             flagged,
             xids,
-            host,
+            a.table(list(map(a.host, msgs)), HOST_NUMERIC),
             port_msg,
             [f"{d}/{p}" for d, p in key_ix],
             np.fromiter(map(key_ix.__getitem__, port_keys), np.int64, count=len(plist)),
-            ib,
+            a.table(plist, IB_NUMERIC),
             [None if st is UNSET else st for st in state_ix],
             np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
-            np.fromiter(map(_instance_of_struct, map(_AGENT, msgs)), np.int64, count=m),
+            np.fromiter(map(a.instance, msgs), np.int64, count=m),
         )
 
     @classmethod
@@ -323,50 +450,6 @@ class TelemetryBatch:
             sc.ib_state_names,
             sc.ib_state_idx,
             sc.instance,
-        )
-
-    @classmethod
-    def from_messages(cls, msgs: Sequence[dict[str, Any]]) -> TelemetryBatch:
-        """Build the columnar batch from validated telemetry/1 dicts (see fleetwatch.schemas)."""
-        m = len(msgs)
-        name_ix: dict[str, int] = {}
-        node_idx = np.fromiter(
-            (name_ix.setdefault(x["node"], len(name_ix)) for x in msgs), dtype=np.int64, count=m
-        )
-        ts = np.fromiter((x["ts"] for x in msgs), dtype=np.float64, count=m)
-        seq = np.fromiter((x["seq"] for x in msgs), dtype=np.int64, count=m)
-
-        # GPUs: one flat list of entries, then scatter into the (M, G, F) cube.
-        counts = np.fromiter((len(x["gpus"]) for x in msgs), dtype=np.int64, count=m)
-        entries = [g for x in msgs for g in x["gpus"]]
-        table = _table(entries, _GPU_GET, _GPU_KEYS)
-        flagged = [i for i, g in enumerate(entries) if "lost" in g and g["lost"] is True]
-        xids = [(e, g["index"], c) for e, g in enumerate(entries) if (xl := g.get("xids")) for c in xl]
-        host = _table([x.get("host") or {} for x in msgs], _HOST_GET, HOST_NUMERIC)
-        ports = [(i, p) for i, x in enumerate(msgs) if (net := x.get("net")) for p in net.get("ib", ())]
-        plist = [p for _, p in ports]
-        ib = _table(plist, _IB_GET, IB_NUMERIC)
-        port_keys = [(p.get("device", ""), p.get("port", "")) for p in plist]
-        key_ix = _codes_of(port_keys)
-        states: list[str | None] = [p.get("state") for p in plist]
-        state_ix = _codes_of(states)
-        return cls._assemble(
-            list(name_ix),
-            node_idx,
-            ts,
-            seq,
-            counts,
-            table,
-            flagged,
-            xids,
-            host,
-            np.array([i for i, _ in ports], dtype=np.int64),
-            [f"{d}/{p}" for d, p in key_ix],
-            np.fromiter(map(key_ix.__getitem__, port_keys), np.int64, count=len(plist)),
-            ib,
-            list(state_ix),
-            np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
-            np.fromiter(map(_instance_of_dict, msgs), np.int64, count=m),
         )
 
     @classmethod
@@ -438,17 +521,3 @@ class TelemetryBatch:
             received=np.full(m, NAN),
             instance=instance,
         )
-
-
-def _struct_dict(struct: Any) -> dict[str, Any]:
-    """A fast_schema struct as the dict the Python validator would have returned (absent stays absent)."""
-    d = msgspec.to_builtins(struct)  # drops UNSET; NaN defaults must go too
-
-    def strip(o: Any) -> Any:
-        if isinstance(o, dict):
-            return {k: strip(v) for k, v in o.items() if not (isinstance(v, float) and v != v)}
-        if isinstance(o, list):
-            return [strip(v) for v in o]
-        return o
-
-    return strip(d)

@@ -19,7 +19,7 @@ detectors/registry.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,7 +27,7 @@ import numpy as np
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Forgotten, IncidentBook
 from fleetwatch.detectors.job_batch import JobBatch
-from fleetwatch.detectors.node_index import NodeIndex
+from fleetwatch.detectors.node_index import CLOCK_LEAD_S, Admission, NodeIndex
 from fleetwatch.detectors.rows import Compaction
 
 Finding = dict[str, Any]
@@ -74,6 +74,22 @@ class NodeContext:
             prev_ts=prev,
             job_failures=job_failures or [],
         )
+
+
+def admit(
+    batch: TelemetryBatch, index: NodeIndex, lead_s: float = CLOCK_LEAD_S
+) -> tuple[Admission, TelemetryBatch, NodeContext]:
+    """The one admission (NodeIndex.admit_batch) as the node stage applies it before any detector:
+    (what it decided for every message; the new samples, each at its event time; their context).
+    The batch is empty where no sample is new. pipeline/node_stage.py and the generic detector
+    checks both feed detectors through this."""
+    admitted = index.admit_batch(batch, lead_s)
+    keep = admitted.keep
+    # the detectors see each sample at its event time (never ahead of the broker's time, never
+    # before its node's previous sample), and how far its own clock was off
+    new = replace(batch if keep.all() else batch.select(keep), ts=admitted.ts[keep])
+    ctx = NodeContext.of(new, index, admitted.rows[keep], admitted.before[keep])
+    return admitted, new, replace(ctx, clock_jump=admitted.jump[keep])
 
 
 class NodeDetector(Protocol):

@@ -18,6 +18,7 @@ import orjson
 
 from fleetwatch import topics
 from fleetwatch.collectors.sim import Simulation, load_scenario
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
@@ -82,7 +83,7 @@ def evaluate(
         tel, steps = pending[topics.TELEMETRY], pending[topics.STEPS]
         counts["telemetry"] += len(tel)
         counts["steps"] += len(steps)
-        feats = emit(node_task.process(topics.TELEMETRY, tel))
+        feats = emit(node_task.process(topics.TELEMETRY, TelemetryBatch.from_messages(tel)))
         emit(job_task.process(topics.NODE_FEATURES, feats))
         emit(job_task.process(topics.STEPS, steps))
         detect_s += time.perf_counter() - d0

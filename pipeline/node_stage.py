@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import orjson
-from prometheus_client import Counter
 
 from fleetwatch import census, schemas, topics
 from fleetwatch.config import knob, why
@@ -47,7 +46,7 @@ from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
 from fleetwatch.detectors.node_index import CLOCK_LEAD_S, NodeIndex
-from fleetwatch.detectors.protocol import NodeContext, NodeDetector
+from fleetwatch.detectors.protocol import NodeContext, NodeDetector, admit
 from fleetwatch.detectors.registry import NODE_DETECTORS
 from fleetwatch.detectors.rows import Compaction, grow
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector, reference_time
@@ -57,12 +56,6 @@ from fleetwatch.pipeline.tasks import Output
 
 log = logging.getLogger(__name__)
 
-STALE = Counter(
-    "fleetwatch_detect_stale_samples_total", "telemetry samples dropped as duplicate or out of order"
-)
-FORGOTTEN = Counter(
-    "fleetwatch_detect_nodes_forgotten_total", "nodes forgotten after forget_after_s without telemetry"
-)
 
 _FEATURE_COLS = {
     "util": GPU_COL["util"],
@@ -154,13 +147,17 @@ class NodeTask:
     # JobTable.failed_version when the failed jobs were last scanned (not snapshotted: a restored
     # task scans once; failed_jobs_seen says which it has counted)
     _failed_version: int = field(default=-1, repr=False)
+    # where the task exports its nodes and counts (fleetwatch detect: fleet_metrics.exported());
+    # None, as eval and tests build it: nothing exported, the global registry untouched
+    metrics: fleet_metrics.FleetStateCollector | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for reg in NODE_DETECTORS:  # each one the task was not given starts empty, on its index
             if getattr(self, reg.name) is None:
                 setattr(self, reg.name, reg.detector(getattr(self.config, reg.name), self.index))
         self._grow()
-        fleet_metrics.COLLECTOR.add_nodes(self)
+        if self.metrics is not None:
+            self.metrics.add_nodes(self)
 
     def _grow(self) -> None:
         """Room in the task's per-node arrays for every node of the index."""
@@ -194,26 +191,20 @@ class NodeTask:
         stat_kernels.warm_up()
         load_scanner(background=scanner_in_background)
 
-    def process(self, topic: str, msgs: Sequence[Any] | TelemetryBatch) -> list[Output]:
-        """Telemetry as a columnar batch (the worker's hot path, pipeline/telemetry_decode.py), or
-        as dicts or fleetwatch.fast_schema structs (evaluator, tests), made into one first."""
-        batch = msgs if isinstance(msgs, TelemetryBatch) else TelemetryBatch.from_any(msgs)
-        admitted = self.index.admit_batch(batch, self.config.max_clock_lead_s)
+    def process(self, topic: str, batch: TelemetryBatch) -> list[Output]:
+        """Telemetry as a columnar batch: the worker decodes it so (pipeline/telemetry_decode.py);
+        dicts (eval, tests) are converted by TelemetryBatch.from_messages."""
+        if not isinstance(batch, TelemetryBatch):
+            raise TypeError(f"the node stage takes a TelemetryBatch, not {type(batch).__name__}")
+        admitted, new, ctx = admit(batch, self.index, self.config.max_clock_lead_s)
         keep = admitted.keep
         self._stale(keep)
         if not keep.any():
             return []
         self._grow()
         self._note_skew(batch, admitted.rows, keep)
-        # the detectors see each sample at its event time (NodeIndex: never ahead of the broker's
-        # time, never before its node's previous sample), and how far its own clock was off
-        batch = replace(batch if keep.all() else batch.select(keep), ts=admitted.ts[keep])
-        ctx = NodeContext.of(batch, self.index, admitted.rows[keep], admitted.before[keep])
-        ctx = replace(
-            ctx,
-            clock_jump=admitted.jump[keep],
-            job_failures=self._failed_job_events(float(batch.ts.max()), ctx.seen),
-        )
+        batch = new
+        ctx = replace(ctx, job_failures=self._failed_job_events(float(batch.ts.max()), ctx.seen))
         findings: list[dict[str, Any]] = []
         for detector in self.detectors:
             findings += detector.observe(batch, replace(ctx, findings=findings))
@@ -226,12 +217,11 @@ class NodeTask:
         out += self._sweep(float(batch.ts.max()), ctx.seen)
         return out
 
-    @staticmethod
-    def _stale(keep: np.ndarray) -> list[Output]:
+    def _stale(self, keep: np.ndarray) -> list[Output]:
         """Count the samples admission dropped (duplicates or out of order)."""
         stale = len(keep) - int(keep.sum())
-        if stale:
-            STALE.inc(stale)
+        if stale and self.metrics is not None:
+            self.metrics.stale_samples.inc(stale)
         return []
 
     # ------------------------------------------------------------ forgetting nodes
@@ -263,7 +253,8 @@ class NodeTask:
             findings += detector.forget(gone, rows)
         if rows is not None:
             self._compact(rows)
-        FORGOTTEN.inc(len(gone))
+        if self.metrics is not None:
+            self.metrics.nodes_forgotten.inc(len(gone))
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]
         return out + goodbyes
 
@@ -344,7 +335,8 @@ class NodeTask:
         t = steady.broker_times(batch.ts, batch.received)
         gap = self.config.steady_gap_s
         restarted = steady.track(self.seen_at, self.steady_since, ctx.rows, t, gap, self.pauses)
-        fleet_metrics.NEW_NODES.inc(int(np.count_nonzero(np.isnan(self.first_seen[restarted]))))
+        if self.metrics is not None:
+            self.metrics.new_nodes.inc(int(np.count_nonzero(np.isnan(self.first_seen[restarted]))))
         due = np.flatnonzero((batch.ts >= self.census_at[ctx.rows] + every) | np.isin(ctx.rows, restarted))
         fresh = set(restarted.tolist())  # act learns at once that a node's warm-up starts again
         out: list[Output] = []
@@ -369,7 +361,8 @@ class NodeTask:
 
     def close(self) -> None:
         """The partition moved away: stop exporting its nodes."""
-        fleet_metrics.COLLECTOR.remove(self)
+        if self.metrics is not None:
+            self.metrics.remove(self)
 
     def _compact(self, rows: Compaction) -> None:
         self.first_seen = rows.take(self.first_seen, np.nan)
@@ -448,7 +441,13 @@ class NodeTask:
         )
 
     @classmethod
-    def from_bytes(cls, raw: bytes, jobs: JobTable, config: NodeTaskConfig | None = None) -> NodeTask:
+    def from_bytes(
+        cls,
+        raw: bytes,
+        jobs: JobTable,
+        config: NodeTaskConfig | None = None,
+        metrics: fleet_metrics.FleetStateCollector | None = None,
+    ) -> NodeTask:
         """State from the snapshot, every detector's configuration from `config`: the deployment's
         (the worker's), never the one that wrote the snapshot. The lemon's next judgement and
         forget_clock are state (when the next lemon judgement and forget check are due); a changed
@@ -486,6 +485,7 @@ class NodeTask:
             seen_at=_by_row(index, d.get("seen_at", {}), np.nan),
             pauses=steady.Pauses.from_state(d.get("pauses")),
             forget_clock=d.get("forget_clock", 0.0),  # older snapshots: checked on the first batch
+            metrics=metrics,
         )
 
 

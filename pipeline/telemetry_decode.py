@@ -3,8 +3,9 @@
 Straight to columns where the compiled scanner takes a message (fleetwatch/telemetry_scan.py:
 no Python object per value, about a third of the cost); every message it leaves goes through
 the message decoders (fleetwatch/schemas.py), which decide and name what is wrong with it. If
-they accept one the scanner left (a string with an escape, say), the whole batch is decoded
-their way, so that the task still sees every message in offset order.
+they accept one the scanner left (a string with an escape, say), its columns join the scanner's
+in offset order (TelemetryBatch.concat, then take), so that the task still sees every message in
+offset order and no message is decoded twice.
 
 Both ways apply the same checks after the message itself: the record's key must be the message's
 node, and its timestamp must lie within the clock limits of the record's reference time.
@@ -104,15 +105,58 @@ def decode_telemetry(
     if none; [(index, error)] of the rest), the same messages and errors as
     schemas.decode_batch(..., struct=True) of the
     records' values, keys and reference times (RecordBlock.reference_times(now)). Keys are checked
-    for a RecordBlock (records from Kafka) unless check_keys is False; plain values have none."""
+    for a RecordBlock (records from Kafka) unless check_keys is False; plain values have none.
+    Each record is decoded once: by the scanner, or (what it leaves) by the message decoders."""
     block = records if isinstance(records, RecordBlock) else RecordBlock.from_values(records)
     n = len(block)
     refs = block.reference_times(now)
     keys = block.keys() if check_keys and isinstance(records, RecordBlock) else None
-    if not _use_scanner():
-        return _decode_all(block, keys, refs, clock, max_bytes)
+    parts: list[tuple[TelemetryBatch, np.ndarray]] = []  # (batch, the records it holds)
+    left = np.arange(n)
+    if _use_scanner():
+        scanned, taken = _scan(block, keys, refs, clock, max_bytes)
+        if len(taken):
+            parts.append((scanned, taken))
+            left = np.setdiff1d(left, taken, assume_unique=True)
+    bad: list[tuple[int, schemas.MessageError]] = []
+    if len(left):
+        rest = left.tolist()
+        ok, refused = schemas.decode_batch(
+            [block.value(i) for i in rest],
+            schemas.TELEMETRY,
+            keys=None if keys is None else [keys[i] for i in rest],
+            ref_ts=refs[left],
+            clock=clock,
+            max_bytes=max_bytes,
+            struct=True,
+        )
+        bad = [(rest[j], e) for j, e in refused]
+        if ok:
+            parts.append((TelemetryBatch.from_messages(ok), np.delete(left, [j for j, _e in refused])))
+    if not parts:
+        return [], bad
+    if len(parts) == 1:
+        batch, held = parts[0]
+    else:  # the scanner's and the decoders' messages, back in offset order for the task
+        held = np.concatenate([rows for _b, rows in parts])
+        order = np.argsort(held, kind="stable")
+        batch, held = TelemetryBatch.concat([b for b, _r in parts]).take(order), held[order]
+    batch.received = np.asarray(refs[held], dtype=np.float64)
+    return batch, bad
+
+
+def _scan(
+    block: RecordBlock,
+    keys: list[bytes | None] | None,
+    refs: np.ndarray,
+    clock: schemas.ClockLimits | None,
+    max_bytes: int,
+) -> tuple[TelemetryBatch, np.ndarray]:
+    """The records the compiled scanner takes and that pass the checks after the message (key,
+    clock) as a batch, and their indices; the decoders name what is wrong with the rest."""
     from fleetwatch import telemetry_scan
 
+    n = len(block)
     # tombstones and oversized values are left to the decoders, which name them
     usable = (block.starts >= 0) & (block.ends - block.starts <= max_bytes)
     if usable.all():
@@ -134,50 +178,7 @@ def decode_telemetry(
             count=len(scanned),
         )
     taken = scanned[keep]
-    bad: list[tuple[int, schemas.MessageError]] = []
-    if len(taken) < n:
-        left = np.setdiff1d(np.arange(n), taken, assume_unique=True).tolist()
-        ok, refused = schemas.decode_batch(
-            [block.value(i) for i in left],
-            schemas.TELEMETRY,
-            keys=None if keys is None else [keys[i] for i in left],
-            ref_ts=refs[left],
-            clock=clock,
-            max_bytes=max_bytes,
-            struct=True,
-        )
-        if ok:
-            return _decode_all(block, keys, refs, clock, max_bytes)
-        bad = [(left[j], e) for j, e in refused]
     if not len(taken):
-        return [], bad
+        return TelemetryBatch.from_structs([]), taken
     batch = TelemetryBatch.from_scan(sc)
-    return _with_received(batch if keep.all() else batch.select(keep), refs[taken]), bad
-
-
-def _decode_all(
-    block: RecordBlock,
-    keys: list[bytes | None] | None,
-    refs: np.ndarray,
-    clock: schemas.ClockLimits | None,
-    max_bytes: int,
-) -> tuple[TelemetryBatch | list[Any], list[tuple[int, schemas.MessageError]]]:
-    """The whole block through the message decoders (msgspec structs, then columns)."""
-    msgs, bad = schemas.decode_batch(
-        block.values(),
-        schemas.TELEMETRY,
-        keys=keys,
-        ref_ts=refs,
-        clock=clock,
-        max_bytes=max_bytes,
-        struct=True,
-    )
-    if not msgs:
-        return [], bad
-    accepted = np.setdiff1d(np.arange(len(block)), [i for i, _e in bad])
-    return _with_received(TelemetryBatch.from_any(msgs), refs[accepted]), bad
-
-
-def _with_received(batch: TelemetryBatch, received: np.ndarray) -> TelemetryBatch:
-    batch.received = np.asarray(received, dtype=np.float64)
-    return batch
+    return (batch if keep.all() else batch.select(keep)), taken

@@ -26,6 +26,7 @@ from fleetwatch.census import (
     load_key,
     node_message,
 )
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline import fleet_metrics, steady
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
@@ -181,7 +182,10 @@ def test_the_node_stage_writes_the_run_and_a_gone_record_before_each_tombstone()
         out: list[tuple[str, str | None, dict[str, object] | None]] = []
         for t in range(0, 260):
             names = ["stays"] + (["leaves"] if t <= 5 else []) + (["flaps"] if t < 100 or t > 150 else [])
-            out += task.process(topics.TELEMETRY, [telemetry(node=n, ts=T0 + t, seq=t) for n in names])
+            out += task.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([telemetry(node=n, ts=T0 + t, seq=t) for n in names]),
+            )
         census = [(k, m) for topic, k, m in out if topic == topics.NODES]
         leaves = [m for k, m in census if k == "leaves"]
         assert leaves[-1] is None and leaves[-2] is not None and leaves[-2]["gone"] is True
@@ -207,13 +211,16 @@ def test_metrics_stay_bounded_under_a_flood_of_new_names() -> None:
     steady_nodes = [f"steady-{i:02d}" for i in range(20)]
     try:
         for t in range(0, 121, 10):
-            task.process(topics.TELEMETRY, [telemetry(node=n, ts=T0 + t, seq=t) for n in steady_nodes])
+            task.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([telemetry(node=n, ts=T0 + t, seq=t) for n in steady_nodes]),
+            )
         flood = [telemetry(node=f"made-up-{i:05d}", ts=T0 + 121, seq=1) for i in range(10_000)]
         sick = telemetry(node="made-up-sick", ts=T0 + 121, seq=1)
         sick["gpus"][2]["xids"] = [79]
         for k in range(0, len(flood), 2000):
-            task.process(topics.TELEMETRY, flood[k : k + 2000])
-        task.process(topics.TELEMETRY, [sick])
+            task.process(topics.TELEMETRY, TelemetryBatch.from_messages(flood[k : k + 2000]))
+        task.process(topics.TELEMETRY, TelemetryBatch.from_messages([sick]))
         families = {f.name: f for f in collector.collect()}
         health = {s.labels["node"] for s in families["fleetwatch_node_health_score"].samples}
         assert set(steady_nodes) <= health and "made-up-sick" in health  # the worst health first

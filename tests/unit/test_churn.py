@@ -11,6 +11,7 @@ import numpy as np
 
 from fleetwatch import schemas, topics
 from fleetwatch.census import Census, CensusConfig
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import FORGOTTEN
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.job_table import JobTable
@@ -37,7 +38,10 @@ def churn(n_names: int, per_tick: int, life: int, tail: int, steady: list[str]) 
 def feed(task: NodeTask, ticks: list[list[str]], start: int = 0) -> list[Output]:
     out: list[Output] = []
     for t, names in enumerate(ticks[start:], start):
-        out += task.process(topics.TELEMETRY, [telemetry(node=n, ts=T0 + t, seq=t) for n in names])
+        out += task.process(
+            topics.TELEMETRY,
+            TelemetryBatch.from_messages([telemetry(node=n, ts=T0 + t, seq=t) for n in names]),
+        )
     return out
 
 
@@ -66,7 +70,6 @@ def per_node_sizes(task: NodeTask) -> dict[str, int]:
         "first_seen": len(task.first_seen),
         "census_at": len(task.census_at),
         "clock_skew": len(task.clock_skew),
-        "hardware.node_ts": len(hw.node_ts),
         "hardware.gpu_rows": len(hw.gpu_rows),
         "hardware.gpu_counters": len(hw.gpu_counters.last_val),
         "hardware.gpu_decay": len(hw.gpu_decay.s),
@@ -140,8 +143,13 @@ def test_a_silent_node_is_forgotten_its_silence_resolves_and_the_census_drops_it
     task = NodeTask(JobTable(), NodeTaskConfig(forget_after_s=120.0, forget_every_s=10.0))
     try:
         ticks = _stops()
-        per_tick = [task.process(topics.TELEMETRY, [telemetry(node=n, ts=T0 + t, seq=t) for n in names])
-                    for t, names in enumerate(ticks)]  # fmt: skip
+        per_tick = [
+            task.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([telemetry(node=n, ts=T0 + t, seq=t) for n in names]),
+            )
+            for t, names in enumerate(ticks)
+        ]
         out = [o for tick in per_tick for o in tick]
         silent = [m for t, _k, m in out if t == topics.FINDINGS and m["node"] == "gone"]
         assert [(f["evidence"]["rule"], f["severity"], f["resolved"]) for f in silent] == [
@@ -174,7 +182,10 @@ def test_a_forgotten_node_that_reports_again_starts_fresh_and_its_faults_are_fou
         back = telemetry(node="gone", ts=T0 + 201, seq=1)  # re-imaged: its agent's seq starts again
         back["gpus"][3]["xids"] = [79]
         again = task.process(
-            topics.TELEMETRY, [telemetry(node=f"n{i:02d}", ts=T0 + 201, seq=201) for i in range(20)] + [back]
+            topics.TELEMETRY,
+            TelemetryBatch.from_messages(
+                [telemetry(node=f"n{i:02d}", ts=T0 + 201, seq=201) for i in range(20)] + [back]
+            ),
         )
         census = [m for t, k, m in again if t == topics.NODES and k == "gone"]
         assert [(m["first_seen"], m["last_seen"]) for m in census] == [(T0 + 201, T0 + 201)]
@@ -242,7 +253,10 @@ def test_a_task_remembers_only_failed_jobs_the_table_still_offers() -> None:
         for t in range(200):
             if t < 100:
                 jobs.apply(_job(f"j{t}", "failed", T0 + t, nodes=("a", "b")))
-            task.process(topics.TELEMETRY, [telemetry(node=n, ts=T0 + t, seq=t) for n in ("a", "b")])
+            task.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([telemetry(node=n, ts=T0 + t, seq=t) for n in ("a", "b")]),
+            )
             counted |= task.failed_jobs_seen
             # the jobs the table still holds, and those it dropped since the last check (10 s)
             assert len(task.failed_jobs_seen) <= 61 + 10
@@ -250,7 +264,10 @@ def test_a_task_remembers_only_failed_jobs_the_table_still_offers() -> None:
         jobs.apply(_job("now", "running", T0 + 200))  # the table's clock moves on: j* leave it
         assert jobs.failed_jobs == {}
         for t in range(200, 215):
-            task.process(topics.TELEMETRY, [telemetry(node=n, ts=T0 + t, seq=t) for n in ("a", "b")])
+            task.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([telemetry(node=n, ts=T0 + t, seq=t) for n in ("a", "b")]),
+            )
         assert task.failed_jobs_seen == set()
     finally:
         task.close()
@@ -263,7 +280,10 @@ def test_act_ends_the_alerts_of_a_forgotten_node_and_drops_it_from_the_fleet() -
     task = NodeTask(JobTable(), NodeTaskConfig(forget_after_s=120.0, forget_every_s=10.0))
     try:
         for t, names in enumerate(_stops()):
-            out = task.process(topics.TELEMETRY, [telemetry(node=n, ts=T0 + t, seq=t) for n in names])
+            out = task.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([telemetry(node=n, ts=T0 + t, seq=t) for n in names]),
+            )
             for topic, node, msg in out:
                 if topic == topics.NODES:
                     census.apply(node.encode(), None if msg is None else schemas.encode(sign(msg, key)))

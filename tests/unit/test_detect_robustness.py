@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetwatch import schemas
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 
@@ -81,7 +82,7 @@ def telemetry(draw: Any) -> dict[str, Any]:
 def test_node_stage_survives_anything_the_schema_accepts(batches: list[list[dict[str, Any]]]) -> None:
     task = NodeTask(JobTable())
     for batch in batches:
-        for topic, key, msg in task.process("fleet.telemetry.v1", batch):
+        for topic, key, msg in task.process("fleet.telemetry.v1", TelemetryBatch.from_messages(batch)):
             assert topic in ("fleet.findings.v1", "fleet.nodefeatures.v1", "fleet.nodes.v1")
             if msg is None:  # a census tombstone: the node is forgotten
                 assert topic == "fleet.nodes.v1"
@@ -89,7 +90,7 @@ def test_node_stage_survives_anything_the_schema_accepts(batches: list[list[dict
             # every output is a valid message of its schema, keyed as the contract says
             schemas.decode(schemas.encode(msg), key=key.encode() if key else None)
     restored = NodeTask.from_bytes(task.to_bytes(), JobTable())  # and its state always snapshots
-    restored.process("fleet.telemetry.v1", batches[-1])
+    restored.process("fleet.telemetry.v1", TelemetryBatch.from_messages(batches[-1]))
 
 
 step = st.builds(

@@ -4,7 +4,8 @@ own needed for these properties.
 
 Each check drives the detector through its protocol only (detectors/protocol.NodeDetector) with
 what the node stage gives it: batches of fresh samples (each (node, ts) once, in increasing ts per
-node: the one place duplicates and late samples are dropped is the task, reproduced by `Feed`)
+node: the one place duplicates and late samples are dropped is the task's admission, which `Feed`
+goes through)
 and their context. The stream is the simulator's default scenario (every fault kind once, 32
 nodes); every detector in the registry finds something in it, so each check has something to
 compare.
@@ -13,7 +14,6 @@ compare.
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -27,11 +27,12 @@ from fleetwatch.detectors.findings import Forgotten
 from fleetwatch.detectors.job_batch import JobBatch
 from fleetwatch.detectors.lemon import LemonConfig
 from fleetwatch.detectors.node_index import NodeIndex
-from fleetwatch.detectors.protocol import NodeContext, NodeDetector
+from fleetwatch.detectors.protocol import NodeDetector
 from fleetwatch.detectors.registry import JOB_DETECTORS, NODE_DETECTORS, Registered
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
+from tests.helpers.admission import observe, restored_index
 from tests.helpers.detector_inputs import fleet, job_start, steps
 
 # The lemon's windows are days; the stream is minutes. Shortened, it judges and finds within it.
@@ -47,8 +48,9 @@ def config(reg: Registered) -> Any:
 
 
 class Feed:
-    """A detector fed as the node stage feeds it: on the stage's node index (NodeIndex.admit_batch drops
-    stale samples, as in the task), with the context the task gives."""
+    """A detector fed as the node stage feeds it: through the task's own admission on the stage's
+    node index (detectors/protocol.admit: duplicates and late samples dropped, event times), with the
+    context it gives."""
 
     def __init__(self, reg: Registered, state: Any = None, index: NodeIndex | None = None) -> None:
         self.index = NodeIndex() if index is None else index
@@ -58,14 +60,7 @@ class Feed:
             self.detector = reg.detector.from_state(state, config(reg), self.index)
 
     def __call__(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        batch = TelemetryBatch.from_messages(msgs)
-        admitted = self.index.admit_batch(batch)
-        keep = admitted.keep
-        if not keep.any():
-            return []
-        batch = replace(batch.select(keep), ts=admitted.ts[keep])
-        ctx = NodeContext.of(batch, self.index, admitted.rows[keep], admitted.before[keep])
-        return self.detector.observe(batch, replace(ctx, clock_jump=admitted.jump[keep]))
+        return observe(self.detector, self.index, msgs)
 
     def forget(self, gone: Forgotten) -> list[dict[str, Any]]:
         """As the task forgets: the index drops the nodes, then the detector, with its renumbering."""
@@ -73,13 +68,7 @@ class Feed:
 
     def restored(self, reg: Registered) -> Feed:
         """A new feed from this one's snapshot: the index as the task restores it, the detector's state."""
-        index = NodeIndex(
-            self.index.names,
-            self.index.last_ts.tolist(),
-            self.index.last_seq.tolist(),
-            self.index.instances.tolist(),
-        )
-        return Feed(reg, orjson.loads(state_bytes(self.detector)), index)
+        return Feed(reg, orjson.loads(state_bytes(self.detector)), restored_index(self.index))
 
 
 CLOCK_STEPPED = "gpu-node-0003"  # its clock is stepped back 30 s half-way through the stream
@@ -196,7 +185,7 @@ def test_a_snapshot_from_before_the_protocol_keeps_the_lemons_timing() -> None:
     """Until the detector protocol the task kept when the lemon judges next ("next_lemon")."""
     task = NodeTask(JobTable())
     for b in stream()[:20]:
-        task.process(topics.TELEMETRY, [dict(m) for m in b])
+        task.process(topics.TELEMETRY, TelemetryBatch.from_messages([dict(m) for m in b]))
     due = task.lemon.next_judgement
     assert due > 0
     old = orjson.loads(task.to_bytes())

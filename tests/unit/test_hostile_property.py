@@ -322,7 +322,7 @@ def test_sizes_off_the_state_topic_are_refused_before_anything_is_allocated() ->
     import pytest
 
     task = NodeTask(JobTable())
-    task.process(topics.TELEMETRY, [telemetry(node=n, ts=NOW) for n in NODES])
+    task.process(topics.TELEMETRY, TelemetryBatch.from_messages([telemetry(node=n, ts=NOW) for n in NODES]))
     good = orjson.loads(task.to_bytes())
     task.close()
     assert good["hardware"]["ib_rows"], "the snapshot holds IB ports"

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwatch import topics
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.rows import RowIndex
 from fleetwatch.pipeline.job_table import JobTable
@@ -113,7 +114,12 @@ def test_a_snapshot_from_before_the_index_restores_and_goes_on_as_that_release_d
     try:
         batches = maker.stream()
         then = [
-            [[t, k, m] for t, k, m in task.process(topics.TELEMETRY, [dict(m) for m in b])]
+            [
+                [t, k, m]
+                for t, k, m in task.process(
+                    topics.TELEMETRY, TelemetryBatch.from_messages([dict(m) for m in b])
+                )
+            ]
             for b in batches[len(batches) // 2 :]
         ]
 
@@ -226,9 +232,11 @@ def _findings(out: list[Any], kind: str) -> list[dict[str, Any]]:
 def test_a_clock_ahead_does_not_hide_the_next_samples_xid_and_is_reported() -> None:
     """The adversarial run's case: +50 s accepted, then the right clock, the next seq and XID 79."""
     task = NodeTask(JobTable())
-    out = task.process(topics.TELEMETRY, [_sample("a", 1000.0, 1), _sample("b", 1000.0, 1)])
-    out += task.process(topics.TELEMETRY, [_sample("a", 1050.0, 2)])
-    out += task.process(topics.TELEMETRY, [_sample("a", 1001.0, 3, (79,))])
+    out = task.process(
+        topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1000.0, 1), _sample("b", 1000.0, 1)])
+    )
+    out += task.process(topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1050.0, 2)]))
+    out += task.process(topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1001.0, 3, (79,))]))
     [xid] = _findings(out, "xid")
     assert xid["node"] == "a" and xid["evidence"]["worst_xid"] == 79 and xid["severity"] == "critical"
     [clock] = [f for f in _findings(out, "host") if f["evidence"]["rule"] == "clock_jump"]
@@ -240,10 +248,15 @@ def test_a_clock_ahead_does_not_hide_the_next_samples_xid_and_is_reported() -> N
 def test_a_reinstalled_agent_is_a_new_sequence_and_the_old_ones_copies_stay_duplicates() -> None:
     task = NodeTask(JobTable())
     out = task.process(
-        topics.TELEMETRY, [_sample("a", 1000.0 + k, 500 + k, instance="old") for k in range(3)]
+        topics.TELEMETRY,
+        TelemetryBatch.from_messages([_sample("a", 1000.0 + k, 500 + k, instance="old") for k in range(3)]),
     )
-    out += task.process(topics.TELEMETRY, [_sample("a", 1004.0, 0, (79,), instance="new")])
-    out += task.process(topics.TELEMETRY, [_sample("a", 1005.0, 501, (48,), instance="old")])
+    out += task.process(
+        topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1004.0, 0, (79,), instance="new")])
+    )
+    out += task.process(
+        topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1005.0, 501, (48,), instance="old")])
+    )
     [xid] = _findings(out, "xid")
     assert xid["evidence"]["worst_xid"] == 79 and "48" not in xid["evidence"]["xids"]
 
@@ -253,11 +266,19 @@ def test_a_record_under_another_instance_does_not_lock_the_nodes_own_agent_out()
     instance for a moment; the agent's own next samples still count, and its copies stay copies."""
     task = NodeTask(JobTable())
     own = [_sample("a", 1000.0 + k, 10 + k, instance="agent") for k in range(3)]
-    out = task.process(topics.TELEMETRY, own)
-    out += task.process(topics.TELEMETRY, [_sample("a", 1003.0, 5, instance="forged")])
-    out += task.process(topics.TELEMETRY, [_sample("a", 1003.5, 7)])  # no instance at all
-    out += task.process(topics.TELEMETRY, [_sample("a", 1004.0, 13, (79,), instance="agent")])
-    out += task.process(topics.TELEMETRY, [_sample("a", 1005.0, 12, (48,), instance="agent")])  # a copy
+    out = task.process(topics.TELEMETRY, TelemetryBatch.from_messages(own))
+    out += task.process(
+        topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1003.0, 5, instance="forged")])
+    )
+    out += task.process(
+        topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1003.5, 7)])
+    )  # no instance at all
+    out += task.process(
+        topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1004.0, 13, (79,), instance="agent")])
+    )
+    out += task.process(
+        topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1005.0, 12, (48,), instance="agent")])
+    )  # a copy
     [xid] = _findings(out, "xid")
     assert xid["evidence"]["worst_xid"] == 79 and "48" not in xid["evidence"]["xids"]
 
@@ -266,17 +287,46 @@ def test_a_restored_task_still_knows_where_each_agents_numbering_stands() -> Non
     """A redelivery after a restore (the snapshot's offsets lag the input) is still a duplicate,
     whatever its timestamp; a snapshot from before seq was kept admits by time."""
     task = NodeTask(JobTable())
-    task.process(topics.TELEMETRY, [_sample("a", 1000.0 + k, k, instance="i1") for k in range(5)])
+    task.process(
+        topics.TELEMETRY,
+        TelemetryBatch.from_messages([_sample("a", 1000.0 + k, k, instance="i1") for k in range(5)]),
+    )
     raw = task.to_bytes()
     restored = NodeTask.from_bytes(raw, JobTable())
     assert restored.index.last_seq.tolist() == [4]
-    again = restored.process(topics.TELEMETRY, [_sample("a", 2000.0, 3, (79,), instance="i1")])
+    again = restored.process(
+        topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 2000.0, 3, (79,), instance="i1")])
+    )
     assert _findings(again, "xid") == []
     d = orjson.loads(raw)
     del d["last_seq"], d["instances"]
     older = NodeTask.from_bytes(orjson.dumps(d), JobTable())
     assert (
-        _findings(older.process(topics.TELEMETRY, [_sample("a", 1002.0, 9, (79,), instance="i1")]), "xid")
+        _findings(
+            older.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([_sample("a", 1002.0, 9, (79,), instance="i1")]),
+            ),
+            "xid",
+        )
         == []
     )
-    assert _findings(older.process(topics.TELEMETRY, [_sample("a", 1005.0, 10, (79,), instance="i1")]), "xid")
+    assert _findings(
+        older.process(
+            topics.TELEMETRY, TelemetryBatch.from_messages([_sample("a", 1005.0, 10, (79,), instance="i1")])
+        ),
+        "xid",
+    )
+
+
+def test_the_node_stage_takes_only_a_columnar_batch() -> None:
+    """One telemetry form reaches the task: dicts and decoded structs are made into a batch at the
+    edge (TelemetryBatch.from_messages / the worker's decoder), never inside the task."""
+    from fleetwatch import fast_schema, schemas
+
+    task = NodeTask(JobTable())
+    msg = _sample("a", 1000.0, 1)
+    for other in ([msg], [fast_schema.decode_telemetry(schemas.encode(msg))]):
+        with pytest.raises(TypeError, match="TelemetryBatch"):
+            task.process(topics.TELEMETRY, other)  # type: ignore[arg-type]
+    assert task.process(topics.TELEMETRY, TelemetryBatch.from_messages([msg]))  # its census record

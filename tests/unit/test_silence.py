@@ -2,45 +2,48 @@
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.silence import SilenceDetector
+from tests.helpers.admission import observe
 
 T0 = 1_764_000_000.0
 
 
-def held(last: dict[str, float]) -> NodeIndex:
-    """The nodes a task holds, with these latest sample times."""
-    return NodeIndex(last, list(last.values()))
+def report(det: SilenceDetector, index: NodeIndex, nodes: list[str], ts: float) -> list[dict[str, Any]]:
+    """One sample of each of `nodes` at `ts`, through the node stage's admission on `index`."""
+    msgs = [{"schema": "telemetry/1", "node": n, "ts": ts, "seq": int(ts - T0), "gpus": []} for n in nodes]
+    return observe(det, index, msgs)
 
 
 def test_a_silent_node_is_reported_and_resolves() -> None:
-    det = SilenceDetector()
-    last = {f"n{i}": T0 + 30 for i in range(10)}
-    last["n3"] = T0 + 5
-    out = det.process(held(last), set(last) - {"n3"}, T0 + 30)
+    det, index = SilenceDetector(), NodeIndex()
+    nodes = [f"n{i}" for i in range(10)]
+    out = []
+    for t in range(0, 31, 5):  # n3 stops after T0 + 5
+        out += report(det, index, [n for n in nodes if n != "n3" or t <= 5], T0 + t)
     assert [(f["node"], f["severity"], f["resolved"]) for f in out] == [("n3", "critical", False)]
-    last["n3"] = T0 + 31
-    out = det.process(held(last), {"n3"}, T0 + 31)
+    out = report(det, index, ["n3"], T0 + 31)
     assert [(f["node"], f["resolved"]) for f in out] == [("n3", True)]
 
 
 def test_one_node_with_a_clock_ahead_does_not_silence_the_rest() -> None:
-    det = SilenceDetector()
-    last = {f"n{i}": T0 + 30 for i in range(20)}
-    last["skewed"] = T0 + 3600  # an hour ahead
-    assert det.process(held(last), set(last), T0 + 3600) == []
+    det, index = SilenceDetector(), NodeIndex()
+    nodes = [f"n{i}" for i in range(20)]
+    for t in range(0, 31, 5):
+        assert report(det, index, nodes, T0 + t) == []
+        assert report(det, index, ["skewed"], T0 + 3600 + t) == []  # an hour ahead
 
 
 def test_a_rack_going_quiet_is_still_seen() -> None:
-    det = SilenceDetector()
-    last = {f"n{i}": T0 + 60 for i in range(20)}
-    for i in range(6):  # 30% of the nodes stop at once
-        last[f"n{i}"] = T0 + 20
-    out = det.process(held(last), {f"n{i}" for i in range(6, 20)}, T0 + 60)
-    assert {f["node"] for f in out} == {f"n{i}" for i in range(6)}
+    det, index = SilenceDetector(), NodeIndex()
+    nodes = [f"n{i}" for i in range(20)]
+    out = []
+    for t in range(0, 61, 5):  # 30% of the nodes stop at once, after T0 + 20
+        out += report(det, index, nodes if t <= 20 else nodes[6:], T0 + t)
+    assert {f["node"] for f in out} == set(nodes[:6])
 
 
 def _ticks(nodes: int, duration: int, faults: list[dict[str, object]]) -> list[list[dict[str, object]]]:
@@ -70,7 +73,11 @@ def _silences(ticks: list[list[dict[str, object]]], ticks_per_batch: int) -> lis
     out = []
     for i in range(0, len(ticks), ticks_per_batch):
         batch = [m for t in ticks[i : i + ticks_per_batch] for m in t]
-        out += [m for topic, _k, m in task.process(topics.TELEMETRY, batch) if topic == topics.FINDINGS]
+        out += [
+            m
+            for topic, _k, m in task.process(topics.TELEMETRY, TelemetryBatch.from_messages(batch))
+            if topic == topics.FINDINGS
+        ]
     return sorted(
         (f["id"], f["node"], f["first_seen"], f["ts"], f["resolved"])
         for f in out
@@ -98,15 +105,12 @@ def test_silences_are_found_however_the_stream_is_batched() -> None:
 def test_a_partition_that_pauses_as_a_whole_is_not_a_silence() -> None:
     """Every node's samples stop and resume together (the pipeline, not the nodes, paused): no
     node fell behind the others, in one batch or tick by tick."""
-    det = SilenceDetector()
+    det, index = SilenceDetector(), NodeIndex()
     nodes = [f"n{i}" for i in range(10)]
-    prev = np.full(len(nodes), T0)  # each node's latest before the batch (batch.node_names' order)
+    assert report(det, index, nodes, T0) == []  # each node's latest before the batch
     samples = [  # one sample each, then 59 s of nothing
-        {"schema": "telemetry/1", "node": n, "ts": t, "seq": 0, "gpus": []}
-        for t in (T0 + 1, T0 + 60)
+        {"schema": "telemetry/1", "node": n, "ts": t, "seq": seq, "gpus": []}
+        for seq, t in ((1, T0 + 1), (2, T0 + 60))
         for n in nodes
     ]
-    batch = TelemetryBatch.from_messages(samples)
-    last = dict.fromkeys(nodes, T0 + 60.0)
-    assert batch.node_names == nodes
-    assert det.process(held(last), set(nodes), T0 + 60, batch=batch, prev_ts=prev) == []
+    assert observe(det, index, samples) == []

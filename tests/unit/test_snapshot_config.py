@@ -21,6 +21,7 @@ from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.findings import Incident, IncidentBook
 from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
+from fleetwatch.detectors.job_batch import JobBatch
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector
@@ -28,6 +29,7 @@ from fleetwatch.detectors.straggler import JobWindow, StragglerConfig, Straggler
 from fleetwatch.pipeline.job_stage import JobTask, JobTaskConfig
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
+from tests.helpers.admission import observe, restored_index
 from tests.helpers.detector_inputs import fleet, job_start, series, steps
 
 DAY = 86400.0
@@ -57,14 +59,15 @@ class Restored:
 
 def _hardware() -> Restored:
     before = HardwareDetector(HW_A)
-    before.process(TelemetryBatch.from_messages(series(40, _hw_fault)))
-    after = HardwareDetector.from_bytes(before.to_bytes(), HW_B)
+    observe(before, before.index, series(40, _hw_fault))
+    # restored as the task restores it: its index first, then the detector on it
+    after = HardwareDetector.from_state(orjson.loads(before.to_bytes()), HW_B, restored_index(before.index))
 
     def then() -> None:
         # Still 60 PCIe replays a minute: bad under A, fine under B, so the open warning resolves
         # after B's 30 s without a bad sample. The XID burst (at 1005) is past B's 20 s of quiet
         # already: it resolves on the first sample after the restore (A would hold it to 1185).
-        out = after.process(TelemetryBatch.from_messages(series(80, _hw_fault)[40:]))
+        out = observe(after, after.index, series(80, _hw_fault)[40:])
         resolved = {f["evidence"]["rule"]: f["ts"] for f in out if f["resolved"]}
         assert resolved == {"pcie_replay": 1039.0 + 30.0, "xid_burst": 1040.0}
         assert not [f for f in out if not f["resolved"]]
@@ -78,7 +81,6 @@ def _hardware() -> Restored:
             (before.gpu_decay.t[: before.n_gpu], after.gpu_decay.t),
             (before.gpu_counters.last_val[: before.n_gpu], after.gpu_counters.last_val),
             (before.gpu_runs.run[: before.n_gpu], after.gpu_runs.run),
-            (before.node_ts[: len(before.index)], after.node_ts),
             # the windows are B's: the SBE hour, then B's rate window
             (after.gpu_decay.tau, np.array([3600.0, 120.0, 120.0, 120.0])),
         ],
@@ -89,8 +91,7 @@ def _hardware() -> Restored:
 def _gpu_stats() -> Restored:
     before = GpuStats()
     for tick in fleet(16, 320, seed=2, hot=(5, 3, 200)):
-        batch = TelemetryBatch.from_messages(tick)
-        before.process(batch)
+        observe(before, before.index, tick)
     b = GpuStatsConfig(threshold=0.99, persist_samples=10, clear_after_s=5.0)
     after = GpuStats.from_state(orjson.loads(orjson.dumps(before.to_state())), b)
     st_before, st_after = before.scorer.to_state(), after.scorer.to_state()
@@ -129,18 +130,27 @@ def _lemon() -> Restored:
 
 
 def _silence() -> Restored:
-    before = SilenceDetector(SilenceConfig())
-    last = {f"n{i}": T0 + 30 for i in range(10)}
-    last["n3"] = T0 + 5
-    assert before.process(NodeIndex(last, list(last.values())), set(last) - {"n3"}, T0 + 30)
+    before, index = SilenceDetector(SilenceConfig()), NodeIndex()
+    nodes = [f"n{i}" for i in range(10)]
+
+    def report(det: SilenceDetector, names: list[str], ts: float) -> list[dict[str, Any]]:
+        msgs = [
+            {"schema": "telemetry/1", "node": n, "ts": ts, "seq": int(ts - T0), "gpus": []} for n in names
+        ]
+        return observe(det, index, msgs)
+
+    # n3 stops after T0 + 5: silent under A's 10 s by T0 + 30
+    assert [
+        f for t in range(0, 31, 5) for f in report(before, [n for n in nodes if n != "n3" or t <= 5], T0 + t)
+    ]
     b = SilenceConfig(silent_after_s=30.0)
     after = SilenceDetector.from_state(orjson.loads(orjson.dumps(before.to_state())), b)
+    index = restored_index(index)
 
     def then() -> None:
-        # n5 quiet for 20 s: silent under A's 10 s, not under B's 30 s
-        later = {**last, **{f"n{i}": T0 + 50 for i in range(10) if i not in (3, 5)}}
-        held = NodeIndex(later, list(later.values()))
-        assert after.process(held, set(later) - {"n3", "n5"}, T0 + 50) == []
+        # n5 quiet for 20 s after T0 + 30: silent under A's 10 s, not under B's 30 s
+        for t in range(35, 51, 5):
+            assert report(after, [n for n in nodes if n not in ("n3", "n5")], T0 + t) == []
 
     return Restored(
         configs=[(after.cfg, b)],
@@ -152,7 +162,7 @@ def _silence() -> Restored:
 def _straggler() -> Restored:
     before = StragglerDetector(StragglerConfig())
     msgs = steps(4, 240, slow={2: 0.3}, seed=1)
-    before.process(msgs[: 4 * 120])
+    before.observe(JobBatch.from_records(msgs[: 4 * 120]))
     b = StragglerConfig(window=6, clear_after_s=10.0, min_slowdown=0.5)
     after = StragglerDetector.from_bytes(before.to_bytes(), b)
     ((key, w_before),) = before.windows.items()
@@ -160,7 +170,7 @@ def _straggler() -> Restored:
 
     def then() -> None:
         # the 30% straggler is below B's 50%: its incident resolves once B's 10 s have passed
-        out = after.process(msgs[4 * 120 :])
+        out = after.observe(JobBatch.from_records(msgs[4 * 120 :]))
         (done,) = out
         (inc,) = before.book.open.values()
         assert done["resolved"] and done["node"] == "node-02"
@@ -210,7 +220,7 @@ def _job_task() -> Restored:
 
 def _node_task() -> Restored:
     before = NodeTask(JobTable(), NodeTaskConfig())
-    before.process("fleet.telemetry.v1", series(40, _hw_fault))
+    before.process("fleet.telemetry.v1", TelemetryBatch.from_messages(series(40, _hw_fault)))
     b = NodeTaskConfig(
         hardware=HW_B,
         stats=GpuStatsConfig(threshold=0.99),
@@ -272,7 +282,9 @@ def test_gpu_stats_threshold_comes_from_the_deployment() -> None:
     ticks = fleet(16, 400, seed=2, hot=(5, 3, 200))
     task = NodeTask(JobTable(), NodeTaskConfig(emit_features=False))
     for tick in ticks[:150]:  # the census of its nodes, and no finding
-        assert {t for t, _k, _m in task.process("fleet.telemetry.v1", tick)} <= {"fleet.nodes.v1"}
+        assert {
+            t for t, _k, _m in task.process("fleet.telemetry.v1", TelemetryBatch.from_messages(tick))
+        } <= {"fleet.nodes.v1"}
     raw = task.to_bytes()
     task.close()
 
@@ -283,7 +295,9 @@ def test_gpu_stats_threshold_comes_from_the_deployment() -> None:
         out = []
         for i in range(150, len(ticks), 10):
             msgs = [m for tick in ticks[i : i + 10] for m in tick]
-            out += [f for _t, _k, f in restored.process("fleet.telemetry.v1", msgs)]
+            out += [
+                f for _t, _k, f in restored.process("fleet.telemetry.v1", TelemetryBatch.from_messages(msgs))
+            ]
         restored.close()
         return [f for f in out if f["kind"] == "statistical" and not f["resolved"]]
 
@@ -298,7 +312,7 @@ def test_gpu_stats_threshold_comes_from_the_deployment() -> None:
 
 def test_old_snapshots_with_config_restore_on_the_deployments_config() -> None:
     task = NodeTask(JobTable(), NodeTaskConfig())
-    task.process("fleet.telemetry.v1", series(40, _hw_fault))
+    task.process("fleet.telemetry.v1", TelemetryBatch.from_messages(series(40, _hw_fault)))
     d = orjson.loads(task.to_bytes())
     task.close()
     assert "config" not in d["hardware"] and "config" not in d["stats"]

@@ -335,7 +335,7 @@ def test_the_workers_decode_equals_the_decoders(records: list[tuple[Any, Any, in
         assert got == []
         return
     assert isinstance(got, TelemetryBatch)
-    assert_same_columns(got, TelemetryBatch.from_any(want_ok))
+    assert_same_columns(got, TelemetryBatch.from_messages(want_ok))
     accepted = [i for i in range(len(raws)) if i not in {i for i, _e in want_bad}]
     assert got.received.tolist() == refs[accepted].tolist()
 
@@ -352,7 +352,9 @@ def test_the_node_stage_gives_the_same_outputs_from_columns_as_from_structs() ->
     out_c: list[Any] = []
     for i in range(0, len(raws), 300):
         chunk = raws[i : i + 300]
-        out_s += by_structs.process("t", [fast_schema.decode_telemetry(r) for r in chunk])
+        out_s += by_structs.process(
+            "t", TelemetryBatch.from_structs([fast_schema.decode_telemetry(r) for r in chunk])
+        )
         batch = TelemetryBatch.from_scan(telemetry_scan.scan(chunk))
         out_c += by_columns.process("t", batch)
     assert out_c == out_s
@@ -418,3 +420,30 @@ def test_mutated_messages_never_read_out_of_bounds() -> None:
     done = run_bounds_checked(_BOUNDS_CHECKED, timeout_s=280)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"taken \d+ of 20000", done.stdout)
+
+
+def test_each_record_is_decoded_once_when_the_decoders_take_one_the_scanner_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch where the scanner leaves a valid message (a string with an escape): the decoders
+    see that one only, and its columns join the scanner's in offset order (until issue 24 the
+    whole batch was decoded again by the decoders)."""
+    plain = [schemas.encode(telemetry(node=f"gpu-node-{i:04d}", ts=NOW, seq=i)) for i in range(6)]
+    escaped = schemas.encode(telemetry(node="gpu-node-0099", ts=NOW, seq=99)).replace(
+        b'"GPU-0"', b'"GPU-\\u00e9"'
+    )
+    raws = [*plain[:3], escaped, *plain[3:]]
+    seen: list[bytes | None] = []
+    decode_batch = schemas.decode_batch
+
+    def counting(values: list[bytes | None], *args: Any, **kw: Any) -> Any:
+        seen.extend(values)
+        return decode_batch(values, *args, **kw)
+
+    monkeypatch.setattr(schemas, "decode_batch", counting)
+    got, bad = decode_telemetry(raws, now=NOW, clock=CLOCK)
+    assert seen == [escaped] and bad == []
+    assert isinstance(got, TelemetryBatch)
+    assert got.nodes() == [json.loads(r)["node"] for r in raws]
+    want, _bad = decode_batch(raws, schemas.TELEMETRY, ref_ts=NOW, clock=CLOCK, struct=True)
+    assert_same_columns(got, TelemetryBatch.from_messages(want))
