@@ -136,10 +136,6 @@ class GpuStats:
         """The NodeDetector protocol (detectors/protocol.py)."""
         return self._process(batch, ctx.rows, ctx.nodes)
 
-    def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
-        """A batch without the task (tests, tools): rows from this detector's index."""
-        return self._process(batch, self.index.rows_of(batch), batch.nodes())
-
     def _process(self, batch: TelemetryBatch, rows: np.ndarray, nodes: list[str]) -> list[dict[str, Any]]:
         """rows, nodes: each message's node row and name. Returns findings; `self.last_score`
         holds each series' latest score."""

@@ -75,7 +75,6 @@ from fleetwatch.detectors.counters import (
     Segments,
     decode_array,
     encode_array,
-    increasing_in_group,
 )
 from fleetwatch.detectors.findings import (
     SEVERITIES,
@@ -176,13 +175,13 @@ def _f(x: Any) -> float | int | None:
 
 
 class HardwareDetector:
-    """Stateful rule engine: `process(batch)` -> finding/1 dicts; `to_state()`/`from_state()` resume."""
+    """Stateful rule engine: `observe(batch, ctx)` -> finding/1 dicts; `to_state()`/`from_state()` resume.
+    A snapshot of an earlier release may hold "node_ts" (each node's latest ts, when this detector
+    dropped stale samples itself): ignored, NodeIndex holds that."""
 
     def __init__(self, config: HardwareConfig | None = None, index: NodeIndex | None = None) -> None:
         self.cfg = config or HardwareConfig()
         self.index = NodeIndex() if index is None else index  # node rows (the task's, shared)
-        # each node row's latest ts seen here: process() without the task drops stale samples by it
-        self.node_ts = np.full(0, -np.inf)
         # GPU entities: (node row, gpu index) -> entity row; -1 = never seen.
         self.gpu_rows = np.full((0, 8), -1, dtype=np.int64)
         self.n_gpu = 0
@@ -210,7 +209,6 @@ class HardwareDetector:
             # No "config": a restore takes its configuration from the deployment (from_state).
             # the node rows' names, as the previous release reads them (the task's index)
             "nodes": list(self.index.names),
-            "node_ts": encode_array(grow(self.node_ts, n, -np.inf)[:n]),
             "gpu_rows": encode_array(grow(self.gpu_rows, n, -1)[:n]),
             "n_gpu": self.n_gpu,
             # entity rows in use only: the arrays' spare rows (they grow by doubling) are not state
@@ -240,7 +238,6 @@ class HardwareDetector:
         saved = d["nodes"]
         self = cls(config, NodeIndex(saved) if index is None else index)
         n, gpu_rows = len(self.index), decode_array(d["gpu_rows"])
-        self.node_ts = self.index.place(saved, decode_array(d["node_ts"]), np.full(n, -np.inf))
         self.gpu_rows = self.index.place(saved, gpu_rows, np.full((n, gpu_rows.shape[1]), -1, dtype=np.int64))
         self.n_gpu = int(d["n_gpu"])
         # GPU and port entity rows are dense and each belongs to a node's cell: numbers beyond
@@ -291,7 +288,6 @@ class HardwareDetector:
         out = self.book.forget(gone)
         if nodes is None:
             return out
-        self.node_ts = nodes.take(self.node_ts, -np.inf)
         grid = nodes.take(self.gpu_rows, -1)
         gpus = Compaction.referenced(self.n_gpu, grid)
         self.gpu_rows, self.n_gpu = gpus.renumber(grid), len(gpus.keep)
@@ -312,44 +308,20 @@ class HardwareDetector:
 
     def observe(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
         """The NodeDetector protocol (detectors/protocol.py): the rules need the batch and its
-        node rows only."""
-        return self._process(batch, ctx.rows, admitted=True)
-
-    def process(self, batch: TelemetryBatch) -> list[dict[str, Any]]:
-        """A batch without the task (tests, tools): rows from this detector's index."""
-        return self._process(batch, self.index.rows_of(batch), admitted=False)
-
-    def _process(self, batch: TelemetryBatch, node_rows: np.ndarray, admitted: bool) -> list[dict[str, Any]]:
+        node rows only. The task admitted every sample by its agent's numbering
+        (detectors/protocol.admit): each is new, and a node's event times never go back, though
+        two may be equal (its clock went back); an XID in such a sample still counts."""
         if batch.size == 0:
             return []
-        self.node_ts = grow(self.node_ts, len(self.index), -np.inf)
+        node_rows = ctx.rows
         self.gpu_rows = grow(self.gpu_rows, len(self.index), -1)
-
-        seg = Segments.of(node_rows)
-        if admitted:
-            # the task admitted every sample by its agent's numbering (NodeIndex.admit_batch):
-            # each is new, and a node's event times never go back, though two may be equal (its
-            # clock went back); an XID in such a sample still counts
-            acc = seg.order  # message indices, grouped by node, in arrival order
-        else:
-            # without the task: duplicates and samples older than what the node already sent are
-            # dropped before any rule, by time, so that a replayed sample cannot count an XID twice
-            ok = increasing_in_group(seg, batch.ts[seg.order], self.node_ts[seg.rows])
-            acc = seg.order[ok]  # accepted message indices, grouped by node, ts increasing
-        if len(acc) == 0:
-            return []
-        mrow, mts = node_rows[acc], batch.ts[acc]
-        last = np.ones(len(acc), dtype=bool)
-        last[:-1] = mrow[1:] != mrow[:-1]
-        self.node_ts[mrow[last]] = mts[last]
-
-        ctx = SampleTimes(self.index.names, self.index.rows, mrow, mts)
-
+        acc = Segments.of(node_rows).order  # message indices, grouped by node, in arrival order
+        times = SampleTimes(self.index.names, self.index.rows, node_rows[acc], batch.ts[acc])
         out: list[dict[str, Any]] = []
-        out += self._gpu_rules(batch, acc, ctx)
-        out += self._xid_rules(batch, acc, ctx)
-        out += self._ib_rules(batch, acc, ctx)
-        out += self.book.sweep(ctx.next_ts, ctx.latest)
+        out += self._gpu_rules(batch, acc, times)
+        out += self._xid_rules(batch, acc, times)
+        out += self._ib_rules(batch, acc, times)
+        out += self.book.sweep(times.next_ts, times.latest)
         out.sort(key=lambda f: (f["ts"], f["node"], f.get("gpu", -1), f["kind"], f["evidence"]["rule"]))
         return out
 

@@ -81,7 +81,9 @@ class SilenceDetector:
         batch's nodes' samples before it, from the task. On broker time where the batch has it."""
         if batch.size and bool(np.isfinite(batch.received).all()):
             return self._by_broker(batch, ctx)
-        return self.process(ctx.index, ctx.seen, float(batch.ts.max()), batch=batch, prev_ts=ctx.prev_ts)
+        return self._on_node_clocks(
+            ctx.index, ctx.seen, float(batch.ts.max()), batch=batch, prev_ts=ctx.prev_ts
+        )
 
     # ------------------------------------------------------------ on the broker's clock
 
@@ -166,7 +168,7 @@ class SilenceDetector:
 
     # ------------------------------------------------------------ on the nodes' clocks
 
-    def process(
+    def _on_node_clocks(
         self,
         nodes: NodeIndex,
         seen: set[str],

@@ -33,7 +33,7 @@ detector drop the windows of any other node it holds, resolving that node's find
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,10 +210,6 @@ class StragglerDetector:
                     else:
                         out += self.job_nodes(batch.job[i], batch.listed[i], float(batch.ts[i]))
         return out
-
-    def process(self, msgs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Records of the three schemas without the job stage (tests, tools)."""
-        return self.observe(JobBatch.from_records(msgs))
 
     def job_ended(self, job: str, ts: float) -> list[dict[str, Any]]:
         """Resolve the job's open straggler findings and forget its windows."""

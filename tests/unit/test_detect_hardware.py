@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import numpy as np
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from fleetwatch.alerts.policy import drain_reason
 from fleetwatch.detectors import xid_catalog
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.hardware import MAX_LISTED, HardwareConfig, HardwareDetector
+from tests.helpers.admission import observe, restored_index
 from tests.helpers.batches import gpu_entry, ib_port, telemetry
 from tests.helpers.detector_inputs import NODE, GpuFault, gpus_with, series
 
@@ -26,7 +28,7 @@ def run(
     det = det or HardwareDetector()
     out: list[dict[str, Any]] = []
     for i in range(0, len(msgs), batch):
-        out += det.process(TelemetryBatch.from_messages(msgs[i : i + batch]))
+        out += observe(det, det.index, msgs[i : i + batch])
     for f in out:
         schemas.validate(f, "finding/1")
     return out
@@ -474,7 +476,7 @@ def test_batching_does_not_change_findings(faults, steps, data) -> None:
     det = HardwareDetector()
     batched: list[dict[str, Any]] = []
     for a, b in zip([0, *cuts], [*cuts, len(msgs)], strict=True):
-        batched += det.process(TelemetryBatch.from_messages(msgs[a:b]))
+        batched += observe(det, det.index, msgs[a:b])
     assert sorted(map(key, batched)) == sorted(map(key, one_by_one))
     assert one_by_one  # every scenario has at least one fault that fires
 
@@ -486,8 +488,9 @@ def test_snapshot_restore_and_replay_keep_ids() -> None:
     half = len(msgs) // 2
     det = HardwareDetector()
     first = run(msgs[:half], det, batch=50)
-    restored = HardwareDetector.from_bytes(det.to_bytes())
-    # A replacement worker resumes from the snapshot and is handed some messages again.
+    # A replacement worker resumes from the snapshot (the task's index with it) and is handed some
+    # messages again: the task's admission drops them.
+    restored = HardwareDetector.from_state(orjson.loads(det.to_bytes()), None, restored_index(det.index))
     rest = run(msgs[half - 30 :], restored, batch=40)
     assert sorted(map(key, first + rest)) == sorted(map(key, whole))
     # A worker that re-processes everything from scratch computes the same ids.
@@ -518,7 +521,7 @@ def test_findings_are_sorted_by_event_time() -> None:
 def measure_throughput(
     nodes: int = 2000, batches: int = 40, batch: int = 1000, seed: int = 1
 ) -> dict[str, float]:
-    """node-samples/s of TelemetryBatch.from_messages + HardwareDetector.process on 8-GPU messages.
+    """node-samples/s of TelemetryBatch.from_messages + HardwareDetector.observe on 8-GPU messages.
 
     Not a test (timings depend on the machine): `python -m tests.unit.test_detect_hardware`. Messages are
     built and validated up front so only the detector core is timed; 1% of the nodes carry a fault
@@ -556,7 +559,7 @@ def measure_throughput(
         t0 = time.perf_counter()
         tb = TelemetryBatch.from_messages(chunk)
         t1 = time.perf_counter()
-        found += len(det.process(tb))
+        found += len(observe(det, det.index, tb))
         t2 = time.perf_counter()
         t_build, t_proc = t_build + t1 - t0, t_proc + t2 - t1
     total = batches * batch
@@ -573,3 +576,21 @@ if __name__ == "__main__":
     for size in (1000, 5000):
         r = measure_throughput(batch=size, batches=40 if size == 1000 else 8)
         print(f"batch {size}: " + ", ".join(f"{k}={v:,.0f}" for k, v in r.items()))
+
+
+def test_a_snapshot_with_the_detectors_own_node_times_restores_and_goes_on_alike() -> None:
+    """Until issue 24 the detector dropped stale samples itself and kept each node's latest ts
+    ("node_ts") in its snapshot; admission is the task's alone now (NodeIndex), and a snapshot
+    written with that field restores, ignoring it, to the same state and the same findings."""
+    msgs = scenario([(0, "xid", 5), (1, "crc", 20)], 80, [5])
+    det = HardwareDetector()
+    run(msgs[:40], det)
+    state = det.to_state()
+    assert "node_ts" not in state
+    from fleetwatch.detectors.counters import encode_array
+
+    old = {**state, "node_ts": encode_array(np.full(len(det.index), 1e9))}  # as that release wrote it
+    a = HardwareDetector.from_state(orjson.loads(orjson.dumps(state)), None, restored_index(det.index))
+    b = HardwareDetector.from_state(orjson.loads(orjson.dumps(old)), None, restored_index(det.index))
+    assert a.to_bytes() == b.to_bytes()
+    assert run(msgs[40:], a) == run(msgs[40:], b)

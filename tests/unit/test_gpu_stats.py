@@ -8,8 +8,8 @@ import numpy as np
 import orjson
 
 from fleetwatch import schemas
-from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.gpu_stats import GpuStats
+from tests.helpers.admission import observe
 from tests.helpers.detector_inputs import T0, fleet
 
 
@@ -17,8 +17,7 @@ def run(det: GpuStats, ticks: list[list[dict[str, Any]]], per_batch: int = 1) ->
     out = []
     for i in range(0, len(ticks), per_batch):
         msgs = [m for tick in ticks[i : i + per_batch] for m in tick]
-        batch = TelemetryBatch.from_messages(msgs)
-        out += det.process(batch)
+        out += observe(det, det.index, msgs)  # through the task's admission
     return out
 
 

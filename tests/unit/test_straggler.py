@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
 from fleetwatch import schemas
+from fleetwatch.detectors.job_batch import JobBatch
 from fleetwatch.detectors.straggler import StragglerConfig, StragglerDetector, loo_median
 from tests.helpers.detector_inputs import T0, steps
+
+
+def feed(det: StragglerDetector, msgs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Records of the three schemas as the job stage hands them to its detectors."""
+    return det.observe(JobBatch.from_records(msgs))
 
 
 def test_loo_median_matches_definition() -> None:
@@ -24,7 +31,7 @@ def test_loo_median_matches_definition() -> None:
 def test_straggler_found_named_and_quantified(slowdown: float) -> None:
     msgs = steps(8, 200, slow={5: slowdown}, slow_from=50)
     det = StragglerDetector()
-    findings = det.process(msgs)
+    findings = feed(det, msgs)
     assert findings, "the straggler must be found"
     first = findings[0]
     schemas.validate(first)
@@ -39,7 +46,7 @@ def test_straggler_found_named_and_quantified(slowdown: float) -> None:
 
 
 def test_two_node_job_blames_the_slow_one() -> None:
-    findings = StragglerDetector().process(steps(2, 120, slow={1: 0.15}))
+    findings = feed(StragglerDetector(), steps(2, 120, slow={1: 0.15}))
     assert {f["node"] for f in findings} == {"node-01"}
 
 
@@ -47,7 +54,7 @@ def test_healthy_jitter_is_quiet() -> None:
     det = StragglerDetector()
     findings = []
     for seed in range(5):
-        findings += det.process(steps(16, 400, jitter=0.03, seed=seed, job=f"job-{seed}"))
+        findings += feed(det, steps(16, 400, jitter=0.03, seed=seed, job=f"job-{seed}"))
     assert findings == []
 
 
@@ -59,7 +66,7 @@ def test_escalates_when_persistent_and_resolves_after_recovery() -> None:
     shift = slow[-1]["ts"] - T0 + 1
     for m in healthy:
         m["ts"] += shift
-    out = det.process(slow) + det.process(healthy)
+    out = feed(det, slow) + feed(det, healthy)
     sev = [(f["severity"], f["resolved"]) for f in out]
     assert sev == [("warning", False), ("critical", False), ("critical", True)]
     assert len({f["id"] for f in out}) == 1  # one incident, one id
@@ -67,7 +74,7 @@ def test_escalates_when_persistent_and_resolves_after_recovery() -> None:
 
 def test_job_end_resolves() -> None:
     det = StragglerDetector()
-    out = det.process(steps(4, 100, slow={0: 0.2}))
+    out = feed(det, steps(4, 100, slow={0: 0.2}))
     assert out and not out[-1]["resolved"]
     done = det.job_ended("job-1", T0 + 1000)
     assert [f["resolved"] for f in done] == [True]
@@ -90,18 +97,18 @@ def test_sm_clock_throttled_node_from_features() -> None:
                     "util": 97.0,
                 }
             )
-    findings = det.process(msgs)
+    findings = feed(det, msgs)
     assert {f["node"] for f in findings} == {"node-03"}
     assert findings[0]["evidence"]["signal"] == "sm_clock_mhz"
 
 
 def test_batching_and_snapshot_do_not_change_results() -> None:
     msgs = steps(8, 200, slow={5: 0.12}, slow_from=40, seed=7)
-    whole = StragglerDetector().process(msgs)
+    whole = feed(StragglerDetector(), msgs)
     det = StragglerDetector()
     pieces: list[dict[str, Any]] = []
     for i in range(0, len(msgs), 37):
-        pieces += det.process(msgs[i : i + 37])
+        pieces += feed(det, msgs[i : i + 37])
         det = StragglerDetector.from_bytes(det.to_bytes())  # a restart between every batch
     assert [f["id"] for f in pieces] == [f["id"] for f in whole]
     assert [f["ts"] for f in pieces] == [f["ts"] for f in whole]
@@ -116,7 +123,7 @@ def test_second_straggler_beside_a_slow_peer_is_found_by_its_own_slowdown() -> N
     for m in late:
         m["ts"] += shift
     det = StragglerDetector()
-    findings = det.process(early) + det.process(late)
+    findings = feed(det, early) + feed(det, late)
     found = {f["node"] for f in findings if not f["resolved"]}
     assert found == {"node-00", "node-01"}
     late_one = next(f for f in findings if f["node"] == "node-01")
@@ -130,7 +137,7 @@ def test_job_wide_slowdown_blames_nobody() -> None:
     for m in late:
         m["ts"] += shift
     det = StragglerDetector()
-    assert det.process(early) + det.process(late) == []
+    assert feed(det, early) + feed(det, late) == []
 
 
 def test_idle_clocks_are_not_compared() -> None:
@@ -151,4 +158,4 @@ def test_idle_clocks_are_not_compared() -> None:
                     "util": util,
                 }
             )
-    assert det.process(msgs) == []
+    assert feed(det, msgs) == []
