@@ -9,13 +9,17 @@ decoded messages into outputs (topic, key, message) and can be serialised, so th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleetwatch.schemas import ClockLimits, encode
+from fleetwatch.record_block import RecordBlock
+from fleetwatch.schemas import ClockLimits, MessageError, decode_batch, encode
 
 Output = tuple[str, str | None, dict[str, Any] | None]  # topic, key, message (None: a tombstone)
+# (records, now=, clock=) -> (what the task is handed, [(index, error)] of the records refused)
+Decoder = Callable[..., tuple[Any, list[tuple[int, MessageError]]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +60,10 @@ class Stage:
     # input topic -> how far its messages' timestamps may lie from their arrival at the broker
     # (topics not named are not checked: those the pipeline itself produces from checked input)
     clock: Mapping[str, ClockLimits] = field(default_factory=dict)
-    # Hand the tasks telemetry as a detectors.batch.TelemetryBatch where the compiled scanner takes
-    # the messages, else as fleetwatch.fast_schema structs, rather than dicts
-    # (pipeline/telemetry_decode.py). Only for tasks that read all three, such as the node stage.
-    columnar_telemetry: bool = False
+    # Input topic -> the stage's own decoder of its records, where its tasks take something other
+    # than the validated dicts of decode_messages (the node stage: telemetry straight into a
+    # detectors.batch.TelemetryBatch, pipeline/telemetry_decode.py). The worker calls it alike.
+    decoders: Mapping[str, Decoder] = field(default_factory=dict)
     # Loads what the tasks compile (numba) before the worker joins its group, so that a compile
     # on a fresh install never holds up a member's first batch while it owns partitions.
     warm_up: Callable[[], None] | None = None
@@ -71,6 +75,30 @@ class Stage:
     # JSON (fleetwatch.schemas.encode), as every fleetwatch topic carries. The input side is
     # `schemas`: each input topic's messages are decoded and checked as that schema.
     serializers: Mapping[str, Callable[[dict[str, Any]], bytes]] = field(default_factory=dict)
+    # Told, after each poll that returns records and before any task handles them, which partitions
+    # of the stage's inputs the batch holds: a stage whose tasks share work across partitions (act
+    # decides once per batch, after its last partition) knows when the batch is complete.
+    begin_batch: Callable[[frozenset[int]], None] | None = None
+    # Time-driven work with no new input (act: resumes, freed budget, alert re-sends). Worker.run
+    # calls it every tick_every_s while the worker owns a task of the stage, and produces its
+    # outputs as a batch's (the stage's serializers, the size check, acknowledged before the next
+    # poll). The tasks it works on are the worker's (Worker.owned).
+    tick: Callable[[], list[Output]] | None = None
+    tick_every_s: float = 1.0
 
     def serializer(self, topic: str) -> Callable[[dict[str, Any]], bytes]:
         return self.serializers.get(topic, encode)
+
+    def decoder(self, topic: str) -> Decoder:
+        """How the worker decodes a block of `topic`'s records: (what the task is handed, [(index,
+        error)] of the records refused)."""
+        return self.decoders.get(topic) or functools.partial(decode_messages, self.schemas[topic])
+
+
+def decode_messages(
+    schema: str, block: RecordBlock, *, now: float, clock: ClockLimits | None
+) -> tuple[list[dict[str, Any]], list[tuple[int, MessageError]]]:
+    """The default decoder: each record validated as `schema` into a dict, with its key and its
+    timestamp against the time the broker took it (fleetwatch.schemas.decode_batch)."""
+    refs = block.reference_times(now)
+    return decode_batch(block.values(), schema, keys=block.keys(), ref_ts=refs, clock=clock)

@@ -8,6 +8,8 @@ yields duplicates that downstream drops. Task state is snapshotted to the
 compacted state topic every `snapshot_every_s` and when partitions are revoked; a worker
 that takes a partition over restores the snapshot and resumes from the offsets stored in it
 (inside the rebalance callback, on the worker's thread: the client heartbeats on its own).
+A stage can also be told each batch's partitions before its tasks run (Stage.begin_batch) and do
+time-driven work between batches (Stage.tick, produced like a batch's outputs): act runs so.
 
 Kafka is reached through fleetwatch.bus (confluent-kafka on the real broker, an in-memory bus in
 unit tests); docs/ARCHITECTURE.md gives the commit and snapshot sequence step by step.
@@ -28,6 +30,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from fleetwatch import schemas, topics
 from fleetwatch.bus import Bus, Outgoing, TopicPart
 from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.bus.partitioner import partition_for
 from fleetwatch.deadletter import send_deadletter
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.state_store import (
@@ -37,7 +40,7 @@ from fleetwatch.pipeline.state_store import (
     read_snapshots,
     write_snapshot,
 )
-from fleetwatch.pipeline.tasks import Refused, Stage, Task
+from fleetwatch.pipeline.tasks import Output, Refused, Stage, Task
 from fleetwatch.record_block import RecordBlock
 from fleetwatch.runtime import StopFlag, gc_paused
 
@@ -147,6 +150,7 @@ class Worker:
         self._failing: dict[tuple[str, int], int] = {}
         self._distrusted: set[tuple[str, int]] = set()
         self._last_snapshot = time.monotonic()
+        self._last_tick = dict.fromkeys(self.stages, -float("inf"))  # monotonic, per stage (Stage.tick)
         self._rebalanced_at = time.monotonic()  # when partitions were last assigned
         # Exported at 0 from the start: a member stuck in its first join shows 0 partitions (the
         # rule FleetwatchGroupOwnsNoPartitions sees it), and increase() sees the first lost state.
@@ -169,6 +173,24 @@ class Worker:
             on_commit_failure=self._on_commit_failure,
         )
         self.consumer.subscribe(sorted(self.topic_stage), self._on_assign, self._on_revoke)
+
+    # ------------------------------------------------------------ what this member owns
+
+    def owned(self, stage: str) -> dict[int, Task]:
+        """The tasks of `stage` this member owns now, by partition (a copy: the worker alone changes
+        its tasks). Revoked tasks kept for a quick hand-back and tasks being rebuilt are not owned."""
+        return {p: task for (name, p), task in self.tasks.items() if name == stage}
+
+    def partition_count(self, stage: str) -> int:
+        """How many partitions the stage's inputs have (they are co-partitioned); 0 if unknown."""
+        return self.consumer.partition_count(self.stages[stage].inputs[0])
+
+    def task_for_key(self, stage: str, key: bytes) -> Task | None:
+        """The owned task of `stage` whose partition holds the records keyed `key` (the producers'
+        partitioner, fleetwatch/bus/partitioner.py), None if another member owns it or the
+        partition count is not known yet."""
+        n = self.partition_count(stage)
+        return self.tasks.get((stage, partition_for(key, n))) if n > 0 else None
 
     # ------------------------------------------------------------ rebalance
 
@@ -371,18 +393,18 @@ class Worker:
         with gc_paused():
             return self._step(timeout_ms)
 
-    def _poll(self, timeout_ms: int) -> dict[TopicPart, RecordBlock]:
-        return self.consumer.poll(self.max_poll_records, timeout_ms / 1000.0)
-
     def _step(self, timeout_ms: int) -> int:
         if self._restoring:
             self._restore()
         self._poll_started = time.monotonic()
-        polled = self._poll(timeout_ms)
+        polled = self.consumer.poll(self.max_poll_records, timeout_ms / 1000.0)
         self._poll_started = None
         if not polled:
             self._maybe_snapshot()
             return 0
+        for stage in self.stages.values():
+            if stage.begin_batch is not None:
+                stage.begin_batch(frozenset(tp.partition for tp in polled if tp.topic in stage.inputs))
         t0 = time.perf_counter()
         handled = 0
         now = self.clock()
@@ -445,10 +467,7 @@ class Worker:
         msgs, bad = self._decode(stage, tp, block, now)
         try:
             outputs = task.process(tp.topic, msgs)
-            encoded = [
-                (topic, key.encode() if key else None, _encode(msg, stage.serializer(topic)))
-                for topic, key, msg in outputs
-            ]
+            encoded = _encode_outputs(stage, outputs)
             findings = [m for t, _k, m in outputs if t == topics.FINDINGS and m is not None]
             fleet_metrics.count_findings(findings, time.time())
         except Exception as e:  # a bug, or input no check foresaw: that record's problem only
@@ -507,43 +526,24 @@ class Worker:
         """The stage's decoder over a block: (messages, [(index, error)]). Decoding changes no state,
         so when it raises, the records are decoded one at a time and only the one that raises is
         refused (as internal_error)."""
-        clock = stage.clock.get(tp.topic)
+        clock, decode = stage.clock.get(tp.topic), stage.decoder(tp.topic)
         try:
-            if stage.columnar_telemetry and stage.schemas[tp.topic] == schemas.TELEMETRY:
-                from fleetwatch.pipeline.telemetry_decode import decode_telemetry  # numba: only where used
-
-                return decode_telemetry(block, now=now, clock=clock)
-            return schemas.decode_batch(
-                block.values(),
-                stage.schemas[tp.topic],
-                keys=block.keys(),
-                ref_ts=block.reference_times(now),
-                clock=clock,
-            )
+            return decode(block, now=now, clock=clock)
         except Exception as e:  # counted below, per record that raises on its own
             log.error("decoding %d records of %s:%d raised; decoding them one by one", len(block), tp.topic,
                       tp.partition, exc_info=e)  # fmt: skip
-        refs = block.reference_times(now)
-        msgs: list[Any] = []
+        fine: list[int] = []  # the records that do not raise alone, decoded together below
         bad: list[tuple[int, schemas.MessageError]] = []
         for k in range(len(block)):
             try:
-                m = schemas.decode(
-                    block.value(k),
-                    stage.schemas[tp.topic],
-                    key=block.key(k),
-                    ref_ts=float(refs[k]),
-                    clock=clock,
-                    struct=stage.columnar_telemetry,
-                )
-            except schemas.MessageError as e:
-                bad.append((k, e))
+                decode(block.subset([k]), now=now, clock=clock)
             except Exception as e:
                 INTERNAL_ERRORS.labels(self.group, stage.name).inc()
                 bad.append((k, schemas.MessageError("internal_error", _describe(e))))
             else:
-                msgs.append(m)
-        return msgs, bad
+                fine.append(k)
+        msgs, refused = decode(block.subset(fine), now=now, clock=clock) if fine else ([], [])
+        return msgs, sorted(bad + [(fine[j], e) for j, e in refused], key=lambda b: b[0])
 
     def _quarantine(
         self, tp: TopicPart, stage: Stage, block: RecordBlock, exc: Exception, out: _Outbox
@@ -679,7 +679,9 @@ class Worker:
         return failed
 
     def run(self, stop: StopFlag, idle_exit_s: float | None = None) -> None:
-        """Loop until stopped (or, for tests and eval, until idle for idle_exit_s). Idle time
+        """Loop until stopped (or, for tests and eval, until idle for idle_exit_s): a batch (step),
+        then the stages' ticks that are due (Stage.tick), while a watchdog reports a poll() that
+        does not return (_watch_polls). Idle time
         counts from the last record or the last rebalance, whichever is later: joining the group
         and restoring snapshots can take longer than idle_exit_s, and is not idleness."""
         idle_since = time.monotonic()
@@ -692,7 +694,8 @@ class Worker:
             while not stop:
                 if self.step():
                     idle_since = time.monotonic()
-                elif (
+                self._tick()
+                if (
                     idle_exit_s is not None
                     and time.monotonic() - max(idle_since, self._rebalanced_at) > idle_exit_s
                 ):
@@ -700,6 +703,21 @@ class Worker:
         finally:
             watching.set()
             watcher.join(timeout=5)
+
+    def _tick(self) -> None:
+        """Run each stage's tick that is due (Stage.tick) while this member owns a task of it, and
+        produce its outputs as a batch's: acknowledged before the next poll (deliver raises, and the
+        worker stops, where they cannot be)."""
+        for name, stage in self.stages.items():
+            if stage.tick is None or time.monotonic() - self._last_tick[name] < stage.tick_every_s:
+                continue
+            if not any(key[0] == name for key in self.tasks):
+                continue
+            self._last_tick[name] = time.monotonic()
+            encoded = _encode_outputs(stage, stage.tick())
+            for topic, _key, _value in encoded:
+                PRODUCED.labels(self.group, topic).inc()
+            self.deliver([Outgoing(topic, key, value, None, None) for topic, key, value in encoded])
 
     def _watch_polls(self, done: threading.Event) -> None:
         """Report a poll() that does not return (kafka-python 3, this worker's earlier client, could
@@ -747,6 +765,14 @@ def _without_tombstones(block: RecordBlock) -> RecordBlock:
     """The block's records that carry a value (RecordBlock.starts is -1 for a null one)."""
     keep = np.flatnonzero(block.starts >= 0)
     return block if len(keep) == len(block) else block.subset(keep)
+
+
+def _encode_outputs(stage: Stage, outputs: list[Output]) -> list[tuple[str, bytes | None, bytes | None]]:
+    """A task's outputs as (topic, key, value) to produce, each written by its topic's serializer."""
+    return [
+        (topic, key.encode() if key else None, _encode(msg, stage.serializer(topic)))
+        for topic, key, msg in outputs
+    ]
 
 
 def _encode(msg: dict[str, Any] | None, serialize: Callable[[dict[str, Any]], bytes]) -> bytes | None:

@@ -6,6 +6,7 @@ raises is rebuilt from its snapshot, and partitions change hands with their stat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -383,3 +384,52 @@ def test_a_snapshot_that_loads_but_fails_every_record_starts_its_partition_cold(
     assert latest[cold[0]] == FAILING_STATE_RECORDS + 1  # every record counted, from a cold state
     assert all(latest[n] == 1 for n in NODES if n != cold[0])
     w.close()
+
+
+def test_a_stages_tick_runs_from_the_loop_while_it_owns_a_task_and_is_produced_as_a_batch_is() -> None:
+    """Stage.tick: Worker.run calls it (here on every pass) once the member owns a task of the
+    stage, never while it owns none; its outputs are written by the stage's serializers, counted
+    and acknowledged like a batch's. Stage.begin_batch is told each batch's partitions before any
+    task of the batch runs."""
+    bus = MemoryBus(partitions=1, log_append_time=())
+    for t in (IN, OUT, topics.STATE, topics.DEADLETTER):
+        bus.create_topic(t)
+    _feed(bus, range(2), NODES[:2])
+    events: list[str] = []
+
+    class Recording(CountingTask):
+        def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
+            events.append(f"process {len(msgs)}")
+            return super().process(topic, msgs)
+
+    def stage(member: str) -> Any:
+        def tick() -> list[Output]:
+            events.append(f"tick {member}")
+            return [(OUT, "tick", {"schema": "tick/1", "member": member})]
+
+        return replace(
+            counting_stage(
+                "count", IN, OUT, task=Recording, serializers={OUT: lambda m: b"T" + schemas.encode(m)}
+            ),
+            begin_batch=lambda parts: events.append(f"begin {sorted(parts)}"),
+            tick=tick,
+            tick_every_s=0.0,
+        )
+
+    produced = (
+        REGISTRY.get_sample_value("fleetwatch_worker_outputs_total", {"group": "g", "topic": OUT}) or 0.0
+    )
+    a = Worker(bus, "g", [stage("a")], snapshot_every_s=3600)
+    b = Worker(bus, "g", [stage("b")], snapshot_every_s=3600)  # one partition: b joins second, owns none
+    a.run(StopFlag(install=False), idle_exit_s=0)
+    b.run(StopFlag(install=False), idle_exit_s=0)
+    assert events[:2] == ["begin [0]", "process 4"] and events[2:] and set(events[2:]) == {"tick a"}, events
+    ticks = [r for r in bus.records(OUT) if r.key == b"tick"]
+    assert len(ticks) == len(events) - 2 and all(
+        r.value == b'T{"schema":"tick/1","member":"a"}' for r in ticks
+    )
+    counted = REGISTRY.get_sample_value("fleetwatch_worker_outputs_total", {"group": "g", "topic": OUT})
+    assert counted == produced + 4 + len(ticks)
+    assert b.owned("count") == {} and set(a.owned("count")) == {0}
+    a.close()
+    b.close()
