@@ -4,9 +4,14 @@ At-least-once: the Worker produces and flushes the drain requests a batch caused
 the batch; alerts are held in the tasks' state (snapshotted to fleet.state.v1) until Alertmanager
 accepts them, and a restarted worker restores the snapshot and replays the findings since, so an
 alert is never lost, and a replayed drain request has the same request_id (the adapter runs it
-once). A fresh partition is snapshotted at once at its starting offset (ActWorker below): without
-that, a crash between the first commit and the first snapshot would restart past findings whose
-state was never saved.
+once). A fresh partition is snapshotted at once at its starting offset (the Worker does it for
+every stage): without that, a crash between the first commit and the first snapshot would restart
+past findings whose state was never saved.
+
+act is a worker stage like detect's (act_stage): the Worker runs it through its own loop
+(Worker.run: the poll watchdog, idle exit, commits after acknowledged outputs), tells the actor each
+batch's partitions (Stage.begin_batch) and calls its tick every TICK_S (Stage.tick, outputs produced
+as a batch's); the actor sees the partitions it owns through the worker's public view (Ownership).
 
 See alerts/actor.py for how the budget is shared when several members run. Two whole topics are
 followed beside the group's input (fleetwatch/follow.py): the census of reporting nodes
@@ -21,119 +26,185 @@ import argparse
 import logging
 import socket
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
-from kafka.partitioner.default import murmur2
-
-from fleetwatch import kafka_io, schemas
+from fleetwatch import config
 from fleetwatch.alerts import drain_request
 from fleetwatch.alerts.actor import Actor, ActTask
 from fleetwatch.alerts.alert_model import AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertSender, dead_letter_alert
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
 from fleetwatch.alerts.policy import Policy, PolicyConfig
-from fleetwatch.bus import Bus, Outgoing, TopicPart
+from fleetwatch.bus import Bus
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.census import Census, CensusConfig, export_metrics
 from fleetwatch.census import load_key as load_census_key
-from fleetwatch.detectors.findings import FINDING  # importing it registers finding/1 with the decoder
+from fleetwatch.detectors.findings import FINDING
 from fleetwatch.follow import TopicFollower
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.tasks import Stage
 from fleetwatch.pipeline.worker import Worker
-from fleetwatch.record_block import RecordBlock
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)
 
+STAGE = "act"  # the Worker keys snapshots by group too: two deployments never share state
 TICK_S = 1.0
 CATCH_UP_S = 30.0  # how long to wait for each followed topic before the first decision
 
 
-class ActWorker(Worker):
-    """Worker with static group membership, telling the actor which partitions each poll holds.
+class Ownership:
+    """What the actor needs to know of the worker that runs it: the tasks of the partitions it owns
+    now, its share of all partitions, and the owned task a node's findings go to (the producers'
+    partitioner). The worker's public view (Worker.owned, partition_count, task_for_key), bound
+    once the worker is built: the worker needs the stage, whose tasks need the actor."""
 
-    Like every Worker, it snapshots a fresh task at its start offset before processing anything
-    (Worker._anchor), so a restart always resumes from a snapshot, never from a later commit."""
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
 
-    def __init__(
-        self,
-        bus: Bus | str,
-        group: str,
-        stages: Sequence[Stage],
-        *,
-        instance_id: str | None,
-        session_timeout_s: float,
-        on_poll: Callable[[set[int]], None] = lambda _p: None,
-        **kwargs: Any,
-    ) -> None:
+    def tasks(self) -> dict[int, ActTask]:
+        if self.worker is None:
+            return {}
+        return {p: t for p, t in self.worker.owned(STAGE).items() if isinstance(t, ActTask)}
+
+    def share(self) -> float:
+        if self.worker is None:
+            return 1.0
+        total = self.worker.partition_count(STAGE) or 1
+        return min(1.0, len(self.worker.owned(STAGE)) / total)
+
+    def task_for_node(self, node: str) -> ActTask | None:
+        task = None if self.worker is None else self.worker.task_for_key(STAGE, node.encode())
+        return task if isinstance(task, ActTask) else None
+
+
+def act_stage(actor: Actor, findings_topic: str) -> Stage:
+    """act as a worker stage: one ActTask per partition of the findings; the actor decides once per
+    polled batch (begin_batch tells it the batch's partitions) and every TICK_S without input."""
+    return Stage(
+        name=STAGE,
+        inputs=(findings_topic,),
+        schemas={findings_topic: FINDING},
+        new_task=lambda p: ActTask(actor, p),
+        load_task=lambda p, raw: ActTask.from_bytes(actor, p, raw),
+        begin_batch=actor.begin_batch,
+        tick=actor.tick,
+        tick_every_s=TICK_S,
+    )
+
+
+def act_worker(
+    bus: Bus | str,
+    actor: Actor,
+    owner: Ownership,
+    *,
+    group: str,
+    findings_topic: str,
+    snapshot_every_s: float,
+    instance_id: str | None,
+    session_timeout_s: float,
+    poll_stall_s: float = 120.0,
+) -> Worker:
+    """The worker that runs act's stage, bound to `owner` (the Ownership the actor was built on).
+    Like every Worker it snapshots a fresh task at its start offset before processing anything,
+    so a restart always resumes from a snapshot, never from a later commit; and its run() exits the
+    process on a poll() that does not return within poll_stall_s, for the supervisor to restart."""
+    worker = Worker(
+        bus,
+        group,
+        [act_stage(actor, findings_topic)],
+        snapshot_every_s=snapshot_every_s,
+        client_id=f"act-{socket.gethostname()}",
         # Static membership: a restarted act with the same instance id takes its partitions back at
         # once, instead of waiting out the dead member's session.
-        super().__init__(
-            bus,
-            group,
-            stages,
-            instance_id=instance_id,
-            session_timeout_ms=int(session_timeout_s * 1000),
-            heartbeat_interval_ms=max(500, int(session_timeout_s * 1000 / 4)),
-            **kwargs,
-        )
-        self._on_poll = on_poll
+        instance_id=instance_id or None,
+        session_timeout_ms=int(session_timeout_s * 1000),
+        heartbeat_interval_ms=max(500, int(session_timeout_s * 1000 / 4)),
+        poll_stall_s=poll_stall_s,
+    )
+    owner.worker = worker
+    return worker
 
-    def _poll(self, timeout_ms: int) -> dict[TopicPart, RecordBlock]:
-        """The consumer's poll, telling the actor which partitions the batch holds (see ActTask)."""
-        polled = super()._poll(timeout_ms)
-        self._on_poll({tp.partition for tp in polled})
-        return polled
+
+def serve(
+    worker: Worker,
+    actor: Actor,
+    dispatcher: AlertSender,
+    stop: StopFlag,
+    *,
+    idle_exit_s: float | None,
+    alert_flush_timeout_s: float,
+) -> None:
+    """Run act's worker until stopped (or idle), then close: alerts before the worker."""
+    try:
+        worker.run(stop, idle_exit_s=idle_exit_s)
+    finally:
+        # Deliver what is queued first (for at most --alert-flush-timeout), so the closing snapshot
+        # records it as delivered; whatever Alertmanager has not taken by then is counted in the
+        # log, stays in that snapshot and is re-sent after a restart.
+        dispatcher.close(
+            [t.book for t in actor.tasks().values()] + [actor.global_book], alert_flush_timeout_s
+        )
+        worker.close()
+
+
+# The deployment file's sections act reads (fleetwatch/config.py, docs/configuration.md), and
+# the flags that override their fields (flag dest -> field): a flag given wins over the file.
+SECTIONS: dict[str, type] = {"act.policy": PolicyConfig, "act.census": CensusConfig}
+SECTION_FLAGS = {
+    "act.policy": {
+        "drain_budget": "drain_budget",
+        "budget_min_nodes": "budget_min_nodes",
+        "resume_after": "resume_after_s",
+        "cooldown": "cooldown_s",
+        "auto_resume": "auto_resume",  # --no-auto-resume
+        "storm_window": "storm_window_s",
+        "storm_nodes": "storm_nodes",
+        "storm_fraction": "storm_fraction",
+        "storm_min_nodes": "storm_min_nodes",
+        "storm_clear": "storm_clear_s",
+        "settle": "settle_s",
+    },
+    "act.census": {
+        "census_warm_up": "warm_up_s",
+        "census_burst_fraction": "burst_fraction",
+        "census_burst_min": "burst_min",
+        "census_burst_window": "burst_window_s",
+    },
+}
 
 
 def policy_config(args: argparse.Namespace) -> PolicyConfig:
-    return PolicyConfig(
-        drain_budget=args.drain_budget,
-        budget_min_nodes=args.budget_min_nodes,
-        resume_after_s=args.resume_after,
-        cooldown_s=args.cooldown,
-        auto_resume=not args.no_auto_resume,
-        storm_window_s=args.storm_window,
-        storm_nodes=args.storm_nodes,
-        storm_fraction=args.storm_fraction,
-        storm_min_nodes=args.storm_min_nodes,
-        storm_clear_s=args.storm_clear,
-        settle_s=args.settle,
-    )
+    """[act.policy] of the deployment's file (args.settings, set by the CLI; the code defaults
+    without one), with each policy flag given on the command line over it."""
+    base = getattr(args, "settings", {}).get("act.policy") or PolicyConfig()
+    return config.flags_over(base, args, SECTION_FLAGS["act.policy"])
 
 
 def census_config(args: argparse.Namespace) -> CensusConfig:
-    return CensusConfig(
-        warm_up_s=args.census_warm_up,
-        burst_fraction=args.census_burst_fraction,
-        burst_min=args.census_burst_min,
-        burst_window_s=args.census_burst_window,
-    )
+    """[act.census] of the deployment's file, with each census flag given over it."""
+    base = getattr(args, "settings", {}).get("act.census") or CensusConfig()
+    return config.flags_over(base, args, SECTION_FLAGS["act.census"])
 
 
 def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)  # fail fast, before touching Kafka
     # detect's key: verifies the census and the findings (never logged)
     census_key = load_census_key(args.census_key_file)
-    kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
-    kafka_io.ensure_topics(args.bootstrap)
-    kafka_io.ensure_topics(
-        args.bootstrap, [args.findings_topic, args.drain_topic, args.results_topic, args.nodes_topic]
-    )
+    bus = KafkaBus(args.bootstrap)
+    bus.wait_for_broker(timeout_s=30)
+    bus.ensure_topics()
+    bus.ensure_topics([args.findings_topic, args.drain_topic, args.results_topic, args.nodes_topic])
     serve_metrics(args.metrics_port, args.metrics_addr)
-
-    def consumer() -> Any:
-        return kafka_io.make_consumer(args.bootstrap)
 
     jobs = JobTable()
     census = Census(census_key, census_config(args))
     export_metrics(census, time.time)
     results = ResultBook(key)
     followers: list[JobTableFollower | TopicFollower] = [
-        JobTableFollower(jobs, consumer),  # the one-node-per-job rule needs membership
-        TopicFollower(args.nodes_topic, census.apply, consumer),  # the fleet
-        TopicFollower(args.results_topic, results.apply, consumer),  # what the adapter did
+        JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
+        TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
+        TopicFollower(args.results_topic, results.apply, bus),  # what the adapter did
     ]
     for f in followers:
         f.start()
@@ -142,33 +213,15 @@ def run(args: argparse.Namespace) -> int:
     if not len(census):
         log.warning("no node in the census (%s): nothing is drained until nodes report", args.nodes_topic)
 
-    worker: ActWorker | None = None
-
-    def owned() -> dict[tuple[str, int], ActTask]:
-        return {} if worker is None else worker.tasks  # type: ignore[return-value]
-
-    def share() -> float:
-        if worker is None:
-            return 1.0
-        total = worker.consumer.partition_count(args.findings_topic) or 1
-        return min(1.0, len(worker.tasks) / total)
-
-    def task_for_node(node: str) -> ActTask | None:
-        if worker is None:
-            return None
-        n = worker.consumer.partition_count(args.findings_topic)
-        if not n:
-            return None
-        p = (murmur2(node.encode()) & 0x7FFFFFFF) % n  # the producers' default partitioner
-        return worker.tasks.get((stage.name, p))  # type: ignore[return-value]
+    owner = Ownership()
 
     def issued() -> dict[str, dict[str, Any]]:
-        return latest_requests(lambda: kafka_io.make_consumer(args.bootstrap), args.drain_topic, key)
+        return latest_requests(bus, args.drain_topic, key)
 
     def dead_letter(raw: bytes, reason: str, detail: str) -> None:
         # Answers are applied from the worker's loop (or after it, at close): the worker exists.
-        assert worker is not None
-        dead_letter_alert(worker.producer, raw, reason, detail)
+        assert owner.worker is not None
+        dead_letter_alert(owner.worker.producer, raw, reason, detail)
 
     # Alerts go beside the drain path: the decision step only queues them, a thread posts (a slow
     # Alertmanager must not hold back drain requests); the sender itself backs off, so no retries.
@@ -184,33 +237,26 @@ def run(args: argparse.Namespace) -> int:
         jobs=jobs,
         key=key,
         drain_topic=args.drain_topic,
-        tasks=owned,
-        share=share,
+        tasks=owner.tasks,
+        share=owner.share,
         fleet_size=args.fleet_size,
         clock=time.time,
         issued=issued,
-        task_for_node=task_for_node,
+        task_for_node=owner.task_for_node,
         census=census,
         results=results.get,
         pending_timeout_s=args.pending_timeout,
         finding_key=census_key,  # detect's key signs its findings too: one that does not verify is refused
     )
-    stage = Stage(
-        name="act",  # the Worker keys snapshots by group too: two deployments never share state
-        inputs=(args.findings_topic,),
-        schemas={args.findings_topic: FINDING},
-        new_task=lambda p: ActTask(actor, p),
-        load_task=lambda p, raw: ActTask.from_bytes(actor, p, raw),
-    )
-    worker = ActWorker(
-        args.bootstrap,
-        args.group,
-        [stage],
+    worker = act_worker(
+        bus,
+        actor,
+        owner,
+        group=args.group,
+        findings_topic=args.findings_topic,
         snapshot_every_s=args.snapshot_every,
-        client_id=f"act-{socket.gethostname()}",
-        instance_id=args.instance_id or None,
+        instance_id=args.instance_id,
         session_timeout_s=args.session_timeout,
-        on_poll=actor.begin_batch,
     )
     log.info(
         "act up (group %s, %s -> %s and %s)",
@@ -219,32 +265,16 @@ def run(args: argparse.Namespace) -> int:
         args.alertmanager,
         args.drain_topic,
     )
-    stop = StopFlag()
-    last_tick = 0.0
-    idle_since = time.monotonic()
     try:
-        while not stop:
-            if worker.step():
-                idle_since = time.monotonic()
-            if time.monotonic() - last_tick >= TICK_S and worker.tasks:
-                last_tick = time.monotonic()
-                # acknowledged before the next step, as the worker's own outputs are
-                worker.deliver(
-                    [
-                        Outgoing(topic, k.encode() if k else None, schemas.encode(msg), None, None)
-                        for topic, k, msg in actor.tick()
-                    ]
-                )
-            if args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
-                break
-    finally:
-        # Deliver what is queued first (for at most --alert-flush-timeout), so the closing snapshot
-        # records it as delivered; whatever Alertmanager has not taken by then is counted in the
-        # log, stays in that snapshot and is re-sent after a restart.
-        dispatcher.close(
-            [t.book for t in actor.tasks().values()] + [actor.global_book], args.alert_flush_timeout
+        serve(
+            worker,
+            actor,
+            dispatcher,
+            StopFlag(),
+            idle_exit_s=args.idle_exit,
+            alert_flush_timeout_s=args.alert_flush_timeout,
         )
-        worker.close()
+    finally:
         for f in followers:
             f.stop()
     return 0

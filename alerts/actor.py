@@ -152,7 +152,7 @@ class Actor:
         self.jobs = jobs
         self._key = key
         self.drain_topic = drain_topic
-        self.tasks = tasks  # the tasks this process owns now (the Worker's dict)
+        self.tasks = tasks  # the tasks this process owns now (the worker's: alerts/act.Ownership)
         self.share = share
         self.fixed_fleet = fleet_size
         self.clock = clock
@@ -175,7 +175,8 @@ class Actor:
     # ------------------------------------------------------------ input
 
     def begin_batch(self, partitions: Iterable[int]) -> None:
-        """The worker polled records of these partitions; decide after the last is processed."""
+        """The worker polled records of these partitions (Stage.begin_batch); decide after the last
+        is processed."""
         self._waiting = set(partitions)
 
     def partition_done(self, partition: int) -> bool:

@@ -1,0 +1,122 @@
+"""act as a worker stage (alerts/act.py) on the in-memory bus: the worker runs the actor's tasks,
+tells it each batch's partitions and calls its tick, whose drain requests it produces; the actor
+sees the partitions it owns through the worker's public view, and finds a node's task by the
+bus's partitioner. The same Worker runs it on the real broker (tests/integration/test_act_*.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from prometheus_client import REGISTRY
+
+from fleetwatch import topics
+from fleetwatch.alerts.act import Ownership, act_stage, act_worker
+from fleetwatch.alerts.actor import Actor
+from fleetwatch.alerts.alert_model import AlertBuilder
+from fleetwatch.alerts.drain_log import ResultBook
+from fleetwatch.alerts.policy import Policy, PolicyConfig
+from fleetwatch.bus.memory import MemoryBus
+from fleetwatch.bus.partitioner import partition_for
+from fleetwatch.pipeline.job_table import JobTable
+from fleetwatch.pipeline.worker import Worker
+from fleetwatch.runtime import StopFlag
+from tests.helpers.act import KEY, NoAlertmanager
+from tests.helpers.findings import T0, finding, signed
+
+FINDINGS, DRAINS, GROUP = topics.FINDINGS, "drains.v1", "act-test"
+DETECT_KEY = b"test-detect-key-0123456789abcdef"
+NODES = [f"gpu-node-{i:02d}" for i in range(1, 9)]
+
+
+def _bus() -> MemoryBus:
+    bus = MemoryBus(partitions=4, log_append_time=())
+    for t in (FINDINGS, DRAINS, topics.STATE, topics.DEADLETTER):
+        bus.create_topic(t)
+    return bus
+
+
+def _actor(clock: list[float], **cfg: Any) -> tuple[Actor, Ownership]:
+    owner = Ownership()
+    actor = Actor(
+        policy=Policy(PolicyConfig(**cfg)),
+        builder=AlertBuilder("test"),
+        dispatcher=NoAlertmanager(),
+        jobs=JobTable(),
+        key=KEY,
+        drain_topic=DRAINS,
+        tasks=owner.tasks,
+        share=owner.share,
+        task_for_node=owner.task_for_node,
+        fleet_size=100,
+        clock=lambda: clock[0],
+        census=set(NODES),
+        results=ResultBook(KEY).get,
+        finding_key=DETECT_KEY,
+    )
+    return actor, owner
+
+
+def _member(bus: MemoryBus, clock: list[float], **cfg: Any) -> tuple[Worker, Ownership]:
+    actor, owner = _actor(clock, **cfg)
+    worker = act_worker(
+        bus,
+        actor,
+        owner,
+        group=GROUP,
+        findings_topic=FINDINGS,
+        snapshot_every_s=3600,
+        instance_id=None,
+        session_timeout_s=10,
+    )
+    return worker, owner
+
+
+def _drains(bus: MemoryBus) -> list[tuple[str, str]]:
+    return [(m["action"], m["node"]) for m in (orjson.loads(r.value) for r in bus.records(DRAINS))]
+
+
+def test_a_nodes_task_is_the_one_the_bus_partitioner_names_and_each_member_sees_its_share() -> None:
+    bus = _bus()
+    clock = [T0]
+    for n in NODES:
+        bus.append(FINDINGS, n.encode(), signed(finding(n, severity="warning"), DETECT_KEY))
+    a, own_a = _member(bus, clock)
+    b, own_b = _member(bus, clock)  # two members: two partitions each (range assignment)
+    for w in (a, b, a):  # a polls again to take its share of the rebalance b's join started
+        w.run(StopFlag(install=False), idle_exit_s=0)
+    assert set(own_a.tasks()) == {0, 1} and set(own_b.tasks()) == {2, 3}
+    assert own_a.share() == own_b.share() == 0.5
+    for n in NODES:
+        p = partition_for(n.encode(), 4)
+        assert p == bus.partition_of(FINDINGS, n.encode())  # where the producer put its findings
+        mine, other = (own_a, own_b) if p < 2 else (own_b, own_a)
+        task = mine.task_for_node(n)
+        assert task is not None and task.partition == p and n in task.nodes, n
+        assert other.task_for_node(n) is None
+    a.close()
+    b.close()
+
+
+def test_the_tick_decides_without_input_and_the_worker_produces_its_drain_requests() -> None:
+    """A drain held for settle_s is requested by a tick once that time has passed, with no new
+    finding: the worker's loop calls the tick and produces what it returns."""
+    bus = _bus()
+    clock = [T0]
+    actor, owner = _actor(clock, settle_s=60.0, budget_min_nodes=1)
+    # act's own stage, ticking on every pass of the loop (TICK_S in the command)
+    worker = Worker(
+        bus, GROUP, [replace(act_stage(actor, FINDINGS), tick_every_s=0.0)], snapshot_every_s=3600
+    )
+    owner.worker = worker
+    bus.append(FINDINGS, NODES[0].encode(), signed(finding(NODES[0]), DETECT_KEY))
+    worker.run(StopFlag(install=False), idle_exit_s=0)
+    assert _drains(bus) == []  # settling
+    produced = REGISTRY.get_sample_value("fleetwatch_worker_outputs_total", {"group": GROUP, "topic": DRAINS})
+    clock[0] = T0 + 61
+    worker.run(StopFlag(install=False), idle_exit_s=0)
+    assert _drains(bus) == [("drain", NODES[0])]
+    counted = REGISTRY.get_sample_value("fleetwatch_worker_outputs_total", {"group": GROUP, "topic": DRAINS})
+    assert counted == (produced or 0.0) + 1
+    worker.close()
