@@ -55,9 +55,10 @@ def processed(port: int, group: str) -> float:
 
 def feed(bootstrap: str, stop: threading.Event) -> None:
     """One valid telemetry/1 sample every 0.2 s, ts = now, until stopped."""
-    from fleetwatch import kafka_io, schemas, topics
+    from fleetwatch import schemas, topics
+    from fleetwatch.bus.kafka import KafkaBus
 
-    producer = kafka_io.make_producer(bootstrap)
+    producer = KafkaBus(bootstrap).producer(linger_ms=5)
     seq = 0
     while not stop.is_set():
         m = {
@@ -115,9 +116,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
 
-    from fleetwatch import kafka_io
+    from fleetwatch.bus.admin import ensure_topics
 
-    kafka_io.ensure_topics(args.bootstrap)
+    ensure_topics(args.bootstrap)
     stop = threading.Event()
     feeder = threading.Thread(target=feed, args=(args.bootstrap, stop), daemon=True)
     feeder.start()

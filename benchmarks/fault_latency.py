@@ -57,10 +57,11 @@ from typing import Any
 
 import numpy as np
 import orjson
-from kafka import TopicPartition
-from kafka.structs import OffsetAndMetadata
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus import TopicPart
+from fleetwatch.bus.admin import Admin, ensure_topics, wait_for_broker
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch.runtime import stop_processes
 
@@ -136,36 +137,28 @@ class KafkaWatch(threading.Thread):
         self.faults, self.prefix = faults, prefix
         self.false_findings: list[dict[str, Any]] = []  # open findings on our nodes without a fault
         self.stop = threading.Event()
-        self.consumer = kafka_io.make_consumer(bootstrap, enable_auto_commit=False)
-        tps = [
-            TopicPartition(t, p)
-            for t in (topics.FINDINGS, topics.DRAIN)
-            for p in sorted(self.consumer.partitions_for_topic(t) or ())
-        ]
-        self.consumer.assign(tps)
-        self.consumer.seek_to_end(*tps)
-        for tp in tps:
-            self.consumer.position(tp)  # resolve the end now, before any fault is produced
+        self.reader = KafkaBus(bootstrap).reader()
+        tps = [TopicPart(t, p) for t in (topics.FINDINGS, topics.DRAIN) for p in self.reader.partitions(t)]
+        self.reader.assign(tps, "end")  # the end now, before any fault is produced
 
     def run(self) -> None:
         while not self.stop.is_set():
-            polled = self.consumer.poll(timeout_ms=50)
+            polled = self.reader.poll(0.05)
             now = time.time()  # one wall time per poll: the records of a poll arrive together
-            for tp, records in polled.items():
-                for r in records:
-                    m = orjson.loads(r.value)
-                    node = m.get("node") or ""
-                    if not node.startswith(self.prefix):
-                        continue
-                    f = self.faults.get(node)
-                    if tp.topic == topics.FINDINGS and not m.get("resolved"):
-                        if f is not None and f.ts is not None and m["ts"] >= f.ts - 0.5:
-                            f.seen.setdefault("finding", now)
-                        elif f is None or f.ts is None:
-                            self.false_findings.append(m)
-                    elif tp.topic == topics.DRAIN and m.get("action") == "drain" and f is not None:
-                        f.seen.setdefault("drain", now)
-        self.consumer.close()
+            for r in polled:
+                m = orjson.loads(r.value)
+                node = m.get("node") or ""
+                if not node.startswith(self.prefix):
+                    continue
+                f = self.faults.get(node)
+                if r.topic == topics.FINDINGS and not m.get("resolved"):
+                    if f is not None and f.ts is not None and m["ts"] >= f.ts - 0.5:
+                        f.seen.setdefault("finding", now)
+                    elif f is None or f.ts is None:
+                        self.false_findings.append(m)
+                elif r.topic == topics.DRAIN and m.get("action") == "drain" and f is not None:
+                    f.seen.setdefault("drain", now)
+        self.reader.close()
 
 
 class AlertmanagerWatch(threading.Thread):
@@ -223,33 +216,30 @@ def running(procs: dict[str, subprocess.Popen[bytes]]) -> Iterator[None]:
 
 def group_ready(bootstrap: str, group: str, timeout_s: float) -> bool:
     """True once the group is Stable with partitions assigned (so no sample or finding is missed)."""
-    admin = kafka_io.make_admin(bootstrap)
     deadline = time.monotonic() + timeout_s
-    try:
+    with Admin(bootstrap) as admin:
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):  # the group does not exist yet
-                desc = admin.describe_groups([group]).get(group) or {}
-                members = desc.get("members") or []
-                if desc.get("group_state") == "Stable" and any(
-                    (m.get("member_assignment") or {}).get("assigned_partitions") for m in members
-                ):
+                state, _members, assigned = admin.describe_group(group)
+                if state == "STABLE" and assigned:
                     return True
             time.sleep(0.3)
-    finally:
-        admin.close()
     return False
 
 
 def commit_at_end(bootstrap: str, group: str, topic: str) -> None:
     """Give a new consumer group committed offsets at the topic's end (it then starts there)."""
-    c = kafka_io.make_consumer(bootstrap, group_id=group, enable_auto_commit=False)
+    bus = KafkaBus(bootstrap)
+    reader = bus.reader()
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
-        c.assign(tps)
-        c.seek_to_end(*tps)
-        c.commit({tp: OffsetAndMetadata(c.position(tp), "", -1) for tp in tps})
+        ends = reader.end_offsets([TopicPart(topic, p) for p in reader.partitions(topic)])
     finally:
-        c.close()
+        reader.close()
+    member = bus.group_consumer(group, client_id=f"{group}-start")  # commits only, never joins
+    try:
+        member.commit(ends, asynchronous=False)
+    finally:
+        member.close()
 
 
 @contextlib.contextmanager
@@ -318,8 +308,8 @@ def measure(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         "PYTHONUNBUFFERED": "1",
     }
     detect_group, act_group = f"latency-detect-{run_id}", f"latency-act-{run_id}"
-    kafka_io.wait_for_broker(args.bootstrap, timeout_s=30)
-    kafka_io.ensure_topics(args.bootstrap)
+    wait_for_broker(args.bootstrap, timeout_s=30)
+    ensure_topics(args.bootstrap)
     commit_at_end(args.bootstrap, act_group, topics.FINDINGS)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     with running(procs):
@@ -348,7 +338,7 @@ def measure(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         am = AlertmanagerWatch(args.alertmanager, cluster, by_node, args.am_poll)
         kw.start()
         am.start()
-        producer = kafka_io.make_producer(args.bootstrap)
+        producer = KafkaBus(args.bootstrap).producer(linger_ms=5)
         start = time.time() + 0.2
         try:
             for k, tick in enumerate(ticks):
@@ -361,7 +351,7 @@ def measure(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                     m = inject(m, faults, k)
                     m["ts"] = ts
                     producer.send(topics.TELEMETRY, key=m["node"].encode(), value=schemas.encode(m))
-                producer.flush()  # an agent sends each sample as it is taken
+                producer.flush(30)  # an agent sends each sample as it is taken
                 for name, p in procs.items():
                     if p.poll() is not None:
                         raise SystemExit(f"fleetwatch {name} exited; see {logs / name}.log")

@@ -11,7 +11,7 @@ Each job is written as the publisher writes it: a `started` and a `finished` (ev
 `failed`) job/1 record, key = job id, on 1-64 of 1,024 nodes, ts = now (so the worker's clock
 check against the broker's LogAppendTime passes); then, in time order, a tombstone (key = job,
 value null) for each job older than the window, written when the job a window younger ends.
-kafka-python batches the writes (linger 50 ms, 512 KB batches, acks=1).
+The bus's producer batches the writes (linger 50 ms, acks=1, no idempotence).
 
 The topics carry the compaction settings of fleet.jobs.v1 (cleanup.policy=compact, LogAppendTime)
 plus topic-level settings that make the cleaner run within a minute instead of hours:
@@ -142,32 +142,17 @@ def write_history(
     order the publisher writes them, to a new topic with `configs` (default: fleet.jobs.v1's and
     BENCH_CONFIGS). Returns counts and the bytes the retained records need."""
     import orjson
-    from kafka import KafkaProducer
-    from kafka.admin import NewTopic
 
-    from fleetwatch import kafka_io, schemas, topics
+    from fleetwatch import schemas, topics
+    from fleetwatch.bus.admin import Admin, topic_configs
+    from fleetwatch.bus.kafka import KafkaBus
 
-    admin = kafka_io.make_admin(bootstrap)
-    try:
+    with Admin(bootstrap) as admin:
         admin.create_topics(
-            [
-                NewTopic(
-                    topic,
-                    PARTITIONS,
-                    1,
-                    topic_configs=configs or {**kafka_io.topic_configs(topics.JOBS), **BENCH_CONFIGS},
-                )
-            ]
+            [topic], PARTITIONS, 1, {topic: configs or {**topic_configs(topics.JOBS), **BENCH_CONFIGS}}
         )
-    finally:
-        admin.close()
-    producer = KafkaProducer(
-        **kafka_io.client_config(bootstrap),
-        acks=1,
-        enable_idempotence=False,
-        linger_ms=50,
-        batch_size=512 * 1024,
-    )
+    # the fastest writer (one broker acknowledgement, no idempotence): the history is set-up, not measured
+    producer = KafkaBus(bootstrap).producer(linger_ms=50, idempotent=False, options={"acks": 1})
     window = n_jobs - n_old  # the youngest jobs: within JOB_HISTORY_S, kept
     keys = [f"{i + 1}".encode() for i in range(n_jobs)]  # Slurm's numeric job ids
     kept_bytes = records = tombstones = 0
@@ -191,8 +176,10 @@ def write_history(
             tombstones += 1
         if i and i % 200_000 == 0:
             log(f"{topic}: {i:,} jobs written ({i / (time.perf_counter() - t0):,.0f} jobs/s)")
-    producer.flush()
+    failed = producer.flush(600)
     producer.close()
+    if failed:
+        raise SystemExit(f"{len(failed)} records of the history of {topic} were not acknowledged")
     return {
         "jobs": n_jobs,
         "tombstoned": n_old,
@@ -211,20 +198,15 @@ def compact(
     production topic holds: the retained records (their bytes on disk within 1.3x of what they
     need) and no more tombstones than a day's (delete.retention.ms' default, 24 h: a seventh of the
     window's jobs). Returns its size before and after, and what a reader gets from it then."""
-    from kafka import KafkaProducer
-    from kafka.admin import ConfigResource, ConfigResourceType
-
-    from fleetwatch import kafka_io
+    from fleetwatch.bus.admin import Admin
+    from fleetwatch.bus.kafka import KafkaBus
 
     before = log_bytes(logs, topic)
-    admin = kafka_io.make_admin(bootstrap)
-    try:
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=dict(RELEASE))])
-    finally:
-        admin.close()
+    with Admin(bootstrap) as admin:
+        admin.alter_configs(topic, dict(RELEASE))
     target = int(1.3 * kept_bytes) + PARTITIONS * 16 * 1024  # batch headers, the fillers
     max_tombstones = max(64, kept // 7)
-    producer = KafkaProducer(**kafka_io.client_config(bootstrap), acks=1, enable_idempotence=False)
+    producer = KafkaBus(bootstrap).producer(idempotent=False, options={"acks": 1})
     t0 = shown = next_roll = time.monotonic()
     size, after = before, None
     try:
@@ -238,7 +220,7 @@ def compact(
                 # active segment, which the cleaner never touches, once segment.ms has passed
                 for p in range(PARTITIONS):
                     producer.send(topic, key=b"0", value=None, partition=p)
-                producer.flush()
+                producer.flush(30)
                 next_roll = time.monotonic() + SEGMENT_MS / 1000 + 1
             if time.monotonic() - t0 > timeout_s:
                 raise SystemExit(
@@ -265,43 +247,41 @@ def compact(
 
 def count(bootstrap: str, topic: str) -> dict[str, int]:
     """What a reader from the beginning gets now: records with a value, and tombstones."""
-    from kafka import TopicPartition
+    from fleetwatch.bus import TopicPart
+    from fleetwatch.bus.kafka import KafkaBus
 
-    from fleetwatch import kafka_io
-
-    c = kafka_io.make_consumer(bootstrap, enable_auto_commit=False)
+    reader = KafkaBus(bootstrap).reader()
     try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        c.assign(tps)
-        c.seek_to_beginning(*tps)
-        end = c.end_offsets(tps)
+        tps = [TopicPart(topic, p) for p in range(PARTITIONS)]
+        reader.assign(tps, "beginning")
+        end = reader.end_offsets(tps)
         values = stones = 0
-        while any(c.position(tp) < end[tp] for tp in tps):
-            for batch in c.poll(timeout_ms=500).values():
-                for r in batch:
-                    if r.value is None:
-                        stones += 1
-                    else:
-                        values += 1
+        while any(reader.position(tp) < end[tp] for tp in tps):
+            for r in reader.poll(0.5):
+                if r.value is None:
+                    stones += 1
+                else:
+                    values += 1
         return {"values": values, "tombstones": stones}
     finally:
-        c.close()
+        reader.close()
 
 
 def telemetry(bootstrap: str) -> None:
     """A few valid samples on the private broker's telemetry topic: the worker's first input."""
     import orjson
-    from kafka import KafkaProducer
 
-    from fleetwatch import kafka_io, topics
+    from fleetwatch import topics
+    from fleetwatch.bus.admin import ensure_topics
+    from fleetwatch.bus.kafka import KafkaBus
 
-    kafka_io.ensure_topics(bootstrap)
-    producer = KafkaProducer(**kafka_io.client_config(bootstrap))
+    ensure_topics(bootstrap)
+    producer = KafkaBus(bootstrap).producer()
     for node in NODES[:8]:
         gpus = [{"index": g, "util": 90.0, "temp_c": 60.0, "xids": []} for g in range(8)]
         msg = {"schema": "telemetry/1", "node": node, "ts": time.time(), "seq": 1, "gpus": gpus}
         producer.send(topics.TELEMETRY, key=node.encode(), value=orjson.dumps(msg))
-    producer.flush()
+    producer.flush(30)
     producer.close()
 
 
@@ -323,13 +303,16 @@ def child(args: argparse.Namespace) -> None:
     from fleetwatch import topics
 
     topics.JOBS = args.topic  # before the pipeline is imported: every reader takes it from here
-    from fleetwatch import kafka_io, schemas
+    from fleetwatch import schemas
+    from fleetwatch.bus import Record
+    from fleetwatch.bus.admin import ensure_topics, wait_for_broker
+    from fleetwatch.bus.kafka import KafkaBus
     from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 
     class Counting(JobTableFollower):
         values = stones = 0
 
-        def apply_record(self, record: Any, now: float) -> None:
+        def apply_record(self, record: Record, now: float) -> None:
             if record.value is None:
                 self.stones += 1
             else:
@@ -338,10 +321,10 @@ def child(args: argparse.Namespace) -> None:
 
     out: dict[str, Any] = {"mode": args.child, "topic": args.topic}
     if args.child == "worker":  # as pipeline/detect.run, up to the worker's loop
-        kafka_io.wait_for_broker(args.bootstrap)
-        kafka_io.ensure_topics(args.bootstrap)
+        wait_for_broker(args.bootstrap)
+        ensure_topics(args.bootstrap)
     table = JobTable()
-    follower = Counting(table, lambda: kafka_io.make_consumer(args.bootstrap), schemas.DEFAULT_CLOCK)
+    follower = Counting(table, KafkaBus(args.bootstrap), schemas.DEFAULT_CLOCK)
     t_follow = time.perf_counter()
     follower.start()
     if not follower.caught_up.wait(600):

@@ -28,6 +28,28 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CODECS = ("none", "lz4", "zstd")
 
+# kafka-python's names for the FLEETWATCH_KAFKA_* security settings. kafka-python is only the
+# baseline measured here and in detect_throughput.py (a dev dependency); fleetwatch's own clients
+# take these settings through fleetwatch.bus.config.rdkafka_config.
+KAFKA_PYTHON_SETTINGS = {
+    "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "security_protocol",
+    "FLEETWATCH_KAFKA_SASL_MECHANISM": "sasl_mechanism",
+    "FLEETWATCH_KAFKA_SASL_USERNAME": "sasl_plain_username",
+    "FLEETWATCH_KAFKA_SASL_PASSWORD": "sasl_plain_password",
+    "FLEETWATCH_KAFKA_SSL_CAFILE": "ssl_cafile",
+    "FLEETWATCH_KAFKA_SSL_CERTFILE": "ssl_certfile",
+    "FLEETWATCH_KAFKA_SSL_KEYFILE": "ssl_keyfile",
+}
+
+
+def kafka_python_config(bootstrap: str) -> dict[str, Any]:
+    """kafka-python's settings for `bootstrap` with the FLEETWATCH_KAFKA_* security settings."""
+    cfg: dict[str, Any] = {"bootstrap_servers": bootstrap.split(","), "bootstrap_timeout_ms": 10000}
+    for var, key in KAFKA_PYTHON_SETTINGS.items():
+        if os.environ.get(var):
+            cfg[key] = os.environ[var]
+    return cfg
+
 
 def generate(nodes: int, ticks: int) -> list[tuple[bytes, bytes]]:
     from benchmarks.detect_throughput import generate as sim
@@ -39,10 +61,8 @@ def generate(nodes: int, ticks: int) -> list[tuple[bytes, bytes]]:
 def produce(bootstrap: str, topic: str, codec: str, records: list[tuple[bytes, bytes]]) -> float:
     from kafka import KafkaProducer
 
-    from fleetwatch import kafka_io
-
     producer = KafkaProducer(
-        **kafka_io.client_config(bootstrap),
+        **kafka_python_config(bootstrap),
         linger_ms=20,
         batch_size=512 * 1024,
         compression_type=None if codec == "none" else codec,
@@ -57,10 +77,11 @@ def produce(bootstrap: str, topic: str, codec: str, records: list[tuple[bytes, b
 
 
 def log_bytes(bootstrap: str, topic: str) -> int:
-    """Sum of the topic's partition sizes on the broker (DescribeLogDirs, all brokers)."""
-    from fleetwatch import kafka_io
+    """Sum of the topic's partition sizes on the broker (DescribeLogDirs, all brokers: kafka-python's
+    admin, as confluent-kafka's has no DescribeLogDirs)."""
+    from kafka import KafkaAdminClient
 
-    admin = kafka_io.make_admin(bootstrap)
+    admin = KafkaAdminClient(**kafka_python_config(bootstrap), request_timeout_ms=10000)
     try:
         brokers = admin.describe_log_dirs()  # kafka-python 3: one dict per broker
     finally:
@@ -83,9 +104,7 @@ def _cpu() -> float:
 def consume_kafka_python(bootstrap: str, topic: str, n: int, out: Any) -> None:
     from kafka import KafkaConsumer, TopicPartition
 
-    from fleetwatch import kafka_io
-
-    consumer = KafkaConsumer(**kafka_io.client_config(bootstrap), enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_python_config(bootstrap), enable_auto_commit=False)
     tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
@@ -151,14 +170,14 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from fleetwatch import kafka_io
+    from fleetwatch.bus.admin import Admin, ensure_topics
 
     records = generate(args.nodes, args.ticks)
     n = len(records)
     raw_bytes = sum(len(v) for _k, v in records)
     run = uuid.uuid4().hex[:8]
     topics = {codec: f"bench.clients.{codec}.{run}" for codec in CODECS}
-    kafka_io.ensure_topics(args.bootstrap, list(topics.values()))
+    ensure_topics(args.bootstrap, list(topics.values()))
     result: dict[str, Any] = {"messages": n, "value_bytes_per_message": raw_bytes / n}
     try:
         for codec, topic in topics.items():
@@ -174,9 +193,8 @@ def main() -> int:
                 result[f"{codec}_{client}_msgs_per_s"] = sum(r[0] for r in rs) / len(rs)
                 result[f"{codec}_{client}_msgs_per_cpu_s"] = sum(r[1] for r in rs) / len(rs)
     finally:
-        admin = kafka_io.make_admin(args.bootstrap)
-        admin.delete_topics(list(topics.values()))
-        admin.close()
+        with Admin(args.bootstrap) as admin:
+            admin.delete_topics(list(topics.values()))
 
     if args.json:
         print(json.dumps(result, indent=1))

@@ -22,7 +22,7 @@ sharing the GIL with the timed loop all the time: the worst case for the tail.
 
 With --bootstrap, also the CPU the reporter costs the training process at 10 and 100 steps/s
 (--cpu-seconds each): process CPU time of a loop that sleeps between step() calls, less the
-same loop without them (the sender thread and kafka-python's own thread included).
+same loop without them (the sender thread and the Kafka client's own threads included).
 
 Exits 1 if any step() case exceeds 20 us at the median or p99.
 
@@ -232,7 +232,7 @@ def main() -> int:
     ap.add_argument("--cpu-seconds", type=float, default=3.0, help="per rate of the CPU case (0: skip)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    # kafka-python logs every refused connection of the unreachable case at ERROR: not a result.
+    # the Kafka client logs every refused connection of the unreachable case: not a result.
     logging.basicConfig(level=logging.CRITICAL)
 
     gc.collect()
