@@ -2,11 +2,13 @@
 reader of assigned partitions (followers of whole topics, snapshots), and the topics' admin.
 No module outside fleetwatch/bus imports a Kafka client (tests/unit/test_one_kafka_client.py).
 
-Two implementations, with the same behaviour where the worker can tell:
+Two implementations, with the same behaviour where a caller can tell:
 - fleetwatch.bus.kafka: the real broker, through confluent-kafka (librdkafka) and its public API
-  only. The worker uses it because it reads ~2-4x more messages per CPU-second than kafka-python
-  and decompresses in C (benchmarks/README.md, "Kafka clients").
-- fleetwatch.bus.memory: in-process topics, for fast unit tests of stages and the worker loop.
+  only. Chosen because it reads ~2-4x more messages per CPU-second than kafka-python and
+  decompresses in C (benchmarks/README.md, "Kafka clients"); kafka-python stays only as the
+  benchmarks' baseline.
+- fleetwatch.bus.memory: in-process topics, for fast unit tests of stages, followers and the
+  worker loop.
 
 Where the broker is and its security settings: fleetwatch/bus/config.py. Topic creation and
 inspection: fleetwatch/bus/admin.py. Kafka's default partitioner: fleetwatch/bus/partitioner.py.
