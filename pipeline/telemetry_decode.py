@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -100,8 +99,8 @@ def decode_telemetry(
     clock: schemas.ClockLimits | None,
     max_bytes: int = schemas.MAX_MESSAGE_BYTES,
     check_keys: bool = True,
-) -> tuple[TelemetryBatch | list[Any], list[tuple[int, schemas.MessageError]]]:
-    """(the valid messages as a TelemetryBatch whose `received` holds their reference times, or []
+) -> tuple[TelemetryBatch, list[tuple[int, schemas.MessageError]]]:
+    """(the valid messages as a TelemetryBatch whose `received` holds their reference times, empty
     if none; [(index, error)] of the rest), the same messages and errors as
     schemas.decode_batch(..., struct=True) of the
     records' values, keys and reference times (RecordBlock.reference_times(now)). Keys are checked
@@ -133,8 +132,8 @@ def decode_telemetry(
         bad = [(rest[j], e) for j, e in refused]
         if ok:
             parts.append((TelemetryBatch.from_messages(ok), np.delete(left, [j for j, _e in refused])))
-    if not parts:
-        return [], bad
+    if not parts:  # the task is still handed a batch (one form, whatever the records)
+        return TelemetryBatch.from_structs([]), bad
     if len(parts) == 1:
         batch, held = parts[0]
     else:  # the scanner's and the decoders' messages, back in offset order for the task
