@@ -61,11 +61,13 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from fleetwatch import schemas, signing
+from fleetwatch.config import knob
 from fleetwatch.signing import SigningKeyError
 
 log = logging.getLogger(__name__)
 
-NODE = "node/1"
+NODE = schemas.NODE  # checked by the core decoder, fleetwatch/schemas.py
+validate_node = schemas.validate_node
 KEY_ENV = "FLEETWATCH_CENSUS_KEY"
 LOG_EVERY = 1000  # a refused record is logged the first time for its reason and every 1000th after
 GONE_MEMORY = 100_000  # nodes forgotten by a verified gone, remembered to refuse replays of older records
@@ -108,29 +110,6 @@ def load_key(key_file: str | None = None, env: Mapping[str, str] | None = None) 
     return signing.load_key("census", KEY_ENV, key_file, os.environ if env is None else env, CensusKeyError)
 
 
-def validate_node(m: Mapping[str, Any]) -> None:
-    schemas._required(m, "node", ("node", "first_seen", "last_seen"))
-    schemas._name("node.node", m["node"])
-    schemas._ts("node.first_seen", m["first_seen"])
-    schemas._ts("node.last_seen", m["last_seen"])
-    if m["last_seen"] < m["first_seen"]:
-        raise schemas.MessageError("out_of_range", "node.last_seen is before node.first_seen")
-    # issue 23: optional for the decoder (an older detect writes none of them); act refuses a
-    # record without a valid `sig` (Census.apply), and every signed record carries them all
-    for f in ("steady_since", "seen_at"):
-        if f in m:
-            schemas._ts(f"node.{f}", m[f])
-    if "steady_since" in m and "seen_at" in m and m["seen_at"] < m["steady_since"]:
-        raise schemas.MessageError("out_of_range", "node.seen_at is before node.steady_since")
-    if "gone" in m and not isinstance(m["gone"], bool):
-        raise schemas.MessageError("wrong_type", "node.gone must be a boolean")
-    if "sig" in m:
-        schemas._string("node.sig", m["sig"])
-
-
-schemas.register(NODE, validate_node, "last_seen", key_field="node")
-
-
 def node_message(
     node: str,
     first_seen: float,
@@ -164,10 +143,12 @@ def is_warm(m: Mapping[str, Any], warm_up_s: float) -> bool:
 
 @dataclass(frozen=True)
 class CensusConfig:
-    warm_up_s: float = 1200.0  # steady reporting before a node enlarges the fleet (20 min)
-    burst_fraction: float = 0.1  # new names within burst_window_s, as a fraction of the warm fleet ...
-    burst_min: int = 10  # ... and at least this many, make a burst
-    burst_window_s: float = 600.0
+    warm_up_s: float = knob(1200.0, "steady reporting (s) before a node enlarges the fleet (20 min)", ge=0)
+    burst_fraction: float = knob(
+        0.1, "new names within burst_window_s, as a fraction of the warm fleet ...", ge=0
+    )
+    burst_min: int = knob(10, "... and at least this many, make a burst (fleetwatch_act_census_burst)", ge=1)
+    burst_window_s: float = knob(600.0, "census burst window (s)", gt=0)
 
 
 @dataclass

@@ -687,21 +687,6 @@ KEY_FIELD = {
 }
 
 
-def register(
-    schema: str,
-    validator: Callable[[Mapping[str, Any]], None],
-    ts_field: str | None,
-    key_field: str | None = None,
-) -> None:
-    """Transitional, to be removed: the committed census.py still calls it at import (its edit
-    waits in a file another change holds); it re-registers node/1 exactly as the table has it."""
-    VALIDATORS[schema] = validator
-    if ts_field:
-        TS_FIELD[schema] = ts_field
-    if key_field:
-        KEY_FIELD[schema] = key_field
-
-
 def validate(m: Any, expected: str | frozenset[str] | None = None) -> dict[str, Any]:
     """Check an already parsed message; returns it (typed as a dict) or raises MessageError."""
     if not isinstance(m, dict):
