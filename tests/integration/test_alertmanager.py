@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetwatch import kafka_io, topics
+from fleetwatch import topics
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder, AlertRecord, fingerprint, rfc3339
 from fleetwatch.alerts.alertmanager import (
     BATCH,
@@ -28,6 +28,7 @@ from fleetwatch.alerts.alertmanager import (
     dead_letter_alert,
     reject_reason,
 )
+from fleetwatch.bus.kafka import KafkaBus
 from tests.helpers.findings import finding
 from tests.integration.services import Alertmanager, TopicTail
 
@@ -207,7 +208,7 @@ def test_one_bad_alert_is_dead_lettered_and_the_rest_delivered_at_once(
     topic_tail: Callable[[str], TopicTail],
 ) -> None:
     deadletters = topic_tail(topics.DEADLETTER)
-    producer = kafka_io.make_producer(kafka_bootstrap)
+    producer = KafkaBus(kafka_bootstrap).producer()
     now = time.time()
     builder, book = AlertBuilder(cluster), AlertBook()
     for i in range(6):
@@ -220,7 +221,7 @@ def test_one_bad_alert_is_dead_lettered_and_the_rest_delivered_at_once(
     before = rejected("invalid_label")
     try:
         assert disp.flush([book])  # Alertmanager answered every post: a success, whatever it refused
-        producer.flush(10)
+        assert not producer.flush(10), "dead letter not acknowledged"
     finally:
         producer.close(5)
     got = alertmanager.wait_for(lambda a: len(a) == 6, cluster=cluster)

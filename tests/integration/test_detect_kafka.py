@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
 from fleetwatch import schemas, topics
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline.detect import stages
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.worker import Worker
@@ -47,9 +47,7 @@ def test_simulated_faults_come_out_as_findings(kafka_bootstrap: str, topic_tail:
     prefix = f"e2e{run}-"
     findings_tail = topic_tail(topics.FINDINGS)
     jobs = JobTable()
-    follower = JobTableFollower(
-        jobs, lambda: __import__("fleetwatch.kafka_io").kafka_io.make_consumer(kafka_bootstrap)
-    )
+    follower = JobTableFollower(jobs, KafkaBus(kafka_bootstrap))
     follower.start()
     worker = Worker(
         kafka_bootstrap, f"test-detect-{run}", stages(jobs), snapshot_every_s=3600, start_at="latest"

@@ -16,11 +16,13 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request as dr
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.alerts.slurm import SlurmClient
 from fleetwatch.alerts.slurm_drainer import Drainer
+from fleetwatch.bus.admin import ensure_topics
+from fleetwatch.bus.kafka import KafkaBus
 from tests.helpers.paths import REPO
 from tests.integration.services import Slurm, TopicTail
 
@@ -51,10 +53,10 @@ def raw(msg: dict[str, Any]) -> bytes:
 
 @pytest.fixture
 def drainer(slurm: Slurm, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Drainer]:
-    producer = kafka_io.make_producer(kafka_bootstrap)
+    producer = KafkaBus(kafka_bootstrap).producer()
     d = Drainer(SlurmClient(slurm.conf), Journal(tmp_path / "journal.sqlite"), KEY, producer)
     yield d
-    producer.flush(10)
+    assert not producer.flush(10), "records not acknowledged"
     producer.close(5)
     d.journal.close()
 
@@ -151,12 +153,12 @@ def test_cli_consumes_the_topic_and_commits(
 ) -> None:
     slurm.reset("gpu-node-02")
     topic = f"test.drain.{uuid.uuid4().hex[:8]}"
-    kafka_io.ensure_topics(kafka_bootstrap, [topic])
-    producer = kafka_io.make_producer(kafka_bootstrap)
+    ensure_topics(kafka_bootstrap, [topic])
+    producer = KafkaBus(kafka_bootstrap).producer()
     drain = req("gpu-node-02")
     for m in (drain, drain, {**req("gpu-node-03"), "signature": "0" * 64}):
         producer.send(topic, key=m["node"].encode(), value=schemas.encode(m))
-    producer.flush(10)
+    assert not producer.flush(10), "records not acknowledged"
     producer.close(5)
     env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
     argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap]
