@@ -13,6 +13,7 @@ import pytest
 
 from fleetwatch import topics
 from fleetwatch.bus.memory import MemoryBus
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline import job_table
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
@@ -115,7 +116,10 @@ def test_a_shared_node_sends_its_features_to_each_job_and_is_judged_within_each(
     findings: list[dict[str, Any]] = []
     try:
         for s in range(60):
-            out = node.process(topics.TELEMETRY, [_sample(n, T0 + s, s, c) for n, c in clocks.items()])
+            out = node.process(
+                topics.TELEMETRY,
+                TelemetryBatch.from_messages([_sample(n, T0 + s, s, c) for n, c in clocks.items()]),
+            )
             feats = _features(out)
             if s == 0:
                 assert sorted((k, m["job"], m["node"]) for k, m in feats) == [
@@ -145,7 +149,7 @@ def _run(task: NodeTask, start: int, stop: int) -> list[dict[str, Any]]:
     """Telemetry of n1..n6 every 10 s from T0 + start to T0 + stop; the task's findings."""
     out = []
     for t in range(start, stop, 10):
-        batch = [telemetry(node=f"n{i}", ts=T0 + t, seq=t) for i in range(1, 7)]
+        batch = TelemetryBatch.from_messages([telemetry(node=f"n{i}", ts=T0 + t, seq=t) for i in range(1, 7)])
         out += [m for topic, _k, m in task.process(topics.TELEMETRY, batch) if topic == topics.FINDINGS]
     return out
 
