@@ -542,7 +542,7 @@ class Worker:
                 bad.append((k, schemas.MessageError("internal_error", _describe(e))))
             else:
                 fine.append(k)
-        msgs, refused = decode(block.subset(fine), now=now, clock=clock) if fine else ([], [])
+        msgs, refused = decode(block.subset(fine), now=now, clock=clock)  # none: the stage's empty form
         return msgs, sorted(bad + [(fine[j], e) for j, e in refused], key=lambda b: b[0])
 
     def _quarantine(
