@@ -14,29 +14,30 @@ from typing import Any
 
 import pytest
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
 from fleetwatch.bus import TopicPart
+from fleetwatch.bus.admin import Admin, ensure_topics
+from fleetwatch.bus.config import BrokerUnavailable
 from fleetwatch.bus.kafka import KafkaBus
+from tests.integration.services import send
 
 
 def test_every_client_is_built_with_them(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Producer, consumer and admin all take client_config(): the local broker speaks PLAINTEXT, so
-    each of them reaches it as configured and fails once SSL is asked for (nothing falls back)."""
-    fast = 2000
+    """Producer, group consumer, reader and admin all take rdkafka_config(): the local broker speaks
+    PLAINTEXT, so each of them reaches it as configured and fails once SSL is asked for (nothing
+    falls back)."""
+    fast = 2.0
     makers = (
-        lambda: kafka_io.make_producer(kafka_bootstrap, bootstrap_timeout_ms=fast),
-        lambda: kafka_io.make_consumer(kafka_bootstrap, bootstrap_timeout_ms=fast),
-        lambda: kafka_io.make_admin(kafka_bootstrap, timeout_ms=fast),
-        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast / 1000).group_consumer(
-            "cfg", client_id="cfg"
-        ),
-        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast / 1000).producer(),
+        lambda: Admin(kafka_bootstrap, timeout_s=fast),
+        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast).group_consumer("cfg", client_id="cfg"),
+        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast).producer(),
+        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast).reader(),
     )
     for make in makers:
         make().close()
     monkeypatch.setenv("FLEETWATCH_KAFKA_SECURITY_PROTOCOL", "SSL")
     for make in makers:
-        with pytest.raises(kafka_io.BrokerUnavailable):
+        with pytest.raises(BrokerUnavailable):
             make()
 
 
@@ -70,16 +71,12 @@ def _tls_env(
 
 
 def _round_trip(bootstrap: str, env: dict[str, str], tmp_path: Path, secret: str) -> None:
-    """With the security settings in the environment (and only there), the admin, producer and
-    consumer, and the `fleetwatch replay` CLI as a process, all work through `bootstrap`; `secret`
-    appears in none of the CLI's output."""
+    """With the security settings in the environment (and only there), the admin, producer, group
+    consumer and reader, and the `fleetwatch replay` CLI as a process, all work through `bootstrap`;
+    `secret` appears in none of the CLI's output."""
     topic = f"secure.check.{uuid.uuid4().hex[:8]}"
-    kafka_io.ensure_topics(bootstrap, [topic, topics.TELEMETRY])
-    producer = kafka_io.make_producer(bootstrap)
-    for i in range(5):
-        producer.send(topic, key=b"k", value=str(i).encode())
-    producer.flush()
-    producer.close()
+    ensure_topics(bootstrap, [topic, topics.TELEMETRY])
+    send(bootstrap, topic, [(b"k", str(i).encode()) for i in range(5)])
 
     node = f"secure-node-{uuid.uuid4().hex[:6]}"
     sample = {"schema": schemas.TELEMETRY, "node": node, "ts": time.time(), "seq": 0, "gpus": []}
@@ -95,52 +92,48 @@ def _round_trip(bootstrap: str, env: dict[str, str], tmp_path: Path, secret: str
     assert r.returncode == 0, r.stderr[-2000:]
     assert secret not in r.stderr + r.stdout
 
-    consumer = kafka_io.make_consumer(bootstrap, topic, topics.TELEMETRY, group_id=f"sec-{uuid.uuid4().hex}")
-    got: list[bytes] = []
+    bus = KafkaBus(bootstrap)
+    member = bus.group_consumer(f"sec-{uuid.uuid4().hex}", client_id="sec")
+    member.subscribe(
+        [topic, topics.TELEMETRY], lambda parts: member.group_offsets(parts), lambda _parts: None
+    )
+    got: list[bytes | None] = []
     replayed = False
     deadline = time.monotonic() + 60
     while (len(got) < 5 or not replayed) and time.monotonic() < deadline:
-        for tp, records in consumer.poll(timeout_ms=500).items():
-            for rec in records:
+        for tp, block in member.poll(500, 0.5).items():
+            for value in block.values():
                 if tp.topic == topic:
-                    got.append(rec.value)
-                elif node.encode() in rec.value:
+                    got.append(value)
+                elif value is not None and node.encode() in value:
                     replayed = True
-    consumer.close()
-    assert sorted(got) == [str(i).encode() for i in range(5)]
+    member.close()
+    assert sorted(v for v in got if v is not None) == [str(i).encode() for i in range(5)] and len(got) == 5
     assert replayed, f"the replayed sample did not arrive through {bootstrap}"
 
-    # The worker's client (librdkafka) takes the same settings from the same variables.
-    bus = KafkaBus(bootstrap)
-    producer_b = bus.producer()
-    producer_b.send(topic, key=b"k", value=b"from the bus")
-    assert producer_b.flush(30) == []
-    producer_b.close(5)
-    member = bus.group_consumer(f"sec-bus-{uuid.uuid4().hex}", client_id="sec")
-    member.subscribe([topic], lambda parts: member.group_offsets(parts), lambda _parts: None)
+    # The reader (followers, snapshots) takes the same settings from the same variables.
+    reader = bus.reader()
+    parts = [TopicPart(topic, p) for p in reader.partitions(topic, wait_s=10)]
+    reader.assign(parts, "beginning")
+    ends = reader.end_offsets(parts)
     values: list[bytes | None] = []
     deadline = time.monotonic() + 60
-    while b"from the bus" not in values and time.monotonic() < deadline:
-        for tp, block in member.poll(100, 0.5).items():
-            assert tp == TopicPart(topic, tp.partition)
-            values += block.values()
-    member.close()
-    assert sorted(v for v in values if v is not None) == sorted(
-        [b"from the bus", *(str(i).encode() for i in range(5))]
-    )
+    while any(reader.position(tp) < ends[tp] for tp in parts) and time.monotonic() < deadline:
+        values += [r.value for r in reader.poll(0.5)]
+    reader.close()
+    assert sorted(v for v in values if v is not None) == [str(i).encode() for i in range(5)]
 
 
 def _refused(bootstrap: str, secret: str | None = None) -> None:
     """No client connects, and the one-line error says where to look without showing `secret`."""
     bus = KafkaBus(bootstrap, connect_timeout_s=3)
     for make in (
-        lambda: kafka_io.make_producer(bootstrap, bootstrap_timeout_ms=3000),
-        lambda: kafka_io.make_consumer(bootstrap, bootstrap_timeout_ms=3000),
-        lambda: kafka_io.make_admin(bootstrap, timeout_ms=3000),
+        lambda: Admin(bootstrap, timeout_s=3),
         lambda: bus.group_consumer("refused", client_id="refused"),
         bus.producer,
+        bus.reader,
     ):
-        with pytest.raises(kafka_io.BrokerUnavailable) as err:
+        with pytest.raises(BrokerUnavailable) as err:
             make().close()
         assert "FLEETWATCH_KAFKA_" in str(err.value), str(err.value)
         if secret:

@@ -15,44 +15,36 @@ import threading
 import time
 from typing import Any
 
-from kafka import KafkaConsumer, TopicPartition
-
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus import TopicPart, reference_time
 from fleetwatch.steps import StepReporter
 from tests.helpers.paths import REPO
 from tests.helpers.steps import EXIT_SCRIPT, new_job
-from tests.integration.services import PrivateBroker
+from tests.integration.services import PrivateBroker, end_offsets, reader_at, topic_parts
 
 
-def _steps_consumer(bootstrap: str) -> tuple[KafkaConsumer, list[TopicPartition]]:
-    consumer = KafkaConsumer(**kafka_io.client_config(bootstrap), enable_auto_commit=False)
-    parts = consumer.partitions_for_topic(topics.STEPS)
-    deadline = time.monotonic() + 10
-    while not parts and time.monotonic() < deadline:
-        time.sleep(0.2)
-        parts = consumer.partitions_for_topic(topics.STEPS)
+def _steps_parts(bootstrap: str) -> list[TopicPart]:
+    parts = topic_parts(bootstrap, [topics.STEPS], wait_s=10)
     assert parts, f"no partitions for {topics.STEPS}"
-    return consumer, [TopicPartition(topics.STEPS, p) for p in sorted(parts)]
+    return parts
 
 
-def _end_offsets(bootstrap: str) -> dict[TopicPartition, int]:
+def _end_offsets(bootstrap: str) -> dict[TopicPart, int]:
     """Where the steps topic ends now: a test reads only what it produced after this."""
-    consumer, tps = _steps_consumer(bootstrap)
-    try:
-        return dict(consumer.end_offsets(tps))
-    finally:
-        consumer.close()
+    ends = end_offsets(bootstrap, [topics.STEPS])
+    assert ends, f"no partitions for {topics.STEPS}"
+    return ends
 
 
 def _read_steps(
-    bootstrap: str, since: dict[TopicPartition, int], job: str, last_step: int, timeout_s: float = 30.0
+    bootstrap: str, since: dict[TopicPart, int], job: str, last_step: int, timeout_s: float = 30.0
 ) -> list[dict[str, Any]]:
     return _read_steps_until(bootstrap, since, job, {last_step}, timeout_s, any_of=True)
 
 
 def _read_steps_until(
     bootstrap: str,
-    since: dict[TopicPartition, int],
+    since: dict[TopicPart, int],
     job: str,
     steps: set[int],
     timeout_s: float = 30.0,
@@ -60,15 +52,12 @@ def _read_steps_until(
 ) -> list[dict[str, Any]]:
     """The step/1 messages of `job` from the offsets `since` on, until the one of `last_step`,
     each decoded as the detect workers decode it: schema, key and clock checked (or, with
-    _read_steps_until, until all of `steps` are there). A fresh consumer,
+    _read_steps_until, until all of `steps` are there). A fresh reader,
     so that one connected before a broker restart does not sit out its reconnect backoff."""
-    consumer, tps = _steps_consumer(bootstrap)
+    reader = reader_at(bootstrap, {tp: since.get(tp, 0) for tp in _steps_parts(bootstrap)})
     key = job.encode()
     out: list[dict[str, Any]] = []
     try:
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, since.get(tp, 0))
         deadline = time.monotonic() + timeout_s
 
         def done() -> bool:
@@ -76,18 +65,17 @@ def _read_steps_until(
             return bool(seen & steps) if any_of else steps <= seen
 
         while time.monotonic() < deadline and not done():
-            for batch in consumer.poll(timeout_ms=200).values():
-                for rec in batch:
-                    if rec.key != key:
-                        continue  # another test's or simulation's job
-                    ref = kafka_io.reference_time(rec, time.time())
-                    m = schemas.decode(
-                        rec.value, schemas.STEP, key=rec.key, ref_ts=ref, clock=schemas.DEFAULT_CLOCK
-                    )
-                    out.append(m)
+            for rec in reader.poll(0.2):
+                if rec.key != key:
+                    continue  # another test's or simulation's job
+                ref = reference_time(rec, time.time())
+                m = schemas.decode(
+                    rec.value, schemas.STEP, key=rec.key, ref_ts=ref, clock=schemas.DEFAULT_CLOCK
+                )
+                out.append(m)
         return out
     finally:
-        consumer.close()
+        reader.close()
 
 
 def test_steps_reach_the_topic_as_valid_step_messages(kafka_bootstrap: str) -> None:
@@ -203,7 +191,7 @@ def _wait_for(cond: Any, timeout_s: float, what: str) -> None:
 
 
 def test_a_bad_producer_setting_is_logged_not_raised(kafka_bootstrap: str, caplog: Any) -> None:
-    bad = {"delivery_timeout_ms": 10, "request_timeout_ms": 30000}  # kafka-python refuses this
+    bad = {"message.timeout.ms": 10, "linger.ms": 1000}  # librdkafka refuses this pair
     with caplog.at_level(logging.ERROR, logger="fleetwatch.steps"):
         r = StepReporter(kafka_bootstrap, job=new_job(), rank=0, node="n1", producer_config=bad)
         try:
