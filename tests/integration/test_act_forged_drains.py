@@ -19,8 +19,8 @@ from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
 from tests.helpers.findings import finding
 from tests.helpers.paths import REPO
+from tests.integration.act_rig import KEY, ActRig, free_port, metric, wait_for_metric
 from tests.integration.services import SLURM_NODES, Alertmanager, Slurm, TopicTail
-from tests.integration.test_act_reliability import KEY, ActRig, free_port, metric, wait_for_metric
 
 ATTACKER_KEY = b"attacker-key-attacker-key-123456"
 
@@ -88,10 +88,10 @@ def send_forged(rig: ActRig, forged: dict[str, Any], avoid_partition: int | None
     """Produce the forgery onto the drain topic; on a partition other than the real request's, so
     the adapter reaches it while it is still retrying the real one."""
     raw = orjson.dumps(forged)
-    parts = sorted(rig.producer.partitions_for(rig.drains))
+    parts = range(rig.bus.partition_count(rig.drains))
     p = next(p for p in parts if p != avoid_partition)
     rig.producer.send(rig.drains, key=forged["node"].encode(), value=raw, partition=p)
-    rig.producer.flush(10)
+    rig.flush()
     return raw
 
 

@@ -4,11 +4,7 @@ storm drains nothing and raises one alert."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -19,116 +15,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetwatch import kafka_io, schemas, topics
-from fleetwatch.alerts import drain_result
+from fleetwatch import schemas, topics
 from fleetwatch.alerts.journal import Journal
-from fleetwatch.census import node_message
-from fleetwatch.signing import encode_signed
 from fleetwatch.signing import signed as sign
 from tests.helpers.findings import finding, resolve, signed
-from tests.helpers.paths import REPO
+from tests.integration.act_rig import CENSUS_KEY, ActRig, free_port, metric, wait_for_metric
 from tests.integration.services import SLURM_NODES, Alertmanager, Slurm, TopicTail
-
-KEY = "test-drain-key-0123456789abcdef"
-CENSUS_KEY = "test-census-key-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ActRig:
-    """Private topics and group for one test, and the act / slurm-drainer processes on them."""
-
-    def __init__(self, bootstrap: str, am: Alertmanager, cluster: str, tmp: Path) -> None:
-        tag = uuid.uuid4().hex[:8]
-        self.bootstrap, self.am, self.cluster, self.tmp = bootstrap, am, cluster, tmp
-        self.findings, self.drains = f"test.act.{tag}.findings", f"test.act.{tag}.drain"
-        self.nodes, self.results = f"test.act.{tag}.nodes", f"test.act.{tag}.results"
-        self.group = f"act-{tag}"
-        kafka_io.ensure_topics(bootstrap, [self.findings, self.drains, self.nodes, self.results])
-        self.producer = kafka_io.make_producer(bootstrap)
-        self.env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY, "FLEETWATCH_CENSUS_KEY": CENSUS_KEY}
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def send(self, *fs: dict[str, Any]) -> None:
-        """Findings as detect writes them: signed with its key (the census key), or act refuses them."""
-        self.send_raw(*((f["node"], signed(f, CENSUS_KEY)) for f in fs))
-
-    def send_raw(self, *records: tuple[str, bytes]) -> None:
-        """(node, value) records on the findings topic as they are, e.g. forged ones."""
-        for node, value in records:
-            self.producer.send(self.findings, key=node.encode(), value=value)
-        self.producer.flush(10)
-
-    def result(self, request: dict[str, Any], outcome: str) -> None:
-        """What the Slurm adapter says it did with a request (signed, as slurm-drainer sends it)."""
-        r = drain_result.make_result(
-            request_id=request["request_id"],
-            node=request["node"],
-            action=request["action"],
-            outcome=outcome,
-            detail="",
-            ts=time.time(),
-            request_signature=request["signature"],
-            key=KEY.encode(),
-        )
-        self.producer.send(self.results, key=r["node"].encode(), value=schemas.encode(r))
-        self.producer.flush(10)
-
-    def census(self, *nodes: str, steady_for: float = 3600.0) -> None:
-        """These nodes report telemetry (what the detect workers publish on fleet.nodes.v1, signed),
-        steadily for `steady_for` seconds (default: long past act's warm-up)."""
-        now = time.time()
-        for n in nodes:
-            m = node_message(n, now - steady_for, now, steady_since=now - steady_for, seen_at=now)
-            self.producer.send(self.nodes, key=n.encode(), value=encode_signed(m, CENSUS_KEY.encode()))
-        self.producer.flush(10)
-
-    def act(self, *extra: str) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "fleetwatch.cli", "act", "--bootstrap", self.bootstrap]
-        argv += ["--alertmanager", self.am.url, "--cluster", self.cluster, "--group", self.group]
-        argv += ["--findings-topic", self.findings, "--drain-topic", self.drains, "--resend-interval", "2"]
-        argv += ["--nodes-topic", self.nodes, "--results-topic", self.results]
-        argv += ["--instance-id", f"{self.group}-0"]  # static membership: a restart rejoins at once
-        log = open(self.tmp / f"act-{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed with the process)
-        p = subprocess.Popen([*argv, *extra], env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(p)
-        return p
-
-    def drainer(self, slurm_conf: str) -> None:
-        argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", self.bootstrap]
-        argv += ["--drain-topic", self.drains, "--group", f"slurm-{self.group}", "--state-dir", str(self.tmp)]
-        argv += ["--results-topic", self.results]
-        r = subprocess.run(
-            [*argv, "--slurm-conf", slurm_conf, "--idle-exit", "2"],
-            env=self.env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
-
-    def wait_for_log(self, proc: int, text: str, timeout_s: float = 60) -> None:
-        """Until the log of the proc-th act started contains `text`."""
-        path = self.tmp / f"act-{proc}.log"
-        deadline = time.monotonic() + timeout_s
-        while text not in path.read_text(errors="replace"):
-            assert time.monotonic() < deadline, f"act {proc} never logged {text!r}: {self.logs()}"
-            time.sleep(0.1)
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("act-*.log")))
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        self.producer.close(5)
 
 
 @pytest.fixture
@@ -238,23 +130,6 @@ def drained_series(port: int) -> set[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         lines = [x for x in r.read().decode().splitlines() if x.startswith("fleetwatch_act_node_drained{")]
     return {x.split('"')[1] for x in lines}
-
-
-def wait_for_metric(port: int, name: str, value: float, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if metric(port, name) == value:
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exported")
 
 
 def test_flood_stays_within_budget_and_a_storm_drains_nothing(

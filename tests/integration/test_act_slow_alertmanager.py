@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from tests.helpers.findings import finding
+from tests.integration.act_rig import ActRig, free_port, metric
 from tests.integration.services import Alertmanager, TopicTail
-from tests.integration.test_act_reliability import ActRig, free_port, metric
 
 
 @pytest.fixture

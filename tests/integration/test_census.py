@@ -23,14 +23,16 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus.admin import ensure_topics
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.census import Census
 from fleetwatch.follow import TopicFollower
 from fleetwatch.pipeline import fleet_metrics
 from tests.helpers.findings import finding
 from tests.helpers.messages import telemetry
+from tests.integration.act_rig import CENSUS_KEY, ActRig, free_port, metric
 from tests.integration.services import Alertmanager, TopicTail
-from tests.integration.test_act_reliability import CENSUS_KEY, ActRig, free_port, metric
 from tests.integration.workers import Detect
 
 KEY = CENSUS_KEY.encode()  # what ActRig gives act in $FLEETWATCH_CENSUS_KEY
@@ -59,7 +61,7 @@ def rig(kafka_bootstrap: str, alertmanager: Alertmanager, cluster: str, tmp_path
 def publish(rig: ActRig, records: list[tuple[str, bytes | None]]) -> None:
     for node, value in records:
         rig.producer.send(rig.nodes, key=node.encode(), value=value)
-    rig.producer.flush(30)
+    rig.flush(30)
 
 
 def drained_alone(rig: ActRig, drains: TopicTail, nodes: list[str]) -> list[str]:
@@ -144,13 +146,13 @@ def test_detect_signs_the_census_and_bounds_its_metrics_under_a_flood_of_names(k
     census_tail = TopicTail(kafka_bootstrap, topics.NODES)
     detect = Detect(kafka_bootstrap, tag, census_key=KEY)
     try:
-        producer = kafka_io.make_producer(kafka_bootstrap)
+        producer = KafkaBus(kafka_bootstrap).producer()
         now = time.time()
         for i, n in enumerate(names):
             producer.send(
                 topics.TELEMETRY, key=n.encode(), value=schemas.encode(telemetry(node=n, ts=now + i * 1e-4))
             )
-        producer.flush(60)
+        assert not producer.flush(60), "records not acknowledged"
         producer.close(5)
         # other detect workers on this broker (other tests' groups) may write records for these names
         # too, unsigned or with their keys: ours are the ones that verify with this worker's key
@@ -191,8 +193,8 @@ def test_detect_signs_the_census_and_bounds_its_metrics_under_a_flood_of_names(k
 
 def test_census_follows_the_topic_and_applies_only_verified_records(kafka_bootstrap: str) -> None:
     topic = f"test.nodes.{uuid.uuid4().hex[:8]}"
-    kafka_io.ensure_topics(kafka_bootstrap, [topic])
-    producer = kafka_io.make_producer(kafka_bootstrap)
+    ensure_topics(kafka_bootstrap, [topic])
+    producer = KafkaBus(kafka_bootstrap).producer()
     now = time.time()
     records: list[tuple[str, bytes | None]] = [
         ("gpu-node-01", node_record("gpu-node-01", now - 5, 600, KEY)),
@@ -207,10 +209,10 @@ def test_census_follows_the_topic_and_applies_only_verified_records(kafka_bootst
     ]
     for key, value in records:
         producer.send(topic, key=key.encode(), value=value)
-    producer.flush(10)
+    assert not producer.flush(10), "records not acknowledged"
     producer.close(5)
     census = Census(KEY)
-    follower = TopicFollower(topic, census.apply, lambda: kafka_io.make_consumer(kafka_bootstrap))
+    follower = TopicFollower(topic, census.apply, KafkaBus(kafka_bootstrap))
     follower.start()
     try:
         assert follower.caught_up.wait(30)
