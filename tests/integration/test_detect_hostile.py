@@ -13,13 +13,11 @@ import time
 from typing import Any
 
 import orjson
-from kafka import KafkaProducer
 from prometheus_client import REGISTRY
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
-from fleetwatch import census, kafka_io, schemas, topics
+from fleetwatch import census, schemas, topics
 from tests.helpers.messages import gpu, sample
-from tests.integration.services import TopicTail
+from tests.integration.services import TopicTail, send
 from tests.integration.workers import Detect
 
 
@@ -78,11 +76,12 @@ def test_hostile_samples_are_dead_lettered_or_handled_and_the_worker_goes_on(
     findings, dlq, nodes = (
         TopicTail(kafka_bootstrap, t) for t in (topics.FINDINGS, topics.DEADLETTER, topics.NODES)
     )
-    producer = KafkaProducer(**kafka_io.client_config(kafka_bootstrap), max_request_size=2 << 20)
-    for key, value in records:
-        producer.send(topics.TELEMETRY, key=key.encode(), value=value)
-    producer.flush()
-    producer.close()
+    send(
+        kafka_bootstrap,
+        topics.TELEMETRY,
+        [(key.encode(), value) for key, value in records],
+        max_message_bytes=2 << 20,
+    )
 
     def mine(recs: list[Any]) -> list[dict[str, Any]]:
         return [schemas.decode(r.value) for r in recs if r.key and r.key.startswith(p.encode())]
@@ -142,12 +141,11 @@ def test_the_job_table_applies_only_what_the_job_stage_accepts(
         f"{p}job-rekeyed": (f"{p}job-other", now, False),  # keyed as another job
     }
     dlq = TopicTail(kafka_bootstrap, topics.DEADLETTER)
-    producer = KafkaProducer(**kafka_io.client_config(kafka_bootstrap))
+    records: list[tuple[bytes | None, bytes | None]] = []
     for job, (key, ts, _ok) in jobs.items():
         msg = {"schema": "job/1", "job": job, "nodes": [f"{p}n1", f"{p}n2"], "state": "running", "ts": ts}
-        producer.send(topics.JOBS, key=key.encode(), value=orjson.dumps(msg))
-    producer.flush()
-    producer.close()
+        records.append((key.encode(), orjson.dumps(msg)))
+    send(kafka_bootstrap, topics.JOBS, records)
     letters = dlq.collect(lambda rs: len([r for r in rs if p.encode() in r.value]) >= 2, 30)
     assert sorted(dict(r.headers)["reason"] for r in letters if p.encode() in r.value) == [
         b"clock_skew",
@@ -181,11 +179,7 @@ def test_a_counter_beyond_its_nvml_type_is_dead_lettered_not_a_finding(
     records.append((n[2], sample(n[2], now - 2, 2, [gpu(0, retired_pages=2**32 - 1)])))  # not available
     records += [(k, sample(k, now, 9, [gpu(0, xids=[48])])) for k in n]  # the last ones: still there
     findings, dlq = (TopicTail(kafka_bootstrap, t) for t in (topics.FINDINGS, topics.DEADLETTER))
-    producer = KafkaProducer(**kafka_io.client_config(kafka_bootstrap))
-    for key, value in records:
-        producer.send(topics.TELEMETRY, key=key.encode(), value=value)
-    producer.flush()
-    producer.close()
+    send(kafka_bootstrap, topics.TELEMETRY, [(key.encode(), value) for key, value in records])
 
     def mine(recs: list[Any]) -> list[dict[str, Any]]:
         return [schemas.decode(r.value) for r in recs if r.key and r.key.startswith(p.encode())]

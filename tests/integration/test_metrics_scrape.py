@@ -31,10 +31,8 @@ from typing import IO, Any
 
 import pytest
 import yaml
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.structs import OffsetAndMetadata
 
-from fleetwatch import kafka_io, topics
+from fleetwatch import topics
 from tests.helpers.paths import REPO
 from tests.helpers.promql import (
     PROMETHEUS_BUILTINS,
@@ -43,7 +41,7 @@ from tests.helpers.promql import (
     load_dashboards,
     metric_names,
 )
-from tests.integration.services import Slurm
+from tests.integration.services import Slurm, commit_offsets, end_offsets, send
 
 PROMETHEUS_SH = REPO / "services" / "prometheus" / "prometheus.sh"
 RULES = REPO / "services" / "prometheus" / "rules" / "fleetwatch-pipeline.yml"
@@ -70,17 +68,9 @@ def http_json(url: str, timeout: float = 5.0) -> Any:
 
 def commit_at_end(bootstrap: str, group: str, topic_names: tuple[str, ...]) -> None:
     """Give a new consumer group committed offsets at the current end of its input topics."""
-    consumer = KafkaConsumer(**kafka_io.client_config(bootstrap), group_id=group, enable_auto_commit=False)
-    try:
-        tps = [
-            TopicPartition(t, p) for t in topic_names for p in sorted(consumer.partitions_for_topic(t) or ())
-        ]
-        assert tps, f"no partitions for {topic_names}"
-        ends = consumer.end_offsets(tps)
-        consumer.assign(tps)
-        consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in ends.items()})
-    finally:
-        consumer.close()
+    ends = end_offsets(bootstrap, topic_names)
+    assert ends, f"no partitions for {topic_names}"
+    commit_offsets(bootstrap, group, ends)
 
 
 def wait_for_log(path: Path, text: str, timeout_s: float) -> bool:
@@ -220,7 +210,7 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
         # joining when the findings arrive would make this test slow, not wrong, but one that never
         # gets partitions is a bug to report, not to wait out.
         # 60 s: a join took up to ~25 s on a broker loaded by a long session, before consumers
-        # loaded their metadata ahead of joining (kafka_io.subscribe_with_metadata).
+        # loaded their metadata ahead of joining (kafka-python's clients, replaced since).
         for name, topic in (("detect", topics.TELEMETRY), ("act", topics.FINDINGS)):
             if not wait_for_log(st.logs[name], f"'{topic}:", 60.0):
                 pytest.fail(f"fleetwatch {name} got no {topic} partitions in 60 s:\n{st.log_tail()}")
@@ -231,10 +221,7 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
         )  # fmt: skip
         assert sim.returncode == 0, sim.stderr[-2000:]
         # One malformed telemetry message: the dead-letter and reject series exist only once one happened.
-        producer = KafkaProducer(**kafka_io.client_config(b))
-        producer.send(topics.TELEMETRY, key=f"{prefix}0001".encode(), value=b'{"schema": "telemetry/1"}')
-        producer.flush(10)
-        producer.close()
+        send(b, topics.TELEMETRY, [(f"{prefix}0001".encode(), b'{"schema": "telemetry/1"}')], timeout_s=10)
 
         needed = set(names_needed()) - set(NOT_PROVABLE_HERE)
         deadline = time.monotonic() + SCRAPE_DEADLINE_S
