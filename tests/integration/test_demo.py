@@ -102,7 +102,7 @@ def test_the_console_learns_of_this_runs_storm_from_its_alert(
 def test_the_demo_refuses_a_broker_left_on_its_port_by_another_checkout(tmp_path: Path) -> None:
     """Its own broker's stop cannot see one started from another FLEETWATCH_HOME; that broker's
     old telemetry would be scored as this run's findings (it was: 16 false ones)."""
-    from fleetwatch import kafka_io
+    from fleetwatch.bus.admin import ensure_topics
     from fleetwatch.demo import DEMO_KAFKA_PORT
 
     env = {
@@ -116,7 +116,7 @@ def test_the_demo_refuses_a_broker_left_on_its_port_by_another_checkout(tmp_path
     subprocess.run([*kafka_sh, "stop"], env=ours, capture_output=True, timeout=120)  # an earlier demo's
     subprocess.run([*kafka_sh, "start"], env=env, check=True, capture_output=True, timeout=300)
     try:
-        kafka_io.ensure_topics(f"127.0.0.1:{DEMO_KAFKA_PORT}", ["fleet.telemetry.v1"])
+        ensure_topics(f"127.0.0.1:{DEMO_KAFKA_PORT}", ["fleet.telemetry.v1"])
         r = subprocess.run(
             [sys.executable, "-m", "fleetwatch.cli", "demo", "--duration", "10"],
             capture_output=True,
