@@ -39,6 +39,9 @@ from fleetwatch import topics
 from fleetwatch.collectors.sim import Simulation, load_scenario, packaged_path
 from fleetwatch.runtime import gc_paused
 
+# run as a script: benchmarks.kafka_clients (the kafka-python baseline's settings) is importable
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def generate(nodes: int, ticks: int, seed: int) -> list[dict[str, Any]]:
     overrides = {"nodes": nodes, "duration_s": ticks, "seed": seed}
@@ -47,6 +50,7 @@ def generate(nodes: int, ticks: int, seed: int) -> list[dict[str, Any]]:
 
 
 def bench_fleetwatch(msgs: list[dict[str, Any]], batch: int) -> float:
+    from fleetwatch.detectors.batch import TelemetryBatch
     from fleetwatch.pipeline.job_table import JobTable
     from fleetwatch.pipeline.node_stage import NodeTask
 
@@ -55,7 +59,7 @@ def bench_fleetwatch(msgs: list[dict[str, Any]], batch: int) -> float:
     t0 = time.process_time()
     with gc_paused():  # as pipeline/worker.py runs each batch
         for i in range(0, len(msgs), batch):
-            task.process(topics.TELEMETRY, msgs[i : i + batch])
+            task.process(topics.TELEMETRY, TelemetryBatch.from_messages(msgs[i : i + batch]))
     return len(msgs) / (time.process_time() - t0)
 
 
@@ -63,21 +67,19 @@ def bench_decode_and_stage(raws: list[bytes], batch: int, columnar: bool) -> flo
     """Raw telemetry/1 bytes -> findings, as the worker runs it minus Kafka: decoded by the
     compiled scanner straight into columns (columnar) or by msgspec into structs, then the
     per-node stage. Node-samples per second of CPU time."""
-    from fleetwatch import schemas
+    import contextlib
+
+    from fleetwatch.pipeline import telemetry_decode
     from fleetwatch.pipeline.job_table import JobTable
     from fleetwatch.pipeline.node_stage import NodeTask
-    from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 
     NodeTask.warm_up()
     task = NodeTask(JobTable())
     t0 = time.process_time()
-    with gc_paused():
+    decoders = contextlib.nullcontext() if columnar else telemetry_decode.message_decoders_only()
+    with gc_paused(), decoders:
         for i in range(0, len(raws), batch):
-            chunk = raws[i : i + batch]
-            if columnar:
-                msgs, _bad = decode_telemetry(chunk, now=0.0, clock=None)
-            else:
-                msgs, _bad = schemas.decode_batch(chunk, schemas.TELEMETRY, struct=True)
+            msgs, _bad = telemetry_decode.decode_telemetry(raws[i : i + batch], now=0.0, clock=None)
             task.process(topics.TELEMETRY, msgs)
     return len(raws) / (time.process_time() - t0)
 
@@ -209,23 +211,20 @@ def local_broker_pid(bootstrap: str) -> int | None:
 def bench_kafka(
     msgs: list[dict[str, Any]], bootstrap: str, workers: list[int], compression: str = "none"
 ) -> dict[str, float]:
-    from kafka import KafkaProducer
-
-    from fleetwatch import kafka_io, schemas
+    from fleetwatch import schemas
+    from fleetwatch.bus.admin import Admin, ensure_topics
+    from fleetwatch.bus.kafka import KafkaBus
 
     run = uuid.uuid4().hex[:8]
     topic = f"bench.telemetry.{run}"
-    kafka_io.ensure_topics(bootstrap, [topic])
-    producer = KafkaProducer(
-        **kafka_io.client_config(bootstrap),
-        linger_ms=20,
-        batch_size=512 * 1024,
-        compression_type=None if compression == "none" else compression,
-    )
+    ensure_topics(bootstrap, [topic])
+    producer = KafkaBus(bootstrap).producer(options={"compression.type": compression})
     for m in msgs:
         producer.send(topic, key=m["node"].encode(), value=schemas.encode(m))
-    producer.flush()
+    failed = producer.flush(600)
     producer.close()
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(msgs)} messages to {topic} were not acknowledged")
 
     # The raw rates are measured before and after the workers: this shared machine's speed drifts,
     # and each ratio is taken against the mean of the two. A group of n workers is compared with n
@@ -238,9 +237,8 @@ def bench_kafka(
             rates = {n: _group_rate(bootstrap, topic, len(msgs), n, f"{group}-{n}w", cpu) for n in workers}
             after = {n: _raw_rate(bootstrap, topic, n, cpu) for n in counts}
     finally:  # ~400 MB a run: left behind, runs fill the broker's disk
-        admin = kafka_io.make_admin(bootstrap)
-        admin.delete_topics([topic])
-        admin.close()
+        with Admin(bootstrap) as admin:
+            admin.delete_topics([topic])
     raw = {n: (before[n][0] + after[n][0]) / 2 for n in counts}
     result = {"raw_consume_before_per_s": before[1][0], "raw_consume_after_per_s": after[1][0]}
     for n in counts:
@@ -274,14 +272,9 @@ def _while_all_work(members: list[list[tuple[float, int]]], start: float) -> tup
 
 
 def _partitions(bootstrap: str, topic: str) -> list[int]:
-    from kafka import KafkaConsumer
+    from fleetwatch.bus.kafka import KafkaBus
 
-    from fleetwatch import kafka_io
-
-    probe = KafkaConsumer(**kafka_io.client_config(bootstrap), enable_auto_commit=False)
-    parts = sorted(probe.partitions_for_topic(topic) or ())
-    probe.close()
-    return parts
+    return list(range(KafkaBus(bootstrap).partition_count(topic)))
 
 
 def _raw_rate(bootstrap: str, topic: str, n: int, cpu: CpuUse) -> tuple[float, dict[str, float]]:
@@ -303,11 +296,13 @@ def _raw_rate(bootstrap: str, topic: str, n: int, cpu: CpuUse) -> tuple[float, d
 
 
 def _raw_proc(bootstrap: str, topic: str, parts: list[int], reports: Any) -> None:
+    # kafka-python: the baseline the workers were first compared with (benchmarks/README.md), kept
+    # so the figures stay comparable; a dev dependency, used nowhere else
     from kafka import KafkaConsumer, TopicPartition
 
-    from fleetwatch import kafka_io
+    from benchmarks.kafka_clients import kafka_python_config
 
-    consumer = KafkaConsumer(**kafka_io.client_config(bootstrap), enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_python_config(bootstrap), enable_auto_commit=False)
     tps = [TopicPartition(topic, p) for p in parts]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
@@ -398,7 +393,7 @@ def _worker_proc(
         schemas={topic: schemas.TELEMETRY},
         new_task=lambda _p: NodeTask(jobs),
         load_task=lambda _p, raw: NodeTask.from_bytes(raw, jobs),
-        columnar_telemetry=True,
+        decoders={topic: telemetry_decode.decode_telemetry},
         warm_up=NodeTask.warm_up,
     )
     worker = Worker(bootstrap, group, [stage], snapshot_every_s=3600)
