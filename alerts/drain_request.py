@@ -1,4 +1,4 @@
-"""The `drain/1` message (DESIGN.md, "Messages"): build, sign, verify and validate drain requests.
+"""The `drain/1` message (docs/contract.md, "drain/1"): build, sign, verify and validate drain requests.
 
 `signature` is HMAC-SHA256 (hex) over the canonical JSON of every other field: keys sorted, no
 whitespace, UTF-8, as orjson writes them (its float formatting is the shortest round-trip form,

@@ -1,6 +1,6 @@
 """`fleetwatch replay FILE.jsonl`: produce recorded messages, one JSON object per line.
 
-Each line goes to the topic its schema belongs on, keyed as DESIGN.md says. A line that is
+Each line goes to the topic its schema belongs on, keyed as docs/contract.md says ("Topics"). A line that is
 not a valid message goes to the dead-letter topic with its reason (the original bytes are
 kept), is counted, and the replay carries on.
 """

@@ -1,6 +1,6 @@
 """The node-local metric sources the agent polls, and the factory it builds them with.
 
-Each source returns a *partial* telemetry/1 body (see DESIGN.md, "Messages"):
+Each source returns a *partial* telemetry/1 body (see docs/contract.md, "telemetry/1"):
 
     nvml -> {"gpus": [...]}        host -> {"host": {...}}        net -> {"net": {"ib": [...], "eth": [...]}}
 

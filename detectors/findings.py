@@ -1,4 +1,4 @@
-"""The `finding/1` message (DESIGN.md, "Messages") and the incident lifecycle behind it.
+"""The `finding/1` message (docs/contract.md, "finding/1") and the incident lifecycle behind it.
 
 A finding is emitted when an incident opens, again when its severity rises, and once more with
 `resolved: true` when it has been healthy for its clear-after period. Unlike Node Problem Detector

@@ -8,7 +8,7 @@ findings with the same ids, in any batch sizes (tests check this).
 
 Thresholds (HardwareConfig) and why:
 - XID: events, not a last-value gauge. A burst on one GPU ended by `xid_quiet_s` = 180 s of silence
-  is one incident (DESIGN.md: dcgm-exporter's gauge never resets). Severity from xid_catalog; a
+  is one incident (docs/contract.md 7.1: dcgm-exporter's gauge never resets). Severity from xid_catalog; a
   burst of >= `xid_burst_escalate` = 20 events is escalated one level, except application-caused
   XIDs, capped at warning (a crash loop of a bad job is still the job's fault). The severity, the
   worst code (the most severe, then the one whose action takes most: an RMA over a GPU reset) and

@@ -7,7 +7,7 @@ window median with the median of its PEERS (the job's other nodes: leave-one-out
 
 - `step_time_s` of `step/1` (higher is worse). It is each rank's own compute time, without
   the time it waited for peers (`wait_time_s`): ranks that wait for a straggler look slow in
-  wall time, and blaming them is the classic mistake (DESIGN.md; NVIDIA's straggler tool
+  wall time, and blaming them is the classic mistake (docs/contract.md 7.1; NVIDIA's straggler tool
   likewise excludes NCCL kernels).
 - `sm_clock_mhz` of the per-node features (lower is worse), from samples whose GPUs are busy
   (util >= busy_util_pct): a throttled node is slow even when the job emits no step times.

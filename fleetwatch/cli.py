@@ -1,4 +1,4 @@
-"""The `fleetwatch` console script (DESIGN.md, "CLI").
+"""The `fleetwatch` console script (docs/contract.md, "Commands").
 
 Each subcommand's implementation lives with its component and is imported only when that
 subcommand runs, so `fleetwatch collect` on a node does not import the detectors.

@@ -1,4 +1,4 @@
-"""Message schemas of DESIGN.md ("Messages") and their validation.
+"""Message schemas of docs/contract.md ("Messages") and their validation.
 
 Messages travel as JSON objects and are handled as plain dicts (cheap to build and to
 serialise). `decode()` turns raw Kafka bytes into a validated dict or raises
@@ -331,7 +331,7 @@ def _fields(where: str, obj: Mapping[str, Any], spec: Mapping[str, Check]) -> No
         check = spec.get(key)
         if check is not None:
             check(f"{where}.{key}", value)
-        # Unknown keys are tolerated: producers may extend messages (DESIGN.md, "extend freely").
+        # Unknown keys are tolerated: producers may extend messages (docs/contract.md 1.3).
 
 
 def _ts(where: str, v: Any) -> None:
@@ -672,7 +672,7 @@ TS_FIELD = {
     DRAIN: "issued_at",
     DRAIN_RESULT: "ts",
 }
-# The field a message's Kafka key must equal (DESIGN.md, "Data flow"): a key that names another
+# The field a message's Kafka key must equal (docs/contract.md 4.1): a key that names another
 # node than the message would put its state on one worker and its findings on another's node.
 KEY_FIELD = {
     TELEMETRY: "node",

@@ -1,4 +1,4 @@
-"""Kafka topic names (DESIGN.md, "Data flow")."""
+"""Kafka topic names (docs/contract.md, "Kafka topics")."""
 
 TELEMETRY = "fleet.telemetry.v1"  # key = node
 JOBS = "fleet.jobs.v1"  # key = job; compacted: each job's latest job/1, null = forgotten (JOB_HISTORY_S)

@@ -1,6 +1,6 @@
 """`fleetwatch detect`: a detector worker in the consumer group fleetwatch-detect.
 
-Two stages run in every worker (DESIGN.md, "Data flow"): the per-node stage on
+Two stages run in every worker (docs/contract.md, "Data flow"): the per-node stage on
 fleet.telemetry.v1 (key node), which also re-keys node features by job onto
 fleet.nodefeatures.v1, and the per-job stage on fleet.nodefeatures.v1 + fleet.steps.v1 +
 fleet.jobs.v1 (key job). Scaling out is adding workers to the group; they share nothing but

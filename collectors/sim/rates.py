@@ -1,5 +1,5 @@
-"""Published failure figures that calibrate the simulator's background faults (DESIGN.md,
-"Figures to calibrate the simulator"). Only constants and unit conversions live here, so the
+"""Published failure figures that calibrate the simulator's background faults (docs/contract.md,
+"Reference figures"). Only constants and unit conversions live here, so the
 numbers and their sources can be read in one place.
 """
 

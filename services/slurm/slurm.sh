@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Local single-host Slurm (slurmctld + four slurmd + munge) on loopback, for the drain adapter's tests
-# and the demo. The recipe is DESIGN.md's ("Service recipes", Slurm 22.05 from Debian packages).
+# and the demo. Slurm 22.05 from Debian packages (docs/contract.md, "Slurm").
 #   slurm.sh start    generate slurm.conf, start munged (if not up), slurmctld and the slurmd's; no-op if up
 #   slurm.sh stop     stop the daemons started here (by pid; munged is left to whoever else uses it)
 #   slurm.sh status   exit 0 if slurmctld answers (scontrol ping)

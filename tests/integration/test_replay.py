@@ -1,5 +1,5 @@
 """`fleetwatch replay` against the real broker: valid lines land on their topics keyed as
-DESIGN.md says; malformed lines go to the dead-letter topic with their reason, bytes intact."""
+docs/contract.md says; malformed lines go to the dead-letter topic with their reason, bytes intact."""
 
 from __future__ import annotations
 
