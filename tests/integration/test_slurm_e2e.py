@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-import fleetwatch.detectors.findings  # noqa: F401  (registers finding/1 with the decoder)
-from fleetwatch import kafka_io, schemas, topics
+from fleetwatch import schemas, topics
+from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline.job_table import JobTableFollower
 from tests.helpers.act import Rig
 from tests.helpers.findings import T0, finding
@@ -41,10 +41,10 @@ def jobs(slurm: Slurm, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Jobs]:
     # The topic is shared with other tests that use the same node names: forget this test's jobs
     # (as the publisher does a week after they end), so none is left running there if a test
     # stopped before its job's end was published.
-    producer = kafka_io.make_producer(kafka_bootstrap)
+    producer = KafkaBus(kafka_bootstrap).producer()
     for job in {r.key for r in j.records if r.key is not None}:
         producer.send(topics.JOBS, key=job, value=None)
-    producer.flush(30)
+    assert not producer.flush(30), "tombstones not acknowledged"
     producer.close()
 
 
@@ -93,7 +93,7 @@ def test_two_critical_nodes_of_one_real_job_drain_only_one(jobs: Jobs, kafka_boo
         jobs.wait(jobs.started(job))
         # act's job table, filled from the topic by the follower `fleetwatch act` runs
         rig = Rig({f"gpu-node-0{i}" for i in range(1, 5)}, fleet_size=100, budget_min_nodes=4)
-        follower = JobTableFollower(rig.jobs, lambda: kafka_io.make_consumer(kafka_bootstrap))
+        follower = JobTableFollower(rig.jobs, KafkaBus(kafka_bootstrap))
         follower.start()
         assert follower.caught_up.wait(60)
         deadline = time.monotonic() + 30

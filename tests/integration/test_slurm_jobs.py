@@ -92,7 +92,7 @@ def test_real_jobs_start_and_end_with_their_nodes_gpus_and_slurms_end_state(jobs
 
     # how long a start took to reach the broker (the producer's timestamp; Slurm's are whole seconds)
     lags = [
-        r.timestamp / 1000 - start[j]["ts"]
+        r.timestamp_ms / 1000 - start[j]["ts"]
         for j in start
         for r in jobs.records
         if r.key == j.encode() and schemas.decode(r.value)["state"] == "started"
@@ -193,7 +193,7 @@ def test_a_broker_outage_is_waited_out_and_nothing_is_lost(
             private_broker.start()
         jobs.tail.close()
         jobs.tail = TopicTail(private_broker.bootstrap, jobs.topic)
-        jobs.tail.consumer.seek_to_beginning(*jobs.tail.tps)
+        jobs.tail.rewind()
         jobs.records = []
         jobs.wait(jobs.ended(job), timeout_s=90)
         assert _end(jobs.messages(job))["end_state"] == "COMPLETED"
