@@ -1,9 +1,10 @@
 """The per-node detectors, in the order the node stage runs them on each batch.
 
 Adding one: a module in detectors/ whose class follows detectors/protocol.NodeDetector, a line
-here, and its configuration as a field of the same name in pipeline/node_stage.NodeTaskConfig.
-The name is also its key in the task's snapshot. The generic checks
-(tests/unit/test_detector_checks.py) then run against it.
+here, its configuration as a field of the same name in pipeline/node_stage.NodeTaskConfig and a
+typed field of that name on NodeTask; docs/ARCHITECTURE.md ("How to add a detector") lists every
+other place, and those that reach into a specific detector. The name is also its key in the
+task's snapshot. The generic checks (tests/unit/test_detector_checks.py) then run against it.
 """
 
 from __future__ import annotations
