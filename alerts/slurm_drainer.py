@@ -273,6 +273,17 @@ class Drainer:
         return self._done(msg, "not_ours", why)
 
 
+JOIN_WAIT_S = 30.0  # how long --idle-exit waits for the first assignment
+
+
+def idle_for(idle_since: float, last_assigned: list[float]) -> float:
+    """Seconds idle as --idle-exit counts them; before the first assignment, only past JOIN_WAIT_S."""
+    now = time.monotonic()
+    if not last_assigned:
+        return now - idle_since - JOIN_WAIT_S
+    return now - max(idle_since, last_assigned[0])
+
+
 def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)
     try:
@@ -291,8 +302,17 @@ def run(args: argparse.Namespace) -> int:
     serve_metrics(args.metrics_port, args.metrics_addr)
     producer = bus.producer(linger_ms=5)
     consumer = bus.group_consumer(args.group, client_id=f"slurm-drainer-{socket.gethostname()}")
-    # Each batch's offsets are committed once handled, so a new owner starts where the group stands.
-    consumer.subscribe([args.drain_topic], consumer.group_offsets, lambda _parts: None)
+    # --idle-exit counts from the last record or the last assignment, whichever is later: a group
+    # join can take longer than the idle time (librdkafka's first rebalance waits), and a drainer
+    # that gave up before it was assigned would leave the topic unread.
+    last_assigned: list[float] = []
+
+    def on_assign(parts: list[TopicPart]) -> dict[TopicPart, int]:
+        last_assigned[:] = [time.monotonic()]
+        # Each batch's offsets are committed once handled, so a new owner starts where the group stands.
+        return consumer.group_offsets(parts)
+
+    consumer.subscribe([args.drain_topic], on_assign, lambda _parts: None)
     drainer = Drainer(
         slurm,
         journal,
@@ -311,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
             polled = consumer.poll(100, 0.2)
             if polled:
                 idle_since = time.monotonic()
-            elif args.idle_exit is not None and time.monotonic() - idle_since > args.idle_exit:
+            elif args.idle_exit is not None and idle_for(idle_since, last_assigned) > args.idle_exit:
                 break
             done: dict[TopicPart, int] = {}
             retry_at: dict[TopicPart, int] = {}
