@@ -28,8 +28,9 @@ def setup_logging(verbose: bool = False) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # kafka-python logs every reconnect attempt at WARNING/ERROR; our own code reports outages once.
-    logging.getLogger("kafka").setLevel(logging.CRITICAL if not verbose else logging.INFO)
+    # librdkafka's own lines arrive on the fleetwatch.bus.rdkafka logger (fleetwatch/bus/config.py)
+    # and stay at INFO: it folds a repeated connection error into one line ("N identical error(s)
+    # suppressed"), so an outage does not flood the log.
 
 
 class StopFlag:
