@@ -4,8 +4,9 @@ A component declares its settings where it uses them, as a dataclass whose field
 default, a one-line reason and the bounds a value must keep) or nested configurations (a field
 whose metadata is `why(reason)`). This module decodes a table of the file into that same
 dataclass, refusing unknown keys, wrong types and values out of bounds with a ConfigError that
-names the key, and renders every key with its default and reason (`fleetwatch config --defaults`). It knows no component: the CLI says which
-dataclass each section holds (fleetwatch/cli.py), so the core imports nothing above it.
+names the key, and renders every key with its default and reason (`fleetwatch config --defaults`).
+It knows no component: the CLI says which dataclass each section holds (fleetwatch/cli.py), so the
+core imports nothing above it.
 
 A command's own flags form a flat section too (`Flag`, built by the CLI from its parser): the file
 gives them defaults and the command line still overrides them.
