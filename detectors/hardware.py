@@ -598,9 +598,7 @@ class HardwareDetector:
     def _xid_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
         if len(batch.xid_msg) == 0:
             return []
-        where = np.full(batch.size, -1, dtype=np.int64)
-        where[acc] = np.arange(len(acc))
-        pos = where[batch.xid_msg]
+        pos = _accepted_positions(batch.size, acc, batch.xid_msg)
         keep = pos >= 0
         order = np.argsort(pos[keep], kind="stable")  # by (node, ts), list order within a message
         pos, gpus, codes = pos[keep][order], batch.xid_gpu[keep][order], batch.xid_code[keep][order]
@@ -688,9 +686,7 @@ class HardwareDetector:
     def _ib_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
         if len(batch.ib_msg) == 0:
             return []
-        where = np.full(batch.size, -1, dtype=np.int64)
-        where[acc] = np.arange(len(acc))
-        pos = where[batch.ib_msg]
+        pos = _accepted_positions(batch.size, acc, batch.ib_msg)
         sel = np.flatnonzero(pos >= 0)
         sel = sel[np.argsort(pos[sel], kind="stable")]
         if len(sel) == 0:
@@ -865,6 +861,14 @@ class _XidBurst:
         order = sorted(range(len(named)), key=lambda i: (named[i][3], named[i][1], -i), reverse=True)
         listed = {named[i][0]: named[i][1] for i in order[:MAX_LISTED]}
         return cls(worst, rank, sum(counts.values()), listed)
+
+
+def _accepted_positions(size: int, acc: np.ndarray, msg: np.ndarray) -> np.ndarray:
+    """For each list entry (an XID, an IB port) of message row msg[j]: that message's position
+    among the accepted rows acc, or -1 where admission refused the message."""
+    where = np.full(size, -1, dtype=np.int64)
+    where[acc] = np.arange(len(acc))
+    return where[msg]
 
 
 def _first_appearances(key: np.ndarray) -> np.ndarray:
