@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fleetwatch.collectors.sources import SingleFlight
+from fleetwatch.collectors.sources import SingleFlight, leading_float
 
 # /proc/stat `cpu` columns: user nice system idle iowait irq softirq steal [guest guest_nice]
 _CPU_COLUMNS = 8
@@ -78,11 +78,7 @@ def parse_mem_used_frac(meminfo: str) -> float | None:
 
 
 def parse_load1(loadavg: str) -> float | None:
-    try:
-        load = float(loadavg.split()[0])
-    except (IndexError, ValueError):
-        return None
-    return load if load >= 0 else None
+    return leading_float(loadavg)
 
 
 def process_state(stat: str) -> str | None:

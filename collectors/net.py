@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fleetwatch.collectors.sources import SingleFlight
+from fleetwatch.collectors.sources import SingleFlight, leading_float
 
 IB_COUNTERS = (  # (telemetry field, file under counters/, multiplier)
     ("symbol_errors", "symbol_error", 1),
@@ -76,11 +76,7 @@ def parse_ib_state(text: str) -> str | None:
 
 def parse_ib_rate(text: str) -> float | None:
     """ "200 Gb/sec (4X HDR)" -> 200.0; "2.5 Gb/sec (1X SDR)" -> 2.5."""
-    try:
-        rate = float(text.split()[0])
-    except (IndexError, ValueError):
-        return None
-    return rate if rate >= 0 else None
+    return leading_float(text)
 
 
 def parse_net_dev(text: str) -> dict[str, dict[str, int]]:

@@ -84,3 +84,14 @@ def make_source(name: str, **kwargs: Any) -> Source:
 
         return NetSource(**kwargs)
     raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")
+
+
+def leading_float(text: str) -> float | None:
+    """The first whitespace-separated field of text as a non-negative float (as /proc and sysfs
+    print it: "0.52 0.40 ...", "200 Gb/sec (4X HDR)"); None where it is missing, not a number
+    or negative, so that a value that cannot be read is left out."""
+    try:
+        value = float(text.split()[0])
+    except (IndexError, ValueError):
+        return None
+    return value if value >= 0 else None

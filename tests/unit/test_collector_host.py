@@ -153,3 +153,14 @@ def test_real_proc() -> None:
     assert isinstance(out["procs_d_state"], int) and out["procs_d_state"] >= 0
     schemas.validate(telemetry_message(src.sample()))
     src.close()
+
+
+def test_load1_and_ib_rate_share_one_reading_of_the_leading_number() -> None:
+    # parse_load1 (host) and parse_ib_rate (net) both read collectors.sources.leading_float
+    from fleetwatch.collectors.net import parse_ib_rate
+
+    assert host.parse_load1("0.52 0.40 0.31 1/234 5678\n") == 0.52
+    assert parse_ib_rate("2.5 Gb/sec (1X SDR)") == 2.5
+    for bad in ("", "   ", "n/a 1 2", "-1.0 0 0"):
+        assert host.parse_load1(bad) is None
+        assert parse_ib_rate(bad) is None
