@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from fleetwatch import config
-from fleetwatch.alerts import drain_request
+from fleetwatch.alerts import act_metrics, drain_request
 from fleetwatch.alerts.actor import Actor, ActTask
 from fleetwatch.alerts.alert_model import AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertSender, dead_letter_alert
@@ -195,12 +195,13 @@ def run(args: argparse.Namespace) -> int:
     bus.wait_for_broker(timeout_s=30)
     bus.ensure_topics()
     bus.ensure_topics([args.findings_topic, args.drain_topic, args.results_topic, args.nodes_topic])
+    metrics = act_metrics.exported()  # this process's act metrics, in the registry /metrics serves
     serve_metrics(args.metrics_port, args.metrics_addr)
 
     jobs = JobTable()
     census = Census(census_key, census_config(args))
     export_metrics(census, time.time)
-    results = ResultBook(key)
+    results = ResultBook(key, metrics)
     followers: list[JobTableFollower | TopicFollower] = [
         JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
         TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
@@ -247,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         results=results.get,
         pending_timeout_s=args.pending_timeout,
         finding_key=census_key,  # detect's key signs its findings too: one that does not verify is refused
+        metrics=metrics,
     )
     worker = act_worker(
         bus,

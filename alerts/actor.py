@@ -36,12 +36,11 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from prometheus_client import Counter, Gauge
 
 from fleetwatch.alerts import drain_request
+from fleetwatch.alerts.act_metrics import ActMetrics
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertSink
-from fleetwatch.alerts.drain_log import IGNORED as IGNORED_RESULTS
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
 from fleetwatch.census import Census
@@ -50,30 +49,6 @@ from fleetwatch.pipeline.tasks import Output, Refused
 from fleetwatch.schemas import MessageError
 
 log = logging.getLogger(__name__)
-
-FINDINGS = Counter("fleetwatch_act_findings_total", "findings acted on", ["kind", "severity"])
-DRAINS = Counter("fleetwatch_act_drain_requests_total", "drain/1 requests produced", ["action"])
-REFUSED = Counter("fleetwatch_act_drains_refused_total", "drains refused, by reason", ["reason"])
-BUDGET_USED = Gauge(
-    "fleetwatch_act_drain_budget_used", "nodes drained by fleetwatch now (confirmed by Slurm)"
-)
-PENDING = Gauge("fleetwatch_act_drains_pending", "drains requested with no result from the adapter yet")
-UNCONFIRMED = Gauge(
-    "fleetwatch_act_drains_unconfirmed", "pending drains older than --pending-timeout (adapter down?)"
-)
-RESULTS = Counter(
-    "fleetwatch_act_drain_results_total",
-    "drain_result/1 outcomes applied to a request",
-    ["action", "outcome"],
-)
-BUDGET_NODES = Gauge("fleetwatch_act_drain_budget_nodes", "nodes the drain budget allows now")
-FLEET = Gauge("fleetwatch_act_fleet_size", "fleet size the budget is computed on")
-STORM = Gauge("fleetwatch_act_storm_active", "1 while a drain storm is declared")
-# One series per drained node only (a drained fleet is at most the budget, 2% by default), so the
-# "drained" state of a node's health is known to Grafana without a series for every node.
-NODE_DRAINED = Gauge(
-    "fleetwatch_act_node_drained", "1 for each node fleetwatch holds drained (confirmed by Slurm)", ["node"]
-)
 
 STORM_SOURCE = "storm"
 UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a drain pending too long
@@ -145,6 +120,7 @@ class Actor:
         results: Callable[[str, str], Result | None] = lambda _rid, _sig: None,
         pending_timeout_s: float = 300.0,
         finding_key: bytes | None = None,
+        metrics: ActMetrics | None = None,
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -165,6 +141,8 @@ class Actor:
         # detect's key (the census key): every finding must verify under it; None (in-process unit
         # rigs only) checks nothing, `fleetwatch act` always passes it
         self._finding_key = finding_key
+        # `fleetwatch act` passes the global registry's (act_metrics.exported()); none: counted, not exported
+        self.metrics = metrics or ActMetrics()
         self._refused_findings: dict[str, int] = {}
         self._waiting: set[int] = set()  # partitions of the current poll not yet processed
         self.global_book = AlertBook()  # the storm alert: derived from node onsets, not snapshotted
@@ -206,7 +184,7 @@ class Actor:
         node = f["node"]
         st = task.nodes.setdefault(node, NodeState())
         self.policy.observe(st, f)
-        FINDINGS.labels(f["kind"], f["severity"]).inc()
+        self.metrics.findings.labels(f["kind"], f["severity"]).inc()
         if f["resolved"]:
             task.book.end(f["id"], float(f["ts"]))
         elif f["id"] in st.open:  # not a late copy of an opening that has resolved since (the policy
@@ -265,7 +243,7 @@ class Actor:
         self.last = ev
         out = self._requests(ev, nodes, now)
         for node, why in ev.newly_refused:
-            REFUSED.labels(why).inc()
+            self.metrics.refused.labels(why).inc()
             # A storm is logged once below, not once per node (it may be thousands of them).
             log.log(
                 logging.DEBUG if why == "storm" else logging.WARNING,
@@ -276,9 +254,9 @@ class Actor:
             )
         self._node_alerts(owner, now, ev)
         self._export_drained(nodes, now)
-        BUDGET_NODES.set(ev.budget_nodes)
-        FLEET.set(fleet)
-        STORM.set(1 if ev.storm.active else 0)
+        self.metrics.budget_nodes.set(ev.budget_nodes)
+        self.metrics.fleet.set(fleet)
+        self.metrics.storm.set(1 if ev.storm.active else 0)
         for t in tasks:
             self.policy.prune(t.nodes, now)
         self.dispatcher.flush([*(t.book for t in tasks), self.global_book])
@@ -297,7 +275,7 @@ class Actor:
             if r.node != node:
                 if r.request_id not in self._counted:
                     self._counted.add(r.request_id)
-                    IGNORED_RESULTS.labels("wrong_node").inc()
+                    self.metrics.results_ignored.labels("wrong_node").inc()
                     log.warning(
                         "ignoring a result for request %s naming %s, not %s", r.request_id, r.node, node
                     )
@@ -307,10 +285,10 @@ class Actor:
             )
             if r.request_id not in self._counted:  # results are re-applied every decision: count once
                 self._counted.add(r.request_id)
-                RESULTS.labels(r.action, r.outcome).inc()
+                self.metrics.results.labels(r.action, r.outcome).inc()
                 log.info("%s %s: adapter says %s (request %s)", r.action, node, r.outcome, r.request_id)
             if why is not None:
-                REFUSED.labels(why).inc()
+                self.metrics.refused.labels(why).inc()
                 log.warning("drain of %s refused: %s (%s)", node, why, r.detail)
         # only a node's latest request is looked up: the ids of older ones need not be remembered
         self._counted.intersection_update(st.request_id for st in nodes.values())
@@ -332,13 +310,13 @@ class Actor:
                 )
             except MessageError as e:
                 self.policy.withdraw(nodes[a.node], a.action, str(e))
-                REFUSED.labels("request_error").inc()
+                self.metrics.refused.labels("request_error").inc()
                 log.error("no %s request for %s: %s", a.action, a.node, e)
                 continue
             nodes[a.node].request_id = msg["request_id"]
             nodes[a.node].request_sig = msg["signature"]  # the adapter's answer must name it
             out.append((self.drain_topic, a.node, msg))
-            DRAINS.labels(a.action).inc()
+            self.metrics.drains.labels(a.action).inc()
             log.info("%s %s (%s) request %s", a.action, a.node, a.reason, msg["request_id"])
         return out
 
@@ -346,13 +324,13 @@ class Actor:
         """Drained = confirmed by the adapter; requested but unconfirmed ones are `pending`."""
         drained = {n for n, st in nodes.items() if st.drained and st.confirmed}
         pending = [st for st in nodes.values() if st.pending]
-        BUDGET_USED.set(len(drained))
-        PENDING.set(len(pending))
-        UNCONFIRMED.set(sum(1 for st in pending if self._overdue(st, now)))
+        self.metrics.budget_used.set(len(drained))
+        self.metrics.pending.set(len(pending))
+        self.metrics.unconfirmed.set(sum(1 for st in pending if self._overdue(st, now)))
         for n in self._exported_drained - drained:
-            NODE_DRAINED.remove(n)
+            self.metrics.node_drained.remove(n)
         for n in drained - self._exported_drained:
-            NODE_DRAINED.labels(n).set(1)
+            self.metrics.node_drained.labels(n).set(1)
         self._exported_drained = drained
 
     def _overdue(self, st: NodeState, now: float) -> bool:

@@ -28,20 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter
-
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request, drain_result
+from fleetwatch.alerts.act_metrics import ActMetrics
 from fleetwatch.bus import Bus, TopicPart
 
 log = logging.getLogger(__name__)
-
-IGNORED = Counter(
-    "fleetwatch_act_drain_results_ignored_total",
-    "drain_result/1 records act does not apply: malformed, bad_signature, unbound (no request "
-    "signature), wrong_node (names another node than the request it answers)",
-    ["reason"],
-)
 
 
 def latest_requests(bus: Bus, topic: str, key: bytes, timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:
@@ -90,8 +82,10 @@ class ResultBook:
     """(request_id, request signature) -> the adapter's result, from scheduler.drain.results.v1
     (thread-safe: a follower thread applies, act's worker thread reads)."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, metrics: ActMetrics | None = None) -> None:
         self._key = key
+        # what it ignores is counted in fleetwatch_act_drain_results_ignored_total (act's registry)
+        self._ignored = (metrics or ActMetrics()).results_ignored
         self._lock = threading.Lock()
         self._by_id: dict[str, dict[str, Result]] = {}
 
@@ -102,16 +96,16 @@ class ResultBook:
         try:
             m = schemas.decode(value, drain_result.DRAIN_RESULT)
         except schemas.MessageError as e:
-            IGNORED.labels("malformed").inc()
+            self._ignored.labels("malformed").inc()
             log.debug("ignoring a bad drain result: %s", e)
             return
         if not drain_request.verify(m, self._key):
-            IGNORED.labels("bad_signature").inc()
+            self._ignored.labels("bad_signature").inc()
             log.warning("ignoring a drain result for %s with a bad signature", m["node"])
             return
         sig = m.get(drain_result.BINDING)
         if sig is None:
-            IGNORED.labels("unbound").inc()
+            self._ignored.labels("unbound").inc()
             log.warning(
                 "ignoring a drain result for %s (request %s) that names no request signature "
                 "(an adapter of an earlier release?)",

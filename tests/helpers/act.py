@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_result
+from fleetwatch.alerts.act_metrics import ActMetrics
 from fleetwatch.alerts.actor import Actor, ActTask
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.drain_log import ResultBook
@@ -30,11 +33,15 @@ class Rig:
         census: set[str],
         fleet_size: int | None = None,
         finding_key: bytes | None = None,  # detect's key: findings must verify (None: no check)
+        metrics: bool = True,  # False: the actor is given no metrics (as eval and benchmarks build it)
         **cfg: Any,
     ) -> None:
         self.now = T0
         self.jobs = JobTable()
-        self.results = ResultBook(KEY)
+        # act's metrics on the rig's own registry: read with metric(), never the global one
+        self.registry = CollectorRegistry()
+        given = ActMetrics(self.registry) if metrics else None
+        self.results = ResultBook(KEY, given)
         self.tasks: dict[tuple[str, int], ActTask] = {}
         self.actor = Actor(
             policy=Policy(PolicyConfig(**cfg)),
@@ -50,6 +57,7 @@ class Rig:
             results=self.results.get,
             pending_timeout_s=300.0,
             finding_key=finding_key,
+            metrics=given,
         )
         self.task = self.tasks[("act", 0)] = ActTask(self.actor, 0)
 
@@ -73,6 +81,10 @@ class Rig:
             key=key,
         )
         self.results.apply(req["node"].encode(), schemas.encode(r))
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """A sample of act's metrics for this rig (None: no such series)."""
+        return self.registry.get_sample_value(name, labels)
 
     def refusals(self) -> dict[str, str]:
         """node -> reason of each active FleetwatchDrainRefused alert."""

@@ -9,16 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import REGISTRY
-
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request, drain_result
 from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding, resolve, signed
-
-
-def metric(name: str, **labels: str) -> float | None:
-    return REGISTRY.get_sample_value(name, labels)
 
 
 def test_the_fleet_is_the_census_not_job_names_nor_findings() -> None:
@@ -27,7 +21,7 @@ def test_the_fleet_is_the_census_not_job_names_nor_findings() -> None:
     ghosts = [f"ghost-{i:05d}" for i in range(10_000)]
     rig.jobs.apply({"schema": "job/1", "job": "j-ghost", "nodes": ghosts, "state": "running", "ts": T0})
     out = rig.feed(*(finding(f"phantom-{i}", ts=T0 + i) for i in range(3)), finding("gpu-node-01", ts=T0 + 5))
-    assert rig.actor.fleet_size() == 6 and metric("fleetwatch_act_fleet_size") == 6
+    assert rig.actor.fleet_size() == 6 and rig.metric("fleetwatch_act_fleet_size") == 6
     assert [(m["action"], m["node"]) for m in out] == [("drain", "gpu-node-01")]
     assert rig.refusals() == {f"phantom-{i}": "unknown_node" for i in range(3)}  # alerted, not drained
 
@@ -53,8 +47,11 @@ def test_only_confirmed_drains_count_and_a_refused_one_is_alerted_freed_and_not_
     # Onsets 100 s apart: three at once would be a storm, and this is about the budget.
     first = rig.feed(*(finding(n, ts=T0 - 300 + 100 * i) for i, n in enumerate(("n1", "n2", "n3"))))
     assert [m["node"] for m in first] == ["n1", "n2"]
-    assert metric("fleetwatch_act_drains_pending") == 2 and metric("fleetwatch_act_drain_budget_used") == 0
-    assert metric("fleetwatch_act_node_drained", node="n1") is None  # requested is not drained
+    assert (
+        rig.metric("fleetwatch_act_drains_pending") == 2
+        and rig.metric("fleetwatch_act_drain_budget_used") == 0
+    )
+    assert rig.metric("fleetwatch_act_node_drained", node="n1") is None  # requested is not drained
     assert rig.refusals() == {"n3": "budget"}  # waiting for results lets nothing more through
 
     rig.result(first[0], "executed")
@@ -62,10 +59,13 @@ def test_only_confirmed_drains_count_and_a_refused_one_is_alerted_freed_and_not_
     rig.result(first[1], "executed", key=b"x" * 32)  # a result not signed with our key: ignored
     out = rig.decide(T0 + 10)
     assert [(m["action"], m["node"]) for m in out] == [("drain", "n3")]  # n2's slot, freed
-    assert metric("fleetwatch_act_drain_budget_used") == 1 and metric("fleetwatch_act_drains_pending") == 1
-    assert metric("fleetwatch_act_node_drained", node="n1") == 1
+    assert (
+        rig.metric("fleetwatch_act_drain_budget_used") == 1
+        and rig.metric("fleetwatch_act_drains_pending") == 1
+    )
+    assert rig.metric("fleetwatch_act_node_drained", node="n1") == 1
     assert rig.refusals() == {"n2": "adapter:rejected_unknown_node"}
-    assert metric("fleetwatch_act_drains_refused_total", reason="adapter:rejected_unknown_node") >= 1
+    assert rig.metric("fleetwatch_act_drains_refused_total", reason="adapter:rejected_unknown_node") >= 1
     assert rig.decide(T0 + 20) == []  # n2 is not asked again for the same findings
 
 
@@ -73,10 +73,10 @@ def test_a_drain_without_a_result_past_the_timeout_is_alerted_and_still_counts()
     rig = Rig({"n1", "n2"}, budget_min_nodes=1)
     assert [m["node"] for m in rig.feed(finding("n1", ts=T0), finding("n2", ts=T0 + 1))] == ["n1"]
     rig.decide(T0 + 200)
-    assert "n1" not in rig.refusals() and metric("fleetwatch_act_drains_unconfirmed") == 0
+    assert "n1" not in rig.refusals() and rig.metric("fleetwatch_act_drains_unconfirmed") == 0
     assert rig.decide(T0 + 301) == []  # the adapter may be down: n2 still waits for the budget
     assert rig.refusals() == {"n1": "adapter:no_result", "n2": "budget"}
-    assert metric("fleetwatch_act_drains_unconfirmed") == 1 and rig.actor.last.drained == 1
+    assert rig.metric("fleetwatch_act_drains_unconfirmed") == 1 and rig.actor.last.drained == 1
 
 
 # ---------------------------------------------------------------- issue 23: results bound to requests
@@ -113,7 +113,7 @@ def test_an_answer_planted_before_the_request_or_given_to_a_forged_copy_frees_no
         issued_at=T0,
         key=b"attacker-key-attacker-key-123456",
     )
-    unbound = metric("fleetwatch_act_drain_results_ignored_total", reason="unbound") or 0.0
+    unbound = rig.metric("fleetwatch_act_drain_results_ignored_total", reason="unbound") or 0.0
     # Before the request exists: answers to its predictable id, unbound and bound to a guess.
     rig.results.apply(b"n1", signed_result(predicted, "rejected_forged", None))
     rig.results.apply(b"n1", signed_result(predicted, "rejected_forged", predicted["signature"]))
@@ -128,11 +128,11 @@ def test_an_answer_planted_before_the_request_or_given_to_a_forged_copy_frees_no
     assert rig.decide(T0 + 20) == [] and rig.refusals() == {"n2": "budget"}
     st = rig.task.nodes["n1"]
     assert st.pending and not st.rejected
-    assert metric("fleetwatch_act_drain_results_ignored_total", reason="unbound") == unbound + 1
-    assert metric("fleetwatch_act_drain_results_ignored_total", reason="wrong_node") >= 1
+    assert rig.metric("fleetwatch_act_drain_results_ignored_total", reason="unbound") == unbound + 1
+    assert rig.metric("fleetwatch_act_drain_results_ignored_total", reason="wrong_node") >= 1
     rig.result(real, "executed")  # the adapter's answer to the request act issued
     assert rig.decide(T0 + 30) == [] and st.confirmed
-    assert metric("fleetwatch_act_drain_budget_used") == 1
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 1
 
 
 def test_a_duplicate_answers_a_reissued_request_with_the_first_answer_to_its_id() -> None:
