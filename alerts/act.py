@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     serve_metrics(args.metrics_port, args.metrics_addr)
 
     jobs = JobTable()
-    census = Census(census_key, census_config(args))
+    census = Census(census_key, census_config(args), metrics.census)
     export_metrics(census, time.time)
     results = ResultBook(key, metrics)
     followers: list[JobTableFollower | TopicFollower] = [
@@ -230,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         AlertmanagerClient(args.alertmanager, timeout_s=args.alertmanager_timeout, retries=0),
         resend_s=args.resend_interval,
         on_rejected=dead_letter,
+        metrics=metrics.alerts,
     )
     actor = Actor(
         policy=Policy(policy_config(args)),

@@ -12,9 +12,14 @@ import threading
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
+from fleetwatch.alerts.alertmanager import AlertMetrics
+from fleetwatch.census import CensusMetrics
+
 
 class ActMetrics:
-    """The counters and gauges act's Actor and ResultBook write (alerts/actor.py, alerts/drain_log.py)."""
+    """The counters and gauges act writes: its Actor's and ResultBook's (alerts/actor.py,
+    alerts/drain_log.py) here, its alert sender's (`alerts`, alerts/alertmanager.py) and its
+    census's (`census`, fleetwatch/census.py) defined beside their writers."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry  # None: the metrics count but are exported nowhere
@@ -68,6 +73,8 @@ class ActMetrics:
             ["reason"],
             registry=r,
         )
+        self.alerts = AlertMetrics(r)
+        self.census = CensusMetrics(r)
 
 
 _exported: ActMetrics | None = None

@@ -51,28 +51,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetwatch.alerts.alert_model import AlertBook, AlertRecord, rfc3339
 from fleetwatch.deadletter import send_deadletter
 
 log = logging.getLogger(__name__)
-
-SENT = Counter("fleetwatch_act_alerts_sent_total", "alerts accepted by Alertmanager (incl. re-sends)")
-FAILED = Counter(
-    "fleetwatch_act_alerts_failed_total", "alerts not delivered because Alertmanager was unavailable"
-)
-DROPPED = Counter("fleetwatch_act_alerts_dropped_total", "ended alerts dropped from a full buffer")
-PENDING = Gauge("fleetwatch_act_alerts_pending", "alerts waiting for Alertmanager to accept them")
-ACTIVE = Gauge("fleetwatch_act_alerts_active", "alerts fleetwatch holds active")
-REJECTED = Counter(
-    "fleetwatch_alerts_rejected", "alerts Alertmanager refused as invalid (dead-lettered)", ["reason"]
-)
-QUEUED = Gauge("fleetwatch_act_alerts_queued", "alerts queued for, or being posted to, Alertmanager")
-EVICTED = Counter(
-    "fleetwatch_act_alerts_evicted_total",
-    "queued re-sends evicted from the full alert queue by a changed alert (they stay due in their book)",
-)
 
 BATCH = 200
 DEFAULT_TIMEOUT_S = 30.0  # a loaded Alertmanager answers in seconds; a slow answer is not a failure
@@ -90,8 +74,46 @@ REJECT_REASONS = (
     ("invalid annotations", "invalid_annotation"),
 )
 REASONS = (*(reason for _, reason in REJECT_REASONS), "other")
-for _reason in REASONS:
-    REJECTED.labels(_reason)  # exported at 0 from the start, so the first rejection is an increase
+
+
+class AlertMetrics:
+    """What sending alerts counts, on the registry given (act's: alerts/act_metrics.py); none:
+    counted, exported nowhere."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry
+        self.sent = Counter(
+            "fleetwatch_act_alerts_sent_total", "alerts accepted by Alertmanager (incl. re-sends)", registry=r
+        )
+        self.failed = Counter(
+            "fleetwatch_act_alerts_failed_total",
+            "alerts not delivered because Alertmanager was unavailable",
+            registry=r,
+        )
+        self.dropped = Counter(
+            "fleetwatch_act_alerts_dropped_total", "ended alerts dropped from a full buffer", registry=r
+        )
+        self.pending = Gauge(
+            "fleetwatch_act_alerts_pending", "alerts waiting for Alertmanager to accept them", registry=r
+        )
+        self.active = Gauge("fleetwatch_act_alerts_active", "alerts fleetwatch holds active", registry=r)
+        self.rejected = Counter(
+            "fleetwatch_alerts_rejected",
+            "alerts Alertmanager refused as invalid (dead-lettered)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in REASONS:
+            self.rejected.labels(reason)  # exported at 0 from the start: the first rejection is an increase
+        self.queued = Gauge(
+            "fleetwatch_act_alerts_queued", "alerts queued for, or being posted to, Alertmanager", registry=r
+        )
+        self.evicted = Counter(
+            "fleetwatch_act_alerts_evicted_total",
+            "queued re-sends evicted from the full alert queue by a changed alert "
+            "(they stay due in their book)",
+            registry=r,
+        )
 
 
 def reject_reason(detail: str) -> str:
@@ -185,15 +207,16 @@ def payload(rec: AlertRecord, now: float, hold_s: float) -> dict[str, object]:
     }
 
 
-def bound_ended(books: Sequence[AlertBook], max_ended: int) -> None:
-    """Drop the oldest ENDED alerts over `max_ended` (Alertmanager expires their active version)."""
+def bound_ended(books: Sequence[AlertBook], max_ended: int) -> int:
+    """Drop the oldest ENDED alerts over `max_ended` (Alertmanager expires their active version);
+    returns how many were dropped."""
     ended = [(r.ends_at, fp, b) for b in books for fp, r in b.records.items() if r.ends_at is not None]
     if len(ended) <= max_ended:
-        return
+        return 0
     ended.sort(key=lambda e: e[0] or 0.0)
     for _, fp, book in ended[: len(ended) - max_ended]:
         del book.records[fp]
-        DROPPED.inc()
+    return len(ended) - max_ended
 
 
 def post_bisecting(
@@ -232,8 +255,10 @@ class Dispatcher:
         max_backoff_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         on_rejected: OnRejected | None = None,
+        metrics: AlertMetrics | None = None,  # `fleetwatch act`: act_metrics.exported().alerts
     ) -> None:
         self.client = client
+        self.metrics = metrics or AlertMetrics()
         self.resend_s = resend_s
         self.max_ended = max_ended
         self.max_backoff_s = max_backoff_s
@@ -250,10 +275,10 @@ class Dispatcher:
         """Post every due alert; False if Alertmanager was unavailable (the rest stay due)."""
         books = list(books)
         now = self.clock()
-        bound_ended(books, self.max_ended)
+        self.metrics.dropped.inc(bound_ended(books, self.max_ended))
         due = [(b, fp, r) for b in books for fp, r in b.records.items() if r.due(now, self.resend_s)]
-        ACTIVE.set(sum(1 for b in books for r in b.records.values() if r.ends_at is None))
-        PENDING.set(len(due))
+        self.metrics.active.set(sum(1 for b in books for r in b.records.values() if r.ends_at is None))
+        self.metrics.pending.set(len(due))
         if not due:
             return True
         if not force and now < self.retry_at:
@@ -266,7 +291,7 @@ class Dispatcher:
         if not self.healthy:
             log.info("Alertmanager is back; buffered alerts delivered")
         self.healthy, self._backoff, self.retry_at = True, 1.0, 0.0
-        PENDING.set(0)
+        self.metrics.pending.set(0)
         return True
 
     def _deliver(self, chunk: list[Due], now: float) -> int:
@@ -280,9 +305,8 @@ class Dispatcher:
             lambda d, detail: self._rejected(d, now, detail),
         )
 
-    @staticmethod
-    def _accepted(chunk: Sequence[Due], now: float) -> None:
-        SENT.inc(len(chunk))
+    def _accepted(self, chunk: Sequence[Due], now: float) -> None:
+        self.metrics.sent.inc(len(chunk))
         for book, fp, rec in chunk:
             if rec.ends_at is not None:
                 book.records.pop(fp, None)  # Alertmanager has the end; nothing left to say
@@ -293,15 +317,15 @@ class Dispatcher:
         """Alertmanager refuses this alert alone: no retry can help, so it leaves the book."""
         book, fp, rec = item
         reason = reject_reason(detail)
-        REJECTED.labels(reason).inc()
+        self.metrics.rejected.labels(reason).inc()
         book.records.pop(fp, None)
         log.error("Alertmanager rejected alert %s (%s): %s; dead-lettered", rec.labels, reason, detail)
         if self.on_rejected is not None:
             self.on_rejected(json.dumps(self._payload(rec, now)).encode(), reason, detail)
 
     def _unavailable(self, now: float, undelivered: int) -> None:
-        FAILED.inc(undelivered)
-        PENDING.set(undelivered)
+        self.metrics.failed.inc(undelivered)
+        self.metrics.pending.set(undelivered)
         self.retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, self.max_backoff_s)
         if self.healthy:
@@ -355,8 +379,10 @@ class AlertSender:
         on_rejected: OnRejected | None = None,
         start: bool = True,  # False: no thread; nothing is posted but by post_next()
         monotonic: Callable[[], float] = time.monotonic,
+        metrics: AlertMetrics | None = None,  # `fleetwatch act`: act_metrics.exported().alerts
     ) -> None:
         self.client = client
+        self.metrics = metrics or AlertMetrics()
         self.resend_s = resend_s
         self.max_ended = max_ended
         self.max_queued = max_queued
@@ -384,17 +410,17 @@ class AlertSender:
         books = list(books)
         self._apply_answers()
         now = self.clock()
-        bound_ended(books, self.max_ended)
+        self.metrics.dropped.inc(bound_ended(books, self.max_ended))
         due = [(b, fp, r) for b in books for fp, r in b.records.items() if r.due(now, self.resend_s)]
-        ACTIVE.set(sum(1 for b in books for r in b.records.values() if r.ends_at is None))
-        PENDING.set(len(due))
+        self.metrics.active.set(sum(1 for b in books for r in b.records.values() if r.ends_at is None))
+        self.metrics.pending.set(len(due))
         with self._cv:
             # changes first: when the queue is full they may evict re-sends, never the reverse
             for b, fp, r in [d for d in due if d[2].dirty] + [d for d in due if not d[2].dirty]:
                 self._enqueue(b, fp, r)
             if force:
                 self._retry_at = 0.0
-            QUEUED.set(len(self._queue) + len(self._flying))
+            self.metrics.queued.set(len(self._queue) + len(self._flying))
             self._cv.notify_all()
         return self.healthy
 
@@ -417,7 +443,7 @@ class AlertSender:
             if victim is None:
                 return  # waits in its book, queued once there is room
             del self._queue[victim]
-            EVICTED.inc()
+            self.metrics.evicted.inc()
         self._queue[fp] = item
 
     def _apply_answers(self) -> None:
@@ -434,7 +460,7 @@ class AlertSender:
                 continue
             # Refused alone: no retry can help that version, so it leaves the book (a newer one stays).
             reason = reject_reason(refusal)
-            REJECTED.labels(reason).inc()
+            self.metrics.rejected.labels(reason).inc()
             if q.current():
                 q.book.records.pop(q.fp, None)
             log.error("Alertmanager rejected alert %s (%s): %s; dead-lettered", q.labels, reason, refusal)
@@ -457,7 +483,7 @@ class AlertSender:
             self._thread.join(timeout=0.1)  # a post still in flight finishes on its own (daemon)
         self._apply_answers()
         left = sum(1 for b in books for r in b.records.values() if r.dirty or r.last_sent is None)
-        QUEUED.set(0)
+        self.metrics.queued.set(0)
         if left:
             log.warning(
                 "%d alerts not delivered to Alertmanager before exit (waited %.0f s); they are in the "
@@ -504,7 +530,7 @@ class AlertSender:
             return payload(AlertRecord(q.labels, q.annotations, q.starts_at, q.ends_at), now, hold)
 
         def accepted(items: Sequence[Queued]) -> None:
-            SENT.inc(len(items))
+            self.metrics.sent.inc(len(items))
             answers.extend((q, now, None, b"") for q in items)
 
         def rejected(q: Queued, detail: str) -> None:
@@ -526,7 +552,7 @@ class AlertSender:
                     self._queue[q.fp] = q
                     self._queue.move_to_end(q.fp, last=False)
             if left:
-                FAILED.inc(left)
+                self.metrics.failed.inc(left)
                 self._retry_at = ended + self._backoff  # from the end of the failed post
                 self._backoff = min(self._backoff * 2, self.max_backoff_s)
                 if self.healthy:
@@ -536,5 +562,5 @@ class AlertSender:
                 if not self.healthy:
                     log.info("Alertmanager is back; buffered alerts delivered")
                 self.healthy, self._backoff = True, 1.0
-            QUEUED.set(len(self._queue) + len(self._flying))
+            self.metrics.queued.set(len(self._queue) + len(self._flying))
             self._cv.notify_all()

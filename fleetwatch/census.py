@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetwatch import schemas, signing
 from fleetwatch.config import knob
@@ -72,33 +72,51 @@ KEY_ENV = "FLEETWATCH_CENSUS_KEY"
 LOG_EVERY = 1000  # a refused record is logged the first time for its reason and every 1000th after
 GONE_MEMORY = 100_000  # nodes forgotten by a verified gone, remembered to refuse replays of older records
 
-REFUSED = Counter(
-    "fleetwatch_act_census_refused_total",
-    "census records (fleet.nodes.v1) act did not apply, by reason: unsigned, bad_signature, "
-    "malformed, stale (not newer than the node's latest verified record: a replay, or detect "
-    "replaying its input after a restart), unsigned_tombstone (a tombstone for a node act holds)",
-    ["reason"],
-)
 REFUSE_REASONS = ("unsigned", "bad_signature", "malformed", "stale", "unsigned_tombstone")
-for _reason in REFUSE_REASONS:  # exported at 0, so a dashboard or rule sees each before the first
-    REFUSED.labels(_reason)
-NEW_NODES = Counter(
-    "fleetwatch_act_census_new_nodes_total", "nodes added to act's census by a verified node/1 record"
-)
 
-NODES = Gauge("fleetwatch_act_census_nodes", "nodes in act's verified census, warm or not yet", ["warmth"])
-RECENT = Gauge(
-    "fleetwatch_act_census_recent_nodes",
-    "census nodes whose run of steady reporting began within --census-burst-window (new names)",
-)
-BURST = Gauge(
-    "fleetwatch_act_census_burst",
-    "1 while more new node names arrived within --census-burst-window than the burst threshold",
-)
-BURST_THRESHOLD = Gauge(
-    "fleetwatch_act_census_burst_threshold",
-    "new names within the window that make a burst: max(--census-burst-min, fraction x warm fleet)",
-)
+
+class CensusMetrics:
+    """act's census metrics, on the registry given (act's: alerts/act_metrics.py); none: counted,
+    exported nowhere."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry
+        self.refused = Counter(
+            "fleetwatch_act_census_refused_total",
+            "census records (fleet.nodes.v1) act did not apply, by reason: unsigned, bad_signature, "
+            "malformed, stale (not newer than the node's latest verified record: a replay, or detect "
+            "replaying its input after a restart), unsigned_tombstone (a tombstone for a node act holds)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in REFUSE_REASONS:  # exported at 0, so a dashboard or rule sees each before the first
+            self.refused.labels(reason)
+        self.new_nodes = Counter(
+            "fleetwatch_act_census_new_nodes_total",
+            "nodes added to act's census by a verified node/1 record",
+            registry=r,
+        )
+        self.nodes = Gauge(
+            "fleetwatch_act_census_nodes",
+            "nodes in act's verified census, warm or not yet",
+            ["warmth"],
+            registry=r,
+        )
+        self.recent = Gauge(
+            "fleetwatch_act_census_recent_nodes",
+            "census nodes whose run of steady reporting began within --census-burst-window (new names)",
+            registry=r,
+        )
+        self.burst = Gauge(
+            "fleetwatch_act_census_burst",
+            "1 while more new node names arrived within --census-burst-window than the burst threshold",
+            registry=r,
+        )
+        self.burst_threshold = Gauge(
+            "fleetwatch_act_census_burst_threshold",
+            "new names within the window that make a burst: max(--census-burst-min, fraction x warm fleet)",
+            registry=r,
+        )
 
 
 class CensusKeyError(SigningKeyError):
@@ -162,8 +180,11 @@ class Census:
     on fleet.nodes.v1. `in` and nodes(): every known node (drainable); fleet_size(): the warm ones
     (what the budget and the storm guard count)."""
 
-    def __init__(self, key: bytes, config: CensusConfig | None = None) -> None:
+    def __init__(
+        self, key: bytes, config: CensusConfig | None = None, metrics: CensusMetrics | None = None
+    ) -> None:
         self._key = key
+        self.metrics = metrics or CensusMetrics()  # act's: act_metrics.exported().census
         self.config = config or CensusConfig()
         self._lock = threading.Lock()
         self._nodes: dict[str, _Entry] = {}
@@ -220,7 +241,7 @@ class Census:
         warm = is_warm(m, self.config.warm_up_s)
         self._gone.pop(node, None)
         if old is None:
-            NEW_NODES.inc()
+            self.metrics.new_nodes.inc()
         else:
             self._warm -= old.warm
         if m["steady_since"] > seen_at - self.config.burst_window_s:
@@ -246,7 +267,7 @@ class Census:
             self._gone.popitem(last=False)
 
     def _refuse(self, reason: str, node: str, detail: str = "") -> None:
-        REFUSED.labels(reason).inc()
+        self.metrics.refused.labels(reason).inc()
         n = self._refused[reason] = self._refused.get(reason, 0) + 1
         if n == 1 or n % LOG_EVERY == 0:
             log.warning(
@@ -298,9 +319,11 @@ class Census:
 
 
 def export_metrics(census: Census, clock: Callable[[], float]) -> None:
-    """Serve `census`'s gauges, computed at scrape time (act has one census per process)."""
-    NODES.labels("warm").set_function(census.fleet_size)
-    NODES.labels("cold").set_function(lambda: len(census) - census.fleet_size())
-    RECENT.set_function(lambda: census.new_nodes(clock()))
-    BURST.set_function(lambda: float(census.burst(clock())))
-    BURST_THRESHOLD.set_function(census.burst_threshold)
+    """Export `census`'s gauges in its metrics, computed at scrape time (act has one census per
+    process)."""
+    m = census.metrics
+    m.nodes.labels("warm").set_function(census.fleet_size)
+    m.nodes.labels("cold").set_function(lambda: len(census) - census.fleet_size())
+    m.recent.set_function(lambda: census.new_nodes(clock()))
+    m.burst.set_function(lambda: float(census.burst(clock())))
+    m.burst_threshold.set_function(census.burst_threshold)

@@ -6,17 +6,22 @@ test_alertmanager.py, test_act_slow_alertmanager.py)."""
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
-from fleetwatch.alerts.alertmanager import EVICTED, AlertmanagerClient, AlertSender, PostResult
+from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertMetrics, AlertSender, PostResult
 from tests.helpers.findings import T0, finding
 
 NOW = T0 + 100
 
 
-def sender(max_queued: int = 10) -> AlertSender:
+def sender(max_queued: int = 10, registry: CollectorRegistry | None = None) -> AlertSender:
     # start=False: nothing is posted, so the queue can be inspected as flush leaves it
     client = AlertmanagerClient("http://127.0.0.1:9")
-    return AlertSender(client, resend_s=60, max_queued=max_queued, clock=lambda: NOW, start=False)
+    metrics = AlertMetrics(registry)  # the test's own registry, never the global one
+    return AlertSender(
+        client, resend_s=60, max_queued=max_queued, clock=lambda: NOW, start=False, metrics=metrics
+    )
 
 
 def fire(book: AlertBook, node: str, severity: str = "critical", summary: str = "") -> str:
@@ -41,7 +46,8 @@ def test_the_queue_keeps_the_latest_state_of_each_alert_once() -> None:
 
 
 def test_a_full_queue_takes_a_change_in_place_of_the_oldest_re_send_and_nothing_else() -> None:
-    s, book = sender(max_queued=2), AlertBook()
+    registry = CollectorRegistry()
+    s, book = sender(max_queued=2, registry=registry), AlertBook()
     fire(book, "n1")
     fire(book, "n2")
     for rec in book.records.values():  # delivered long ago: only due for a re-send
@@ -54,11 +60,11 @@ def test_a_full_queue_takes_a_change_in_place_of_the_oldest_re_send_and_nothing_
             rec.dirty, rec.last_sent = False, NOW - 120
     s.flush([book])  # a re-send when full waits in its book
     assert [q.labels["node"] for q in s.queued()] == ["n1", "n2"]
-    evicted = EVICTED._value.get()
+    assert registry.get_sample_value("fleetwatch_act_alerts_evicted_total") == 0
     fire(book, "n4")  # a change: it evicts the oldest re-send
     s.flush([book])
     assert [q.labels["node"] for q in s.queued()] == ["n2", "n4"]
-    assert EVICTED._value.get() - evicted == 1
+    assert registry.get_sample_value("fleetwatch_act_alerts_evicted_total") == 1
     assert {r.labels["node"] for r in book.records.values()} == {"n1", "n2", "n3", "n4"}  # all kept
     fire(book, "n5")  # full of changes and n2 (a re-send): n2 goes, then no more room
     fire(book, "n6")
