@@ -150,6 +150,10 @@ class Worker:
         self._failing: dict[tuple[str, int], int] = {}
         self._distrusted: set[tuple[str, int]] = set()
         self._last_snapshot = time.monotonic()
+        # Set once deliver() gave up: the tasks then hold a batch whose outputs were never produced,
+        # so from then on nothing is snapshotted or committed (close() included); the successor
+        # replays that batch from the last snapshot.
+        self._undelivered = False
         self._last_tick = dict.fromkeys(self.stages, -float("inf"))  # monotonic, per stage (Stage.tick)
         self._rebalanced_at = time.monotonic()  # when partitions were last assigned
         # Exported at 0 from the start: a member stuck in its first join shows 0 partitions (the
@@ -615,7 +619,7 @@ class Worker:
         log.warning("offset commit failed (the batch will be replayed if this worker stops): %s", error)
 
     def _commit_sync(self) -> None:
-        if not self.offsets:
+        if not self.offsets or self._undelivered:
             return
         try:
             self.consumer.commit(self._commit_offsets(), asynchronous=False)
@@ -644,6 +648,7 @@ class Worker:
                 log.debug("error closing producer", exc_info=True)
             time.sleep(min(5.0, float(attempt)))
             self.producer = self.bus.producer()
+        self._undelivered = True
         raise RuntimeError(f"{len(pending)} outputs could not be produced; stopping before committing input")
 
     def _maybe_snapshot(self) -> None:
@@ -656,6 +661,8 @@ class Worker:
         their previous snapshot stays the one to restore, and the worker goes on."""
         if reset_timer:
             self._last_snapshot = time.monotonic()
+        if self._undelivered:  # the tasks hold a batch whose outputs were lost: keep the last state
+            return set(keys)
         failed: set[tuple[str, int]] = set()
         for key in sorted(keys):
             task = self.tasks.get(key)

@@ -87,6 +87,31 @@ def test_outputs_the_broker_never_acknowledges_stop_the_worker_before_it_commits
     assert bus.committed("g") == committed
 
 
+def test_a_worker_that_gave_up_delivering_saves_and_commits_nothing_past_it_when_it_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """detect and act close their worker in `finally`: after a delivery that failed for good, that
+    close must not snapshot or commit the batch whose outputs were never produced (the broker may
+    take the snapshot and the commit while the output topic still fails), or its outputs are lost."""
+    monkeypatch.setattr("fleetwatch.pipeline.worker.time.sleep", lambda _s: None)
+    bus = _bus()
+    worker = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _feed(bus, range(1))
+    _drain(worker)
+    committed = bus.committed("g")
+    _feed(bus, range(1, 2))
+    bus.fail_next = 6 * len(NODES)  # every attempt of this batch's delivery fails
+    with pytest.raises(RuntimeError, match="could not be produced"):
+        worker.step(timeout_ms=0)
+    bus.fail_next = 0  # the broker takes the closing snapshot and commit again
+    worker.close()
+    assert bus.committed("g") == committed
+    successor = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _drain(successor)
+    # replayed from the last snapshot (at least once, same ids): the lost batch's outputs are there
+    assert {n: sorted(set(c)) for n, c in _counts(bus).items()} == {n: [1, 2] for n in NODES}
+
+
 class RaisingTask(CountingTask):
     """Counts, and raises part-way through a batch on node-02's sample seq 3."""
 
