@@ -349,8 +349,14 @@ def run(args: argparse.Namespace) -> int:
             # Results and dead letters first, then the commit that forgets the input.
             unsent = producer.flush(30)
             if unsent:
-                # their requests are handled (journalled): a replay of them answers from the journal
-                log.warning("%d results or dead letters were not acknowledged by Kafka", len(unsent))
+                # Not committed: the batch is read again once Kafka answers, and its requests,
+                # journalled now, are answered from the journal (a signed `duplicate` result).
+                log.warning(
+                    "%d results or dead letters were not acknowledged by Kafka; reading their batch again",
+                    len(unsent),
+                )
+                done = {}
+                retry_at = {tp: int(block.offsets[0]) for tp, block in polled.items()}
             if done:
                 consumer.commit(done, asynchronous=False)
             for tp, off in retry_at.items():

@@ -21,8 +21,10 @@ from fleetwatch.alerts import drain_request as dr
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.alerts.slurm import SlurmClient
 from fleetwatch.alerts.slurm_drainer import Drainer
-from fleetwatch.bus.admin import ensure_topics
+from fleetwatch.bus import TopicPart
+from fleetwatch.bus.admin import Admin, ensure_topics
 from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.bus.partitioner import partition_for
 from tests.helpers.paths import REPO
 from tests.integration.services import Slurm, TopicTail
 
@@ -369,3 +371,50 @@ def test_after_a_crash_before_scontrol_it_drains_unless_someone_changed_the_node
     finally:
         subprocess.run(["scontrol", "update", f"NodeName={node}", "Comment="], env=slurm.env, check=False)
         slurm.reset(node)
+
+
+def test_a_result_kafka_refuses_is_not_committed_past_and_its_request_is_answered_on_the_retry(
+    kafka_bootstrap: str,
+    slurm: Slurm,
+    tmp_path: Path,
+) -> None:
+    """The drainer commits a batch only once its results are acknowledged: a result the broker
+    refuses (here the results topic takes nothing that large, until an operator fixes it) leaves the
+    batch to be read again, and its request, journalled, gets its answer then."""
+    slurm.reset("gpu-node-02")
+    tag = uuid.uuid4().hex[:8]
+    topic, results = f"test.drain.{tag}", f"test.drain.{tag}.results"
+    ensure_topics(kafka_bootstrap, [topic])
+    with Admin(kafka_bootstrap) as admin:
+        admin.create_topics([results], configs={results: {"max.message.bytes": "64"}})
+    producer = KafkaBus(kafka_bootstrap).producer()
+    drain = req("gpu-node-02")
+    producer.send(topic, key=drain["node"].encode(), value=schemas.encode(drain))
+    assert not producer.flush(10), "records not acknowledged"
+    producer.close(5)
+    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
+    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap]
+    argv += ["--drain-topic", topic, "--results-topic", results, "--group", f"g-{tag}"]
+    argv += ["--state-dir", str(tmp_path), "--idle-exit", "2"]
+    log = tmp_path / "drainer.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "reading their batch again" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        with Admin(kafka_bootstrap) as admin:
+            admin.alter_configs(results, {"max.message.bytes": None})
+        assert proc.wait(60) == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        slurm.reset("gpu-node-02")
+    tail = TopicTail(kafka_bootstrap, results)
+    tail.rewind()
+    answers = [schemas.decode(r.value) for r in tail.collect(lambda rs: len(rs) >= 1)]
+    assert [(a["request_id"], a["outcome"]) for a in answers] == [(drain["request_id"], "duplicate")]
+    part = TopicPart(topic, partition_for(b"gpu-node-02", 4))
+    with Admin(kafka_bootstrap) as admin:
+        assert admin.group_offsets(f"g-{tag}", [part]) == {part: 1}
