@@ -112,12 +112,14 @@ def decode_telemetry(
     keys = block.keys() if check_keys and isinstance(records, RecordBlock) else None
     parts: list[tuple[TelemetryBatch, np.ndarray]] = []  # (batch, the records it holds)
     left = np.arange(n)
+    bad: list[tuple[int, schemas.MessageError]] = []
     if _use_scanner():
-        scanned, taken = _scan(block, keys, refs, clock, max_bytes)
+        scanned, taken, bad = _scan(block, keys, refs, clock, max_bytes)
         if len(taken):
             parts.append((scanned, taken))
-            left = np.setdiff1d(left, taken, assume_unique=True)
-    bad: list[tuple[int, schemas.MessageError]] = []
+        done = np.concatenate([taken, np.array([i for i, _e in bad], dtype=np.int64)])
+        if len(done):
+            left = np.setdiff1d(left, done, assume_unique=True)
     if len(left):
         rest = left.tolist()
         ok, refused = schemas.decode_batch(
@@ -129,7 +131,7 @@ def decode_telemetry(
             max_bytes=max_bytes,
             struct=True,
         )
-        bad = [(rest[j], e) for j, e in refused]
+        bad = sorted(bad + [(rest[j], e) for j, e in refused], key=lambda ie: ie[0])
         if ok:
             parts.append((TelemetryBatch.from_messages(ok), np.delete(left, [j for j, _e in refused])))
     if not parts:  # the task is still handed a batch (one form, whatever the records)
@@ -150,9 +152,10 @@ def _scan(
     refs: np.ndarray,
     clock: schemas.ClockLimits | None,
     max_bytes: int,
-) -> tuple[TelemetryBatch, np.ndarray]:
+) -> tuple[TelemetryBatch, np.ndarray, list[tuple[int, schemas.MessageError]]]:
     """The records the compiled scanner takes and that pass the checks after the message (key,
-    clock) as a batch, and their indices; the decoders name what is wrong with the rest."""
+    clock) as a batch, and their indices; [(index, error)] of those it took that fail a check
+    (named here, as the decoders would: key first, then clock). The decoders see only the rest."""
     from fleetwatch import telemetry_scan
 
     n = len(block)
@@ -177,7 +180,16 @@ def _scan(
             count=len(scanned),
         )
     taken = scanned[keep]
+    bad: list[tuple[int, schemas.MessageError]] = []
+    for row in np.flatnonzero(~keep).tolist():
+        i = int(scanned[row])
+        node = sc.node_names[int(sc.node_idx[row])]
+        e = None if keys is None else schemas.key_error(schemas.TELEMETRY, node, keys[i])
+        if e is None and clock is not None:
+            e = schemas.clock_error(float(sc.ts[row]), float(refs[i]), clock)
+        if e is not None:  # else (a time no check could name) the decoders judge it
+            bad.append((i, e))
     if not len(taken):
-        return TelemetryBatch.from_structs([]), taken
+        return TelemetryBatch.from_structs([]), taken, bad
     batch = TelemetryBatch.from_scan(sc)
-    return (batch if keep.all() else batch.select(keep)), taken
+    return (batch if keep.all() else batch.select(keep)), taken, bad

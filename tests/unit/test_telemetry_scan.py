@@ -447,3 +447,33 @@ def test_each_record_is_decoded_once_when_the_decoders_take_one_the_scanner_left
     assert got.nodes() == [json.loads(r)["node"] for r in raws]
     want, _bad = decode_batch(raws, schemas.TELEMETRY, ref_ts=NOW, clock=CLOCK, struct=True)
     assert_same_columns(got, TelemetryBatch.from_messages(want))
+
+
+def test_records_the_scanner_takes_but_their_key_or_clock_refuses_are_named_without_a_second_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record whose message the scanner reads but whose Kafka key names another node, or whose
+    time is outside the clock limits, gets the decoders' own error from the scanner's values: the
+    decoders never see it (each record decoded once), and the errors are decode_batch's."""
+    msgs = [telemetry(node=f"gpu-node-{i:04d}", ts=NOW, seq=i) for i in range(5)]
+    msgs[1]["ts"] = NOW + 7200  # beyond the limit ahead of the time the broker took it
+    raws = [schemas.encode(m) for m in msgs]
+    keys = [m["node"].encode() for m in msgs]
+    keys[3] = b"gpu-node-9999"  # the key names another node
+    block = RecordBlock.from_values(raws, keys=keys, append_ms=[int(NOW * 1000)] * len(raws))
+    seen: list[bytes | None] = []
+    decode_batch = schemas.decode_batch
+
+    def counting(values: list[bytes | None], *args: Any, **kw: Any) -> Any:
+        seen.extend(values)
+        return decode_batch(values, *args, **kw)
+
+    monkeypatch.setattr(schemas, "decode_batch", counting)
+    got, bad = decode_telemetry(block, now=NOW, clock=CLOCK)
+    assert seen == []
+    assert got.nodes() == [msgs[i]["node"] for i in (0, 2, 4)]
+    _ok, want = decode_batch(
+        raws, schemas.TELEMETRY, keys=keys, ref_ts=np.full(5, NOW), clock=CLOCK, struct=True
+    )
+    assert [(i, e.reason, str(e)) for i, e in bad] == [(i, e.reason, str(e)) for i, e in want]
+    assert [e.reason for _i, e in bad] == ["clock_skew", "key_mismatch"]
