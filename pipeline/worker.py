@@ -83,6 +83,8 @@ INTERNAL_ERRORS = Counter(
 # own, with none handled in between: the state, not the records, is what fails (a snapshot its
 # stage loads but cannot run on), and the partition starts cold instead of dead-lettering all
 # its input one record at a time for good.
+# how much longer --idle-exit waits for the first assignment (a join is not idleness)
+JOIN_WAIT_S = 30.0
 FAILING_STATE_RECORDS = 10
 # Every output is checked against this before it is produced: an output the broker would refuse
 # (Kafka's default max.message.bytes is 1 MiB) would stop the worker before it commits, on every
@@ -156,6 +158,7 @@ class Worker:
         self._undelivered = False
         self._last_tick = dict.fromkeys(self.stages, -float("inf"))  # monotonic, per stage (Stage.tick)
         self._rebalanced_at = time.monotonic()  # when partitions were last assigned
+        self._ever_assigned = False
         # Exported at 0 from the start: a member stuck in its first join shows 0 partitions (the
         # rule FleetwatchGroupOwnsNoPartitions sees it), and increase() sees the first lost state.
         PARTITIONS.labels(group)
@@ -259,6 +262,7 @@ class Worker:
         starts.update(loaded)
         self._anchor(anchor | fresh)
         self._rebalanced_at = time.monotonic()
+        self._ever_assigned = True
         PARTITIONS.labels(self.group).inc(len(assigned))
         log.info("assigned %s", sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
         return starts
@@ -689,8 +693,10 @@ class Worker:
         """Loop until stopped (or, for tests and eval, until idle for idle_exit_s): a batch (step),
         then the stages' ticks that are due (Stage.tick), while a watchdog reports a poll() that
         does not return (_watch_polls). Idle time
-        counts from the last record or the last rebalance, whichever is later: joining the group
-        and restoring snapshots can take longer than idle_exit_s, and is not idleness."""
+        counts from the last record or the last rebalance, whichever is later, and before the first
+        assignment only after JOIN_WAIT_S more: joining the group (librdkafka's first rebalance
+        waits seconds) and restoring snapshots can take longer than idle_exit_s, and is not
+        idleness."""
         idle_since = time.monotonic()
         watching = threading.Event()
         watcher = threading.Thread(
@@ -702,11 +708,10 @@ class Worker:
                 if self.step():
                     idle_since = time.monotonic()
                 self._tick()
-                if (
-                    idle_exit_s is not None
-                    and time.monotonic() - max(idle_since, self._rebalanced_at) > idle_exit_s
-                ):
-                    break
+                if idle_exit_s is not None:
+                    waited = time.monotonic() - max(idle_since, self._rebalanced_at)
+                    if waited > idle_exit_s + (0.0 if self._ever_assigned else JOIN_WAIT_S):
+                        break
         finally:
             watching.set()
             watcher.join(timeout=5)

@@ -5,6 +5,7 @@ raises is rebuilt from its snapshot, and partitions change hands with their stat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -110,6 +111,27 @@ def test_a_worker_that_gave_up_delivering_saves_and_commits_nothing_past_it_when
     _drain(successor)
     # replayed from the last snapshot (at least once, same ids): the lost batch's outputs are there
     assert {n: sorted(set(c)) for n, c in _counts(bus).items()} == {n: [1, 2] for n in NODES}
+
+
+def test_idle_exit_does_not_fire_while_the_first_join_is_still_under_way() -> None:
+    """A join that outlasts --idle-exit (librdkafka's first rebalance waits seconds) is not
+    idleness: the worker waits for its partitions and handles their records before it exits."""
+    bus = _bus()
+    _feed(bus, range(2))
+    worker = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    real_poll = worker.consumer.poll
+    joined_at = time.monotonic() + 1.0
+
+    def slow_join(max_records: int, timeout_s: float) -> Any:
+        if time.monotonic() < joined_at:  # as a consumer whose join has not completed yet
+            time.sleep(0.05)
+            return {}
+        return real_poll(max_records, timeout_s)
+
+    worker.consumer.poll = slow_join  # type: ignore[method-assign]
+    worker.run(StopFlag(install=False), idle_exit_s=0.3)
+    worker.close()
+    assert _counts(bus) == {n: [1, 2] for n in NODES}
 
 
 class RaisingTask(CountingTask):
