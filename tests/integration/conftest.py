@@ -2,7 +2,8 @@
 own scripts, failing loudly if it cannot start. `kafka_bootstrap` is the local broker
 (services/kafka/kafka.sh); `topic_tail` reads what a test produces next; `private_broker` is a
 second broker to stop and restart; `alertmanager` and `slurm` are the local Alertmanager and
-Slurm cluster (tests/integration/services.py has the classes)."""
+Slurm cluster (tests/integration/services.py has the classes); `rig` is one act test's ActRig
+(tests/integration/act_rig.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import os
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from fleetwatch.bus.admin import ensure_topics, wait_for_broker
+from tests.integration.act_rig import ActRig
 from tests.integration.services import (
     AM_PORT,
     KAFKA_SH,
@@ -83,6 +86,15 @@ def alertmanager() -> Alertmanager:
 def cluster() -> str:
     """A cluster label of this test's own: the shared Alertmanager holds other tests' alerts too."""
     return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def rig(kafka_bootstrap: str, alertmanager: Alertmanager, cluster: str, tmp_path: Path) -> Iterator[ActRig]:
+    """Private topics and group on the broker for one act test, and its act / slurm-drainer
+    processes (tests/integration/act_rig.py), stopped after the test."""
+    r = ActRig(kafka_bootstrap, alertmanager, cluster, tmp_path)
+    yield r
+    r.close()
 
 
 @pytest.fixture(scope="session")

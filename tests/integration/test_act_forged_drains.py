@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +20,9 @@ from fleetwatch.alerts import drain_request, drain_result
 from tests.helpers.findings import finding
 from tests.helpers.paths import REPO
 from tests.integration.act_rig import KEY, ActRig, free_port, metric, wait_for_metric
-from tests.integration.services import SLURM_NODES, Alertmanager, Slurm, TopicTail
+from tests.integration.services import SLURM_NODES, Slurm, TopicTail
 
 ATTACKER_KEY = b"attacker-key-attacker-key-123456"
-
-
-@pytest.fixture
-def rig(kafka_bootstrap: str, alertmanager: Alertmanager, cluster: str, tmp_path: Path) -> Iterator[ActRig]:
-    r = ActRig(kafka_bootstrap, alertmanager, cluster, tmp_path)
-    yield r
-    r.close()
 
 
 # ------------------------------------------------------------------ item 6: forged drain requests

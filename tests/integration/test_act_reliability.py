@@ -8,11 +8,9 @@ import signal
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetwatch import schemas, topics
@@ -20,19 +18,7 @@ from fleetwatch.alerts.journal import Journal
 from fleetwatch.signing import signed as sign
 from tests.helpers.findings import finding, resolve, signed
 from tests.integration.act_rig import CENSUS_KEY, ActRig, free_port, metric, wait_for_metric
-from tests.integration.services import SLURM_NODES, Alertmanager, Slurm, TopicTail
-
-
-@pytest.fixture
-def rig(
-    kafka_bootstrap: str,
-    alertmanager: Alertmanager,
-    cluster: str,
-    tmp_path: Path,
-) -> Iterator[ActRig]:
-    r = ActRig(kafka_bootstrap, alertmanager, cluster, tmp_path)
-    yield r
-    r.close()
+from tests.integration.services import SLURM_NODES, Slurm, TopicTail
 
 
 def labels_of(alerts: list[dict[str, Any]]) -> set[tuple[str, str, str]]:

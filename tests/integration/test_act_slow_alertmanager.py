@@ -10,23 +10,13 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.helpers.findings import finding
 from tests.integration.act_rig import ActRig, free_port, metric
-from tests.integration.services import Alertmanager, TopicTail
-
-
-@pytest.fixture
-def rig(kafka_bootstrap: str, alertmanager: Alertmanager, cluster: str, tmp_path: Path) -> Iterator[ActRig]:
-    r = ActRig(kafka_bootstrap, alertmanager, cluster, tmp_path)
-    yield r
-    r.close()
+from tests.integration.services import TopicTail
 
 
 class SlowProxy:

@@ -15,12 +15,10 @@ import hashlib
 import hmac
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import orjson
-import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from fleetwatch import schemas, topics
@@ -32,7 +30,7 @@ from fleetwatch.pipeline import fleet_metrics
 from tests.helpers.findings import finding
 from tests.helpers.messages import telemetry
 from tests.integration.act_rig import CENSUS_KEY, ActRig, free_port, metric
-from tests.integration.services import Alertmanager, TopicTail
+from tests.integration.services import TopicTail
 from tests.integration.workers import Detect
 
 KEY = CENSUS_KEY.encode()  # what ActRig gives act in $FLEETWATCH_CENSUS_KEY
@@ -49,13 +47,6 @@ def node_record(node: str, seen: float, steady_for: float, key: bytes | None, go
             m["gone"] = True
         m["sig"] = hmac.new(key, orjson.dumps(m, option=orjson.OPT_SORT_KEYS), hashlib.sha256).hexdigest()
     return schemas.encode(m)
-
-
-@pytest.fixture
-def rig(kafka_bootstrap: str, alertmanager: Alertmanager, cluster: str, tmp_path: Path) -> Iterator[ActRig]:
-    r = ActRig(kafka_bootstrap, alertmanager, cluster, tmp_path)
-    yield r
-    r.close()
 
 
 def publish(rig: ActRig, records: list[tuple[str, bytes | None]]) -> None:
