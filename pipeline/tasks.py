@@ -2,9 +2,10 @@
 
 A *stage* owns one or more co-partitioned input topics (same key, same partition count) and
 keeps one task per partition number: the per-node stage reads fleet.telemetry.v1 (key node);
-the straggler stage reads fleet.nodefeatures.v1 and fleet.steps.v1 (both key job). A task turns
-decoded messages into outputs (topic, key, message) and can be serialised, so the Kafka worker
-(pipeline/worker.py) and the clock-free evaluator (pipeline/evaluate.py) drive the same code.
+the straggler stage reads fleet.nodefeatures.v1, fleet.steps.v1 and fleet.jobs.v1 (all key job).
+A task turns decoded messages into outputs (topic, key, message) and can be serialised, so the
+Kafka worker (pipeline/worker.py) and the clock-free evaluator (pipeline/evaluate.py) drive the
+same code.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ class Refused:
 
 
 class Task(Protocol):
-    """Optionally also `refused: Sequence[Refused]`: the records the latest process() call refused
-    (the worker reads it after each call)."""
+    """Optionally also: `refused: Sequence[Refused]`, the records the latest process() call refused
+    (the worker reads it after each call); `clock_refused(key, skew_s)`, told of each record the
+    decoder refused as clock_skew; `close()`, called when the worker drops the task."""
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
-        """Handle decoded, validated messages of one input partition, in offset order."""
+        """Handle decoded, validated messages of one input partition, in offset order (the node
+        stage: one TelemetryBatch)."""
         ...
 
     def to_bytes(self) -> bytes:
@@ -65,7 +68,9 @@ class Stage:
     # detectors.batch.TelemetryBatch, pipeline/telemetry_decode.py). The worker calls it alike.
     decoders: Mapping[str, Decoder] = field(default_factory=dict)
     # Loads what the tasks compile (numba) before the worker joins its group, so that a compile
-    # on a fresh install never holds up a member's first batch while it owns partitions.
+    # on a fresh install never holds up a member's first batch while it owns partitions (the node
+    # stage leaves its telemetry scanner compiling in the background; meanwhile batches go through
+    # the message decoders).
     warm_up: Callable[[], None] | None = None
     # Input topics whose tombstones (null values) are skipped: neither handed to the task nor
     # dead-lettered or counted as rejected. For compacted inputs whose producer forgets a key that
