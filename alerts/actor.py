@@ -82,7 +82,18 @@ class ActTask:
             self.actor.observe(self, f)
         # Decide once per polled batch, after every partition's findings are in: drains are then
         # ordered by onset across partitions, not by the order partitions happen to be handed over.
-        return self.actor.decide() if self.actor.partition_done(self.partition) else []
+        if not self.actor.partition_done(self.partition):
+            return []
+        try:
+            return self.actor.decide()
+        except Exception:
+            # The decision is the actor's, over every owned node, not these findings': they are
+            # observed (kept, alerted) and must not be dead-lettered for it. The tick decides again
+            # within a second, and if it fails there too the worker stops for a restart.
+            log.exception(
+                "the drain decision failed after partition %d's findings; the tick retries", self.partition
+            )
+            return []
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(

@@ -212,3 +212,22 @@ def test_a_replayed_signed_opening_after_its_end_pages_again_about_nothing() -> 
     assert rig.task.refused == []  # it verifies: it is detect's ...
     assert opening["id"] not in rig.task.book.by_source  # ... but pages about nothing
     assert opening["id"] not in rig.task.nodes["n1"].open
+
+
+def test_a_decision_that_fails_keeps_the_batchs_findings_and_the_next_tick_drains() -> None:
+    """The decision after a batch is the actor's (over every owned node, reading the drain log),
+    not the batch's findings': when it fails (the drain log out of reach, say), the findings stay
+    observed and alerted, none is refused or dead-lettered, and the next tick decides."""
+    rig = Rig({"gpu-node-01", "gpu-node-02"}, budget_min_nodes=1)
+    calls: list[int] = []
+
+    def drain_log_once_unreachable() -> dict[str, dict[str, Any]]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("the drain log could not be read")
+        return {}
+
+    rig.actor.issued = drain_log_once_unreachable
+    assert rig.feed(finding("gpu-node-01", ts=T0)) == []
+    assert rig.task.refused == [] and "gpu-node-01" in rig.task.nodes
+    assert [(m["action"], m["node"]) for m in rig.decide(T0 + 1)] == [("drain", "gpu-node-01")]
