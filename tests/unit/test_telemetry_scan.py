@@ -422,6 +422,19 @@ def test_mutated_messages_never_read_out_of_bounds() -> None:
     assert re.search(r"taken \d+ of 20000", done.stdout)
 
 
+def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[bytes | None]:
+    """Every value the message decoders are asked to decode from now on (schemas.decode_batch)."""
+    seen: list[bytes | None] = []
+    decode_batch = schemas.decode_batch
+
+    def counting(values: list[bytes | None], *args: Any, **kw: Any) -> Any:
+        seen.extend(values)
+        return decode_batch(values, *args, **kw)
+
+    monkeypatch.setattr(schemas, "decode_batch", counting)
+    return seen
+
+
 def test_each_record_is_decoded_once_when_the_decoders_take_one_the_scanner_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -433,19 +446,12 @@ def test_each_record_is_decoded_once_when_the_decoders_take_one_the_scanner_left
         b'"GPU-0"', b'"GPU-\\u00e9"'
     )
     raws = [*plain[:3], escaped, *plain[3:]]
-    seen: list[bytes | None] = []
-    decode_batch = schemas.decode_batch
-
-    def counting(values: list[bytes | None], *args: Any, **kw: Any) -> Any:
-        seen.extend(values)
-        return decode_batch(values, *args, **kw)
-
-    monkeypatch.setattr(schemas, "decode_batch", counting)
+    seen = _count_decodes(monkeypatch)
     got, bad = decode_telemetry(raws, now=NOW, clock=CLOCK)
     assert seen == [escaped] and bad == []
     assert isinstance(got, TelemetryBatch)
     assert got.nodes() == [json.loads(r)["node"] for r in raws]
-    want, _bad = decode_batch(raws, schemas.TELEMETRY, ref_ts=NOW, clock=CLOCK, struct=True)
+    want, _bad = schemas.decode_batch(raws, schemas.TELEMETRY, ref_ts=NOW, clock=CLOCK, struct=True)
     assert_same_columns(got, TelemetryBatch.from_messages(want))
 
 
@@ -461,18 +467,11 @@ def test_records_the_scanner_takes_but_their_key_or_clock_refuses_are_named_with
     keys = [m["node"].encode() for m in msgs]
     keys[3] = b"gpu-node-9999"  # the key names another node
     block = RecordBlock.from_values(raws, keys=keys, append_ms=[int(NOW * 1000)] * len(raws))
-    seen: list[bytes | None] = []
-    decode_batch = schemas.decode_batch
-
-    def counting(values: list[bytes | None], *args: Any, **kw: Any) -> Any:
-        seen.extend(values)
-        return decode_batch(values, *args, **kw)
-
-    monkeypatch.setattr(schemas, "decode_batch", counting)
+    seen = _count_decodes(monkeypatch)
     got, bad = decode_telemetry(block, now=NOW, clock=CLOCK)
     assert seen == []
     assert got.nodes() == [msgs[i]["node"] for i in (0, 2, 4)]
-    _ok, want = decode_batch(
+    _ok, want = schemas.decode_batch(
         raws, schemas.TELEMETRY, keys=keys, ref_ts=np.full(5, NOW), clock=CLOCK, struct=True
     )
     assert [(i, e.reason, str(e)) for i, e in bad] == [(i, e.reason, str(e)) for i, e in want]
