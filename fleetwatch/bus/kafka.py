@@ -84,9 +84,12 @@ class _Native:
 
 
 _LIVE: weakref.WeakSet[_Native] = weakref.WeakSet()
+_IN_FORKED_CHILD = False  # this process was forked from one that had loaded librdkafka
 
 
 def _after_fork_in_child() -> None:
+    global _IN_FORKED_CHILD
+    _IN_FORKED_CHILD = True
     for native in list(_LIVE):
         native.forget_in_child()
     _LIVE.clear()
@@ -105,8 +108,12 @@ def _check_reachable(client: Any, bootstrap: str, cfg: Mapping[str, Any], timeou
     try:
         client.list_topics(timeout=timeout_s)
     except KafkaException as e:
-        # stop its retries now (a client left to the garbage collector keeps reconnecting)
-        if isinstance(client, Consumer):
+        if _IN_FORKED_CHILD:
+            # In a child forked while the parent's librdkafka threads held its locks, destroying
+            # a handle (here, or when the exception's frames are freed) can wait for ever on them
+            # (a step reporter's sender hung so): the failed handle is never closed or destroyed.
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(client))
+        elif isinstance(client, Consumer):  # stop its retries now (left to the GC it reconnects)
             client.close()
         else:
             client.purge()
