@@ -13,15 +13,15 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from fleetwatch import topics
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder, AlertRecord, fingerprint, rfc3339
 from fleetwatch.alerts.alertmanager import (
     BATCH,
-    DROPPED,
     REASONS,
-    REJECTED,
     AlertmanagerClient,
+    AlertMetrics,
     AlertSender,
     Dispatcher,
     Outcome,
@@ -125,7 +125,10 @@ def test_outage_buffers_alerts_then_delivers_them(cluster: str) -> None:
     am = Alertmanager(19096)  # a private instance, so stopping it disturbs no other test
     am.stop()
     builder, book = AlertBuilder(cluster), AlertBook()
-    disp = Dispatcher(AlertmanagerClient(am.url, timeout_s=1, retries=0), max_ended=2)
+    registry = CollectorRegistry()  # the dispatcher's own metrics, never the global registry's
+    disp = Dispatcher(
+        AlertmanagerClient(am.url, timeout_s=1, retries=0), max_ended=2, metrics=AlertMetrics(registry)
+    )
     now = time.time()
     fs = [finding(f"gpu-node-1{i}", ts=now, gpu=i) for i in range(5)]
     for f in fs:
@@ -133,11 +136,11 @@ def test_outage_buffers_alerts_then_delivers_them(cluster: str) -> None:
     assert not disp.flush([book])  # down: nothing raised, everything kept
     assert len(book.records) == 5 and all(r.dirty for r in book.records.values())
     assert not disp.healthy and disp.retry_at > now  # unavailable: the next tries back off
-    dropped = DROPPED._value.get()
+    assert registry.get_sample_value("fleetwatch_act_alerts_dropped_total") == 0
     for f in fs[:4]:  # four end while it is down; only the newest two ends are kept
         book.end(f["id"], now - 10 + fs.index(f))
     assert not disp.flush([book], force=True)
-    assert DROPPED._value.get() - dropped == 2 and len(book.records) == 3
+    assert registry.get_sample_value("fleetwatch_act_alerts_dropped_total") == 2 and len(book.records) == 3
     am.start()
     try:
         assert disp.flush([book], force=True)
@@ -197,8 +200,14 @@ def bad_record(cluster_label: str, now: float) -> AlertRecord:
     return AlertRecord(labels, {"summary": "hand-made"}, now)
 
 
-def rejected(reason: str) -> float:
-    return REJECTED.labels(reason)._value.get()
+def rejected(disp: Dispatcher, reason: str) -> float:
+    """How many alerts this dispatcher counted as refused for `reason` (its own metrics)."""
+    return sum(
+        s.value
+        for m in disp.metrics.rejected.collect()
+        for s in m.samples
+        if s.name.endswith("_total") and s.labels["reason"] == reason
+    )
 
 
 def test_one_bad_alert_is_dead_lettered_and_the_rest_delivered_at_once(
@@ -218,7 +227,7 @@ def test_one_bad_alert_is_dead_lettered_and_the_rest_delivered_at_once(
         AlertmanagerClient(alertmanager.url),
         on_rejected=lambda raw, reason, detail: dead_letter_alert(producer, raw, reason, detail),
     )
-    before = rejected("invalid_label")
+    assert rejected(disp, "invalid_label") == 0
     try:
         assert disp.flush([book])  # Alertmanager answered every post: a success, whatever it refused
         assert not producer.flush(10), "dead letter not acknowledged"
@@ -227,7 +236,7 @@ def test_one_bad_alert_is_dead_lettered_and_the_rest_delivered_at_once(
     got = alertmanager.wait_for(lambda a: len(a) == 6, cluster=cluster)
     assert sorted(a["labels"]["node"] for a in got) == [f"gpu-node-{i:02d}" for i in range(6)]
     assert len(book.records) == 6 and not any(r.dirty for r in book.records.values())  # all sent
-    assert rejected("invalid_label") - before == 1
+    assert rejected(disp, "invalid_label") == 1
     assert disp.healthy and disp.retry_at == 0.0  # a refusal is no outage: nothing waits for it
     records = deadletters.collect(lambda rs: len(rs) >= 1)
     assert len(records) == 1
@@ -269,7 +278,7 @@ def test_alerts_timed_ahead_of_our_clock_are_accepted_and_keep_their_event_time(
     fire(book, builder, ahead)
     ended = finding("skew-node-02", ts=now + 900, gpu=2)
     fire(book, builder, ended)
-    before = sum(rejected(r) for r in REASONS)
+    before = sum(rejected(disp, r) for r in REASONS)
     assert disp.flush([book])
     got = alertmanager.wait_for(lambda a: len(a) == 2, cluster=cluster)
     a = next(x for x in got if x["labels"]["node"] == "skew-node-01")
@@ -280,7 +289,7 @@ def test_alerts_timed_ahead_of_our_clock_are_accepted_and_keep_their_event_time(
     assert disp.flush([book])
     got = alertmanager.wait_for(lambda a: len(a) == 1, cluster=cluster)  # resolved now, not later
     assert [x["labels"]["node"] for x in got] == ["skew-node-01"]
-    assert sum(rejected(r) for r in REASONS) == before and len(book.records) == 1
+    assert sum(rejected(disp, r) for r in REASONS) == before and len(book.records) == 1
 
 
 def test_refusals_are_named_by_reason_and_a_wrong_endpoint_is_an_outage_not_a_refusal(
@@ -346,12 +355,12 @@ def test_alerts_from_any_accepted_finding_pass_alertmanagers_validation(
             ends.append((f["id"], f["ts"]))
             if not sent_first:
                 book.end(f["id"], f["ts"])  # ends before Alertmanager ever saw it
-    before = sum(rejected(r) for r in REASONS)
+    before = sum(rejected(disp, r) for r in REASONS)
     assert disp.flush([book])
     for fid, ts in ends:
         book.end(fid, ts)
     assert disp.flush([book])
-    assert sum(rejected(r) for r in REASONS) == before  # Alertmanager took every one of them
+    assert sum(rejected(disp, r) for r in REASONS) == before  # Alertmanager took every one of them
     assert all(r.ends_at is None and not r.dirty for r in book.records.values())
 
 
