@@ -7,7 +7,7 @@ at ~8,000 GPU elements a batch that cost ~5 us a message of the worker's CPU in 
 against well under 1 us for the loop compiled here.
 
 The kernels allocate nothing (outputs and state are passed in), never raise, and release the GIL,
-so kafka-python's IO thread can read the next fetch while a batch is processed. Compiled once,
+so other threads (alert posting, followers) run while a batch is processed. Compiled once,
 cached by numba beside this file (warm_up()).
 """
 
