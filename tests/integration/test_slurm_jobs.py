@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from fleetwatch import schemas
+from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from tests.helpers.messages import gpu
@@ -129,7 +130,8 @@ def test_a_killed_slurmd_ends_its_job_node_fail_and_the_lemon_history_counts_it(
         table.apply(m)
     task = NodeTask(jobs=table)
     t0 = end["ts"]
-    task.process("fleet.telemetry.v1", [_telemetry(n, t0 + 1, 1) for n in ("gpu-node-03", "gpu-node-04")])
+    samples = [_telemetry(n, t0 + 1, 1) for n in ("gpu-node-03", "gpu-node-04")]
+    task.process("fleet.telemetry.v1", TelemetryBatch.from_messages(samples))
     nodes, _score, events, _fleet = task.lemon.scores()
     counted = dict(zip(nodes, events.tolist(), strict=True))
     assert counted["gpu-node-04"] > 0 and counted["gpu-node-03"] > 0
