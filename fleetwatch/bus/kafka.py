@@ -537,6 +537,10 @@ class KafkaReader:
             "group.id": f"fleetwatch-reader-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
+            # The broker answers a connection's requests in order, so a fetch waiting for data
+            # (500 ms by default) holds back the watermark query behind it: a reader's end_offsets()
+            # of 4 partitions took 1.5 s after assign(), and every follower's catch-up with it.
+            "fetch.wait.max.ms": 50,
         }
         consumer = Consumer(cfg)
         _check_reachable(consumer, bus.bootstrap, cfg, bus.connect_timeout_s)
