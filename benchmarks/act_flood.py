@@ -114,7 +114,9 @@ def one_run(args: argparse.Namespace, python: str, cwd: str, logs: Path) -> dict
     argv += ["--alertmanager", args.alertmanager, "--cluster", f"flood-{tag}", "--group", f"flood-{tag}"]
     argv += ["--findings-topic", t["findings"], "--drain-topic", t["drains"]]
     argv += ["--nodes-topic", t["nodes"], "--results-topic", t["results"]]
-    argv += ["--metrics-port", str(port), "--idle-exit", "5"]
+    # long enough for any join (a release before 9760866 gave up on a slow first join): the run
+    # ends when the counter reaches the flood, not at the idle exit
+    argv += ["--metrics-port", str(port), "--idle-exit", "60"]
     env = {**os.environ, "FLEETWATCH_DRAIN_KEY": DRAIN_KEY, "FLEETWATCH_CENSUS_KEY": CENSUS_KEY}
     log = logs / f"act-{tag}.log"
     with open(log, "wb") as out:
