@@ -29,8 +29,8 @@ def setup_logging(verbose: bool = False) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # librdkafka's own lines arrive on the fleetwatch.bus.rdkafka logger (fleetwatch/bus/config.py)
-    # and stay at INFO: it folds a repeated connection error into one line ("N identical error(s)
-    # suppressed"), so an outage does not flood the log.
+    # and are kept: during an outage it logs each failed connection attempt (backing off up to
+    # reconnect.backoff.max.ms), which is louder than kafka-python was but names the cause.
 
 
 class StopFlag:
