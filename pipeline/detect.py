@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     follower.start()
     follower.caught_up.wait(30)  # node features need job membership; do not start blind
     worker = Worker(
-        args.bootstrap,
+        bus,
         args.group,
         stages(
             jobs,
