@@ -55,6 +55,7 @@ from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
+from fleetwatch.pipeline.worker import JOIN_WAIT_S  # the same allowance the workers give a join
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -271,9 +272,6 @@ class Drainer:
         self._settle(msg, prior, "rejected", why, source)
         log.warning("not %s %s (request %s): %s", msg["action"], msg["node"], msg["request_id"], why)
         return self._done(msg, "not_ours", why)
-
-
-JOIN_WAIT_S = 30.0  # how long --idle-exit waits for the first assignment
 
 
 def idle_for(idle_since: float, last_assigned: list[float]) -> float:
