@@ -63,6 +63,26 @@ log = logging.getLogger(__name__)
 METADATA_TIMEOUT_S = 10.0
 PRUNE_AT = 10_000  # sent records a producer keeps before it drops the acknowledged ones
 
+# Answers a partition gives for a while after a topic is created or its broker restarts, before a
+# leader is elected and known: asked again, it answers.
+_LEADER_PENDING = frozenset(
+    {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+
+
+def watermarks(consumer: Any, part: TopicPartition, timeout_s: float = METADATA_TIMEOUT_S) -> tuple[int, int]:
+    """The partition's (low, high) offsets; a partition whose leader is not known yet is asked again
+    until timeout_s has passed, then the broker's last answer is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(part, timeout=max(0.1, deadline - time.monotonic()))
+            return int(low), int(high)
+        except KafkaException as e:
+            if e.args[0].code() not in _LEADER_PENDING or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
 
 class _Native:
     """Holds one librdkafka handle (a confluent-kafka Producer or Consumer) for a bus client, and
@@ -366,7 +386,7 @@ class KafkaGroupConsumer:
             if c.offset >= 0:
                 out[t] = c.offset
             else:
-                low, high = self._consumer.get_watermark_offsets(_native(t), timeout=METADATA_TIMEOUT_S)
+                low, high = watermarks(self._consumer, _native(t))
                 out[t] = low if self.start_at == "earliest" else high
         return out
 
@@ -575,8 +595,7 @@ class KafkaReader:
         self._position = dict(offsets)
 
     def _watermarks(self, part: TopicPart) -> tuple[int, int]:
-        low, high = self._consumer.get_watermark_offsets(_native(part), timeout=METADATA_TIMEOUT_S)
-        return int(low), int(high)
+        return watermarks(self._consumer, _native(part))
 
     def end_offsets(self, parts: Sequence[TopicPart]) -> dict[TopicPart, int]:
         return {t: self._watermarks(t)[1] for t in parts}
