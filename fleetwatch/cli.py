@@ -567,6 +567,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if hasattr(args, "config"):  # a command that reads the file (`config --check` names its own)
             args = _configure(parser, argv, args)
+        # What runs, as the flags and the deployment file settled it (secrets come from the
+        # environment, never through these arguments)
+        log.debug("%s: %s", args.command, {k: v for k, v in vars(args).items() if k != "handler"})
         return int(_resolve(args.handler)(args) or 0)
     except BrokerUnavailable as e:
         print(f"fleetwatch {args.command}: {e}", file=sys.stderr)

@@ -18,7 +18,9 @@ def run_cli(env: dict[str, str], *argv: str) -> str:
     )  # fmt: skip
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-2000:]
-    assert len(out.splitlines()) > 50  # it really ran, and logged at debug level
+    # it really ran, at debug level: the settings it ran with are logged, and the worker got its share
+    assert f"DEBUG fleetwatch: {argv[0]}: {{" in out, out[-2000:]
+    assert "assigned [" in out, out[-2000:]
     return out
 
 
