@@ -28,7 +28,8 @@ PART = TopicPartition("fleet.telemetry.v1", 0)
 
 
 @pytest.mark.parametrize(
-    "pending", [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART]
+    "pending",
+    [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART],
 )
 def test_a_partition_without_a_known_leader_is_asked_again(pending: int) -> None:
     consumer = ScriptedConsumer([pending, pending, (3, 17)])
