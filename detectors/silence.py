@@ -16,6 +16,10 @@ the agents' spools sending afterwards), not a silence: every node is judged from
 already silent is found up to silent_after_s later than it would have been (the open incidents
 themselves are restored).
 
+Samples sent faster than they were taken (the demo at --speed N, a recording replayed at N x) reach
+the broker N times closer together than their own clock says: arrival_speed = N reads the broker's
+spans as N times longer, so a 60 s outage sent in 6 s is still a silence of 60 s.
+
 Where no broker time is known (`fleetwatch eval`, dicts in tests) the clock is the nodes' own,
 taken robustly: the 90th percentile of their latest sample times, and never more than the second
 newest (reference_time), so no single node can move it, in a partition of two or three nodes as
@@ -62,6 +66,18 @@ class SilenceConfig:
     reference_percentile: float = knob(
         90.0, "the partition's clock: this percentile of its nodes' latest sample times", ge=0, le=100
     )
+    arrival_speed: float = knob(
+        1.0,
+        "how many times faster than the nodes' own clocks their samples reach the broker: 1 live; "
+        "N for a recording or simulation sent at N x (the demo's --speed). Spans on the broker's "
+        "clock are read as N times longer",
+        gt=0,
+    )
+
+    @property
+    def silent_after_broker_s(self) -> float:
+        """silent_after_s on the broker's clock."""
+        return self.silent_after_s / self.arrival_speed
 
 
 class SilenceDetector:
@@ -88,7 +104,7 @@ class SilenceDetector:
     # ------------------------------------------------------------ on the broker's clock
 
     def _by_broker(self, batch: TelemetryBatch, ctx: NodeContext) -> list[dict[str, Any]]:
-        sa = self.cfg.silent_after_s
+        sa, speed = self.cfg.silent_after_broker_s, self.cfg.arrival_speed
         index = ctx.index
         self.heard = grow(self.heard, len(index), np.nan)
         resolved, out = self._resolve(index, ctx.seen, batch)
@@ -121,7 +137,7 @@ class SilenceDetector:
         for i in silent.tolist():
             if (names[i], None, None, "host", "silent") in self.book.open:
                 continue  # one finding per silence; it resolves when the node reports again
-            gap = float(quiet[i])
+            gap = float(quiet[i]) * speed  # in the nodes' seconds, as every other span of a finding
             out.extend(self._open(names[i], float(last[i]), f"no telemetry for {gap:.0f} s", round(gap, 1)))
         return out
 
@@ -131,7 +147,7 @@ class SilenceDetector:
         """Silences inside the batch on broker time: a node's samples (or its sample before the
         batch and its first in it) more than silent_after_s apart, counted from the later of its
         previous sample and the partition's last resumption before it came back."""
-        sa = self.cfg.silent_after_s
+        sa, speed = self.cfg.silent_after_broker_s, self.cfg.arrival_speed
         order = np.lexsort((batch.received, ctx.rows))
         rows, rec, ts = ctx.rows[order], batch.received[order], batch.ts[order]
         first = np.r_[True, rows[1:] != rows[:-1]]
@@ -154,7 +170,7 @@ class SilenceDetector:
             node = names[rows[c]]
             if first[c] and node in resolved:
                 continue  # the silence already open before this batch, resolved above
-            gap, back = float(rec[c] - since[c]), float(ts[c])
+            gap, back = float(rec[c] - since[c]) * speed, float(ts[c])
             out += self._open(
                 node,
                 float(prev_ts[c]),

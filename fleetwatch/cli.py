@@ -216,6 +216,13 @@ def build_parser() -> _Parser:
         help="shorten day-long detector windows (lemon) by this factor, for compressed simulations",
     )
     p.add_argument(
+        "--arrival-speed",
+        type=_positive_float,
+        default=None,
+        help="telemetry reaches the broker this many times faster than the nodes' clocks run (a "
+        "simulation or recording sent at N x; default [detect.node.silence] arrival_speed, 1)",
+    )
+    p.add_argument(
         "--start-at",
         choices=("earliest", "latest"),
         default="earliest",

@@ -363,6 +363,9 @@ def run(args: argparse.Namespace) -> int:
             "latest" if args.bootstrap else "earliest",
             "--time-scale",
             str(sc.detector_time_scale),
+            # the simulator sends at --speed: silences are judged on the broker's clock
+            "--arrival-speed",
+            str(args.speed),
             *conf,
         ],
         env,

@@ -120,9 +120,12 @@ def clock_limits(args: argparse.Namespace) -> schemas.ClockLimits | None:
 
 def node_config(args: argparse.Namespace) -> NodeTaskConfig:
     """[detect.node] of the deployment's file (args.settings, set by the CLI; the code defaults
-    without one), with --forget-after and --census-warm-up over it where given."""
+    without one), with --forget-after, --census-warm-up and --arrival-speed over it where given."""
     base = getattr(args, "settings", {}).get("detect.node") or NodeTaskConfig()
-    return config.flags_over(base, args, SECTION_FLAGS["detect.node"])
+    cfg = config.flags_over(base, args, SECTION_FLAGS["detect.node"])
+    if getattr(args, "arrival_speed", None) is not None:
+        cfg = replace(cfg, silence=replace(cfg.silence, arrival_speed=args.arrival_speed))
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from fleetwatch import topics
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.detectors.silence import SilenceConfig, reference_time
 from fleetwatch.pipeline.job_table import JobTable
-from fleetwatch.pipeline.node_stage import NodeTask
+from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
 
 T0 = 1_764_000_000.0
 NODES = ("sc-a", "sc-b", "sc-c")
@@ -25,10 +25,13 @@ def _stream(
     skew: dict[str, float],
     stop: dict[str, float] | None = None,
     pause: tuple[float, float] | None = None,
+    speed: float = 1.0,
 ) -> list[tuple[str, float, float, int]]:
     """(node, its ts, broker time, seq): each node every second, its clock off by skew[node], until
     stop[node]; nothing reaches the broker in pause (start, end), and what was taken meanwhile
-    arrives at its end (the agents' spools)."""
+    arrives at its end (the agents' spools). speed: sent that many times faster than taken (the
+    demo), so the broker's times are (t - T0) / speed after a start at T0 + seconds, which keeps every
+    sample's own time behind its arrival, as the demo's epoch does."""
     out = []
     for k in range(seconds):
         t = T0 + k
@@ -36,7 +39,9 @@ def _stream(
             if stop and t >= stop.get(n, np.inf):
                 continue
             arrives = pause[1] if pause and pause[0] <= t < pause[1] else t
-            out.append((n, t + skew.get(n, 0.0), arrives + 0.01 * NODES.index(n), k))
+            if speed != 1.0:
+                arrives = T0 + seconds + (arrives - T0) / speed
+            out.append((n, t + skew.get(n, 0.0), arrives + 0.01 * NODES.index(n) / speed, k))
     return sorted(out, key=lambda r: r[2])
 
 
@@ -49,10 +54,13 @@ def _batch(rows: list[tuple[str, float, float, int]], broker: bool) -> Telemetry
 
 
 def _silences(
-    rows: list[tuple[str, float, float, int]], broker: bool = True, per_batch: int = 3
+    rows: list[tuple[str, float, float, int]],
+    broker: bool = True,
+    per_batch: int = 3,
+    silence: SilenceConfig | None = None,
 ) -> list[dict[str, Any]]:
     """The silence findings of a node task fed the stream, per_batch records at a time."""
-    task = NodeTask(JobTable())
+    task = NodeTask(JobTable(), NodeTaskConfig(silence=silence or SilenceConfig()))
     out: list[dict[str, Any]] = []
     for i in range(0, len(rows), per_batch):
         out += [
@@ -140,3 +148,21 @@ def test_a_node_ahead_of_time_does_not_make_its_partition_mates_forgotten() -> N
         ]
         assert tombstones == [] and sorted(task.index.names) == sorted(NODES), broker
         task.close()
+
+
+def test_a_stream_sent_faster_than_it_was_taken_is_judged_in_its_own_seconds() -> None:
+    """The demo sends at --speed 10: a node down for 60 s of its own time is 6 s quiet at the
+    broker, under silent_after_s. arrival_speed reads the broker's spans in the nodes' seconds."""
+    fast = SilenceConfig(arrival_speed=10.0)
+    rows = [r for r in _stream(120, {}, speed=10.0) if not (r[0] == "sc-b" and T0 + 40 <= r[1] < T0 + 100)]
+    assert _silences(rows) == []  # read as live, the 6 s gap is no silence
+    for per_batch in (1, 3, 1000):
+        found = _silences(rows, per_batch=per_batch, silence=fast)
+        assert [(f["node"], f["resolved"]) for f in found] == [("sc-b", False), ("sc-b", True)], per_batch
+        opened = found[0]
+        assert opened["first_seen"] == T0 + 39 + fast.silent_after_s  # event time, as live
+        # in the node's seconds (the broker's are ten times fewer): at least silent_after_s when found
+        # live, the whole 61 s gap when found in a backlog
+        assert fast.silent_after_s <= opened["evidence"]["silent_for_s"] <= 61.5, per_batch
+    # and a healthy stream sent at that speed has no silence in it
+    assert _silences(_stream(120, {"sc-a": 5.0}, speed=10.0), per_batch=1, silence=fast) == []
