@@ -4,9 +4,9 @@ again; any other error, or one that outlasts the timeout, reaches the caller as 
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from fleetwatch.bus.kafka import watermarks
+# the client's types as the bus module holds them: only fleetwatch/bus imports the client
+from fleetwatch.bus.kafka import KafkaError, KafkaException, TopicPartition, watermarks
 
 
 class ScriptedConsumer:
