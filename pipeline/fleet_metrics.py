@@ -125,7 +125,7 @@ class FleetStateCollector(Collector):
         )
         self.stale_job_records = Counter(
             "fleetwatch_detect_stale_job_records_total",
-            "step and node-feature records dropped as duplicate or out of order",
+            "step and node-feature records dropped as duplicate, out of order, or sent after their job ended",
             registry=None,
         )
 

@@ -6,7 +6,9 @@ So the job stage takes a step or node-feature record only for a node its job's j
 refuses one for any other node (dead letter `not_in_job`). The jobs topic and the steps topic are
 read separately, so a job's first steps may come before its job/1: those are held, then judged
 against the nodes the job/1 lists when it comes, or refused (`unknown_job`) when the hold runs out.
-Nothing is judged blind.
+Nothing is judged blind. Records of a job the stage has seen end are held too (a requeued run's
+steps may come before its job/1); when no new run claims them they were late, not unknown: the
+hold's end drops them, counted as the task's late records, not refused.
 
 Where a job's nodes come from, in order: the job/1 records of the stage's own jobs partition (kept
 in the task's snapshot, so a replay decides as the first run did), else the worker's JobTable (the
@@ -72,6 +74,7 @@ class JobMembers:
         self.n_held = 0
         self.newest = -math.inf  # the newest step or feature ts of the partition
         self._index: dict[int, int] = {}  # id(msg) -> its place in the current call's messages
+        self.late = 0  # records of ended jobs the latest admit() dropped (see _expire)
 
     # ------------------------------------------------------------ the gate
 
@@ -81,6 +84,7 @@ class JobMembers:
         taken: list[dict[str, Any]] = []
         refused: list[Refused] = []
         self._index = {}
+        self.late = 0
         for i, m in enumerate(msgs):
             if m["schema"] == JOB:
                 if not self._stale(m):
@@ -190,8 +194,13 @@ class JobMembers:
                 continue
             q = self.held[job]
             stay = deque(r for r in q if float(r["ts"]) >= horizon)
-            detail = f"no job/1 named the nodes of {job} within {hold:g} s"
-            refused.extend(self._refusal(r, UNKNOWN_JOB, detail) for r in q if float(r["ts"]) < horizon)
+            if job in self.ended:
+                # sent before the agent or the trainer learnt the job had ended (a node's last
+                # sample names it), and no new run came: late, not unknown; nothing to judge them by
+                self.late += len(q) - len(stay)
+            else:
+                detail = f"no job/1 named the nodes of {job} within {hold:g} s"
+                refused.extend(self._refusal(r, UNKNOWN_JOB, detail) for r in q if float(r["ts"]) < horizon)
             self.n_held -= len(q) - len(stay)
             if stay:
                 self.held[job] = stay

@@ -87,6 +87,8 @@ class JobTask:
         # steps, node features or jobs: each message says which by its schema. Only records of
         # the nodes a job's job/1 lists reach the detectors; the worker dead-letters the refused.
         taken, self.refused = self.members.admit(msgs)
+        if self.members.late and self.metrics is not None:
+            self.metrics.stale_job_records.inc(self.members.late)
         fresh = self._fresh(taken)
         if not fresh:
             return []

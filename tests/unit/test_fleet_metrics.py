@@ -78,6 +78,14 @@ def test_job_step_times() -> None:
     assert 0.95 < (_value(text, "fleetwatch_job_step_time_median_seconds", job="mx-job") or 0) < 1.1
     task.process("fleet.steps.v1", steps(4, 1, job="mx-job"))  # the first step again: stale
     assert _value(generate_latest(registry).decode(), "fleetwatch_detect_stale_job_records_total") == 4
+    # the job ends; its nodes' last samples, still naming it, are held for a new run, then dropped
+    end = steps(4, 41, job="mx-job")[-1]["ts"]
+    task.process("fleet.jobs.v1", [{**job_start(4, "mx-job"), "state": "failed", "ts": end}])
+    late = [{**m, "ts": end} for m in steps(4, 1, job="mx-job")]
+    task.process("fleet.steps.v1", late)
+    task.process("fleet.steps.v1", [{**m, "ts": end + 200.0} for m in steps(4, 1, job="other-job")])
+    assert task.refused == []
+    assert _value(generate_latest(registry).decode(), "fleetwatch_detect_stale_job_records_total") == 4 + 4
     task.close()
     assert _value(generate_latest(registry).decode(), "fleetwatch_job_node_slowdown", job="mx-job") is None
 
