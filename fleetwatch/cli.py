@@ -204,6 +204,30 @@ def build_parser() -> _Parser:
     p.add_argument("--topic", default=None, help="override the topic (default: by each message's schema)")
     p.set_defaults(handler="fleetwatch.collectors.replay:run")
 
+    p = sub.add_parser("xids", help="the GPU, NVSwitch and PCIe events of a saved kernel log, as JSON lines")
+    p.add_argument(
+        "file",
+        help="a saved kernel log: /dev/kmsg, dmesg [-T], journalctl -k [-o json], syslog (- for stdin)",
+    )
+    p.add_argument(
+        "--year",
+        type=int,
+        default=None,
+        help="the year of syslog lines, which carry none (default: this year)",
+    )
+    p.add_argument(
+        "--utc-offset",
+        default="+00:00",
+        help="the offset of the local times dmesg -T and syslog lines print (default: +00:00)",
+    )
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="GPU indices by PCI address (nvidia-smi lists them with index,pci.bus_id): "
+        "0=0000:9b:00.0,1=...",
+    )
+    p.set_defaults(handler="fleetwatch.pipeline.xids:run")
+
     p = sub.add_parser("detect", help="detector worker (consumer group fleetwatch-detect)")
     _add_bootstrap(p)
     p.add_argument("--metrics-port", type=int, default=9108, help="serve Prometheus metrics here (0: off)")

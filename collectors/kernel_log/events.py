@@ -1,0 +1,344 @@
+"""The events a GPU node's kernel log holds: NVIDIA XIDs, NVSwitch SXids, GPUs fallen off the bus,
+PCIe AER errors, and the lines that name a GPU's UUID at a PCI address.
+
+Grammar (tests/fixtures/kernel_log/README.md has the sources):
+
+- XID: `NVRM: Xid (<dev>): <code>, [pid=<pid>, name=<name>, ]<text>`; <dev> is `PCI:dddd:bb:dd`
+  or, from older drivers, `dddd:bb:dd`; pid may be `'<unknown>'`. NVLink5 XIDs (144-150) carry
+  `<UNIT> <Fatal|Nonfatal> XC<n> i<n> Link <n> (<six words>)`, separated by runs of spaces;
+  XID 154 `GPU recovery action changed from 0x<a> (<name>) to 0x<b> (<name>)`.
+- SXid: `nvidia-nvswitch<N>: SXid (PCI:dddd:bb:dd.f): <code>, <part>`, one event printed as up to
+  three lines that each repeat the prefix: `<Fatal|Non-fatal>, Link <n> <text>`, `Severity <s>
+  Engine instance <e> Sub-engine instance <x>`, `Data {...}`. They are folded per switch into one
+  event; lines of different switches interleave.
+- Fallen off the bus: `NVRM: GPU dddd:bb:dd.f: GPU has fallen off the bus.`, and at probe time one
+  record of three lines, `The NVIDIA GPU <dev>` / `(PCI ID: <id>) installed in this system has` /
+  `fallen off the bus and is not responding to commands.` (dmesg prints the later lines indented,
+  kmsg in one record). No XID number: kind fallen_off_bus. The XID 79 line beside it is an xid.
+- AER: a header `<drv> <port>: AER: [Multiple ]<Corrected|Correctable|Uncorrected (..)|
+  Uncorrectable (..)> error [message ]received[:| from] <dev | id=XXXX>`, then lines of the device
+  (`PCIe Bus Error: severity=<s>, type=<t>, ...`, `device [vvvv:dddd] error status/mask=...`,
+  `[ n] <bit name>`), older kernels with `id=` (bus << 8 | devfn, domain 0000).
+- `NVRM: GPU at [PCI:]dddd:bb:dd: GPU-<uuid>`: the UUID of the GPU at that address.
+
+A line none of these match is not an event (most of the log): nothing is guessed from it.
+PCI addresses are written one way everywhere: `dddd:bb:dd.f`, lower case.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fleetwatch.collectors.kernel_log.lines import LogLine
+
+MAX_CODE = 2**32 - 1  # the driver prints an unsigned 32-bit code; more is no XID
+MAX_TEXT = 512  # of a message kept in an event
+
+_DEV = r"(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
+_XID = re.compile(rf"NVRM: Xid \((?:PCI:)?{_DEV}\): (?P<code>\d{{1,12}}),\s*(?P<rest>.*)$", re.S)
+_PID = re.compile(r"^pid=(?P<pid>\d+|'?<unknown>'?)(?:, name=(?P<name>.*?))?, (?P<rest>.*)$", re.S)
+_NVLINK5 = re.compile(
+    r"^(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d+)\s+i(?P<inst>\d+)\s+"
+    r"Link\s+(?P<link>-?\d+)\s*\((?P<words>[^)]*)\)"
+)
+_RECOVERY = re.compile(
+    r"GPU recovery action changed from (?P<from>0x[0-9a-fA-F]+) \((?P<from_name>[^)]*)\) "
+    r"to (?P<to>0x[0-9a-fA-F]+) \((?P<to_name>[^)]*)\)"
+)
+_SXID = re.compile(
+    rf"nvidia-nvswitch(?P<switch>\d{{1,4}}): SXid \((?:PCI:)?{_DEV}\): (?P<code>\d{{1,12}}),\s*(?P<rest>.*)$",
+    re.S,
+)
+_SXID_MAIN = re.compile(r"^(?P<sev>Fatal|Non-fatal|Nonfatal), Link (?P<link>-?\d+)\s*(?P<text>.*)$", re.S)
+_SXID_SEVERITY = re.compile(
+    r"^Severity (?P<level>\d+) Engine instance (?P<engine>\d+) Sub-engine instance (\d+)"
+)
+_SXID_DATA = re.compile(r"^Data \{(?P<data>[^}]*)\}")
+_FALLEN_ONE_LINE = re.compile(rf"NVRM: GPU {_DEV}: GPU has fallen off the bus")
+_FALLEN_START = re.compile(rf"NVRM: The NVIDIA GPU {_DEV}(?:\s|$)")
+_FALLEN_END = re.compile(r"fallen off the bus and is not responding to commands")
+_GPU_AT = re.compile(rf"NVRM: GPU at (?:PCI:)?{_DEV}: (?P<uuid>GPU-[0-9a-fA-F-]{{36}})\b")
+_AER_HEADER = re.compile(
+    r"^\S+ (?P<port>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): AER: (?:Multiple )?"
+    r"(?P<sev>Corrected|Correctable|Uncorrect(?:ed|able) \((?:Non-Fatal|Fatal)\))"
+    r" error (?:message )?received(?::| from) (?:id=(?P<id>[0-9a-fA-F]{4})|"
+    r"(?P<src>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]))"
+)
+_AER_DETAIL = re.compile(
+    r"^\S+ (?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?:AER: )?\s*(?P<what>.*)$", re.S
+)
+_AER_BUS_ERROR = re.compile(r"PCIe Bus Error: severity=(?P<sev>[^,]+), type=(?P<type>[^,]+)")
+_AER_DEVICE = re.compile(
+    r"device \[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\] error status/mask"
+)
+_AER_BIT = re.compile(r"^\[\s*(?P<bit>\d{1,2})\s*\]\s*(?P<name>\S.*?)\s*(?:\(First\))?\s*$")
+
+FOLD_WINDOW_S = 2.0  # companion lines come within milliseconds of their first line
+
+
+def pci_address(text: str) -> str:
+    """`PCI:0000:9B:00`, `00000000:9b:00.0` -> `0000:9b:00.0`: one spelling for one device."""
+    text = text.removeprefix("PCI:").lower()
+    domain, bus, rest = text.split(":", 2)
+    device, _, function = rest.partition(".")
+    return f"{int(domain, 16):04x}:{bus}:{device}.{function or '0'}"
+
+
+def _severity(word: str) -> str:
+    """An event's own severity word, in one spelling: fatal, nonfatal or corrected."""
+    w = word.lower()
+    if "non" in w:
+        return "nonfatal"
+    if "fatal" in w:
+        return "fatal"
+    return "corrected"  # Corrected / Correctable
+
+
+@dataclass(slots=True)
+class KernelEvent:
+    kind: str  # xid | sxid | fallen_off_bus | aer
+    pci: str | None  # the device the event is about (for aer: the device below the port, if named)
+    text: str
+    code: int | None = None  # XID / SXid number
+    severity: str | None = None  # as the line says it (fatal, nonfatal, corrected), where it does
+    ts: float | None = None
+    since_boot_s: float | None = None
+    seq: int | None = None  # kmsg sequence of the event's first line
+    boot_id: str | None = None
+    count: int = 1  # repeats folded into this event (coalesce)
+    line: int | None = None  # where its first line is in the input (1-based), for saved logs
+    extra: dict[str, Any] = field(default_factory=dict)  # pid, process, link, unit, recovery, port, ...
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        extra = d.pop("extra")
+        return {k: v for k, v in {**d, **extra}.items() if v is not None}
+
+
+def _from_line(kind: str, line: LogLine, pci: str | None, at: int | None = None, **kw: Any) -> KernelEvent:
+    return KernelEvent(
+        kind,
+        pci,
+        line.text.strip()[:MAX_TEXT],
+        ts=line.ts,
+        since_boot_s=line.since_boot_s,
+        seq=line.seq,
+        boot_id=line.boot_id,
+        line=at,
+        **kw,
+    )
+
+
+class EventParser:
+    """Events from a stream of LogLines. Multi-line events are folded: feed() returns the events
+    complete so far, flush() the ones still open (end of input, or nothing more came for a while).
+    `uuids` collects each PCI address's GPU UUID as the driver names it; `rejected` counts lines
+    that looked like an event and broke its grammar (a code past 2**32, ...)."""
+
+    def __init__(self) -> None:
+        self.uuids: dict[str, str] = {}
+        self.rejected = 0
+        self._sxid: dict[str, KernelEvent] = {}  # switch address -> its open event
+        self._fallen: tuple[str, LogLine, int, int] | None = (
+            None  # address, first line, its number, lines left
+        )
+        self._aer: dict[str, KernelEvent] = {}  # port -> its open AER event
+        self.lines = 0
+
+    def feed(self, line: LogLine, at: int | None = None) -> list[KernelEvent]:
+        """The events this line completes; `at`: its line number in a file (default: lines fed)."""
+        self.lines = at if at is not None else self.lines + 1
+        out = self._stale(line)
+        text = line.text
+        if "NVRM" in text:
+            out += self._nvrm(line)
+        elif "SXid" in text:
+            out += self._sxid_line(line)
+        elif "AER" in text or self._aer:
+            out += self._aer_line(line)
+        if self._fallen is not None and "NVRM" not in text:
+            out += self._fallen_continued(line)
+        return out
+
+    def flush(self) -> list[KernelEvent]:
+        out = list(self._sxid.values()) + list(self._aer.values())
+        self._sxid.clear()
+        self._aer.clear()
+        self._fallen = None
+        return out
+
+    # ------------------------------------------------------------ NVRM
+
+    def _nvrm(self, line: LogLine) -> list[KernelEvent]:
+        text = line.text
+        m = _XID.search(text)
+        if m:
+            return self._xid(line, m)
+        m = _GPU_AT.search(text)
+        if m:
+            if len(self.uuids) < 4096:  # a node has a handful of GPUs; a flood of names is not one
+                self.uuids[pci_address(m.group("pci"))] = m.group("uuid")
+            return []
+        m = _FALLEN_ONE_LINE.search(text)
+        if m:
+            return [
+                _from_line(
+                    "fallen_off_bus", line, pci_address(m.group("pci")), severity="fatal", at=self.lines
+                )
+            ]
+        if self._fallen is not None:  # dmesg's indented later lines of the probe-time record
+            out = self._fallen_continued(line)
+            if out or self._fallen is not None:
+                return out
+        m = _FALLEN_START.search(text)
+        if m:
+            pci = pci_address(m.group("pci"))
+            if _FALLEN_END.search(text):  # kmsg: the three lines in one record
+                return [_from_line("fallen_off_bus", line, pci, severity="fatal", at=self.lines)]
+            self._fallen = (pci, line, self.lines, 2)
+        return []
+
+    def _fallen_continued(self, line: LogLine) -> list[KernelEvent]:
+        assert self._fallen is not None
+        pci, first, at, left = self._fallen
+        if _FALLEN_END.search(line.text):
+            self._fallen = None
+            event = _from_line("fallen_off_bus", first, pci, severity="fatal", at=at)
+            event.text = f"{event.text} ... {line.text.strip()}"[:MAX_TEXT]
+            return [event]
+        self._fallen = (pci, first, at, left - 1) if left > 1 else None
+        return []
+
+    def _xid(self, line: LogLine, m: re.Match[str]) -> list[KernelEvent]:
+        code = int(m.group("code"))
+        if code > MAX_CODE:
+            self.rejected += 1
+            return []
+        event = _from_line("xid", line, pci_address(m.group("pci")), code=code, at=self.lines)
+        rest = m.group("rest")
+        p = _PID.match(rest)
+        if p:
+            pid = p.group("pid")
+            if pid.isdigit():
+                event.extra["pid"] = int(pid)
+            if p.group("name") and p.group("name") != "<unknown>":
+                event.extra["process"] = p.group("name")[:64]
+            rest = p.group("rest")
+        n = _NVLINK5.match(rest)
+        if n:
+            event.severity = _severity(n.group("sev"))
+            event.extra.update(unit=n.group("unit"), link=int(n.group("link")))
+        r = _RECOVERY.search(rest)
+        if r:
+            event.extra["recovery_action"] = int(r.group("to"), 16)
+            event.extra["recovery_action_name"] = r.group("to_name")[:64]
+            event.extra["recovery_action_before"] = int(r.group("from"), 16)
+        return [event]
+
+    # ------------------------------------------------------------ NVSwitch
+
+    def _sxid_line(self, line: LogLine) -> list[KernelEvent]:
+        m = _SXID.search(line.text)
+        if not m:
+            return []
+        code = int(m.group("code"))
+        if code > MAX_CODE:
+            self.rejected += 1
+            return []
+        switch = pci_address(m.group("pci"))
+        rest = m.group("rest")
+        open_ = self._sxid.get(switch)
+        if open_ is not None and open_.code == code:
+            s = _SXID_SEVERITY.match(rest)
+            if s and "severity_level" not in open_.extra:
+                open_.extra.update(severity_level=int(s.group("level")), engine=int(s.group("engine")))
+                return []
+            d = _SXID_DATA.match(rest)
+            if d and "data" not in open_.extra:
+                open_.extra["data"] = d.group("data")[:256]
+                return [self._sxid.pop(switch)]  # the last of the three lines
+        out = [self._sxid.pop(switch)] if open_ is not None else []
+        event = _from_line("sxid", line, switch, code=code, at=self.lines)
+        event.extra["switch"] = int(m.group("switch"))
+        main = _SXID_MAIN.match(rest)
+        if main:
+            event.severity = _severity(main.group("sev"))
+            event.extra["link"] = int(main.group("link"))
+        elif (s := _SXID_SEVERITY.match(rest)) is not None:  # its first line was not in the log
+            event.extra.update(severity_level=int(s.group("level")), engine=int(s.group("engine")))
+        elif (d := _SXID_DATA.match(rest)) is not None:
+            event.extra["data"] = d.group("data")[:256]
+        self._sxid[switch] = event
+        return out
+
+    # ------------------------------------------------------------ PCIe AER
+
+    def _aer_line(self, line: LogLine) -> list[KernelEvent]:
+        text = line.text.strip()
+        h = _AER_HEADER.match(text)
+        if h:
+            port = pci_address(h.group("port"))
+            out = [self._aer.pop(port)] if port in self._aer else []
+            if h.group("src"):
+                source: str | None = pci_address(h.group("src"))
+            else:  # id=XXXX: bus << 8 | device << 3 | function, in the port's domain
+                rid = int(h.group("id"), 16)
+                source = f"{port[:4]}:{rid >> 8:02x}:{(rid >> 3) & 0x1F:02x}.{rid & 7}"
+            event = _from_line("aer", line, source, severity=_severity(h.group("sev")), at=self.lines)
+            event.extra["port"] = port
+            self._aer[port] = event
+            return out
+        d = _AER_DETAIL.match(text)
+        if not d or not self._aer:
+            return []
+        dev = pci_address(d.group("dev"))
+        event = next((e for e in self._aer.values() if dev in (e.pci, e.extra["port"])), None)
+        if event is None:
+            return []
+        what = d.group("what")
+        if (b := _AER_BUS_ERROR.search(what)) is not None:
+            event.extra["error_type"] = b.group("type").strip()[:64]
+            event.pci = dev if event.pci == event.extra["port"] else event.pci
+        elif (v := _AER_DEVICE.search(what)) is not None:
+            event.extra["pci_id"] = f"{v.group('vendor')}:{v.group('device')}".lower()
+        elif (bit := _AER_BIT.match(what.strip())) is not None:
+            names = event.extra.setdefault("errors", [])
+            if len(names) < 32:
+                names.append(bit.group("name")[:48])
+        return []
+
+    # ------------------------------------------------------------ folding
+
+    def _stale(self, line: LogLine) -> list[KernelEvent]:
+        """Open events whose first line is FOLD_WINDOW_S older than this one: their companions
+        will not come (where the lines carry no time, the next event of the same device closes
+        them, or flush())."""
+        now = line.since_boot_s if line.since_boot_s is not None else line.ts
+        if now is None or not (self._sxid or self._aer):
+            return []
+        out = []
+        for book in (self._sxid, self._aer):
+            for key in [k for k, e in book.items() if _age(e, line) > FOLD_WINDOW_S]:
+                out.append(book.pop(key))
+        return out
+
+
+def _age(event: KernelEvent, line: LogLine) -> float:
+    if event.since_boot_s is not None and line.since_boot_s is not None:
+        return line.since_boot_s - event.since_boot_s
+    if event.ts is not None and line.ts is not None:
+        return line.ts - event.ts
+    return 0.0
+
+
+def parse_events(lines: list[LogLine]) -> tuple[list[KernelEvent], EventParser]:
+    """Every event of a whole log, in order of their first lines."""
+    parser = EventParser()
+    out: list[KernelEvent] = []
+    for line in lines:
+        out += parser.feed(line)
+    out += parser.flush()
+    out.sort(key=lambda e: e.line or 0)
+    return out, parser
