@@ -223,8 +223,7 @@ def build_parser() -> _Parser:
     p.add_argument(
         "--gpus",
         default=None,
-        help="GPU indices by PCI address (nvidia-smi lists them with index,pci.bus_id): "
-        "0=0000:9b:00.0,1=...",
+        help="GPU indices by PCI address (nvidia-smi lists them with index,pci.bus_id): 0=0000:9b:00.0,1=...",
     )
     p.set_defaults(handler="fleetwatch.pipeline.xids:run")
 
