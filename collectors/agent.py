@@ -14,6 +14,7 @@ import argparse
 import logging
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from prometheus_client import Counter, Gauge
 
 from fleetwatch import __version__, schemas, topics
 from fleetwatch.collectors.forwarder import SpoolForwarder
-from fleetwatch.collectors.sources import Source, make_source
+from fleetwatch.collectors.sources import SOURCE_NAMES, Source, make_source
 from fleetwatch.collectors.spool import BOUND, DROP_REASONS, Spool
 from fleetwatch.runtime import StopFlag, serve_metrics
 
@@ -126,6 +127,9 @@ class Agent:
 
     def __post_init__(self) -> None:
         self.seq = self.spool.get_meta("next_seq", 0)
+        # sources' positions (the kernel log's cursor) reached by the sample being built: stored
+        # with that sample, in the same spool transaction (collectors/sources.py)
+        self._cursors: dict[str, int] = {}
 
     def sample(self) -> dict[str, Any]:
         """One telemetry/1 message from all sources (partial when some fail)."""
@@ -146,6 +150,9 @@ class Agent:
             if err is not None:
                 errors[r.name] = err
             elif part:
+                cursor = part.pop("_cursor", None)
+                if isinstance(cursor, dict):
+                    self._cursors.update({k: v for k, v in cursor.items() if isinstance(v, int)})
                 body.update(part)
         msg.update(body)
         # an error text longer than the contract allows would make the whole sample invalid
@@ -175,7 +182,7 @@ class Agent:
             value = schemas.encode(bad)
         # next_seq goes in the sample's own transaction: a seq is persisted only with its sample,
         # so a restart never reuses the seq of a sample that was spooled (and maybe sent).
-        drops = self.spool.append(self.node.encode(), value, meta={"next_seq": self.seq})
+        drops = self.spool.append(self.node.encode(), value, meta={"next_seq": self.seq, **self._cursors})
         for reason, n in drops.items():
             SPOOL_DROPPED.labels(reason).inc(n)
         if drops.get(BOUND):  # a full disk or a failing spool is logged by the spool, once
@@ -221,6 +228,21 @@ class Agent:
         self.spool.close()
 
 
+def source_factory(name: str, spool: Spool) -> Callable[[], Source]:
+    """How the runner builds (and rebuilds) a source; the kernel log's from the cursor in the spool,
+    read at each build, so a source rebuilt after a failure goes on from what was spooled."""
+    if name == "kernel":
+        from fleetwatch.collectors.kernel_log.kmsg import Cursor
+
+        def kernel() -> Source:
+            boot = spool.get_meta("kmsg_boot", -1)
+            cursor = Cursor(boot, spool.get_meta("kmsg_seq", -1)) if boot >= 0 else None
+            return make_source(name, cursor=cursor)
+
+        return kernel
+    return lambda: make_source(name)
+
+
 def default_spool_dir() -> Path:
     return Path.home() / ".cache" / "fleetwatch" / "agent"
 
@@ -231,12 +253,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"node name {node!r} is not valid ({schemas.NAME_RE.pattern}); pass --node")
     names = [s.strip() for s in args.source.split(",") if s.strip()]
     for name in names:
-        if name not in ("nvml", "host", "net"):
-            raise ValueError(f"unknown source {name!r} (choose from nvml,host,net)")
+        if name not in SOURCE_NAMES:
+            raise ValueError(f"unknown source {name!r} (choose from {','.join(SOURCE_NAMES)})")
     spool_dir = Path(args.spool_dir) if args.spool_dir else default_spool_dir()
     spool = Spool(spool_dir / f"{node}.sqlite", max_bytes=int(args.spool_max_mib * 2**20))
     serve_metrics(args.metrics_port, args.metrics_addr)
-    runners = [SourceRunner(n, lambda n=n: make_source(n)) for n in names]
+    runners = [SourceRunner(n, source_factory(n, spool)) for n in names]
     agent = Agent(
         node=node,
         runners=runners,

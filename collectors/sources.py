@@ -3,6 +3,11 @@
 Each source returns a *partial* telemetry/1 body (see docs/contract.md, "telemetry/1"):
 
     nvml -> {"gpus": [...]}        host -> {"host": {...}}        net -> {"net": {"ib": [...], "eth": [...]}}
+    kernel -> {"kernel": {"events": [...], ...}, "_cursor": {...}}
+
+A source that reads a log from a position (kernel) also returns `_cursor`: integers the agent
+stores in its spool with the very sample that carries what was read, and hands back to the
+source's constructor (`cursor=`) on the next start.
 
 The agent merges the parts, adds schema/node/ts/seq and validates the result with
 `fleetwatch.schemas.validate`. Sources follow one rule: a value that cannot be read is left
@@ -20,12 +25,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
-SOURCE_NAMES = ("nvml", "host", "net")
+SOURCE_NAMES = ("nvml", "host", "net", "kernel")
 
 
 @runtime_checkable
 class Source(Protocol):
-    name: str  # "nvml" | "host" | "net"
+    name: str  # "nvml" | "host" | "net" | "kernel"
 
     def sample(self) -> dict[str, Any]:
         """A partial telemetry/1 body; see the module docstring."""
@@ -66,7 +71,7 @@ class SingleFlight:
 
 
 def make_source(name: str, **kwargs: Any) -> Source:
-    """Build the source called `name` ("nvml", "host" or "net"); kwargs go to its constructor.
+    """Build the source called `name` (SOURCE_NAMES); kwargs go to its constructor.
 
     Imports are local so that e.g. a CPU-only node running `--source host,net` never imports pynvml.
     Raises ValueError for an unknown name; constructors may raise SourceUnavailable.
@@ -83,6 +88,10 @@ def make_source(name: str, **kwargs: Any) -> Source:
         from fleetwatch.collectors.net import NetSource
 
         return NetSource(**kwargs)
+    if name == "kernel":
+        from fleetwatch.collectors.kernel_log.source import KernelLogSource
+
+        return KernelLogSource(**kwargs)
     raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")
 
 

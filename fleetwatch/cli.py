@@ -166,7 +166,7 @@ def build_parser() -> _Parser:
     p = sub.add_parser("collect", help="node agent: stream this node's GPU/host/network telemetry")
     _add_bootstrap(p)
     p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples")
-    p.add_argument("--source", default="nvml,host,net", help="comma list of nvml,host,net")
+    p.add_argument("--source", default="nvml,host,net", help="comma list of nvml,host,net,kernel")
     p.add_argument("--node", default=None, help="node name (default: this host's short name)")
     p.add_argument("--spool-dir", default=None, help="on-disk buffer for broker outages")
     p.add_argument("--spool-max-mib", type=_positive_float, default=256.0, help="spool bound in MiB")

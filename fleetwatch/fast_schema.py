@@ -43,6 +43,12 @@ def _field_type(check: s.Check) -> Any:
         return _Ident
     if check is s._port:
         return _Ident | Annotated[int, msgspec.Meta(ge=0, le=s.MAX_PORT_NUMBER)]
+    if check in (s._kernel_text, s._short_text):
+        return Annotated[str, msgspec.Meta(max_length=s.MAX_KERNEL_TEXT if check is s._kernel_text else 64)]
+    if check is s._pci:
+        return Annotated[str, msgspec.Meta(pattern=s.PCI_PATTERN, max_length=16)]
+    if check is s._error_names:
+        return Annotated[list[Annotated[str, msgspec.Meta(max_length=48)]], msgspec.Meta(max_length=32)]
     if check is s._xids:
         xid = Annotated[int, msgspec.Meta(ge=0, le=s.MAX_XID)]
         return Annotated[list[xid], msgspec.Meta(max_length=s.MAX_XIDS)]
@@ -87,6 +93,19 @@ _Net = msgspec.defstruct(
     ],
     gc=False,
 )
+_KernelEvent = _struct(
+    "KernelEvent", {k: c for k, c in s.KERNEL_EVENT_FIELDS.items() if k != "kind"}, {"kind": _Ident}
+)
+_Count = Annotated[int, msgspec.Meta(ge=0, le=s.I64_MAX)]
+_Kernel = msgspec.defstruct(
+    "Kernel",
+    [
+        ("boot", _Ident | msgspec.UnsetType, _UNSET),
+        ("events", Annotated[list[_KernelEvent], msgspec.Meta(max_length=s.MAX_KERNEL_EVENTS)], []),
+        *((k, _Count | msgspec.UnsetType, _UNSET) for k in s.KERNEL_COUNTS),
+    ],
+    gc=False,
+)
 _SourceErrors = Annotated[
     dict[_Ident, Annotated[str, msgspec.Meta(max_length=s.MAX_ERROR_LEN)]],
     msgspec.Meta(max_length=s.MAX_SOURCE_ERRORS),
@@ -110,6 +129,7 @@ _Telemetry = msgspec.defstruct(
         ("gpus", Annotated[list[_Gpu], msgspec.Meta(max_length=s.MAX_GPUS)]),
         ("host", _Host | msgspec.UnsetType, _UNSET),
         ("net", _Net | msgspec.UnsetType, _UNSET),
+        ("kernel", _Kernel | msgspec.UnsetType, _UNSET),
         ("agent", _Agent | msgspec.UnsetType, _UNSET),
     ],
     gc=False,

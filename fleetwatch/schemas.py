@@ -303,6 +303,97 @@ ETH_FIELDS: dict[str, Check] = {
 }
 
 
+# The kernel log's events since the last sample (collectors/kernel_log, `fleetwatch collect --source
+# ...,kernel`): telemetry/1 `kernel`. `kind` is open (xid, sxid, fallen_off_bus, aer today): a kind
+# a consumer does not know is still a valid event, so an agent newer than its pipeline is never
+# dead-lettered for it.
+MAX_KERNEL_EVENTS = 256  # distinct events a sample carries (repeats are one event with a count)
+MAX_KERNEL_TEXT = 512
+PCI_PATTERN = r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
+PCI_RE = re.compile(PCI_PATTERN)
+
+
+def _kernel_text(where: str, v: Any) -> None:
+    _string(where, v, MAX_KERNEL_TEXT)
+
+
+def _short_text(where: str, v: Any) -> None:
+    _string(where, v, 64)
+
+
+def _pci(where: str, v: Any) -> None:
+    _string(where, v, 16)
+    if not PCI_RE.match(v):
+        raise MessageError("out_of_range", f"{where} {v!r} is not a PCI address (dddd:bb:dd.f)")
+
+
+def _link(where: str, v: Any) -> None:
+    _integer(where, v, -1, MAX_PORT_NUMBER)  # -1: the driver names no single link
+
+
+def _gpu_index(where: str, v: Any) -> None:
+    _integer(where, v, 0, MAX_GPU_INDEX)
+
+
+def _error_names(where: str, v: Any) -> None:
+    for i, x in enumerate(_bounded_list(where, v, 32)):
+        _string(f"{where}[{i}]", x, 48)
+
+
+KERNEL_EVENT_FIELDS: dict[str, Check] = {
+    "kind": _ident,
+    "code": _counter32,
+    "pci": _pci,
+    "gpu": _gpu_index,
+    "uuid": _ident,
+    "severity": _ident,
+    "text": _kernel_text,
+    "ts": _nonneg,
+    "since_boot_s": _nonneg,
+    "seq": _counter,
+    "count": _counter,
+    "pid": _counter32,
+    "process": _short_text,
+    "unit": _ident,
+    "link": _link,
+    "recovery_action": _counter32,
+    "recovery_action_before": _counter32,
+    "recovery_action_name": _short_text,
+    "switch": _counter32,
+    "severity_level": _counter32,
+    "engine": _counter32,
+    "data": _kernel_text,
+    "port": _pci,
+    "error_type": _short_text,
+    "pci_id": _short_text,
+    "errors": _error_names,
+}
+KERNEL_COUNTS = (
+    "records",
+    "unknown",
+    "rejected",
+    "missed",
+    "overruns",
+    "gone_before_start",
+    "coalesced",
+    "dropped",
+)
+
+
+def _kernel_section(where: str, v: Any) -> None:
+    section = _object(where, v)
+    if "boot" in section:
+        _ident(f"{where}.boot", section["boot"])
+    for k in KERNEL_COUNTS:
+        if k in section:
+            _counter(f"{where}.{k}", section[k])
+    for i, e in enumerate(_bounded_list(f"{where}.events", section.get("events", []), MAX_KERNEL_EVENTS)):
+        at = f"{where}.events[{i}]"
+        event = _object(at, e)
+        _required(event, at, ("kind",))
+        _fields(at, event, KERNEL_EVENT_FIELDS)
+
+
 _BIG = 1.7976931348623157e308  # the largest float: `inf <= _BIG` is False, and NaN fails every comparison
 # Numeric checks as (lo, hi, integers only), for the fast path below.
 _RANGES: dict[Check, tuple[float, float, bool]] = {
@@ -312,6 +403,8 @@ _RANGES: dict[Check, tuple[float, float, bool]] = {
     _counter: (0, U64_MAX, True),  # an exact int bound: float(U64_MAX) would also pass 2**64
     _counter32: (0, U32_MAX, True),
     _temp: (-60, 250, False),
+    _link: (-1, MAX_PORT_NUMBER, True),
+    _gpu_index: (0, MAX_GPU_INDEX, True),
 }
 _FAST: dict[int, dict[str, tuple[float, float, bool]]] = {}
 
@@ -369,6 +462,8 @@ def validate_telemetry(m: Mapping[str, Any]) -> None:
                 for i, port in enumerate(_bounded_list(f"telemetry.net.{kind}", net[kind], MAX_PORTS)):
                     where = f"telemetry.net.{kind}[{i}]"
                     _fields(where, _object(where, port), spec)
+    if "kernel" in m:
+        _kernel_section("telemetry.kernel", m["kernel"])
     if "agent" in m:
         agent = _object("telemetry.agent", m["agent"])
         if "version" in agent:

@@ -51,6 +51,29 @@ def telemetry(**over: Any) -> dict[str, Any]:
     return m
 
 
+# a kernel section as the agent's kernel source writes it (collectors/kernel_log/source.py)
+KERNEL_SECTION: dict[str, Any] = {
+    "boot": "3c1f7b5e-0d7a-4c55-9a43-5f7a8e1c2b90",
+    "events": [
+        {
+            "kind": "xid",
+            "code": 149,
+            "pci": "0000:9b:00.0",
+            "gpu": 3,
+            "severity": "fatal",
+            "text": "NVRM: Xid (PCI:0000:9b:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 14 (0x0215c5c6)",
+            "since_boot_s": 171168.4,
+            "seq": 3968,
+            "count": 2,
+            "unit": "NETIR_LINK_EVT",
+            "link": 14,
+        },
+        {"kind": "aer", "pci": "0000:03:04.0", "port": "0000:00:1b.2", "count": 1, "errors": ["RxErr"]},
+    ],
+    "records": 12,
+    "unknown": 1,
+}
+
 GOOD = {
     "telemetry/1": telemetry(),
     "job/1": {
@@ -149,9 +172,12 @@ def python_accepts(m: Any) -> bool:
 def _containers(m: dict[str, Any]) -> list[dict[str, Any]]:
     """The dicts of a (possibly already mutated) telemetry message that a mutation may touch."""
     out = [m]
-    for k in ("host", "agent"):
+    for k in ("host", "agent", "kernel"):
         if isinstance(m.get(k), dict):
             out.append(m[k])
+    kernel = m.get("kernel")
+    if isinstance(kernel, dict) and isinstance(kernel.get("events"), list):
+        out += [e for e in kernel["events"] if isinstance(e, dict)]
     if isinstance(m.get("gpus"), list):
         out += [g for g in m["gpus"] if isinstance(g, dict)]
     net = m.get("net")
@@ -173,6 +199,7 @@ def mutated_telemetry(
     containers: one of its keys (or of `extra_keys`) removed, or set to a value drawn from `values`."""
     m = copy.deepcopy(telemetry())
     m["agent"] = {"version": "0.1", "source_errors": {}}
+    m["kernel"] = copy.deepcopy(KERNEL_SECTION)
     for _ in range(data.draw(st.integers(*changes))):
         target = data.draw(st.sampled_from(_containers(m)))
         key = data.draw(st.sampled_from([*sorted(target), *extra_keys]))

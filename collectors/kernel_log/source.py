@@ -1,0 +1,154 @@
+"""The agent's `kernel` source: the events of the node's kernel log since the last sample, as the
+telemetry/1 `kernel` section (docs/contract.md):
+
+    {"kernel": {"boot": "<boot_id>", "events": [{kind, code, pci, gpu, ...}], "records": n,
+                "unknown": n, "rejected": n, "missed": n, "coalesced": n, "dropped": n}}
+
+- Records come from /dev/kmsg after the cursor (kmsg.py); the cursor the sample reaches goes back
+  to the agent under `_cursor`, and the agent stores it in the spool with the sample itself, so an
+  event is neither lost nor sent twice across restarts, and a reboot rescans the new boot.
+- A flood (a driver in an error loop prints the same XID thousands of times) is read at most
+  `max_records` a sample (the rest next time: the sampling cadence does not slip), and repeats of
+  one event (same kind, code, device, link, unit, severity, recovery action) are one event with
+  their `count`; at most `max_events` distinct events a sample, the others `dropped` (counted).
+- GPU index: NVML numbers GPUs in PCI address order; the source reads the NVIDIA GPUs' addresses
+  from sysfs, not from NVML, which hangs on a GPU that fell off the bus (the very event to report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent
+from fleetwatch.collectors.kernel_log.kmsg import (
+    BOOT_ID,
+    Cursor,
+    Device,
+    KmsgDevice,
+    KmsgReader,
+    read_boot_id,
+)
+from fleetwatch.collectors.kernel_log.lines import LineReader
+from fleetwatch.collectors.sources import SingleFlight
+
+SYS_PCI = Path("/sys/bus/pci/devices")
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers (NVSwitches are 0x0680: bridges)
+MAX_RECORDS = 20_000  # a sample's read of the kernel log
+MAX_EVENTS = 256  # distinct events a sample carries
+
+
+def nvidia_gpus(sys_pci: Path = SYS_PCI) -> dict[str, int]:
+    """{PCI address: GPU index}: the NVIDIA GPUs sysfs lists, in address order (NVML's order)."""
+    found = []
+    try:
+        entries = sorted(sys_pci.iterdir())
+    except OSError:
+        return {}
+    for dev in entries:
+        try:
+            vendor = (dev / "vendor").read_text().strip()
+            klass = (dev / "class").read_text().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_VENDOR and klass.startswith(GPU_CLASSES):
+            found.append(dev.name.lower())
+    return {address: i for i, address in enumerate(sorted(found))}
+
+
+def _repeat_key(e: KernelEvent) -> tuple[Any, ...]:
+    x = e.extra
+    return (e.kind, e.code, e.pci, e.severity, x.get("link"), x.get("unit"), x.get("recovery_action"))
+
+
+class KernelLogSource:
+    name = "kernel"
+
+    def __init__(
+        self,
+        cursor: Cursor | None = None,
+        device: Callable[[], Device] = KmsgDevice,
+        boot_id: Path = BOOT_ID,
+        gpus: Callable[[], dict[str, int]] = nvidia_gpus,
+        max_records: int = MAX_RECORDS,
+        max_events: int = MAX_EVENTS,
+    ) -> None:
+        self._boot_id = read_boot_id(boot_id)
+        self._reader = KmsgReader(device(), self._boot_id, cursor)
+        self._gpus = gpus
+        self._lines = LineReader()
+        self._events = EventParser()
+        self._max_records = max_records
+        self._max_events = max_events
+        self._flight = SingleFlight(self.name)
+        self._counted = {"unknown": 0, "rejected": 0, "missed": 0, "overruns": 0}
+
+    @property
+    def cursor(self) -> Cursor:
+        return self._reader.cursor
+
+    def sample(self) -> dict[str, Any]:
+        with self._flight():
+            records = self._reader.read(self._max_records)
+            events: list[KernelEvent] = []
+            for record in records:
+                for text in record.split("\n"):  # the record, then its dictionary lines
+                    line = self._lines.parse(text)
+                    if line is not None:
+                        line.boot_id = self._boot_id
+                        events += self._events.feed(line)
+            if len(records) < self._max_records:  # nothing more waiting: what is open is complete
+                events += self._events.flush()
+            section = self._section(events, len(records))
+            cursor = self._reader.cursor
+            if cursor.seq < 0:  # nothing read yet in this boot: no position to keep
+                return {"kernel": section}
+            return {"kernel": section, "_cursor": {"kmsg_boot": cursor.boot, "kmsg_seq": cursor.seq}}
+
+    def _section(self, events: list[KernelEvent], records: int) -> dict[str, Any]:
+        merged: dict[tuple[Any, ...], KernelEvent] = {}
+        dropped = 0
+        for e in events:
+            key = _repeat_key(e)
+            first = merged.get(key)
+            if first is not None:
+                first.count += e.count
+            elif len(merged) < self._max_events:
+                merged[key] = e
+            else:
+                dropped += e.count
+        gpus = self._gpus() if merged else {}
+        out = []
+        for e in merged.values():
+            d = e.to_dict()
+            d.pop("boot_id", None)  # the section's
+            d.pop("line", None)  # a position in a file; kmsg has `seq`
+            if e.pci in gpus:
+                d["gpu"] = gpus[e.pci]
+            if e.pci in self._events.uuids:
+                d["uuid"] = self._events.uuids[e.pci]
+            out.append(d)
+        now = {
+            "unknown": self._lines.unknown,
+            "rejected": self._events.rejected,
+            "missed": self._reader.missed,
+            "overruns": self._reader.overruns,
+        }
+        delta = {k: v - self._counted[k] for k, v in now.items()}
+        self._counted = now
+        section: dict[str, Any] = {"boot": self._boot_id[:64], "events": out, "records": records}
+        section.update({k: v for k, v in delta.items() if v})
+        if self._reader.gone_before_start:
+            section["gone_before_start"] = self._reader.gone_before_start
+            self._reader.gone_before_start = 0  # said once
+        coalesced = len(events) - len(out) - dropped
+        if coalesced:
+            section["coalesced"] = coalesced
+        if dropped:
+            section["dropped"] = dropped
+        return section
+
+    def close(self) -> None:
+        self._reader.close()

@@ -1,0 +1,209 @@
+"""The agent's kernel source: the kernel log read from a cursor the spool keeps with each sample, so
+an agent restart neither repeats nor loses an event, a reboot rescans the new boot, a ring buffer
+that wrapped is reported, and a flood is read in bounded slices with repeats counted.
+
+The ring buffer is tests/helpers/fake_kmsg.py (it answers read() with /dev/kmsg's records and
+errors); the lines logged into it are real ones from tests/fixtures/kernel_log. The real
+/dev/kmsg is read in tests/integration/test_kernel_log_agent.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetwatch import schemas
+from fleetwatch.collectors.agent import Agent, SourceRunner, source_factory
+from fleetwatch.collectors.forwarder import SpoolForwarder
+from fleetwatch.collectors.kernel_log.kmsg import Cursor, boot_hash
+from fleetwatch.collectors.kernel_log.source import KernelLogSource, nvidia_gpus
+from fleetwatch.collectors.spool import Spool
+from tests.helpers.fake_kmsg import RingKmsg
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"
+XID_79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID_119 = "NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of waiting for RPC"
+SXID = [  # one event in three lines (gpud's README, nvswitch_sxid.txt)
+    "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 62 LTSSM Fault Up",
+    "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Severity 1 Engine instance 62 Sub-engine instance 00",
+    "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Data {0x10000000, 0x10000000, 0x00000000}",
+]
+
+
+def _boot(tmp_path: Path, boot_id: str = "0cec5dfe-715f-4b50-8a6a-7591dd3ffb2e") -> Path:
+    p = tmp_path / f"boot_id-{boot_id[:4]}"
+    p.write_text(boot_id + "\n")
+    return p
+
+
+def _source(ring: RingKmsg, boot: Path, cursor: Cursor | None = None, **kw: object) -> KernelLogSource:
+    return KernelLogSource(
+        cursor=cursor, device=ring.open, boot_id=boot, gpus=lambda: {"0000:91:00.0": 5}, **kw
+    )
+
+
+def _codes(section: dict) -> list[tuple[str, int | None, int]]:
+    return [(e["kind"], e.get("code"), e["count"]) for e in section["events"]]
+
+
+def test_events_since_the_last_sample_with_gpu_uuid_and_folded_sxid(tmp_path: Path) -> None:
+    ring = RingKmsg()
+    ring.log("NVRM: GPU at PCI:0000:91:00: GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b")
+    ring.log(XID_79)
+    for line in SXID:
+        ring.log(line)
+    src = _source(ring, _boot(tmp_path))
+    part = src.sample()
+    section = part["kernel"]
+    assert _codes(section) == [("xid", 79, 1), ("sxid", 20034, 1)]
+    xid = section["events"][0]
+    assert (xid["gpu"], xid["uuid"], xid["pci"]) == (
+        5,
+        "GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b",
+        "0000:91:00.0",
+    )
+    assert section["events"][1]["engine"] == 62 and "data" in section["events"][1]
+    assert section["records"] == 5 and part["_cursor"]["kmsg_seq"] == 4
+    assert src.sample()["kernel"]["events"] == []  # nothing new
+    ring.log(XID_119)
+    assert _codes(src.sample()["kernel"]) == [("xid", 119, 1)]
+    # the section is valid telemetry/1 as the agent sends it
+    schemas.validate({"schema": "telemetry/1", "node": "n1", "ts": 1.0, "seq": 0, "gpus": [], **part})
+
+
+def test_a_restart_goes_on_from_the_cursor_without_repeating_or_losing(tmp_path: Path) -> None:
+    ring, boot = RingKmsg(), _boot(tmp_path)
+    ring.log(XID_79)
+    first = _source(ring, boot)
+    assert _codes(first.sample()["kernel"]) == [("xid", 79, 1)]
+    saved = first.cursor
+    first.close()
+    ring.log(XID_119)  # while the agent is down
+    again = _source(ring, boot, saved)
+    section = again.sample()["kernel"]
+    assert _codes(section) == [("xid", 119, 1)] and "missed" not in section
+
+
+def test_a_ring_buffer_that_wrapped_while_the_agent_was_down_is_reported(tmp_path: Path) -> None:
+    ring, boot = RingKmsg(capacity=8), _boot(tmp_path)
+    ring.log(XID_79)
+    first = _source(ring, boot)
+    first.sample()
+    saved = first.cursor
+    for i in range(20):  # 20 records while down: 12 of them are gone before the agent is back
+        ring.log(f"usb 1-1: new device {i}")
+    section = _source(ring, boot, saved).sample()["kernel"]
+    assert section["missed"] == 12 and section["records"] == 8
+
+
+def test_records_overwritten_while_reading_are_counted(tmp_path: Path) -> None:
+    ring, boot = RingKmsg(capacity=8), _boot(tmp_path)
+    src = _source(ring, boot, max_records=4)
+    for i in range(6):
+        ring.log(f"line {i}")
+    assert src.sample()["kernel"]["records"] == 4  # a slice; the rest next time
+    for i in range(10):  # meanwhile the buffer turns over past the reader
+        ring.log(f"more {i}")
+    section = src.sample()["kernel"]
+    assert section["missed"] == 4 and section.get("overruns") == 1  # seq 4-7 gone; 8-15 read
+
+
+def test_a_reboot_rescans_the_new_boot(tmp_path: Path) -> None:
+    ring = RingKmsg()
+    ring.log(XID_79)
+    first = _source(ring, _boot(tmp_path))
+    first.sample()
+    saved = first.cursor
+    rebooted = RingKmsg()  # a new boot numbers its records from 0 again
+    rebooted.log(XID_119)
+    new_boot = _boot(tmp_path, "7d1e2c4a-0000-4b50-8a6a-000000000000")
+    section = _source(rebooted, new_boot, saved).sample()["kernel"]
+    assert _codes(section) == [("xid", 119, 1)]
+    assert section["boot"].startswith("7d1e2c4a") and "missed" not in section
+
+
+def test_a_first_start_says_how_much_of_this_boot_was_gone(tmp_path: Path) -> None:
+    ring = RingKmsg(capacity=4)
+    for i in range(10):
+        ring.log(f"early {i}")
+    section = _source(ring, _boot(tmp_path)).sample()["kernel"]
+    assert section["gone_before_start"] == 6 and "missed" not in section
+
+
+def test_a_flood_is_read_in_slices_and_repeats_are_one_event_with_a_count(tmp_path: Path) -> None:
+    ring = RingKmsg(capacity=200_000)
+    for _ in range(100_000):  # a driver in an error loop
+        ring.log(XID_119)
+    ring.log(XID_79)
+    src = _source(ring, _boot(tmp_path), max_records=20_000)
+    sections = [src.sample()["kernel"] for _ in range(6)]
+    assert [s["records"] for s in sections] == [20_000] * 5 + [1]
+    assert all(len(s["events"]) <= 2 for s in sections)
+    counts = [(e["code"], e["count"]) for s in sections for e in s["events"]]
+    assert sum(c for code, c in counts if code == 119) == 100_000
+    assert (79, 1) in counts
+
+
+def test_distinct_events_past_the_bound_are_counted_as_dropped(tmp_path: Path) -> None:
+    ring = RingKmsg(capacity=1000)
+    for link in range(300):
+        ring.log(f"NVRM: Xid (PCI:0000:9b:00): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link {link} (0x040988e2)")
+    section = _source(ring, _boot(tmp_path), max_events=256).sample()["kernel"]
+    assert len(section["events"]) == 256 and section["dropped"] == 44
+
+
+def test_the_gpu_index_comes_from_sysfs_in_address_order(tmp_path: Path) -> None:
+    devices = {
+        "0000:9b:00.0": ("0x10de", "0x030200"),  # H100: 3D controller
+        "0000:1b:00.0": ("0x10de", "0x030200"),
+        "0000:05:00.0": ("0x10de", "0x068000"),  # NVSwitch: a bridge, no GPU
+        "0000:3b:00.0": ("0x15b3", "0x020700"),  # ConnectX: InfiniBand
+        "0000:00:01.0": ("0x8086", "0x060400"),
+    }
+    for address, (vendor, klass) in devices.items():
+        d = tmp_path / address
+        d.mkdir()
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(klass + "\n")
+    assert nvidia_gpus(tmp_path) == {"0000:1b:00.0": 0, "0000:9b:00.0": 1}
+    assert nvidia_gpus(tmp_path / "absent") == {}
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    s = Spool(tmp_path / "n1.sqlite", max_bytes=1 << 20)
+    yield s
+    s.close()
+
+
+def test_the_agent_keeps_the_cursor_with_the_sample_and_builds_the_source_from_it(
+    tmp_path: Path, spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ring, boot = RingKmsg(), _boot(tmp_path)
+    ring.log(XID_79)
+    monkeypatch.setattr("fleetwatch.collectors.kernel_log.source.BOOT_ID", boot)
+    built: list[KernelLogSource] = []
+
+    def make(name: str, **kw: object) -> KernelLogSource:
+        src = KernelLogSource(device=ring.open, boot_id=boot, gpus=dict, **kw)  # type: ignore[arg-type]
+        built.append(src)
+        return src
+
+    monkeypatch.setattr("fleetwatch.collectors.agent.make_source", make)
+    forwarder = SpoolForwarder(spool, "fleet.telemetry.v1", "127.0.0.1:1")  # never pumped: nothing is sent
+    agent = Agent("n1", [SourceRunner("kernel", source_factory("kernel", spool))], spool, forwarder)
+    try:
+        msg = agent.tick()
+        assert [e["code"] for e in msg["kernel"]["events"]] == [79] and "_cursor" not in msg
+        assert spool.get_meta("kmsg_boot", -1) == boot_hash(boot.read_text())
+        assert spool.get_meta("kmsg_seq", -1) == 0
+        ring.log(XID_119)
+        agent.runners[0].close()  # the source is rebuilt (as after a failure): from the spool's cursor
+        agent.runners = [SourceRunner("kernel", source_factory("kernel", spool))]
+        msg = agent.tick()
+        assert [e["code"] for e in msg["kernel"]["events"]] == [119]
+        assert built[-1].cursor.seq == 1 and spool.get_meta("kmsg_seq", -1) == 1
+    finally:
+        for r in agent.runners:
+            r.close()
+        forwarder.close()
