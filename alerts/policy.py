@@ -8,8 +8,8 @@ What drains (an OPEN finding; anything else only alerts):
 
 | kind      | drains when                                                                       |
 |-----------|-----------------------------------------------------------------------------------|
-| xid       | critical and an XID in DRAIN_XIDS (48, 64, 74, 79, 95, 119, 120, 140) or a catalog |
-|           | action drain_node/rma                                                             |
+| xid       | critical and the worst XID's action (NVIDIA's resolution bucket, xid_catalog.py) is |
+|           | drain_node/rma, or reset_gpu where GPU resets are not automated (gpu_reset_automated) |
 | ecc       | rule ecc_dbe (uncorrectable ECC), or retired_pages at critical                    |
 | row_remap | rule row_remap_failure                                                            |
 | pcie      | rule gpu_lost (GPU fallen off the bus / unreadable), or critical (sustained replays) |
@@ -53,7 +53,9 @@ from typing import Any, Protocol
 from fleetwatch.alerts.drain_request import request_id
 from fleetwatch.config import knob
 
-DRAIN_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
+# the actions of an XID finding that take its node out: a reset too, since a GPU that needs one
+# runs no job until it has had it (unless the site resets GPUs itself: gpu_reset_automated)
+DRAIN_ACTIONS = frozenset({"drain_node", "rma"})
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 RESOLVED_MEMORY = 64  # resolved ids remembered per node, to ignore a late duplicate of their opening
 REJECTED_MEMORY = 16  # request ids the adapter refused, remembered per node so they are not re-issued
@@ -62,7 +64,7 @@ REJECTED_MEMORY = 16  # request ids the adapter refused, remembered per node so 
 NOT_OURS = frozenset({"rejected_not_ours", "rejected_unknown_node"})
 
 
-def drain_reason(f: Mapping[str, Any]) -> str | None:
+def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str | None:
     """Why this finding should drain its node (a short phrase), or None if it only alerts."""
     if f.get("resolved"):
         return None
@@ -71,17 +73,8 @@ def drain_reason(f: Mapping[str, Any]) -> str | None:
     rule = str(ev.get("rule", ""))
     critical = sev == "critical"
     if kind == "xid":
-        codes: set[int] = set()
-        for c in (ev.get("xids") or {}, [ev.get("worst_xid")]):
-            for x in c:
-                try:
-                    codes.add(int(x))
-                except (TypeError, ValueError):
-                    continue
-        bad = sorted(codes & DRAIN_XIDS)
-        if critical and bad:
-            return "XID " + "/".join(map(str, bad))
-        if critical and ev.get("action") in ("drain_node", "rma"):
+        action = ev.get("action")
+        if critical and (action in DRAIN_ACTIONS or (action == "reset_gpu" and not gpu_reset_automated)):
             return f"XID {ev.get('worst_xid', '?')}"
         return None
     if kind == "ecc":
@@ -137,6 +130,9 @@ class PolicyConfig:
     storm_min_nodes: int = knob(3, "... but never fewer than this (two failures at once happen)", ge=1)
     storm_clear_s: float = knob(120.0, "a storm ends this long (s) after its last onset", ge=0)
     settle_s: float = knob(0.0, "wait this long (s) after an onset before draining (lets a storm show)", ge=0)
+    gpu_reset_automated: bool = knob(
+        False, "something else resets GPUs that need it (NVIDIA's RESET_GPU): act then does not drain for it"
+    )
 
 
 @dataclass(slots=True)
@@ -237,7 +233,13 @@ class Policy:
                     del st.resolved_ids[old]
         elif fid not in st.resolved_ids:  # a late duplicate of an opening must not reopen it
             st.open[fid] = OpenFinding(
-                fid, f["kind"], f["severity"], ts, drain_reason(f), f.get("job"), f.get("gpu")
+                fid,
+                f["kind"],
+                f["severity"],
+                ts,
+                drain_reason(f, self.cfg.gpu_reset_automated),
+                f.get("job"),
+                f.get("gpu"),
             )
         if st.worthy() and not was_worthy:
             st.onset = ts

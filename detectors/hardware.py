@@ -631,6 +631,7 @@ class HardwareDetector:
                 "worst_xid": worst.code,
                 "cause": worst.cause,
                 "action": worst.action,
+                "bucket": worst.bucket,  # NVIDIA's resolution bucket, which decided the action
                 "description": worst.description,
                 "quiet_s": cfg.xid_quiet_s,
             }

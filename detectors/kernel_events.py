@@ -1,7 +1,8 @@
 """What a kernel-log event (telemetry/1 `kernel.events[]`, collectors/kernel_log) means: its
 severity and the action it asks for.
 
-- xid: the XID catalogue (xid_catalog.py); XID 154 says itself what the driver wants (its recovery
+- xid: the XID catalogue (xid_catalog.py: NVIDIA's resolution buckets), where an NVLink5 XID
+  (144-150) whose line says Fatal drains; XID 154 says itself what the driver wants (its recovery
   action: NVML's nvmlDeviceGpuRecoveryAction_t values, 0 none, 1 GPU reset, 2 node reboot, 3 drain
   P2P, 4 drain and reset), and so does any event that carries a recovery action;
 - fallen_off_bus: the GPU no longer answers on PCIe: critical, drain (it needs a reboot at least);
@@ -47,6 +48,9 @@ def judge(event: Mapping[str, Any]) -> Judgement:
         return Judgement(severity, action, f"GPU recovery action: {name}")
     if kind == "xid" and isinstance(code, int):
         info = xid_catalog.lookup(code)
+        if info.bucket == "WORKFLOW_NVLINK5_ERR" and event.get("severity") == "fatal":
+            # NVIDIA's NVLink5 workflow: the line's own Fatal takes the link (and its job) down
+            return Judgement("critical", "drain_node", f"XID {code} {info.name} (fatal)")
         return Judgement(info.severity, info.action, f"XID {code} {info.name}")
     if kind == "fallen_off_bus":
         return Judgement("critical", "drain_node", "GPU has fallen off the bus")

@@ -1,27 +1,33 @@
-"""What an NVIDIA XID means and what to do about it.
+"""What an NVIDIA XID means and what to do about it: NVIDIA's own verdict.
 
-Sources: NVIDIA, "XID Errors" (https://docs.nvidia.com/deploy/xid-errors/index.html) and its
-"Analyzing Xid Errors with the Xid Catalog" table for Ampere and newer GPUs
-(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), which gives each XID a
-mnemonic, a description and "resolution buckets" (RESTART_APP, RESET_GPU, CONTACT_SUPPORT, ...).
-The severity here is fleetwatch's operational reading of those buckets for a training cluster:
+Every code's resolution bucket comes from NVIDIA's Xid Catalog (detectors/xid_nvidia.py, generated
+from the checked-in catalogue), and the bucket decides the severity and the action here
+(BUCKET_POLICY), not a hand-made table:
 
-- application-side XIDs (13, 31, 43, 45, ...) are the job's fault (bad kernel, illegal address, a
-  process killed after an earlier error): info/warning, never drain on them alone. A GPU that
-  keeps producing them across jobs is the lemon detector's business, not this table's;
-- memory, bus, link and firmware failures (48, 64, 74, 79, 95, 119, 120, ...) make the GPU unfit
-  for the next job: critical, and the action layer drains;
-- early-warning hardware signals (63, 92, 94) are warning: the GPU keeps working, but needs a reset
-  at the next convenient moment or watching.
+- RESTART_APP (the application's fault) is a warning, IGNORE and WORKFLOW_XID_45 (a clean-up that
+  follows other errors) are info: they never drain. A GPU that keeps producing them across jobs is
+  the lemon detector's business;
+- RESET_GPU asks for a GPU reset: critical, action reset_gpu (act drains the node for it unless the
+  site resets GPUs automatically, [act.policy] gpu_reset_automated);
+- RESTART_BM / RESTART_VM (a reboot), CONTACT_SUPPORT and CHECK_MECHANICALS (hardware), and the
+  workflows for a double-bit ECC error (WORKFLOW_XID_48) and NVLink errors (WORKFLOW_NVLINK_ERR)
+  are critical and drain;
+- NVLink5 errors (144-150, WORKFLOW_NVLINK5_ERR) are a warning to investigate by code alone: their
+  line says Fatal or Nonfatal, which the kernel-log events judge (detectors/kernel_events.py);
+- XID 154 says itself what the driver wants (its recovery action: detectors/kernel_events.py);
+- UPDATE_SWFW, CHECK_UVM and the codes NVIDIA gives no bucket (162-172) are a warning to look at.
 
-Codes not in the table become `unknown` with severity warning (an unknown XID is worth a look, but
-not worth draining a node over).
+The name and description are fleetwatch's short wording where it has one (CURATED), else
+NVIDIA's. A code the catalogue does not know (beyond 172 today) is `unknown`, a warning to look
+at: never a crash, never a drain, never dropped.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from fleetwatch.detectors.xid_nvidia import NVIDIA_XIDS
 
 Cause = Literal["hardware", "driver", "application", "unknown"]
 Severity = Literal["info", "warning", "critical"]
@@ -45,74 +51,105 @@ class XidInfo:
     cause: Cause
     severity: Severity
     action: Action
+    bucket: str = ""  # NVIDIA's immediate resolution bucket ('' where it gives none)
+    mnemonic: str = ""
 
     @property
     def action_text(self) -> str:
         return ACTION_TEXT[self.action]
 
 
-def _x(code: int, name: str, description: str, cause: Cause, severity: Severity, action: Action) -> XidInfo:
-    return XidInfo(code, name, description, cause, severity, action)
+def _x(code: int, name: str, description: str, cause: Cause) -> tuple[int, str, str, Cause]:
+    return code, name, description, cause
 
 
+# fleetwatch's wording of the codes SREs meet most and what fails in each (hardware, driver, the
+# application); severity and action are NVIDIA's bucket's
 # fmt: off
-CATALOG: dict[int, XidInfo] = {
-    x.code: x
-    for x in (
-        _x(8, "GPU stopped processing", "channel idle timeout: the GPU stopped making progress",
-           "driver", "warning", "restart_app"),
+_CURATED: dict[int, tuple[str, str, Cause]] = {
+    code: (name, description, cause)
+    for code, name, description, cause in (
+        _x(8, "GPU stopped processing", "channel idle timeout: the GPU stopped making progress", "driver"),
         _x(13, "Graphics Engine Exception", "usually an application fault (out-of-range access, illegal "
-           "instruction); rarely driver or hardware", "application", "warning", "restart_app"),
+           "instruction); rarely driver or hardware", "application"),
         _x(31, "GPU memory page fault", "the application touched an unmapped/illegal GPU address "
-           "(MMU fault)", "application", "warning", "restart_app"),
+           "(MMU fault)", "application"),
         _x(32, "Invalid or corrupted push buffer stream", "command stream corrupted: driver, PCIe "
-           "transfer error or application", "driver", "warning", "restart_app"),
-        _x(38, "Driver firmware error", "the driver saw an error from GPU firmware", "driver",
-           "warning", "reset_gpu"),
+           "transfer error or application", "driver"),
+        _x(38, "Driver firmware error", "the driver saw an error from GPU firmware", "driver"),
         _x(43, "GPU stopped processing", "reset channel verification error: the application hit a fault "
-           "and its channel was torn down; the GPU is fine", "application", "info", "none"),
+           "and its channel was torn down; the GPU is fine", "application"),
         _x(45, "Preemptive cleanup, due to previous errors", "a process was killed or cleaned up after an "
-           "earlier error (often follows 13/31/43)", "application", "info", "none"),
-        _x(46, "GPU stopped processing", "the GPU is hung and does not respond", "driver", "critical",
-           "reset_gpu"),
-        _x(48, "Double Bit ECC Error", "uncorrectable (double-bit) ECC error in GPU memory", "hardware",
-           "critical", "drain_node"),
-        _x(54, "Auxiliary power is not connected to the GPU board", "board power problem", "hardware",
-           "critical", "drain_node"),
+           "earlier error (often follows 13/31/43)", "application"),
+        _x(46, "GPU stopped processing", "the GPU is hung and does not respond", "driver"),
+        _x(48, "Double Bit ECC Error", "uncorrectable (double-bit) ECC error in GPU memory", "hardware"),
+        _x(54, "Auxiliary power is not connected to the GPU board", "board power problem", "hardware"),
         _x(57, "Error programming video memory interface", "memory interface initialisation failed",
-           "hardware", "critical", "rma"),
+           "hardware"),
         _x(61, "Internal micro-controller breakpoint/warning", "GPU firmware (PMU) hit a breakpoint or "
-           "warning; may precede a halt (62)", "driver", "warning", "reset_gpu"),
-        _x(62, "Internal micro-controller halt", "GPU firmware halted; the GPU needs a reset",
-           "hardware", "critical", "reset_gpu"),
+           "warning; may precede a halt (62)", "driver"),
+        _x(62, "Internal micro-controller halt", "GPU firmware halted; the GPU needs a reset", "hardware"),
         _x(63, "ECC page retirement or row remapping recording event", "a memory row/page was marked "
-           "for remapping; it takes effect at the next GPU reset", "hardware", "warning", "reset_gpu"),
+           "for remapping; it takes effect at the next GPU reset", "hardware"),
         _x(64, "ECC page retirement or row remapper recording failure", "the remap/retirement could not "
-           "be recorded (e.g. no spare rows left)", "hardware", "critical", "rma"),
-        _x(68, "NVDEC0 Exception", "video decoder engine exception", "hardware", "warning", "reset_gpu"),
-        _x(69, "Graphics Engine class error", "illegal class/method from the command stream",
-           "application", "warning", "restart_app"),
-        _x(74, "NVLink Error", "an NVLink link error (bad link, cable/bridge, or NVSwitch side)",
-           "hardware", "critical", "drain_node"),
+           "be recorded (e.g. no spare rows left)", "hardware"),
+        _x(68, "NVDEC0 Exception", "video decoder engine exception", "hardware"),
+        _x(69, "Graphics Engine class error", "illegal class/method from the command stream", "application"),
+        _x(74, "NVLink Error", "an NVLink link error (bad link, cable/bridge, or NVSwitch side)", "hardware"),
         _x(79, "GPU has fallen off the bus", "the GPU is no longer reachable over PCIe (bus, power, "
-           "thermal or board failure)", "hardware", "critical", "drain_node"),
+           "thermal or board failure)", "hardware"),
         _x(92, "High single-bit ECC error rate", "correctable ECC errors above the driver's rate "
-           "threshold: memory is degrading", "hardware", "warning", "none"),
+           "threshold: memory is degrading", "hardware"),
         _x(94, "Contained ECC error", "uncorrectable ECC error contained to the application that hit "
-           "it; other work on the GPU is unaffected", "hardware", "warning", "restart_app"),
+           "it; other work on the GPU is unaffected", "hardware"),
         _x(95, "Uncontained ECC error", "uncorrectable ECC error that could not be contained: every "
-           "application on the GPU is affected", "hardware", "critical", "drain_node"),
-        _x(109, "Context Switch Timeout Error", "a context switch did not complete in time",
-           "application", "warning", "restart_app"),
-        _x(119, "GSP RPC Timeout", "the GPU System Processor did not answer a driver RPC in time",
-           "driver", "critical", "reset_gpu"),
-        _x(120, "GSP Error", "the GPU System Processor reported an error", "driver", "critical",
-           "reset_gpu"),
+           "application on the GPU is affected", "hardware"),
+        _x(109, "Context Switch Timeout Error", "a context switch did not complete in time", "application"),
+        _x(119, "GSP RPC Timeout", "the GPU System Processor did not answer a driver RPC in time", "driver"),
+        _x(120, "GSP Error", "the GPU System Processor reported an error", "driver"),
         _x(140, "Unrecovered ECC Error", "uncorrectable memory error the driver could not retire or "
-           "remap", "hardware", "critical", "drain_node"),
+           "remap", "hardware"),
     )
 }
 # fmt: on
+
+
+# bucket -> (cause, severity, action)
+BUCKET_POLICY: dict[str, tuple[Cause, Severity, Action]] = {
+    "RESTART_APP": ("application", "warning", "restart_app"),
+    "IGNORE": ("driver", "info", "none"),
+    "WORKFLOW_XID_45": ("application", "info", "none"),
+    "XID_154": ("driver", "info", "none"),
+    "RESET_GPU": ("hardware", "critical", "reset_gpu"),
+    "RESTART_BM": ("hardware", "critical", "drain_node"),
+    "RESTART_VM": ("hardware", "critical", "drain_node"),
+    "CONTACT_SUPPORT": ("hardware", "critical", "drain_node"),
+    "CHECK_MECHANICALS": ("hardware", "critical", "drain_node"),
+    "WORKFLOW_XID_48": ("hardware", "critical", "drain_node"),
+    "WORKFLOW_NVLINK_ERR": ("hardware", "critical", "drain_node"),
+    "WORKFLOW_NVLINK5_ERR": ("hardware", "warning", "investigate"),
+    "UPDATE_SWFW": ("driver", "warning", "investigate"),
+    "CHECK_UVM": ("driver", "warning", "investigate"),
+}
+_NO_BUCKET: tuple[Cause, Severity, Action] = ("unknown", "warning", "investigate")
+
+
+def _entry(code: int, mnemonic: str, description: str, bucket: str) -> XidInfo:
+    cause, severity, action = BUCKET_POLICY.get(bucket, _NO_BUCKET)
+    curated = _CURATED.get(code)
+    if curated is None:
+        name = description if description not in ("", "Unused") else mnemonic
+        return XidInfo(code, name, description or mnemonic, cause, severity, action, bucket, mnemonic)
+    # what fails is the curated cause (XID 94 is a memory error, whatever its remedy); what to do
+    # about it is NVIDIA's bucket
+    name, text, cause = curated
+    return XidInfo(code, name, text, cause, severity, action, bucket, mnemonic)
+
+
+CATALOG: dict[int, XidInfo] = {
+    code: _entry(code, mnemonic, description, bucket)
+    for code, (mnemonic, description, bucket, _investigate) in NVIDIA_XIDS.items()
+}
 
 
 def lookup(code: int) -> XidInfo:

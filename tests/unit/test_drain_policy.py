@@ -48,12 +48,20 @@ class Fleet:
 @pytest.mark.parametrize(
     ("kind", "severity", "rule", "evidence", "drains"),
     [
-        ("xid", "critical", "xid_burst", {"xids": {"79": 1}, "worst_xid": 79}, True),
-        ("xid", "critical", "xid_burst", {"xids": {"48": 2}, "worst_xid": 48}, True),
-        ("xid", "critical", "xid_burst", {"xids": {"95": 1}, "worst_xid": 95}, True),
-        ("xid", "critical", "xid_burst", {"xids": {"74": 1}, "worst_xid": 74}, True),
-        ("xid", "critical", "xid_burst", {"xids": {"119": 1}, "worst_xid": 119}, True),
-        ("xid", "critical", "xid_burst", {"xids": {"120": 1}, "worst_xid": 120}, True),
+        # the worst code's action (NVIDIA's bucket) decides: drain_node/rma, and reset_gpu while GPU
+        # resets are not automated
+        ("xid", "critical", "xid_burst", {"xids": {"79": 1}, "worst_xid": 79, "action": "drain_node"}, True),
+        ("xid", "critical", "xid_burst", {"xids": {"48": 2}, "worst_xid": 48, "action": "drain_node"}, True),
+        ("xid", "critical", "xid_burst", {"xids": {"95": 1}, "worst_xid": 95, "action": "reset_gpu"}, True),
+        ("xid", "critical", "xid_burst", {"xids": {"64": 1}, "worst_xid": 64, "action": "rma"}, True),
+        ("xid", "critical", "xid_burst", {"xids": {"119": 1}, "worst_xid": 119, "action": "reset_gpu"}, True),
+        (
+            "xid",
+            "critical",
+            "xid_burst",
+            {"xids": {"149": 30}, "worst_xid": 149, "action": "investigate"},
+            False,
+        ),
         # an escalated burst of a driver XID pages, but the GPU may recover with a reset: alert only
         ("xid", "critical", "xid_burst", {"xids": {"8": 9}, "worst_xid": 8, "action": "restart_app"}, False),
         ("xid", "warning", "xid_burst", {"xids": {"13": 1}, "worst_xid": 13}, False),
@@ -83,6 +91,16 @@ def test_drain_worthy_or_alert_only(
     f = finding("n1", kind, severity, rule, **evidence)
     assert (drain_reason(f) is not None) is drains
     assert drain_reason({**f, "resolved": True}) is None  # a resolved finding never drains
+
+
+def test_a_gpu_reset_drains_only_where_resets_are_not_automated() -> None:
+    f = finding("n1", "xid", "critical", "xid_burst", xids={"95": 1}, worst_xid=95, action="reset_gpu")
+    assert drain_reason(f) == "XID 95"
+    assert drain_reason(f, gpu_reset_automated=True) is None
+    for automated, drained in ((False, [("drain", "n1")]), (True, [])):
+        fl = Fleet(drain_budget=1.0, gpu_reset_automated=automated)
+        fl.feed(f)
+        assert fl.step(T0 + 60) == drained
 
 
 def test_drain_names_the_reason_and_findings_and_alert_only_does_not_drain() -> None:

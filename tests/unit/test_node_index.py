@@ -93,6 +93,14 @@ def test_row_index_registers_new_names_in_the_order_given() -> None:
     assert ports.sources(["mlx5_0/1", "other"]).tolist() == [-1, 0]
 
 
+def _without_xid_wording(output: list[Any]) -> list[Any]:
+    topic, key, m = output
+    if not (m and m.get("kind") == "xid"):
+        return output
+    ev = {k: v for k, v in m["evidence"].items() if k not in ("action", "bucket", "description", "cause")}
+    return [topic, key, {**{k: v for k, v in m.items() if k != "summary"}, "evidence": ev}]
+
+
 def _pre_index_fixture() -> tuple[Any, dict[str, Any]]:
     path = FIXTURES / "make_pre_index.py"
     spec = importlib.util.spec_from_file_location("make_pre_index", path)
@@ -126,8 +134,11 @@ def test_a_snapshot_from_before_the_index_restores_and_goes_on_as_that_release_d
         # issue 23 (item 9): census records carry the node's run on the broker's clock, and one
         # restored from a snapshot without it starts a run at its next sample, written at once;
         # everything else is that release's output, finding for finding
+        # issue 25: an XID's action and wording follow NVIDIA's catalogue now (95 and 64 reset the
+        # GPU, the evidence names the bucket); the findings, their ids, severities and codes do not
+        # change
         def others(out: list[Any]) -> list[Any]:
-            return [[o for o in b if o[0] != topics.NODES] for b in out]
+            return [[_without_xid_wording(o) for o in b if o[0] != topics.NODES] for b in out]
 
         def census(out: list[Any]) -> set[tuple[str, float, float]]:
             return {
