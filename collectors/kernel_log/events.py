@@ -76,6 +76,7 @@ _AER_DEVICE = re.compile(
 _AER_BIT = re.compile(r"^\[\s*(?P<bit>\d{1,2})\s*\]\s*(?P<name>\S.*?)\s*(?:\(First\))?\s*$")
 
 FOLD_WINDOW_S = 2.0  # companion lines come within milliseconds of their first line
+XID_CACHE = 1024  # distinct XID lines whose parse is kept (a flood repeats one)
 
 
 def pci_address(text: str) -> str:
@@ -146,6 +147,7 @@ class EventParser:
         )
         self._aer: dict[str, KernelEvent] = {}  # port -> its open AER event
         self.lines = 0
+        self._xid_seen: dict[str, tuple[str | None, int | None, str | None, dict[str, Any]]] = {}
 
     def feed(self, line: LogLine, at: int | None = None) -> list[KernelEvent]:
         """The events this line completes; `at`: its line number in a file (default: lines fed)."""
@@ -173,6 +175,12 @@ class EventParser:
 
     def _nvrm(self, line: LogLine) -> list[KernelEvent]:
         text = line.text
+        known = self._xid_seen.get(text)
+        if known is not None:  # a flood repeats its line: parsed once
+            pci, code, severity, extra = known
+            event = _from_line("xid", line, pci, code=code, severity=severity, at=self.lines)
+            event.extra = dict(extra)
+            return [event]
         m = _XID.search(text)
         if m:
             return self._xid(line, m)
@@ -235,6 +243,9 @@ class EventParser:
             event.extra["recovery_action"] = int(r.group("to"), 16)
             event.extra["recovery_action_name"] = r.group("to_name")[:64]
             event.extra["recovery_action_before"] = int(r.group("from"), 16)
+        if len(self._xid_seen) >= XID_CACHE:
+            self._xid_seen.clear()
+        self._xid_seen[line.text] = (event.pci, event.code, event.severity, dict(event.extra))
         return [event]
 
     # ------------------------------------------------------------ NVSwitch

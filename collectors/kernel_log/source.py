@@ -8,7 +8,8 @@ telemetry/1 `kernel` section (docs/contract.md):
   to the agent under `_cursor`, and the agent stores it in the spool with the sample itself, so an
   event is neither lost nor sent twice across restarts, and a reboot rescans the new boot.
 - A flood (a driver in an error loop prints the same XID thousands of times) is read at most
-  `max_records` a sample (the rest next time: the sampling cadence does not slip), and repeats of
+  `max_records` and `budget_s` a sample (the rest next time: the sampling cadence does not slip;
+  benchmarks/kernel_flood.py), and repeats of
   one event (same kind, code, device, link, unit, severity, recovery action) are one event with
   their `count`; at most `max_events` distinct events a sample, the others `dropped` (counted).
 - GPU index: NVML numbers GPUs in PCI address order; the source reads the NVIDIA GPUs' addresses
@@ -17,6 +18,7 @@ telemetry/1 `kernel` section (docs/contract.md):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,9 @@ from fleetwatch.collectors.sources import SingleFlight
 SYS_PCI = Path("/sys/bus/pci/devices")
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers (NVSwitches are 0x0680: bridges)
-MAX_RECORDS = 20_000  # a sample's read of the kernel log
+MAX_RECORDS = 20_000  # a sample's read of the kernel log ...
+BUDGET_S = 0.2  # ... and the time it may take (the agent samples every second by default)
+CHUNK = 1000  # records read between two looks at the clock
 MAX_EVENTS = 256  # distinct events a sample carries
 
 
@@ -74,6 +78,7 @@ class KernelLogSource:
         gpus: Callable[[], dict[str, int]] = nvidia_gpus,
         max_records: int = MAX_RECORDS,
         max_events: int = MAX_EVENTS,
+        budget_s: float = BUDGET_S,
     ) -> None:
         self._boot_id = read_boot_id(boot_id)
         self._reader = KmsgReader(device(), self._boot_id, cursor)
@@ -82,6 +87,7 @@ class KernelLogSource:
         self._events = EventParser()
         self._max_records = max_records
         self._max_events = max_events
+        self._budget_s = budget_s
         self._flight = SingleFlight(self.name)
         self._counted = {"unknown": 0, "rejected": 0, "missed": 0, "overruns": 0}
 
@@ -91,17 +97,26 @@ class KernelLogSource:
 
     def sample(self) -> dict[str, Any]:
         with self._flight():
-            records = self._reader.read(self._max_records)
+            deadline = time.monotonic() + self._budget_s
             events: list[KernelEvent] = []
-            for record in records:
-                for text in record.split("\n"):  # the record, then its dictionary lines
-                    line = self._lines.parse(text)
-                    if line is not None:
-                        line.boot_id = self._boot_id
-                        events += self._events.feed(line)
-            if len(records) < self._max_records:  # nothing more waiting: what is open is complete
+            read = 0
+            drained = False
+            while read < self._max_records and not drained:
+                want = min(CHUNK, self._max_records - read)
+                records = self._reader.read(want)
+                read += len(records)
+                drained = len(records) < want  # nothing more is waiting
+                for record in records:
+                    for text in record.split("\n"):  # the record, then its dictionary lines
+                        line = self._lines.parse(text)
+                        if line is not None:
+                            line.boot_id = self._boot_id
+                            events += self._events.feed(line)
+                if time.monotonic() >= deadline:
+                    break  # the rest next sample: the agent's cadence does not wait for a flood
+            if drained:  # what is open is complete: nothing more came
                 events += self._events.flush()
-            section = self._section(events, len(records))
+            section = self._section(events, read)
             cursor = self._reader.cursor
             if cursor.seq < 0:  # nothing read yet in this boot: no position to keep
                 return {"kernel": section}

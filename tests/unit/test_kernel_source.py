@@ -135,13 +135,28 @@ def test_a_flood_is_read_in_slices_and_repeats_are_one_event_with_a_count(tmp_pa
     for _ in range(100_000):  # a driver in an error loop
         ring.log(XID_119)
     ring.log(XID_79)
-    src = _source(ring, _boot(tmp_path), max_records=20_000)
+    src = _source(ring, _boot(tmp_path), max_records=20_000, budget_s=60.0)
     sections = [src.sample()["kernel"] for _ in range(6)]
     assert [s["records"] for s in sections] == [20_000] * 5 + [1]
     assert all(len(s["events"]) <= 2 for s in sections)
     counts = [(e["code"], e["count"]) for s in sections for e in s["events"]]
     assert sum(c for code, c in counts if code == 119) == 100_000
     assert (79, 1) in counts
+
+
+def test_a_sample_stops_reading_at_its_time_budget(tmp_path: Path) -> None:
+    """However slow the machine, a sample of a flood returns within about its budget (one chunk
+    of 1,000 records past it at most), and the next samples go on where it stopped."""
+    ring = RingKmsg(capacity=100_000)
+    for _ in range(50_000):
+        ring.log(XID_119)
+    src = _source(ring, _boot(tmp_path), budget_s=0.0)
+    first = src.sample()["kernel"]
+    assert first["records"] == 1000  # one chunk, then the clock says stop
+    rest = 0
+    while (n := src.sample()["kernel"]["records"]) > 0:
+        rest += n
+    assert first["records"] + rest == 50_000
 
 
 def test_distinct_events_past_the_bound_are_counted_as_dropped(tmp_path: Path) -> None:
