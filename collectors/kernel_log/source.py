@@ -14,10 +14,13 @@ telemetry/1 `kernel` section (docs/contract.md):
   their `count`; at most `max_events` distinct events a sample, the others `dropped` (counted).
 - GPU index: NVML numbers GPUs in PCI address order; the source reads the NVIDIA GPUs' addresses
   from sysfs, not from NVML, which hangs on a GPU that fell off the bus (the very event to report).
+  An AER error that a port (or a PCIe switch) reports is the GPU's below it where exactly one GPU
+  is (sysfs's device tree); with several below, the event names the port only.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +45,7 @@ MAX_RECORDS = 20_000  # a sample's read of the kernel log ...
 BUDGET_S = 0.2  # ... and the time it may take (the agent samples every second by default)
 CHUNK = 1000  # records read between two looks at the clock
 MAX_EVENTS = 256  # distinct events a sample carries
+_BDF = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
 def nvidia_gpus(sys_pci: Path = SYS_PCI) -> dict[str, int]:
@@ -62,6 +66,22 @@ def nvidia_gpus(sys_pci: Path = SYS_PCI) -> dict[str, int]:
     return {address: i for i, address in enumerate(sorted(found))}
 
 
+def gpus_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[int, ...]]:
+    """{bridge or port address: the indices of the NVIDIA GPUs below it}, from where sysfs puts each
+    GPU (/sys/bus/pci/devices/<gpu> links to /sys/devices/pci0000:00/<port>/.../<gpu>): an AER
+    error a port reports about its link is the GPU's below it."""
+    below: dict[str, list[int]] = {}
+    for address, index in nvidia_gpus(sys_pci).items():
+        try:
+            parts = (sys_pci / address).resolve().parts
+        except OSError:
+            continue
+        for part in parts:
+            if part != address and _BDF.match(part):
+                below.setdefault(part.lower(), []).append(index)
+    return {port: tuple(sorted(gpus)) for port, gpus in below.items()}
+
+
 def _repeat_key(e: KernelEvent) -> tuple[Any, ...]:
     x = e.extra
     return (e.kind, e.code, e.pci, e.severity, x.get("link"), x.get("unit"), x.get("recovery_action"))
@@ -76,6 +96,7 @@ class KernelLogSource:
         device: Callable[[], Device] = KmsgDevice,
         boot_id: Path = BOOT_ID,
         gpus: Callable[[], dict[str, int]] = nvidia_gpus,
+        below: Callable[[], dict[str, tuple[int, ...]]] = gpus_below_ports,
         max_records: int = MAX_RECORDS,
         max_events: int = MAX_EVENTS,
         budget_s: float = BUDGET_S,
@@ -83,6 +104,7 @@ class KernelLogSource:
         self._boot_id = read_boot_id(boot_id)
         self._reader = KmsgReader(device(), self._boot_id, cursor)
         self._gpus = gpus
+        self._below = below
         self._lines = LineReader()
         self._events = EventParser()
         self._max_records = max_records
@@ -135,6 +157,7 @@ class KernelLogSource:
             else:
                 dropped += e.count
         gpus = self._gpus() if merged else {}
+        below = self._below() if any(e.kind == "aer" for e in merged.values()) else {}
         out = []
         for e in merged.values():
             d = e.to_dict()
@@ -142,6 +165,10 @@ class KernelLogSource:
             d.pop("line", None)  # a position in a file; kmsg has `seq`
             if e.pci in gpus:
                 d["gpu"] = gpus[e.pci]
+            elif e.kind == "aer":  # a port's error about its link: the one GPU below it, if one
+                under = below.get(e.pci or "") or below.get(e.extra.get("port", ""), ())
+                if len(under) == 1:
+                    d["gpu"] = under[0]
             if e.pci in self._events.uuids:
                 d["uuid"] = self._events.uuids[e.pci]
             out.append(d)

@@ -16,7 +16,7 @@ from fleetwatch import schemas
 from fleetwatch.collectors.agent import Agent, SourceRunner, source_factory
 from fleetwatch.collectors.forwarder import SpoolForwarder
 from fleetwatch.collectors.kernel_log.kmsg import Cursor, boot_hash
-from fleetwatch.collectors.kernel_log.source import KernelLogSource, nvidia_gpus
+from fleetwatch.collectors.kernel_log.source import KernelLogSource, gpus_below_ports, nvidia_gpus
 from fleetwatch.collectors.spool import Spool
 from tests.helpers.fake_kmsg import RingKmsg
 
@@ -222,3 +222,53 @@ def test_the_agent_keeps_the_cursor_with_the_sample_and_builds_the_source_from_i
         for r in agent.runners:
             r.close()
         forwarder.close()
+
+
+def _sysfs(root: Path) -> Path:
+    """A /sys with the device tree of three GPUs: one alone below root port 00:02.0, two below a
+    PCIe switch (03:00.0) under root port 00:03.0; /sys/bus/pci/devices links to each device."""
+    tree = {
+        "pci0000:00/0000:00:02.0": ("0x8086", "0x060400"),
+        "pci0000:00/0000:00:02.0/0000:02:00.0": ("0x10de", "0x030200"),
+        "pci0000:00/0000:00:03.0": ("0x8086", "0x060400"),
+        "pci0000:00/0000:00:03.0/0000:03:00.0": ("0x1000", "0x060400"),
+        "pci0000:00/0000:00:03.0/0000:03:00.0/0000:04:00.0": ("0x10de", "0x030200"),
+        "pci0000:00/0000:00:03.0/0000:03:00.0/0000:05:00.0": ("0x10de", "0x030200"),
+    }
+    bus = root / "bus" / "pci" / "devices"
+    bus.mkdir(parents=True)
+    for path, (vendor, klass) in tree.items():
+        d = root / "devices" / path
+        d.mkdir(parents=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(klass + "\n")
+        (bus / d.name).symlink_to(d)
+    return bus
+
+
+def test_an_aer_error_of_a_port_is_the_one_gpus_below_it(tmp_path: Path) -> None:
+    sys_pci = _sysfs(tmp_path / "sys")
+    assert gpus_below_ports(sys_pci) == {
+        "0000:00:02.0": (0,),
+        "0000:00:03.0": (1, 2),
+        "0000:03:00.0": (1, 2),
+    }
+    ring = RingKmsg()
+    # pcie_aer.txt: the root port above a GPU that then fell off the bus (gpu-burn issue 1)
+    for line in (
+        "pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010",
+        "pcieport 0000:00:02.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, "
+        "id=0010(Receiver ID)",
+        "pcieport 0000:00:02.0:    [ 5] Surprise Down Error    (First)",
+        "pcieport 0000:00:03.0: AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0",
+    ):
+        ring.log(line)
+    src = KernelLogSource(
+        device=ring.open,
+        boot_id=_boot(tmp_path),
+        gpus=lambda: nvidia_gpus(sys_pci),
+        below=lambda: gpus_below_ports(sys_pci),
+    )
+    events = src.sample()["kernel"]["events"]
+    assert [(e["port"], e.get("gpu")) for e in events] == [("0000:00:02.0", 0), ("0000:00:03.0", None)]
+    assert events[0]["errors"] == ["Surprise Down Error"]
