@@ -202,18 +202,17 @@ def test_only_census_nodes_drain_and_only_what_slurm_confirms_counts(
         for i in range(256)
     ]
     rig.send(
-        finding("gpu-node-01", ts=now - 300),
-        finding(stray, ts=now - 250),
-        *ports,
-        finding("gpu-node-02", ts=now - 200),  # 257 findings on one node
-        finding(phantom, ts=now - 100),
+        finding("gpu-node-01", ts=now - 300), finding(stray, ts=now - 250), finding(phantom, ts=now - 100)
     )
     port = free_port()
-    # 2% of six nodes, floored at two: gpu-node-01 and the stray take the budget at first.
+    # 2% of six nodes, floored at two: gpu-node-01 and the stray take the budget at first. (act
+    # decides on each batch it reads, in the order its partitions deliver them: gpu-node-02's
+    # findings come once the budget is taken, so that they wait for a slot whatever that order.)
     act = rig.act("--budget-min-nodes", "2", "--metrics-port", str(port))
     try:
         got = drains.collect(lambda rs: len(rs) >= 2, timeout_s=60)
         assert {r.key for r in got} == {b"gpu-node-01", stray.encode()}, rig.logs()
+        rig.send(*ports, finding("gpu-node-02", ts=now - 200))  # 257 findings on one node
         assert metric(port, "fleetwatch_act_fleet_size") == 6
         assert wait_for_metric(port, "fleetwatch_act_drains_pending", 2)
         assert metric(port, "fleetwatch_act_drain_budget_used") == 0
