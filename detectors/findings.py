@@ -95,6 +95,10 @@ def make_finding(
         resolved=bool(resolved),
     )
     validate_finding(f)
+    if kind not in KINDS:  # the decoder takes any kind name (a newer detect); this release writes its own
+        raise ValueError(
+            f"finding kind {kind!r} is not one of {sorted(KINDS)} (add it to schemas.FINDING_KINDS)"
+        )
     return f
 
 

@@ -120,3 +120,33 @@ def test_the_tick_decides_without_input_and_the_worker_produces_its_drain_reques
     counted = REGISTRY.get_sample_value("fleetwatch_worker_outputs_total", {"group": GROUP, "topic": DRAINS})
     assert counted == (produced or 0.0) + 1
     worker.close()
+
+
+def test_a_finding_of_a_kind_this_release_does_not_know_is_alerted_not_dead_lettered_nor_drained() -> None:
+    """A rolling upgrade: detect already writes a kind act does not know. act decodes it, alerts it
+    under the generic alertname with its own kind, severity and summary, and never drains for it."""
+    bus = _bus()
+    clock = [T0]
+    sent: list[Any] = []
+
+    class Capture:
+        def flush(self, books: Any, force: bool = False) -> bool:
+            sent.extend(r for b in books for r in b.records.values())
+            return True
+
+    actor, owner = _actor(clock, budget_min_nodes=1)
+    actor.dispatcher = Capture()  # type: ignore[assignment]
+    worker = Worker(
+        bus, GROUP, [replace(act_stage(actor, FINDINGS), tick_every_s=0.0)], snapshot_every_s=3600
+    )
+    owner.worker = worker
+    newer = {**finding(NODES[0]), "kind": "nvswitch", "summary": "gpu-node-01 NVSwitch SXid 20034 (fatal)"}
+    bus.append(FINDINGS, NODES[0].encode(), signed(newer, DETECT_KEY))
+    worker.run(StopFlag(install=False), idle_exit_s=0)
+    clock[0] = T0 + 120
+    worker.run(StopFlag(install=False), idle_exit_s=0)
+    assert bus.records(topics.DEADLETTER) == [] and _drains(bus) == []
+    alerts = [r for r in sent if r.labels.get("kind") == "nvswitch"]
+    assert alerts and alerts[0].labels["alertname"] == "FleetwatchFinding"
+    assert alerts[0].labels["severity"] == "critical" and "SXid 20034" in alerts[0].annotations["summary"]
+    worker.close()

@@ -169,7 +169,7 @@ def test_clock_skew_is_judged_against_the_messages_arrival(ref_ts: float, accept
         ("step/1", "rank", KeyError, "missing_field"),
         ("truth/1", "end_ts", 1.0, "out_of_range"),  # ends before its onset
         ("truth/1", "fault", 79, "wrong_type"),
-        ("finding/1", "kind", "meteor", "out_of_range"),
+        ("finding/1", "kind", "Meteor strike", "out_of_range"),
         ("finding/1", "ts", 1.0, "out_of_range"),  # before its first_seen
         ("node/1", "last_seen", 1.0, "out_of_range"),
         ("drain/1", "reason", "two\nlines", "out_of_range"),
