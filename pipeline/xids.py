@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import re
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -21,10 +20,8 @@ from typing import Any
 import orjson
 
 from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent, pci_address
-from fleetwatch.collectors.kernel_log.lines import LineReader
+from fleetwatch.collectors.kernel_log.lines import LineReader, utc_offset
 from fleetwatch.detectors.kernel_events import judge
-
-_OFFSET = re.compile(r"^([+-])(\d{2}):?(\d{2})$")
 
 
 def gpu_map(text: str | None) -> dict[str, int]:
@@ -41,12 +38,11 @@ def gpu_map(text: str | None) -> dict[str, int]:
     return out
 
 
-def utc_offset(text: str) -> dt.timezone:
-    m = _OFFSET.match(text.strip())
-    if not m:
+def utc_offset_flag(text: str) -> dt.timezone:
+    zone = utc_offset(text.strip())
+    if zone is None:
         raise ValueError(f"--utc-offset: {text!r} is not +HH:MM")
-    sign = -1 if m.group(1) == "-" else 1
-    return dt.timezone(sign * dt.timedelta(hours=int(m.group(2)), minutes=int(m.group(3))))
+    return zone
 
 
 def events_of(
@@ -84,7 +80,7 @@ def events_of(
 
 def run(args: argparse.Namespace) -> int:
     gpus = gpu_map(args.gpus)
-    reader = LineReader(year=args.year, tz=utc_offset(args.utc_offset))
+    reader = LineReader(year=args.year, tz=utc_offset_flag(args.utc_offset))
     parser = EventParser()
     n = 0
     with contextlib.ExitStack() as stack:

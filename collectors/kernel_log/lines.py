@@ -70,12 +70,18 @@ def _frac(digits: str | None) -> float:
     return int(digits) / 10 ** len(digits) if digits else 0.0
 
 
-def _offset(tz: str | None) -> dt.timezone:
-    if not tz or tz == "Z":
+_OFFSET = re.compile(r"^([+-])(\d{2}):?(\d{2})$")
+
+
+def utc_offset(text: str) -> dt.timezone | None:
+    """`Z`, `+0200`, `-05:30` as a timezone; None for anything else, or an offset past a day."""
+    if text == "Z":
         return dt.UTC
-    sign = -1 if tz[0] == "-" else 1
-    hh, mm = int(tz[1:3]), int(tz[-2:])
-    return dt.timezone(sign * dt.timedelta(hours=hh, minutes=mm))
+    m = _OFFSET.match(text)
+    if m is None or int(m.group(2)) > 23 or int(m.group(3)) > 59:
+        return None
+    sign = -1 if m.group(1) == "-" else 1
+    return dt.timezone(sign * dt.timedelta(hours=int(m.group(2)), minutes=int(m.group(3))))
 
 
 class LineReader:
@@ -130,31 +136,27 @@ class LineReader:
         if m:
             weekday, month, day, hh, mi, ss, year, text = m.groups()
             date = resolve_date(weekday, month, int(day), int(year))
-            if date is None:
+            ts = None if date is None else _timestamp(date.year, date.month, date.day, hh, mi, ss, self.tz)
+            if ts is None:
                 return None
-            when = dt.datetime(date.year, date.month, date.day, int(hh), int(mi), int(ss), tzinfo=self.tz)
-            return LogLine(text, "dmesg_t", ts=when.timestamp(), priority=_level(line))
+            return LogLine(text, "dmesg_t", ts=ts, priority=_level(line))
         m = _ISO.match(line)
         if m:
             y, mo, d, hh, mi, ss, frac, tz, rest = m.groups()
-            try:
-                when = dt.datetime(
-                    int(y), int(mo), int(d), int(hh), int(mi), int(ss), tzinfo=_offset(tz) if tz else self.tz
-                )
-            except ValueError:
+            zone = utc_offset(tz) if tz else self.tz
+            ts = None if zone is None else _timestamp(int(y), int(mo), int(d), hh, mi, ss, zone)
+            if ts is None:
                 return None
-            return LogLine(_kernel_message(rest), "iso", ts=when.timestamp() + _frac(frac))
+            return LogLine(_kernel_message(rest), "iso", ts=ts + _frac(frac))
         m = _SYSLOG.match(line)
         if m:
             month, day, hh, mi, ss, frac, rest = m.groups()
             tagged = _KERNEL_TAG.match(rest)
             date = resolve_date(None, month, int(day), self.year) if tagged else None
-            if date is None or tagged is None:
+            ts = None if date is None else _timestamp(date.year, date.month, date.day, hh, mi, ss, self.tz)
+            if ts is None or tagged is None:
                 return None
-            when = dt.datetime(date.year, date.month, date.day, int(hh), int(mi), int(ss), tzinfo=self.tz)
-            return LogLine(
-                _INNER_STAMP.sub("", tagged.group(1), count=1), "syslog", ts=when.timestamp() + _frac(frac)
-            )
+            return LogLine(_INNER_STAMP.sub("", tagged.group(1), count=1), "syslog", ts=ts + _frac(frac))
         # a bare message, as grep or a paste leaves it: without the `kernel: ` tag of a journal
         # line whose time was cut, the indentation of a multi-line record's later lines, or a
         # relative dmesg stamp
@@ -190,6 +192,15 @@ class LineReader:
         if isinstance(prio, str) and prio.isdigit() and len(prio) == 1:
             out.priority = int(prio)
         return out
+
+
+def _timestamp(year: int, month: int, day: int, hh: str, mi: str, ss: str, tz: dt.tzinfo) -> float | None:
+    """Unix seconds of a line's wall-clock time; None for a time that is none (hour 25, 30 February,
+    an offset past a day): the line is then of no known form, never a crash."""
+    try:
+        return dt.datetime(year, month, day, int(hh), int(mi), int(ss), tzinfo=tz).timestamp()
+    except ValueError:
+        return None
 
 
 def _level(line: str) -> int | None:

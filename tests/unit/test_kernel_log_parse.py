@@ -238,8 +238,13 @@ def test_hostile_lines_are_counted_and_skipped() -> None:
         "x" * 100_000,  # huge
         "NVRM: Xid (PCI:0000:9b:00)\x00: 79, binary",
         "\ufffd\ufffd NVRM: Xid (PCI:zz:9b:00): 79, not an address",
+        # times that are none: each line is unknown, not a crash
+        "[Tue Mar  5 25:11:12 2024] NVRM: Xid (PCI:0000:9b:00): 79, pid=1, name=x, hour 25",
+        "Mar  5 10:61:12 host kernel: NVRM: Xid (PCI:0000:9b:00): 79, minute 61",
+        "2024-02-30T10:11:12+00:00 host kernel: NVRM: Xid (PCI:0000:9b:00): 79, 30 February",
+        "2024-03-05T10:11:12+99:00 host kernel: NVRM: Xid (PCI:0000:9b:00): 79, offset past a day",
     ):
         line = reader.parse(raw)
         if line is not None:
             assert parser.feed(line) == []
-    assert parser.rejected == 2 and reader.unknown == 2
+    assert parser.rejected == 2 and reader.unknown == 6

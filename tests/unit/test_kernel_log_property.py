@@ -36,6 +36,8 @@ FRAGMENTS = [
     " SUBSYSTEM=pci",
     "Mar  5 10:11:12 host kernel: ",
     "2024-03-05T10:11:12.5+02:00 host kernel: ",
+    "2024-02-30T29:61:12+99:00 host kernel: ",  # a time that is none
+    "[Tue Mar  5 25:11:12 2024] ",
     '{"MESSAGE":',
     "\\x0a",
     "99999999999999999999",
