@@ -60,15 +60,13 @@ _FALLEN_ONE_LINE = re.compile(rf"NVRM: GPU {_DEV}: GPU has fallen off the bus")
 _FALLEN_START = re.compile(rf"NVRM: The NVIDIA GPU {_DEV}(?:\s|$)")
 _FALLEN_END = re.compile(r"fallen off the bus and is not responding to commands")
 _GPU_AT = re.compile(rf"NVRM: GPU at (?:PCI:)?{_DEV}: (?P<uuid>GPU-[0-9a-fA-F-]{{36}})\b")
+_BDF = r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"  # as the PCI layer prints a device
 _AER_HEADER = re.compile(
-    r"^\S+ (?P<port>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): AER: (?:Multiple )?"
+    rf"^\S+ (?P<port>{_BDF}): AER: (?:Multiple )?"
     r"(?P<sev>Corrected|Correctable|Uncorrect(?:ed|able) \((?:Non-Fatal|Fatal)\))"
-    r" error (?:message )?received(?::| from) (?:id=(?P<id>[0-9a-fA-F]{4})|"
-    r"(?P<src>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]))"
+    rf" error (?:message )?received(?::| from) (?:id=(?P<id>[0-9a-fA-F]{{4}})|(?P<src>{_BDF}))"
 )
-_AER_DETAIL = re.compile(
-    r"^\S+ (?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?:AER: )?\s*(?P<what>.*)$", re.S
-)
+_AER_DETAIL = re.compile(rf"^\S+ (?P<dev>{_BDF}): (?:AER: )?\s*(?P<what>.*)$", re.S)
 _AER_BUS_ERROR = re.compile(r"PCIe Bus Error: severity=(?P<sev>[^,]+), type=(?P<type>[^,]+)")
 _AER_DEVICE = re.compile(
     r"device \[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\] error status/mask"
@@ -261,15 +259,9 @@ class EventParser:
         switch = pci_address(m.group("pci"))
         rest = m.group("rest")
         open_ = self._sxid.get(switch)
-        if open_ is not None and open_.code == code:
-            s = _SXID_SEVERITY.match(rest)
-            if s and "severity_level" not in open_.extra:
-                open_.extra.update(severity_level=int(s.group("level")), engine=int(s.group("engine")))
-                return []
-            d = _SXID_DATA.match(rest)
-            if d and "data" not in open_.extra:
-                open_.extra["data"] = d.group("data")[:256]
-                return [self._sxid.pop(switch)]  # the last of the three lines
+        if open_ is not None and open_.code == code and _companion(open_.extra, rest):
+            # the Data line is the last of the three
+            return [self._sxid.pop(switch)] if "data" in open_.extra else []
         out = [self._sxid.pop(switch)] if open_ is not None else []
         event = _from_line("sxid", line, switch, code=code, at=self.lines)
         event.extra["switch"] = int(m.group("switch"))
@@ -277,10 +269,8 @@ class EventParser:
         if main:
             event.severity = _severity(main.group("sev"))
             event.extra["link"] = int(main.group("link"))
-        elif (s := _SXID_SEVERITY.match(rest)) is not None:  # its first line was not in the log
-            event.extra.update(severity_level=int(s.group("level")), engine=int(s.group("engine")))
-        elif (d := _SXID_DATA.match(rest)) is not None:
-            event.extra["data"] = d.group("data")[:256]
+        else:  # a companion whose first line was not in the log, or a line of its own (SOE)
+            _companion(event.extra, rest)
         self._sxid[switch] = event
         return out
 
@@ -334,6 +324,20 @@ class EventParser:
             for key in [k for k, e in book.items() if _age(e, line) > FOLD_WINDOW_S]:
                 out.append(book.pop(key))
         return out
+
+
+def _companion(extra: dict[str, Any], rest: str) -> bool:
+    """An SXid's Severity or Data line into its event's fields, where they are not filled yet;
+    False if `rest` is neither (or that field is filled: a new event)."""
+    s = _SXID_SEVERITY.match(rest)
+    if s and "severity_level" not in extra:
+        extra.update(severity_level=int(s.group("level")), engine=int(s.group("engine")))
+        return True
+    d = _SXID_DATA.match(rest)
+    if d and "data" not in extra:
+        extra["data"] = d.group("data")[:256]
+        return True
+    return False
 
 
 def _age(event: KernelEvent, line: LogLine) -> float:

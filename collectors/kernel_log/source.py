@@ -20,12 +20,12 @@ telemetry/1 `kernel` section (docs/contract.md):
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleetwatch import schemas
 from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent
 from fleetwatch.collectors.kernel_log.kmsg import (
     BOOT_ID,
@@ -45,7 +45,6 @@ MAX_RECORDS = 20_000  # a sample's read of the kernel log ...
 BUDGET_S = 0.2  # ... and the time it may take (the agent samples every second by default)
 CHUNK = 1000  # records read between two looks at the clock
 MAX_EVENTS = 256  # distinct events a sample carries
-_BDF = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
 def nvidia_gpus(sys_pci: Path = SYS_PCI) -> dict[str, int]:
@@ -77,8 +76,8 @@ def gpus_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[int, ...]]:
         except OSError:
             continue
         for part in parts:
-            if part != address and _BDF.match(part):
-                below.setdefault(part.lower(), []).append(index)
+            if part != address and schemas.PCI_RE.match(part):
+                below.setdefault(part, []).append(index)
     return {port: tuple(sorted(gpus)) for port, gpus in below.items()}
 
 
@@ -132,7 +131,6 @@ class KernelLogSource:
                     for text in record.split("\n"):  # the record, then its dictionary lines
                         line = self._lines.parse(text)
                         if line is not None:
-                            line.boot_id = self._boot_id
                             events += self._events.feed(line)
                 if time.monotonic() >= deadline:
                     break  # the rest next sample: the agent's cadence does not wait for a flood
@@ -160,8 +158,7 @@ class KernelLogSource:
         below = self._below() if any(e.kind == "aer" for e in merged.values()) else {}
         out = []
         for e in merged.values():
-            d = e.to_dict()
-            d.pop("boot_id", None)  # the section's
+            d = e.to_dict()  # kmsg lines carry no boot id: the section's `boot` is theirs
             d.pop("line", None)  # a position in a file; kmsg has `seq`
             if e.pci in gpus:
                 d["gpu"] = gpus[e.pci]
