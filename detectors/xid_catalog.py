@@ -156,7 +156,5 @@ def lookup(code: int) -> XidInfo:
     """Catalog entry for `code`; unknown codes get a generic warning entry named "unknown"."""
     info = CATALOG.get(code)
     if info is None:
-        return XidInfo(
-            code, "unknown", f"XID {code} is not in fleetwatch's catalog", "unknown", "warning", "investigate"
-        )
+        return XidInfo(code, "unknown", f"XID {code} is not in NVIDIA's catalogue", *_NO_BUCKET)
     return info

@@ -52,12 +52,7 @@ def events_of(
 
     def emit(events: list[KernelEvent]) -> Iterator[dict[str, Any]]:
         for e in events:
-            d = e.to_dict()
-            if e.pci is not None:
-                if e.pci in gpus:
-                    d["gpu"] = gpus[e.pci]
-                if e.pci in parser.uuids:
-                    d["uuid"] = parser.uuids[e.pci]
+            d = e.described(gpus, parser.uuids)
             j = judge(d)
             d.update(severity=j.severity, action=j.action, name=j.name)
             if e.severity is not None:

@@ -115,6 +115,15 @@ class KernelEvent:
         extra = d.pop("extra")
         return {k: v for k, v in {**d, **extra}.items() if v is not None}
 
+    def described(self, gpus: dict[str, int], uuids: dict[str, str]) -> dict[str, Any]:
+        """to_dict() with the GPU's index and UUID where its address names one."""
+        d = self.to_dict()
+        if self.pci in gpus:
+            d["gpu"] = gpus[self.pci]
+        if self.pci in uuids:
+            d["uuid"] = uuids[self.pci]
+        return d
+
 
 def _from_line(kind: str, line: LogLine, pci: str | None, at: int | None = None, **kw: Any) -> KernelEvent:
     return KernelEvent(

@@ -158,16 +158,12 @@ class KernelLogSource:
         below = self._below() if any(e.kind == "aer" for e in merged.values()) else {}
         out = []
         for e in merged.values():
-            d = e.to_dict()  # kmsg lines carry no boot id: the section's `boot` is theirs
+            d = e.described(gpus, self._events.uuids)  # kmsg lines carry no boot id: the section's
             d.pop("line", None)  # a position in a file; kmsg has `seq`
-            if e.pci in gpus:
-                d["gpu"] = gpus[e.pci]
-            elif e.kind == "aer":  # a port's error about its link: the one GPU below it, if one
+            if "gpu" not in d and e.kind == "aer":  # a port's error about its link: the one GPU below
                 under = below.get(e.pci or "") or below.get(e.extra.get("port", ""), ())
                 if len(under) == 1:
                     d["gpu"] = under[0]
-            if e.pci in self._events.uuids:
-                d["uuid"] = self._events.uuids[e.pci]
             out.append(d)
         now = {
             "unknown": self._lines.unknown,
