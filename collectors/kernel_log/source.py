@@ -158,7 +158,8 @@ class KernelLogSource:
         below = self._below() if any(e.kind == "aer" for e in merged.values()) else {}
         out = []
         for e in merged.values():
-            d = e.described(gpus, self._events.uuids)  # kmsg lines carry no boot id: the section's
+            # no boot id in an event: kmsg lines carry none, the section's `boot` is theirs
+            d = e.described(gpus, self._events.uuids)
             d.pop("line", None)  # a position in a file; kmsg has `seq`
             if "gpu" not in d and e.kind == "aer":  # a port's error about its link: the one GPU below
                 under = below.get(e.pci or "") or below.get(e.extra.get("port", ""), ())
