@@ -228,19 +228,30 @@ class Agent:
         self.spool.close()
 
 
-def source_factory(name: str, spool: Spool) -> Callable[[], Source]:
-    """How the runner builds (and rebuilds) a source; the kernel log's from the cursor in the spool,
-    read at each build, so a source rebuilt after a failure goes on from what was spooled."""
+def source_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each source's constructor arguments from the command line (and the config file's
+    `[collect]` section, which fills the same flags): {source name: kwargs}. A source absent here
+    is built with its defaults."""
+    return {}
+
+
+def source_factory(
+    name: str, spool: Spool, options: dict[str, Any] | None = None
+) -> Callable[[], Source]:
+    """How the runner builds (and rebuilds) a source, with `options` (source_options) as its
+    constructor's arguments; the kernel log's from the cursor in the spool, read at each build, so
+    a source rebuilt after a failure goes on from what was spooled."""
+    kwargs = dict(options or {})
     if name == "kernel":
         from fleetwatch.collectors.kernel_log.kmsg import Cursor
 
         def kernel() -> Source:
             boot = spool.get_meta("kmsg_boot", -1)
             cursor = Cursor(boot, spool.get_meta("kmsg_seq", -1)) if boot >= 0 else None
-            return make_source(name, cursor=cursor)
+            return make_source(name, cursor=cursor, **kwargs)
 
         return kernel
-    return lambda: make_source(name)
+    return lambda: make_source(name, **kwargs)
 
 
 def default_spool_dir() -> Path:
@@ -258,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
     spool_dir = Path(args.spool_dir) if args.spool_dir else default_spool_dir()
     spool = Spool(spool_dir / f"{node}.sqlite", max_bytes=int(args.spool_max_mib * 2**20))
     serve_metrics(args.metrics_port, args.metrics_addr)
-    runners = [SourceRunner(n, source_factory(n, spool)) for n in names]
+    options = source_options(args)
+    runners = [SourceRunner(n, source_factory(n, spool, options.get(n))) for n in names]
     agent = Agent(
         node=node,
         runners=runners,
