@@ -30,6 +30,10 @@ Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
   `ib_active` (P,) 1.0 if the port state is ACTIVE, 0.0 if another state, NaN if not reported;
   `ib_state_idx` (P,) index into `ib_state_names`, the distinct states as reported (None: not
   reported), for evidence; `ib_state` spells them out per port.
+- Kernel-log sections (telemetry/1 `kernel`, sent only in samples where the kernel log had
+  something to say): `kernel_msg` (S,) the rows of the messages that carry one, `kernel` (S,) the
+  sections as plain dicts. They are rare and their events are few, so they stay objects: the
+  detectors read their events one by one (detectors/kernel_events.py judges each).
 
 NVML's "not available" values (fleetwatch.schemas.NVML_NOT_AVAILABLE) become NaN: absent.
 Counters become float64: exact up to 2**53, far above any ECC/XID/link-error count; byte counters
@@ -38,6 +42,7 @@ lose sub-byte precision only beyond ~9 PB, which rates do not care about.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -165,6 +170,7 @@ class _Access:
     port_key: Callable[[Any], tuple[Any, Any]]  # a port's (device, port), "" where absent
     state: Callable[[Any], Any]  # a port's state (absent: None or UNSET)
     table: Callable[[list[Any], tuple[str, ...]], np.ndarray]  # rows of numeric fields
+    kernel: Callable[[Any], Any]  # the kernel-log section as a plain dict (absent: false)
 
 
 _STRUCTS = _Access(
@@ -177,6 +183,7 @@ _STRUCTS = _Access(
     port_key=attrgetter("device", "port"),  # absent parts decode to ""
     state=attrgetter("state"),
     table=_attr_table,
+    kernel=lambda x: msgspec.to_builtins(x.kernel) if x.kernel else None,
 )
 _DICTS = _Access(
     *map(itemgetter, ("node", "ts", "seq", "gpus")),
@@ -189,6 +196,7 @@ _DICTS = _Access(
     port_key=lambda p: (p.get("device", ""), p.get("port", "")),
     state=methodcaller("get", "state"),
     table=_item_table,
+    kernel=methodcaller("get", "kernel"),
 )
 
 
@@ -232,6 +240,8 @@ class TelemetryBatch:
     ib_state_idx: np.ndarray
     received: np.ndarray
     instance: np.ndarray
+    kernel_msg: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    kernel: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -267,6 +277,7 @@ class TelemetryBatch:
         remap[used] = np.arange(len(used))
         xk = _entries_of(new_row, self.xid_msg)
         pk = _entries_of(new_row, self.ib_msg)
+        kk = _entries_of(new_row, self.kernel_msg)
         return TelemetryBatch(
             node_names=[self.node_names[i] for i in used.tolist()],
             node_idx=remap[codes],
@@ -288,6 +299,8 @@ class TelemetryBatch:
             ib_active=self.ib_active[pk],
             ib_state_names=self.ib_state_names,
             ib_state_idx=self.ib_state_idx[pk],
+            kernel_msg=new_row[self.kernel_msg[kk]],
+            kernel=[self.kernel[i] for i in kk.tolist()],
         )
 
     @classmethod
@@ -343,6 +356,8 @@ class TelemetryBatch:
             ib_active=cat("ib_active"),
             ib_state_names=state_names,
             ib_state_idx=cat("ib_state_idx", state_off),
+            kernel_msg=cat("kernel_msg", m[:-1].tolist()),
+            kernel=[k for p in parts for k in p.kernel],
         )
 
     def nodes(self) -> list[str]:
@@ -404,7 +419,9 @@ class TelemetryBatch:
         key_ix = _codes_of(port_keys)
         states = list(map(a.state, plist))
         state_ix = _codes_of(states)
-        return cls._assemble(
+        sections = list(map(a.kernel, msgs))
+        kernel_rows = [i for i, k in enumerate(sections) if k] if any(sections) else []
+        batch = cls._assemble(
             list(name_ix),
             node_idx,
             ts,
@@ -422,6 +439,10 @@ class TelemetryBatch:
             np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
             np.fromiter(map(a.instance, msgs), np.int64, count=m),
         )
+        if kernel_rows:
+            batch.kernel_msg = np.array(kernel_rows, dtype=np.int64)
+            batch.kernel = [sections[i] for i in kernel_rows]
+        return batch
 
     @classmethod
     def from_scan(cls, sc: Scan) -> TelemetryBatch:

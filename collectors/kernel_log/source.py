@@ -4,6 +4,9 @@ telemetry/1 `kernel` section (docs/contract.md):
     {"kernel": {"boot": "<boot_id>", "events": [{kind, code, pci, gpu, ...}], "records": n,
                 "unknown": n, "rejected": n, "missed": n, "coalesced": n, "dropped": n}}
 
+  sent only in a sample where the kernel log had something to say (an event, or a count other
+  than `records`); a quiet sample leaves the section out.
+
 - Records come from /dev/kmsg after the cursor (kmsg.py); the cursor the sample reaches goes back
   to the agent under `_cursor`, and the agent stores it in the spool with the sample itself, so an
   event is neither lost nor sent twice across restarts, and a reboot rescans the new boot.
@@ -81,6 +84,9 @@ def gpus_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[int, ...]]:
     return {port: tuple(sorted(gpus)) for port, gpus in below.items()}
 
 
+_QUIET = frozenset({"boot", "events", "records"})  # a section with nothing but these says nothing
+
+
 def _repeat_key(e: KernelEvent) -> tuple[Any, ...]:
     x = e.extra
     return (e.kind, e.code, e.pci, e.severity, x.get("link"), x.get("unit"), x.get("recovery_action"))
@@ -137,10 +143,14 @@ class KernelLogSource:
             if drained:  # what is open is complete: nothing more came
                 events += self._events.flush()
             section = self._section(events, read)
+            # A quiet sample (no event, nothing missed or unknown) sends no section: the common
+            # message then stays on the worker's compiled fast path, which leaves every message
+            # with a `kernel` section to the full decoder.
+            part: dict[str, Any] = {"kernel": section} if section.keys() - _QUIET or section["events"] else {}
             cursor = self._reader.cursor
-            if cursor.seq < 0:  # nothing read yet in this boot: no position to keep
-                return {"kernel": section}
-            return {"kernel": section, "_cursor": {"kmsg_boot": cursor.boot, "kmsg_seq": cursor.seq}}
+            if cursor.seq >= 0:  # a position to keep (none before anything was read in this boot)
+                part["_cursor"] = {"kmsg_boot": cursor.boot, "kmsg_seq": cursor.seq}
+            return part
 
     def _section(self, events: list[KernelEvent], records: int) -> dict[str, Any]:
         merged: dict[tuple[Any, ...], KernelEvent] = {}

@@ -44,7 +44,7 @@ def _events(tail: Any, node: str, samples: int, domain: str) -> list[dict[str, A
     msgs = [m for m in tail.messages(recs) if m["node"] == node]
     assert len(msgs) >= samples
     assert all(m["agent"]["source_errors"] == {} for m in msgs), [m["agent"] for m in msgs]
-    events = [e for m in msgs for e in m["kernel"]["events"]]
+    events = [e for m in msgs for e in m.get("kernel", {}).get("events", [])]
     return [e for e in events if e["pci"].startswith(domain)]
 
 
