@@ -186,12 +186,25 @@ def _hash_py(b: bytes) -> int:  # the same hash as _key computes
 
 
 KEY_SLOTS, KEY_BLOB, KEY_OFFS = _key_table(KEY_NAMES)
-# `seen`, a per-object bitmask of the key ids read (a duplicate is left to the other decoder),
-# needs < 63 keys; `gpu_seen`, a bitmask of GPU indices, needs indices < 64.
-assert len(KEY_NAMES) < 63, len(KEY_NAMES)
+
+
+def _key_bits(meaning: np.ndarray) -> np.ndarray:
+    """KEY_BIT[ctx, key id]: the key's bit in `seen`, numbered among the keys its context names
+    (-1 where it names none), so that a context, not the whole contract, must have < 63 keys."""
+    bits = np.full(meaning.shape, -1, dtype=np.int64)
+    for ctx in range(N_CONTEXTS):
+        named = np.flatnonzero(meaning[ctx] != UNKNOWN)
+        bits[ctx, named] = np.arange(len(named))
+    return bits
+
+
+KEY_BIT = _key_bits(KEY_MEANING)
+# `seen`, a per-object bitmask of the keys read (a duplicate is left to the other decoder), needs
+# < 63 keys in each context; `gpu_seen`, a bitmask of GPU indices, needs indices < 64.
+assert int(KEY_BIT.max()) < 62, int(KEY_BIT.max())
 assert s.MAX_GPU_INDEX < 64, s.MAX_GPU_INDEX
 # The top-level keys a message must have.
-_REQUIRED = sum(1 << KEY_NAMES.index(k) for k in ("schema", "node", "ts", "seq", "gpus"))
+_REQUIRED = sum(1 << int(KEY_BIT[TOP, KEY_NAMES.index(k)]) for k in ("schema", "node", "ts", "seq", "gpus"))
 # key_guess slots: one per key id (the key after it), then one per context (its first key).
 _GUESS_FIRST = len(KEY_NAMES)
 _GUESS_SLOTS = _GUESS_FIRST + N_CONTEXTS
@@ -250,7 +263,7 @@ def _drop_stale_cache() -> None:
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     parts = [repr(KEY_NAMES).encode(), SCHEMA_BYTES.tobytes()]
-    parts += [a.tobytes() for a in (KEY_MEANING, LO, HI, INTEGER, KEY_SLOTS, KEY_BLOB, KEY_OFFS)]
+    parts += [a.tobytes() for a in (KEY_MEANING, KEY_BIT, LO, HI, INTEGER, KEY_SLOTS, KEY_BLOB, KEY_OFFS)]
     parts.append(repr((_MAX_STRING, _MAX_GPUS, _MAX_PORTS, _MAX_XIDS, _MAX_XID, _MAX_PORT_NUMBER)).encode())
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
     cache = Path(__file__).parent / "__pycache__"
@@ -543,9 +556,12 @@ def _member_of(buf, i, e, ctx, key_guess, prev, seen):  # type: ignore[no-untype
     kid, i = _key(buf, i, e, key_guess, prev)
     if i < 0 or i >= e:
         return UNKNOWN, prev, -1, seen
-    if kid < 0 or KEY_MEANING[ctx, kid] == UNKNOWN or seen & (1 << kid):  # unnamed here, or seen before
+    if kid < 0 or KEY_MEANING[ctx, kid] == UNKNOWN:  # unnamed here
         return UNKNOWN, prev, -1, seen
-    return KEY_MEANING[ctx, kid], kid, i, seen | (1 << kid)
+    bit = np.int64(1) << KEY_BIT[ctx, kid]
+    if seen & bit:  # seen before in this object
+        return UNKNOWN, prev, -1, seen
+    return KEY_MEANING[ctx, kid], kid, i, seen | bit
 
 
 _member_of_inline = njit(cache=True, _nrt=False, inline="always")(_member_of.py_func)
