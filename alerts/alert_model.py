@@ -43,6 +43,8 @@ ALERTNAMES = {
     "statistical": "FleetwatchStatistical",
     "straggler": "FleetwatchStraggler",
     "lemon": "FleetwatchLemon",
+    "nvswitch": "FleetwatchNvswitch",
+    "kernel_log": "FleetwatchKernelLog",
 }
 # a kind this release does not know (a newer detect): alerted with its own kind label, severity
 # and summary under one alertname, so that the set of alertnames stays bounded

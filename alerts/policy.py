@@ -12,12 +12,14 @@ What drains (an OPEN finding; anything else only alerts):
 |           | drain_node/rma, or reset_gpu where GPU resets are not automated (gpu_reset_automated) |
 | ecc       | rule ecc_dbe (uncorrectable ECC), or retired_pages at critical                    |
 | row_remap | rule row_remap_failure                                                            |
-| pcie      | rule gpu_lost (GPU fallen off the bus / unreadable), or critical (sustained replays) |
+| pcie      | rule gpu_lost (GPU fallen off the bus / unreadable: NVML or the kernel log), or   |
+|           | critical (sustained replays; rule aer: a fatal uncorrectable PCIe error)          |
 | nvlink    | critical (sustained error rate 10x the threshold)                                  |
+| nvswitch  | critical with action drain_node: a fatal NVSwitch SXid (the kernel log)           |
 | ib_link   | critical: port not ACTIVE, link_downed, or error rate 10x the threshold            |
 | lemon     | always: the detector only emits once the Poisson test confirms the node           |
 | straggler | critical (persisted past the detector's critical_after_s)                          |
-| thermal, host, statistical, and every warning/info not named above: alert only       |
+| thermal, host, statistical, kernel_log, and every warning/info not named above: alert only |
 
 Guards, in the order they are applied to a node that needs draining:
 1. storm: if at least `storm_threshold` distinct nodes became drain-worthy within any
@@ -89,6 +91,8 @@ def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str
         return "PCIe errors" if critical else None
     if kind == "nvlink":
         return "NVLink errors" if critical else None
+    if kind == "nvswitch":
+        return f"NVSwitch SXid {ev.get('code', '?')}" if critical and ev.get("action") in DRAIN_ACTIONS else None
     if kind == "ib_link":
         if not critical:
             return None

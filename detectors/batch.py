@@ -153,6 +153,14 @@ def _struct_ports(msg: Any) -> Any:
     return (net.ib or ()) if net else ()
 
 
+def _kernel_of_struct(section: Any) -> dict[str, Any]:
+    """A decoded kernel section as the dict its message held: the decoder gives an absent numeric
+    field of an event NaN (fleetwatch/fast_schema.py), which is left out here, as in the message."""
+    out: dict[str, Any] = msgspec.to_builtins(section)
+    out["events"] = [{k: v for k, v in e.items() if v == v} for e in out.get("events", ())]
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class _Access:
     """How TelemetryBatch._read reads one form of decoded message: by attribute or by key."""
@@ -183,7 +191,7 @@ _STRUCTS = _Access(
     port_key=attrgetter("device", "port"),  # absent parts decode to ""
     state=attrgetter("state"),
     table=_attr_table,
-    kernel=lambda x: msgspec.to_builtins(x.kernel) if x.kernel else None,
+    kernel=lambda x: _kernel_of_struct(x.kernel) if x.kernel else None,
 )
 _DICTS = _Access(
     *map(itemgetter, ("node", "ts", "seq", "gpus")),

@@ -66,7 +66,7 @@ import numpy as np
 import orjson
 
 from fleetwatch.config import knob
-from fleetwatch.detectors import xid_catalog
+from fleetwatch.detectors import kernel_events, kernel_rules, xid_catalog
 from fleetwatch.detectors.batch import GPU_COL, IB_COL, TelemetryBatch
 from fleetwatch.detectors.counters import (
     CounterTracker,
@@ -139,6 +139,11 @@ _IB_COUNTER_COLS = np.array([IB_COL[c] for c in IB_COUNTERS])
 class HardwareConfig:
     xid_quiet_s: float = knob(180.0, "an XID burst ends after this many seconds without another XID", gt=0)
     xid_burst_escalate: int = knob(20, "XIDs in one burst that make it critical, whatever their codes", ge=1)
+    xid_same_event_s: float = knob(
+        30.0,
+        "an XID that NVML and the kernel log both report within this many seconds (sample times) is one XID",
+        ge=0,
+    )
     clear_after_s: float = knob(
         300.0, "a hardware finding resolves this many seconds after its fault was last seen", gt=0
     )
@@ -320,6 +325,7 @@ class HardwareDetector:
         out: list[dict[str, Any]] = []
         out += self._gpu_rules(batch, acc, times)
         out += self._xid_rules(batch, acc, times)
+        out += self._kernel_rules(batch, acc, times)
         out += self._ib_rules(batch, acc, times)
         out += self.book.sweep(times.next_ts, times.latest)
         out.sort(key=lambda f: (f["ts"], f["node"], f.get("gpu", -1), f["kind"], f["evidence"]["rule"]))
@@ -595,26 +601,57 @@ class HardwareDetector:
 
     # ------------------------------------------------------------ XIDs
 
+    def _xid_sightings(
+        self, batch: TelemetryBatch, acc: np.ndarray
+    ) -> list[tuple[int, int | None, int, str, str, int]]:
+        """Every XID of the accepted messages as (position, gpu, code, variant, source, count): NVML's
+        (gpus[].xids) and the kernel log's (kernel.events[] of kind xid), by message, NVML's first
+        within a message. A kernel-log XID whose GPU the agent could not name has gpu None."""
+        out: list[tuple[int, int | None, int, str, str, int]] = []
+        if len(batch.xid_msg):
+            pos = _accepted_positions(batch.size, acc, batch.xid_msg)
+            keep = pos >= 0
+            for p, gpu, code in zip(
+                pos[keep].tolist(), batch.xid_gpu[keep].tolist(), batch.xid_code[keep].tolist(), strict=True
+            ):
+                out.append((p, gpu, code, "", "nvml", 1))
+        for p, _section, e in kernel_rules.accepted_events(batch, acc):
+            code, gpu = e.get("code"), e.get("gpu")
+            if e.get("kind") == "xid" and isinstance(code, int) and not isinstance(code, bool):
+                gpu = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
+                out.append((p, gpu, code, kernel_rules.xid_variant(e), "kernel", kernel_rules.count_of(e)))
+        out.sort(key=lambda x: x[0])  # stable: by message, NVML's before the kernel log's
+        return out
+
     def _xid_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
-        if len(batch.xid_msg) == 0:
-            return []
-        pos = _accepted_positions(batch.size, acc, batch.xid_msg)
-        keep = pos >= 0
-        order = np.argsort(pos[keep], kind="stable")  # by (node, ts), list order within a message
-        pos, gpus, codes = pos[keep][order], batch.xid_gpu[keep][order], batch.xid_code[keep][order]
+        sightings = self._xid_sightings(batch, acc)
         cfg = self.cfg
         out: list[dict[str, Any]] = []
-        for p, gpu, code in zip(pos.tolist(), gpus.tolist(), codes.tolist(), strict=True):
+        for p, gpu, code, variant, source, n in sightings:
             node, ts = ctx.names[int(ctx.mrow[p])], float(ctx.mts[p])
             key = (node, gpu, None, "xid", "xid_burst")
             done = self.book.expire(key, ts, ctx.next_ts)
             if done is not None:
                 out.append(done)
             inc = self.book.get(key)
-            counts: dict[str, int] = dict(inc.extra["counts"]) if inc else {}
-            name = _xid_bucket(counts, code)
+            extra: dict[str, Any] = orjson.loads(orjson.dumps(inc.extra)) if inc else {}
+            counts: dict[str, int] = extra.setdefault("counts", {})
+            new = kernel_rules.sighted(extra, source, code, ts, n, cfg.xid_same_event_s)
+            name = _xid_bucket(counts, code, variant)
             news = inc is not None and name not in counts and _xid_info(name)[0].severity == "critical"
-            counts[name] = counts.get(name, 0) + 1
+            if new:
+                counts[name] = counts.get(name, 0) + new
+            if n > new and name != str(code):
+                # NVML's sighting of this XID came first and was counted by its code alone; the
+                # line says more (a recovery action, Fatal): it now counts as what the line says
+                moved = min(n - new, counts.get(str(code), 0))
+                if moved:
+                    counts[str(code)] -= moved
+                    if not counts[str(code)]:
+                        del counts[str(code)]
+                    counts[name] = counts.get(name, 0) + moved
+            if not counts:
+                continue  # (cannot happen: a sighting is either new or paired with a counted one)
             burst = _XidBurst.of(counts)
             worst, total = burst.worst, burst.total
             rank = burst.rank
@@ -622,7 +659,8 @@ class HardwareDetector:
                 cap = SEVERITY_RANK["warning"] if worst.cause == "application" else SEVERITY_RANK["critical"]
                 rank = max(rank, min(rank + 1, cap))
             sev = SEVERITIES[rank]
-            summary = f"{node} GPU{gpu}: XID {worst.code} {worst.name} ({worst.action_text})"
+            where = f"{node} GPU{gpu}" if gpu is not None else f"{node} (GPU not named)"
+            summary = f"{where}: XID {worst.code} {worst.name} ({worst.action_text})"
             if total > 1:
                 summary += f"; {total} XIDs in burst"
             evidence = {
@@ -634,6 +672,7 @@ class HardwareDetector:
                 "bucket": worst.bucket,  # NVIDIA's resolution bucket, which decided the action
                 "description": worst.description,
                 "quiet_s": cfg.xid_quiet_s,
+                "first_seen_by": dict(extra.get("first_by", {})),  # which source reported them first
             }
             unlisted = total - sum(burst.listed.values())
             if unlisted:  # XIDs of codes the list leaves out (or of uncatalogued ones beyond it)
@@ -650,12 +689,106 @@ class HardwareDetector:
                 evidence=evidence,
                 clear_after=cfg.xid_quiet_s,
                 next_ts=ctx.next_ts,
-                extra={"counts": counts},
+                extra=extra,
                 # a critical code new to a burst that is critical already changes what act decides
                 # (its drain reads the codes): the finding goes out again
                 news=news,
             )
         return out
+
+    # ------------------------------------------------------------ the kernel log's other events
+
+    def _kernel_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
+        """Findings of the kernel-log events other than XIDs (detectors/kernel_rules.py)."""
+        out: list[dict[str, Any]] = []
+        last_section: dict[str, Any] | None = None
+        for p, section, e in kernel_rules.accepted_events(batch, acc):
+            node, ts = ctx.names[int(ctx.mrow[p])], float(ctx.mts[p])
+            if section is not last_section:  # once per section: what the ring buffer lost
+                last_section = section
+                missed = kernel_rules.missed_records(section)
+                if missed:
+                    out += self._kernel_observe(
+                        ctx, node, None, "kernel_log", "records_missed", ts, "warning", "investigate",
+                        f"{missed} kernel log records lost before the agent read them (ring buffer "
+                        "overwritten): faults they reported are unseen",
+                        {"missed": missed, "overruns": section.get("overruns", 0)}, count=missed,
+                    )  # fmt: skip
+            kind = e.get("kind")
+            if not e or kind == "xid":
+                continue
+            gpu = e.get("gpu")
+            gpu = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
+            j = kernel_events.judge(e)
+            n = kernel_rules.count_of(e)
+            ev = kernel_rules.event_evidence(e)
+            if kind == "fallen_off_bus":
+                out += self._kernel_observe(
+                    ctx, node, gpu, "pcie", "gpu_lost", ts, "critical", "drain_node",
+                    "GPU lost (the kernel log: fallen off the bus) (drain node)",
+                    {"state": "fallen off the bus (kernel log)", **ev},
+                )  # fmt: skip
+            elif kind == "sxid":
+                out += self._kernel_observe(
+                    ctx, node, None, "nvswitch", "sxid", ts, j.severity, j.action,
+                    f"{j.name} on {ev.get('pci', 'an NVSwitch')} ({xid_catalog.ACTION_TEXT[j.action]})",
+                    ev, count=n,
+                )  # fmt: skip
+            elif kind == "aer":
+                out += self._kernel_observe(
+                    ctx, node, gpu, "pcie", "aer", ts, j.severity, j.action,
+                    f"{j.name} on {ev.get('pci') or ev.get('port', 'a PCIe device')}", ev, count=n,
+                )  # fmt: skip
+            else:
+                out += self._kernel_observe(
+                    ctx, node, None, "kernel_log", "unknown_event", ts, "warning", "investigate",
+                    f"kernel log event of a kind this release does not know: {str(kind)[:32]}",
+                    {"event_kind": str(kind)[:32], **ev}, count=n,
+                )  # fmt: skip
+        return out
+
+    def _kernel_observe(
+        self,
+        ctx: SampleTimes,
+        node: str,
+        gpu: int | None,
+        kind: str,
+        rule: str,
+        ts: float,
+        severity: str,
+        action: str,
+        what: str,
+        evidence: dict[str, Any],
+        count: int = 1,
+    ) -> list[dict[str, Any]]:
+        """One kernel-log event into its incident: the evidence keeps the worst event's fields and
+        the events counted so far (a sample's repeats are one event with a count)."""
+        key = (node, gpu, None, kind, rule)
+        inc = self.book.get(key)
+        if inc is not None and inc.last_bad + inc.clear_after <= ts:
+            inc = None  # resolves inside observe: a new incident counts from zero
+        seen = int(inc.extra.get("events", 0)) if inc else 0
+        seen = min(seen + count, kernel_rules.MAX_COUNT)
+        worse = inc is None or SEVERITY_RANK[severity] >= SEVERITY_RANK[inc.severity]
+        if worse:
+            evidence = {**evidence, "action": action, "events": seen}
+        else:
+            evidence = {**inc.evidence, "events": seen}
+        where = f"{node} GPU{gpu}" if gpu is not None else node
+        return self.book.observe(
+            node=node,
+            gpu=gpu,
+            kind=kind,
+            rule=rule,
+            ts=ts,
+            severity=severity,
+            score=severity_score(severity),
+            summary=f"{where}: {what}" if worse else inc.summary,
+            evidence=evidence,
+            clear_after=self.cfg.clear_after_s,
+            next_ts=ctx.next_ts,
+            extra={"events": seen},
+        )
 
     # ------------------------------------------------------------ InfiniBand
 
@@ -820,11 +953,14 @@ def _ports_text(keys: _Names, ports: np.ndarray) -> str:
     )
 
 
-def _xid_bucket(counts: dict[str, int], code: int) -> str:
+def _xid_bucket(counts: dict[str, int], code: int, variant: str = "") -> str:
     """The name an XID is counted under in its incident's counts: its own for every catalogued
-    code (the catalogue is bounded, so the counts are) and for the first MAX_UNKNOWN_XIDS others;
-    further uncatalogued codes share OTHER_XIDS."""
+    code (the catalogue is bounded, so the counts are), "<code>:<variant>" where its kernel-log
+    line says more than the code (kernel_rules.xid_variant: bounded too), and for the first
+    MAX_UNKNOWN_XIDS others; further uncatalogued codes share OTHER_XIDS."""
     name = str(code)
+    if variant and code in xid_catalog.CATALOG:
+        return f"{name}:{variant}"
     if name in counts or code in xid_catalog.CATALOG:
         return name
     unknown = sum(1 for c in counts if c != OTHER_XIDS and int(c) not in xid_catalog.CATALOG)
@@ -836,7 +972,11 @@ def _xid_info(name: str) -> tuple[xid_catalog.XidInfo, tuple[int, int]]:
     """A counted code's catalogue entry and how bad it is: its severity, then how much its action
     takes (a drain over a reset). OTHER_XIDS reads as an uncatalogued code. Cached: a burst looks
     its codes up at every XID."""
-    info = xid_catalog.lookup(-1 if name == OTHER_XIDS else int(name))
+    if name == OTHER_XIDS:
+        info = xid_catalog.lookup(-1)
+    else:
+        code, _, variant = name.partition(":")
+        info = kernel_rules.variant_info(int(code), variant)
     return info, (SEVERITY_RANK[info.severity], _XID_ACTION_RANK[info.action])
 
 

@@ -586,6 +586,8 @@ FINDING_KINDS = frozenset(
         "statistical",
         "straggler",
         "lemon",
+        "nvswitch",
+        "kernel_log",
     }
 )
 SEVERITIES = ("info", "warning", "critical")

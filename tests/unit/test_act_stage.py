@@ -140,13 +140,13 @@ def test_a_finding_of_a_kind_this_release_does_not_know_is_alerted_not_dead_lett
         bus, GROUP, [replace(act_stage(actor, FINDINGS), tick_every_s=0.0)], snapshot_every_s=3600
     )
     owner.worker = worker
-    newer = {**finding(NODES[0]), "kind": "nvswitch", "summary": "gpu-node-01 NVSwitch SXid 20034 (fatal)"}
+    newer = {**finding(NODES[0]), "kind": "fabric_manager", "summary": "gpu-node-01 fabric manager: SXid 20034 (fatal)"}
     bus.append(FINDINGS, NODES[0].encode(), signed(newer, DETECT_KEY))
     worker.run(StopFlag(install=False), idle_exit_s=0)
     clock[0] = T0 + 120
     worker.run(StopFlag(install=False), idle_exit_s=0)
     assert bus.records(topics.DEADLETTER) == [] and _drains(bus) == []
-    alerts = [r for r in sent if r.labels.get("kind") == "nvswitch"]
+    alerts = [r for r in sent if r.labels.get("kind") == "fabric_manager"]
     assert alerts and alerts[0].labels["alertname"] == "FleetwatchFinding"
     assert alerts[0].labels["severity"] == "critical" and "SXid 20034" in alerts[0].annotations["summary"]
     worker.close()
