@@ -180,6 +180,26 @@ def _temp(where: str, v: Any) -> None:
     _number(where, v, -60, 250)
 
 
+# PCIe link state (GPUs from NVML, HCAs from sysfs). A generation is 1 (2.5 GT/s) up to 6 (64 GT/s)
+# today; the Link Capabilities register's speed field is 4 bits, so 15 bounds any future one. A
+# width is a lane count: x1..x32 are the widths PCIe defines, 0 a link that is not trained.
+MAX_PCIE_GEN = 15
+MAX_PCIE_WIDTH = 32
+
+
+def _pcie_gen(where: str, v: Any) -> None:
+    _integer(where, v, 1, MAX_PCIE_GEN)
+
+
+def _pcie_width(where: str, v: Any) -> None:
+    _integer(where, v, 0, MAX_PCIE_WIDTH)
+
+
+def _enum8(where: str, v: Any) -> None:
+    """A small enumerated code (NVML's nvmlDeviceGpuRecoveryAction_t): what holds now, not a count."""
+    _integer(where, v, 0, 255)
+
+
 def _port(where: str, v: Any) -> None:
     """An IB port: its number (1, 2, ...) or its name as a string."""
     if isinstance(v, str):
@@ -232,6 +252,13 @@ GPU_FIELDS: dict[str, Check] = {
     "remapped_rows_correctable": _counter32,
     "remapped_rows_uncorrectable": _counter32,
     "nvlink_links_active": _counter32,
+    # PCIe link (NVML's current and max generation and width; the max is what this GPU and its slot
+    # allow) and NVML's recovery action for the GPU (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+    "pcie_link_gen": _pcie_gen,
+    "pcie_link_gen_max": _pcie_gen,
+    "pcie_link_width": _pcie_width,
+    "pcie_link_width_max": _pcie_width,
+    "recovery_action": _enum8,
     "xids": _xids,
 }
 # Cumulative GPU counters (detectors derive deltas and rates); the bitmask and the link count are
@@ -289,6 +316,18 @@ IB_FIELDS: dict[str, Check] = {
     "xmit_discards": _counter,
     "tx_bytes": _counter,
     "rx_bytes": _counter,
+    # the port's other error counters (counters/link_error_recovery, local_link_integrity_errors,
+    # excessive_buffer_overrun_errors, port_rcv_remote_physical_errors, port_xmit_wait) and its
+    # HCA's PCIe link (sysfs; collectors/net.py)
+    "link_error_recovery": _counter,
+    "local_link_integrity_errors": _counter,
+    "excessive_buffer_overrun_errors": _counter,
+    "rcv_remote_physical_errors": _counter,
+    "xmit_wait": _counter,
+    "pcie_link_gen": _pcie_gen,
+    "pcie_link_gen_max": _pcie_gen,
+    "pcie_link_width": _pcie_width,
+    "pcie_link_width_max": _pcie_width,
 }
 
 ETH_FIELDS: dict[str, Check] = {
@@ -300,6 +339,10 @@ ETH_FIELDS: dict[str, Check] = {
     "tx_errors": _counter,
     "rx_dropped": _counter,
     "tx_dropped": _counter,
+    # link flaps: /sys/class/net/<iface>/carrier_changes, and its up and down halves where the kernel has them
+    "carrier_changes": _counter,
+    "carrier_up_count": _counter,
+    "carrier_down_count": _counter,
 }
 
 
@@ -405,6 +448,9 @@ _RANGES: dict[Check, tuple[float, float, bool]] = {
     _temp: (-60, 250, False),
     _link: (-1, MAX_PORT_NUMBER, True),
     _gpu_index: (0, MAX_GPU_INDEX, True),
+    _pcie_gen: (1, MAX_PCIE_GEN, True),
+    _pcie_width: (0, MAX_PCIE_WIDTH, True),
+    _enum8: (0, 255, True),
 }
 _FAST: dict[int, dict[str, tuple[float, float, bool]]] = {}
 
