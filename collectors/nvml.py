@@ -27,6 +27,15 @@ Mapping to telemetry/1 `gpus[]` (one entry per NVML device index, always with `i
     nvlink_links_active     (extra) number of active links: a link that goes down drops out of the
                             two sums above, so detectors need this to tell "link lost" from "reset"
     pcie_replay             nvmlDeviceGetPcieReplayCounter
+    pcie_link_gen           nvmlDeviceGetCurrPcieLinkGeneration, nvmlDeviceGetCurrPcieLinkWidth: the link
+    pcie_link_width         as trained now
+    pcie_link_gen_max       nvmlDeviceGetMaxPcieLinkGeneration, nvmlDeviceGetMaxPcieLinkWidth: the most
+    pcie_link_width_max     this GPU *in this slot* can train to (see "PCIe link" below)
+    recovery_action         nvmlDeviceGetFieldValues([NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]) (field 230), an
+                            nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset, 2 node reboot, 3 drain
+                            P2P, 4 drain and reset (nvml.h; later headers add 5 recover IMEX domain, and
+                            nvidia-ml-py 13.615 6 bus reset, 7 system reboot). Left out where the field's
+                            own nvmlReturn is not SUCCESS (drivers before the field answer NOT_SUPPORTED)
     xids                    XID critical-error events since the last sample (see below)
     lost                    (extra) true when the GPU answers NVML_ERROR_GPU_IS_LOST (XID 79-like)
 
@@ -36,6 +45,26 @@ on later samples (which also keeps the probe of all NVML_NVLINK_MAX_LINKS links 
 to one sample) and retried every `reprobe_every` samples in case e.g. MIG or ECC mode changed.
 A GPU that is lost keeps being reported with `index`, its cached `uuid`, `lost: true`, whatever
 was read before the loss and its XID events (XID 79 arrives exactly then).
+
+PCIe link. Which "max": nvml.h documents nvmlDeviceGetMaxPcieLinkGeneration as "the maximum PCIe
+link generation possible with this device and system" (a Gen2 device in a Gen1 bus reports 1) and
+nvmlDeviceGetGpuMaxPcieLinkGeneration as the maximum "supported by this device" alone;
+nvmlDeviceGetMaxPcieLinkWidth likewise takes the system into account (an x16 device in an x8 slot
+reports 8). A link is degraded when it trained below what this GPU in this slot can reach, so the
+device-and-system maximum is the one to compare with: against the GPU-only one, every Gen5 GPU in
+a Gen4 server would look degraded for good, a fact of the platform and no fault. It is also what
+nvidia-smi shows as pcie.link.gen.max ("possible with this GPU and system configuration").
+(NVIDIA/go-nvml gen/nvml/nvml.h, NVML 13.3.29, at commit 2f9e261fe40a7a1c54783d66805e8920564763b4;
+https://docs.nvidia.com/deploy/nvidia-smi/index.html, the GPU attributes' PCI link entries.)
+GPUs lower the link *generation* when idle, to save power, and raise it again under load: NVIDIA
+documents the current generation and width as values that "may be reduced when the GPU is not
+in use" (nvidia-smi docs above, and `nvidia-smi --help-query-gpu` for pcie.link.gen.current /
+pcie.link.width.current), and calls the downgrade "an important integral part of the GPU's power
+management" with no user knob (https://forums.developer.nvidia.com/t/prevent-pcie-from-reducing-gen/72537).
+So a detector must judge pcie_link_gen against its max only while the GPU is busy (util, power).
+Width: the idle downshift people observe is the generation (speed); NVIDIA's sentence covers
+width as well, though, so a width below max should persist across samples before it is believed.
+Values outside what PCIe defines (generation 1..15, width 0..32) are left out, not sent.
 
 XID events: each GPU gets its *own* event set. NVML reports the source device of an event as a
 handle, and mapping that back to an index would need either ctypes pointer comparison (not the
@@ -52,12 +81,31 @@ from types import ModuleType
 from typing import Any
 
 from fleetwatch.collectors.sources import SingleFlight, SourceUnavailable
+from fleetwatch.schemas import MAX_PCIE_GEN, MAX_PCIE_WIDTH
 
 log = logging.getLogger(__name__)
 
 MIB = 2**20
 REPROBE_EVERY = 300  # samples (~5 min at 1 Hz) before calls found unsupported are tried again
 MAX_EVENTS_PER_DRAIN = 1024  # a bound on the drain loop: never spin forever on a broken event set
+MAX_RECOVERY_ACTION = 255  # telemetry/1's bound on recovery_action (NVML defines 0..7 today)
+# (telemetry field, NVML call, lowest and highest value PCIe defines)
+PCIE_LINK_CALLS = (
+    ("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration", 1, MAX_PCIE_GEN),
+    ("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", 1, MAX_PCIE_GEN),
+    ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", 0, MAX_PCIE_WIDTH),
+    ("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth", 0, MAX_PCIE_WIDTH),
+)
+# nvmlValueType_t constant name -> the nvmlValue_t union member that holds it (pynvml, nvml.h)
+VALUE_MEMBERS = (
+    ("NVML_VALUE_TYPE_UNSIGNED_INT", "uiVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_LONG", "ulVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", "ullVal"),
+    ("NVML_VALUE_TYPE_SIGNED_LONG_LONG", "sllVal"),
+    ("NVML_VALUE_TYPE_SIGNED_INT", "siVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_SHORT", "usVal"),
+    ("NVML_VALUE_TYPE_DOUBLE", "dVal"),
+)
 
 
 class _GpuLost(Exception):
@@ -226,6 +274,9 @@ class NvmlSource:
         self._read_remapped_rows(gpu, out)
         self._read_nvlink(gpu, out)
         _put(out, "pcie_replay", self._call(gpu, "nvmlDeviceGetPcieReplayCounter"))
+        for key, function, lo, hi in PCIE_LINK_CALLS:
+            self._put_bounded(gpu, out, key, function, self._call(gpu, function), lo, hi)
+        self._read_recovery_action(gpu, out)
 
     def _read_uuid(self, gpu: _Gpu) -> None:
         uuid = self._call(gpu, "nvmlDeviceGetUUID")
@@ -295,6 +346,48 @@ class NvmlSource:
         _put(out, "nvlink_crc_errors", crc)
         _put(out, "nvlink_replay_errors", replay)
 
+    def _read_recovery_action(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        nv = self._nv
+        field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        key = ("field", field_id)
+        if field_id is None or key in gpu.skip:  # bindings before the field, or known unsupported
+            return
+        values = self._call(gpu, "nvmlDeviceGetFieldValues", (field_id,))
+        if values is None:
+            return
+        try:
+            entry = values[0]
+            code = entry.nvmlReturn
+        except (IndexError, AttributeError, TypeError):
+            self._note_value(gpu, "nvmlDeviceGetFieldValues", values)
+            return
+        if code != nv.NVML_SUCCESS:
+            # The field's own status: NOT_SUPPORTED where the driver predates the field (the call as
+            # a whole still succeeds). Permanent ones are skipped until the next reprobe.
+            if code == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _GpuLost
+            if code in self._permanent:
+                gpu.skip.add(key)
+            self._note(gpu, f"nvmlDeviceGetFieldValues({field_id})", self._error(code))
+            return
+        value = self._field_value(entry)
+        if value is None or not 0 <= value <= MAX_RECOVERY_ACTION:
+            self._note_value(gpu, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", value)
+            return
+        out["recovery_action"] = value
+
+    def _field_value(self, entry: Any) -> int | None:
+        """A field value's integer, read from the union member its valueType names; None for a type
+        this does not know or a double that is no integer."""
+        value_type = getattr(entry, "valueType", None)
+        for constant, member in VALUE_MEMBERS:
+            if value_type == getattr(self._nv, constant, None):
+                value = getattr(entry.value, member)
+                if isinstance(value, float):
+                    return int(value) if value.is_integer() else None
+                return int(value)
+        return None
+
     def _drain_xids(self, gpu: _Gpu) -> list[int] | None:
         """XIDs queued on this GPU's event set since the last drain; None when not registered."""
         if gpu.events is None:
@@ -333,6 +426,26 @@ class NvmlSource:
                 gpu.skip.add(key)
             self._note(gpu, function, e)
             return None
+
+    def _put_bounded(
+        self, gpu: _Gpu, out: dict[str, Any], key: str, function: str, value: Any, lo: int, hi: int
+    ) -> None:
+        """out[key] = value where it is an integer in [lo, hi]; a value past what the contract allows
+        would make the whole sample invalid, so it is logged (once) and left out."""
+        if value is None:
+            return
+        if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi:
+            out[key] = int(value)
+        else:
+            self._note_value(gpu, function, value)
+
+    def _note_value(self, gpu: _Gpu, function: str, value: Any) -> None:
+        key = (gpu.index, function, "value")
+        if key not in self._noted:
+            self._noted.add(key)
+            log.warning(
+                "nvml: GPU %d: %s answered %r, beyond what it can mean: left out", gpu.index, function, value
+            )
 
     def _set_lost(self, gpu: _Gpu, lost: bool) -> None:
         if lost and not gpu.lost:

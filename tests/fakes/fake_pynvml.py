@@ -16,9 +16,11 @@ functions that block until `fake.release()` (or `hang_timeout_s`, so a test can 
 from __future__ import annotations
 
 import copy
+import ctypes
 import string
 import sys
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +85,22 @@ NVML_NVLINK_ERROR_DL_REPLAY = 0
 NVML_NVLINK_ERROR_DL_RECOVERY = 1
 NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
 NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+
+# nvmlDeviceGetFieldValues: the types a field's value comes in (nvmlValueType_t), the one field
+# this fake models and its values (nvml.h: nvmlDeviceGpuRecoveryAction_t)
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG = 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
+NVML_VALUE_TYPE_SIGNED_INT = 5
+NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
+NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3
+NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET = 4
 
 nvmlEventTypeSingleBitEccError = 0x0000000000000001
 nvmlEventTypeDoubleBitEccError = 0x0000000000000002
@@ -189,6 +207,47 @@ class c_nvmlEventData_t:
     computeInstanceId: int
 
 
+class c_nvmlValue_t(ctypes.Union):
+    """nvmlValue_t: a C union like pynvml's, so reading a member other than the one valueType names
+    reinterprets the same bytes, as it does with the real bindings."""
+
+    _fields_ = [
+        ("dVal", ctypes.c_double),
+        ("uiVal", ctypes.c_uint),
+        ("ulVal", ctypes.c_ulong),
+        ("ullVal", ctypes.c_ulonglong),
+        ("sllVal", ctypes.c_longlong),
+        ("siVal", ctypes.c_int),
+        ("usVal", ctypes.c_ushort),
+    ]
+
+
+class c_nvmlFieldValue_t(ctypes.Structure):
+    """nvmlFieldValue_t, laid out as in pynvml; `value` is valid only when nvmlReturn is NVML_SUCCESS."""
+
+    _fields_ = [
+        ("fieldId", ctypes.c_uint32),
+        ("scopeId", ctypes.c_uint32),
+        ("timestamp", ctypes.c_int64),
+        ("latencyUsec", ctypes.c_int64),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", c_nvmlValue_t),
+    ]
+
+
+# nvmlValueType_t -> the union member that holds a value of that type
+_VALUE_MEMBER = {
+    NVML_VALUE_TYPE_DOUBLE: "dVal",
+    NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
 class FakeHandle:
     """Opaque like c_nvmlDevice_t: compared by identity, carries its index for the fake only."""
 
@@ -242,6 +301,20 @@ class FakeGpu:
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # (corr, unc, isPending, failureOccurred)
     nvlinks: list[FakeLink] = field(default_factory=list)  # empty: the GPU has no NVLink (NotSupported)
     pcie_replay: int | None = 0
+    # PCIe link, by default an H100 SXM5's (Gen5 x16). `_max` is what this GPU and its slot allow
+    # (nvmlDeviceGetMaxPcieLinkGeneration/Width), `pcie_link_gen_gpu_max` the GPU alone
+    # (nvmlDeviceGetGpuMaxPcieLinkGeneration): a Gen5 GPU in a Gen4 slot has 4 and 5.
+    pcie_link_gen: int | None = 5
+    pcie_link_gen_max: int | None = 5
+    pcie_link_gen_gpu_max: int | None = 5
+    pcie_link_width: int | None = 16
+    pcie_link_width_max: int | None = 16
+    # nvmlDeviceGetFieldValues: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's value (an unsigned int), None:
+    # the field answers NOT_SUPPORTED (drivers before it). `field_values` gives any field id a value
+    # of a type of its own, (valueType, value); `field_errors` a field id its own nvmlReturn.
+    recovery_action: int | None = 0
+    field_values: dict[int, tuple[int, int | float]] = field(default_factory=dict)
+    field_errors: dict[int, int] = field(default_factory=dict)
     xid_events_supported: bool = True  # False: nvmlDeviceRegisterEvents raises NotSupported
     lost: bool = False  # every call on this GPU raises NVMLError_GpuIsLost
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code it raises
@@ -281,6 +354,12 @@ class FakeNvml:
         "nvmlDeviceGetNvLinkState",
         "nvmlDeviceGetNvLinkErrorCounter",
         "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetFieldValues",
         "nvmlEventSetCreate",
         "nvmlDeviceRegisterEvents",
         "nvmlEventSetWait_v2",
@@ -494,6 +573,51 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
         return _unsupported(self._device(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replay)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
+        return _unsupported(self._device(handle, "nvmlDeviceGetCurrPcieLinkGeneration").pcie_link_gen)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        return _unsupported(self._device(handle, "nvmlDeviceGetMaxPcieLinkGeneration").pcie_link_gen_max)
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: Any) -> int:
+        gpu = self._device(handle, "nvmlDeviceGetGpuMaxPcieLinkGeneration")
+        return _unsupported(gpu.pcie_link_gen_gpu_max)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
+        return _unsupported(self._device(handle, "nvmlDeviceGetCurrPcieLinkWidth").pcie_link_width)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        return _unsupported(self._device(handle, "nvmlDeviceGetMaxPcieLinkWidth").pcie_link_width_max)
+
+    def nvmlDeviceGetFieldValues(
+        self, handle: Any, fieldIds: Sequence[Any]
+    ) -> ctypes.Array[c_nvmlFieldValue_t]:
+        """As pynvml: an array of c_nvmlFieldValue_t, one per id (an id or an (id, scopeId) pair),
+        each with its own nvmlReturn; the call itself fails only as a whole (lost GPU, `errors`)."""
+        gpu = self._device(handle, "nvmlDeviceGetFieldValues")
+        values = (c_nvmlFieldValue_t * len(fieldIds))()
+        now_us = int(time.time() * 1e6)
+        for i, field_id in enumerate(fieldIds):
+            entry = values[i]
+            try:
+                entry.fieldId, entry.scopeId = field_id
+            except TypeError:
+                entry.fieldId = field_id
+            entry.timestamp = now_us
+            entry.nvmlReturn = NVML_SUCCESS
+            if entry.fieldId in gpu.field_errors:
+                entry.nvmlReturn = gpu.field_errors[entry.fieldId]
+            elif entry.fieldId in gpu.field_values:
+                entry.valueType, value = gpu.field_values[entry.fieldId]
+                # a type no member is named for: its bits in the widest member
+                setattr(entry.value, _VALUE_MEMBER.get(entry.valueType, "ullVal"), value)
+            elif entry.fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
+                entry.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+                entry.value.uiVal = gpu.recovery_action
+            else:  # a field this GPU (or this fake) does not have
+                entry.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        return values
 
     # ------------------------------------------------------------ events
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import threading
 import time
@@ -14,6 +15,7 @@ from fleetwatch.collectors.host import HostSource
 from fleetwatch.collectors.net import NetSource
 from fleetwatch.collectors.nvml import NvmlSource
 from fleetwatch.collectors.sources import Source, SourceBusy, SourceUnavailable, make_source
+from fleetwatch.detectors.kernel_events import RECOVERY_ACTIONS
 from tests.fakes import FakeGpu, FakeLink, FakeNvml, fake_pynvml, telemetry_message, write_tree
 
 # ---------------------------------------------------------------- the fake follows the real bindings
@@ -79,6 +81,13 @@ def test_every_field_mapped_and_converted() -> None:
             FakeLink(crc_flit=10, crc_data=20, replay=40),
         ],
         pcie_replay=7,
+        # an A100 (Gen4 x16) whose link trained at x8, and whose driver asks for a GPU reset
+        pcie_link_gen=4,
+        pcie_link_gen_max=4,
+        pcie_link_gen_gpu_max=4,
+        pcie_link_width=8,
+        pcie_link_width_max=16,
+        recovery_action=fake_pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
     )
     src = NvmlSource(nvml=FakeNvml([gpu]).module)
     assert src.sample() == {
@@ -106,6 +115,11 @@ def test_every_field_mapped_and_converted() -> None:
                 "nvlink_crc_errors": 33,
                 "nvlink_replay_errors": 44,
                 "pcie_replay": 7,
+                "pcie_link_gen": 4,
+                "pcie_link_gen_max": 4,
+                "pcie_link_width": 8,
+                "pcie_link_width_max": 16,
+                "recovery_action": 1,
                 "xids": [],
             }
         ]
@@ -138,6 +152,11 @@ def test_unsupported_fields_are_absent_not_invented() -> None:
         retired_pages_dbe=None,
         remapped_rows=None,
         pcie_replay=None,
+        pcie_link_gen=None,
+        pcie_link_gen_max=None,
+        pcie_link_width=None,
+        pcie_link_width_max=None,
+        recovery_action=None,
         xid_events_supported=False,
     )  # and nvlinks=[]: a PCIe card without NVLink
     src = NvmlSource(nvml=FakeNvml([gpu]).module)
@@ -201,6 +220,135 @@ def test_nvlink_sums_only_supported_counters_of_active_links() -> None:
     # Links exist but none is up: say so, and report no error sums over zero links.
     assert out["nvlink_links_active"] == 0
     assert "nvlink_crc_errors" not in out and "nvlink_replay_errors" not in out
+
+
+# ---------------------------------------------------------------- PCIe link, recovery action
+
+
+def test_fake_field_value_structs_are_laid_out_as_pynvmls() -> None:
+    for name in ("c_nvmlFieldValue_t", "c_nvmlValue_t"):
+        real, fake = getattr(pynvml, name), getattr(fake_pynvml, name)
+        assert [n for n, _ in real._fields_] == [n for n, _ in fake._fields_], name
+        assert [ctypes.sizeof(t) for _, t in real._fields_] == [ctypes.sizeof(t) for _, t in fake._fields_]
+        assert ctypes.sizeof(real) == ctypes.sizeof(fake), name
+    # the values this source sends and detectors.kernel_events names, as nvml.h and pynvml define them
+    assert pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION == 230
+    assert [
+        pynvml.NVML_GPU_RECOVERY_ACTION_NONE,
+        pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+        pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT,
+        pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P,
+        pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
+    ] == [0, 1, 2, 3, 4]
+    assert sorted(RECOVERY_ACTIONS) == [0, 1, 2, 3, 4]
+
+
+def test_pcie_max_is_what_gpu_and_slot_allow_not_the_gpu_alone() -> None:
+    # an H100 (Gen5) in a Gen4 server: trained Gen4 x16, as far as the slot allows: not degraded
+    fake = FakeNvml([FakeGpu(pcie_link_gen=4, pcie_link_gen_max=4, pcie_link_gen_gpu_max=5)])
+    src = NvmlSource(nvml=fake.module)
+    out = src.sample()["gpus"][0]
+    assert (out["pcie_link_gen"], out["pcie_link_gen_max"]) == (4, 4)
+    assert (out["pcie_link_width"], out["pcie_link_width_max"]) == (16, 16)
+    assert fake.calls["nvmlDeviceGetGpuMaxPcieLinkGeneration"] == 0
+    # idle, the GPU drops its link to Gen1 (power saving); under load it is back at Gen4: the
+    # source reports what NVML says each time, the detectors judge it against the load
+    fake.gpus[0].pcie_link_gen = 1
+    assert src.sample()["gpus"][0]["pcie_link_gen"] == 1
+    fake.gpus[0].pcie_link_gen = 4
+    assert src.sample()["gpus"][0]["pcie_link_gen"] == 4
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("pcie_link_gen", 0),  # no generation 0: unknown, left out
+        ("pcie_link_gen", 16),  # past the 4-bit speed field
+        ("pcie_link_gen_max", 2**32 - 1),  # an unsigned int's -1
+        ("pcie_link_width", 33),
+        ("pcie_link_width_max", 63),  # a link status register read as all ones
+        ("recovery_action", 256),
+        ("recovery_action", 2**32 - 1),
+    ],
+)
+def test_values_nothing_defines_are_left_out_not_sent(field: str, value: int) -> None:
+    fake = FakeNvml([FakeGpu(**{field: value})])
+    body = NvmlSource(nvml=fake.module).sample()
+    out = body["gpus"][0]
+    assert field not in out
+    assert field == "pcie_link_width" or out["pcie_link_width"] == 16  # the rest is still read
+    assert schemas.validate(telemetry_message(body))
+
+
+def test_recovery_action_every_value_and_beyond() -> None:
+    fake = FakeNvml([FakeGpu(recovery_action=a) for a in (0, 1, 2, 3, 4, 7)])
+    gpus = NvmlSource(nvml=fake.module).sample()["gpus"]
+    # 7: NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT of newer bindings, sent as NVML says it
+    assert [g["recovery_action"] for g in gpus] == [0, 1, 2, 3, 4, 7]
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 6
+
+
+def test_recovery_action_unsupported_field_is_absent_and_skipped_until_reprobe() -> None:
+    fake = FakeNvml([FakeGpu(recovery_action=None)])  # a driver before the field: NOT_SUPPORTED
+    src = NvmlSource(nvml=fake.module, reprobe_every=4)
+    for _ in range(3):
+        assert "recovery_action" not in src.sample()["gpus"][0]
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 1
+    fake.gpus[0].recovery_action = 2  # e.g. a driver upgrade: the reprobe finds the field
+    assert src.sample()["gpus"][0]["recovery_action"] == 2
+
+
+def test_recovery_action_transient_field_error_is_retried() -> None:
+    errors = {fake_pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: fake_pynvml.NVML_ERROR_UNKNOWN}
+    fake = FakeNvml([FakeGpu(recovery_action=1, field_errors=errors)])
+    src = NvmlSource(nvml=fake.module)
+    assert "recovery_action" not in src.sample()["gpus"][0]
+    fake.gpus[0].field_errors.clear()
+    assert src.sample()["gpus"][0]["recovery_action"] == 1
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 2
+
+
+def test_recovery_action_without_the_call_or_the_constant() -> None:
+    # the call as a whole unsupported, bindings without nvmlDeviceGetFieldValues, bindings without the field
+    whole = FakeNvml([FakeGpu(errors={"nvmlDeviceGetFieldValues": fake_pynvml.NVML_ERROR_NOT_SUPPORTED})])
+    old_call = FakeNvml([FakeGpu()], without=["nvmlDeviceGetFieldValues"])
+    old_field = FakeNvml([FakeGpu()])
+    del old_field.module.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    for fake in (whole, old_call, old_field):
+        src = NvmlSource(nvml=fake.module)
+        for _ in range(2):
+            out = src.sample()["gpus"][0]
+            assert "recovery_action" not in out and out["temp_c"] == 40
+    assert whole.calls["nvmlDeviceGetFieldValues"] == 1 and old_field.calls["nvmlDeviceGetFieldValues"] == 0
+
+
+@pytest.mark.parametrize(
+    ("value_type", "value", "expected"),
+    [
+        (fake_pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 4, 4),
+        (fake_pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 2, 2),
+        (fake_pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, 3, 3),
+        (fake_pynvml.NVML_VALUE_TYPE_SIGNED_INT, 1, 1),
+        (fake_pynvml.NVML_VALUE_TYPE_DOUBLE, 2.0, 2),
+        (fake_pynvml.NVML_VALUE_TYPE_DOUBLE, 2.5, None),  # no action is a half
+        (fake_pynvml.NVML_VALUE_TYPE_SIGNED_INT, -1, None),
+        (fake_pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, 2**40, None),
+        (99, 1, None),  # a value type these bindings do not know
+    ],
+)
+def test_recovery_action_read_from_the_member_its_type_names(
+    value_type: int, value: float, expected: int | None
+) -> None:
+    field_id = fake_pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    fake = FakeNvml([FakeGpu(field_values={field_id: (value_type, value)})])
+    out = NvmlSource(nvml=fake.module).sample()["gpus"][0]
+    assert out.get("recovery_action") == expected
+
+
+def test_recovery_action_field_answering_gpu_lost_marks_the_gpu_lost() -> None:
+    errors = {fake_pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: fake_pynvml.NVML_ERROR_GPU_IS_LOST}
+    out = NvmlSource(nvml=FakeNvml([FakeGpu(field_errors=errors)]).module).sample()["gpus"][0]
+    assert out["lost"] is True and out["pcie_link_gen"] == 5  # what was read before stays
 
 
 # ---------------------------------------------------------------- XID events
