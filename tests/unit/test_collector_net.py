@@ -5,8 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from fleetwatch import schemas
-from fleetwatch.collectors.net import NetSource, parse_ib_rate, parse_ib_state, parse_net_dev
+from fleetwatch.collectors.net import (
+    NetSource,
+    parse_ib_rate,
+    parse_ib_state,
+    parse_net_dev,
+    parse_pcie_speed,
+    parse_pcie_width,
+)
 from tests.fakes import telemetry_message, write_tree
 
 NET_DEV = """Inter-|   Receive                                                |  Transmit
@@ -157,3 +166,192 @@ def test_real_proc_net_dev() -> None:
         assert int((stats / "rx_bytes").read_text()) >= entry["rx_bytes"]
         assert int((stats / "tx_bytes").read_text()) >= entry["tx_bytes"]
         assert entry["state"] == (Path("/sys/class/net") / entry["iface"] / "operstate").read_text().strip()
+
+
+# ---------------------------------------------------------------- PCIe link, more IB counters, carrier
+
+# Real file contents: the kernel writes a speed with pci_speed_string() ("32.0 GT/s PCIe"; "8 GT/s"
+# before 5.7) and a width as a bare number.
+CX7 = {  # ConnectX-7 (NDR, PCIe Gen5 x16) at full link
+    "current_link_speed": "32.0 GT/s PCIe\n",
+    "max_link_speed": "32.0 GT/s PCIe\n",
+    "current_link_width": "16\n",
+    "max_link_width": "16\n",
+}
+CX6_DEGRADED = {  # ConnectX-6 (HDR, Gen4 x16) that trained at Gen3 x8
+    "current_link_speed": "8.0 GT/s PCIe\n",
+    "max_link_speed": "16.0 GT/s PCIe\n",
+    "current_link_width": "8\n",
+    "max_link_width": "16\n",
+}
+
+
+def hca(dev: str, link: dict[str, str]) -> dict[str, str]:
+    return {f"class/infiniband/{dev}/device/{name}": text for name, text in link.items()}
+
+
+def test_hca_pcie_link_and_extended_counters(tmp_path: Path) -> None:
+    sysfs = write_tree(
+        tmp_path / "sys",
+        {
+            **hca("mlx5_0", CX7),
+            **ib_port(
+                "mlx5_0",
+                1,
+                state="4: ACTIVE\n",
+                **{
+                    "counters/link_error_recovery": "255\n",  # 8 bits, saturated
+                    "counters/local_link_integrity_errors": "15\n",  # 4 bits, saturated
+                    "counters/excessive_buffer_overrun_errors": "0\n",
+                    "counters/port_rcv_remote_physical_errors": "12\n",
+                    "counters/port_xmit_wait": "4294967295\n",  # 32 bits
+                },
+            ),
+            **hca("mlx5_1", CX6_DEGRADED),
+            **ib_port("mlx5_1", 1, state="4: ACTIVE\n"),
+            **ib_port("mlx5_1", 2, state="1: DOWN\n"),  # the device's link, on each of its ports
+            # a software RDMA device: no PCI device behind it, so no link fields
+            **ib_port("rxe0", 1, state="4: ACTIVE\n"),
+        },
+    )
+    body = NetSource(sys_root=str(sysfs), proc_root=str(tmp_path / "proc")).sample()
+    ib = body["net"]["ib"]
+    assert ib[0] == {
+        "device": "mlx5_0",
+        "port": 1,
+        "state": "ACTIVE",
+        "link_error_recovery": 255,
+        "local_link_integrity_errors": 15,
+        "excessive_buffer_overrun_errors": 0,
+        "rcv_remote_physical_errors": 12,
+        "xmit_wait": 4294967295,
+        "pcie_link_gen": 5,
+        "pcie_link_gen_max": 5,
+        "pcie_link_width": 16,
+        "pcie_link_width_max": 16,
+    }
+    degraded = {"pcie_link_gen": 3, "pcie_link_gen_max": 4, "pcie_link_width": 8, "pcie_link_width_max": 16}
+    assert [{k: p[k] for k in degraded} for p in ib[1:3]] == [degraded, degraded]
+    assert ib[3] == {"device": "rxe0", "port": 1, "state": "ACTIVE"}
+    assert schemas.validate(telemetry_message(body))
+
+
+@pytest.mark.parametrize(
+    ("text", "gen"),
+    [
+        ("2.5 GT/s PCIe\n", 1),
+        ("5.0 GT/s PCIe", 2),
+        ("8.0 GT/s PCIe", 3),
+        ("16.0 GT/s PCIe", 4),
+        ("32.0 GT/s PCIe", 5),
+        ("64.0 GT/s PCIe", 6),
+        ("8 GT/s\n", 3),  # kernels 5.6 and earlier
+        ("16 GT/s", 4),
+        ("5 GT/s", 2),
+        ("Unknown\n", None),  # pci_speed_string past its table
+        ("Unknown speed\n", None),  # older kernels
+        ("", None),
+        ("12.0 GT/s PCIe", None),  # no generation runs at 12
+        ("-16.0 GT/s PCIe", None),
+        ("16.0 GT/s PCIe garbage", None),
+        ("1e3 GT/s", None),
+        ("9" * 400 + " GT/s", None),
+        ("133 MHz PCI-X 533", None),
+    ],
+)
+def test_parse_pcie_speed(text: str, gen: int | None) -> None:
+    assert parse_pcie_speed(text) == gen
+
+
+@pytest.mark.parametrize(
+    ("text", "width"),
+    [
+        ("16\n", 16),
+        ("8", 8),
+        ("1", 1),
+        ("32", 32),
+        ("0", 0),  # a link that did not train
+        ("x16", 16),
+        ("63\n", None),  # the width bits of a status register read as all ones (device powered off)
+        ("33", None),
+        ("-1", None),
+        ("", None),
+        ("Unknown", None),
+        ("99999999999999999999999", None),
+        ("١٦", None),  # not ASCII digits
+        ("16.0", None),
+    ],
+)
+def test_parse_pcie_width(text: str, width: int | None) -> None:
+    assert parse_pcie_width(text) == width
+
+
+def test_hostile_files_leave_their_fields_out_and_the_sample_valid(tmp_path: Path) -> None:
+    sysfs = write_tree(
+        tmp_path / "sys",
+        {
+            **hca(
+                "mlx5_0",
+                {
+                    "current_link_speed": "Unknown\n",
+                    "max_link_speed": "\n",
+                    "current_link_width": "63\n",
+                    "max_link_width": "-16\n",
+                },
+            ),
+            **ib_port(
+                "mlx5_0",
+                1,
+                **{
+                    "counters/link_error_recovery": "-1\n",
+                    "counters/local_link_integrity_errors": "N/A (no PMA)\n",  # older kernels
+                    "counters/excessive_buffer_overrun_errors": "\n",
+                    "counters/port_rcv_remote_physical_errors": "18446744073709551616\n",  # 2**64
+                    "counters/port_xmit_wait": "1" * 5000 + "\n",  # past int()'s digit limit
+                    "counters/symbol_error": "18446744073709551615\n",  # 2**64 - 1: still a u64
+                    "counters/port_xmit_data": "4611686018427387904\n",  # 2**62 words: 2**64 bytes
+                    "counters/port_rcv_data": "4611686018427387903\n",
+                },
+            ),
+            "class/net/eth0/carrier_changes": "-2147483646\n",  # %d of a count past 2**31
+            "class/net/eth0/carrier_up_count": "\n",
+            "class/net/eth0/carrier_down_count": "99999999999999999999999\n",
+            "class/net/eth1/carrier_changes": "3\n",  # a kernel before the up/down halves
+        },
+    )
+    proc = write_tree(tmp_path / "proc", {"net/dev": NET_DEV})
+    body = NetSource(sys_root=str(sysfs), proc_root=str(proc)).sample()
+    assert body["net"]["ib"] == [
+        {"device": "mlx5_0", "port": 1, "symbol_errors": 2**64 - 1, "rx_bytes": (2**62 - 1) * 4}
+    ]
+    eth = {e["iface"]: e for e in body["net"]["eth"]}
+    assert not {"carrier_changes", "carrier_up_count", "carrier_down_count"} & eth["eth0"].keys()
+    assert eth["eth1"]["carrier_changes"] == 3 and "carrier_up_count" not in eth["eth1"]
+    message = telemetry_message(body)
+    assert schemas.decode(schemas.encode(message)) == message  # every decoder takes it
+
+
+def test_ethernet_carrier_counts(tmp_path: Path) -> None:
+    sysfs, proc = fake_tree(tmp_path)
+    write_tree(
+        sysfs,
+        {
+            "class/net/eth0/carrier_changes": "7\n",
+            "class/net/eth0/carrier_up_count": "4\n",
+            "class/net/eth0/carrier_down_count": "3\n",
+        },
+    )
+    eth = NetSource(sys_root=str(sysfs), proc_root=str(proc)).sample()["net"]["eth"]
+    assert (eth[0]["carrier_changes"], eth[0]["carrier_up_count"], eth[0]["carrier_down_count"]) == (7, 4, 3)
+    assert "carrier_changes" not in eth[1]  # no file: absent
+
+
+def test_real_carrier_counts() -> None:
+    """This machine's /sys/class/net: the counts only grow, and carrier_changes = up + down."""
+    eth = NetSource().sample()["net"].get("eth", [])
+    for entry in eth:
+        base = Path("/sys/class/net") / entry["iface"]
+        if "carrier_changes" in entry:
+            assert int((base / "carrier_changes").read_text()) >= entry["carrier_changes"]
+        if "carrier_up_count" in entry and "carrier_down_count" in entry:
+            assert entry["carrier_changes"] == entry["carrier_up_count"] + entry["carrier_down_count"]
