@@ -348,7 +348,8 @@ def test_gpu_counter_ranges_follow_their_nvml_types_in_every_decoder() -> None:
     integer_fields = {
         k for k, c in schemas.GPU_FIELDS.items() if c in schemas._RANGES and schemas._RANGES[c][2]
     }
-    assert integer_fields == _NVML_U32 | _NVML_U64  # every integer GPU field has its NVML width here
+    # every integer GPU field has its NVML width here, or a narrower range of its own (below)
+    assert integer_fields == _NVML_U32 | _NVML_U64 | _LINK_FIELDS["gpus"].keys()
     for field in sorted(_NVML_U32 | _NVML_U64):
         hi = schemas.U32_MAX if field in _NVML_U32 else schemas.U64_MAX
         assert schemas.NVML_NOT_AVAILABLE.get(field, hi) == hi, field
@@ -373,3 +374,97 @@ def test_gpu_counter_ranges_follow_their_nvml_types_in_every_decoder() -> None:
     # the 32-bit sentinel is absent in the columns the detectors read, not a count of 2**32 - 1
     batch = TelemetryBatch.from_messages([telemetry(gpus=[{"index": 0, "retired_pages": schemas.U32_MAX}])])
     assert np.isnan(batch.gpu[..., GPU_COL["retired_pages"]]).all()
+
+
+# Fields of the PCIe link, the recovery action and the link counters (collectors/nvml.py,
+# collectors/net.py), by where they are, with their range: generation 1..15 (the Link
+# Capabilities speed field is 4 bits), width 0..32 lanes, recovery action 0..255 (an enum), the
+# counters u64.
+_LINK = {
+    "pcie_link_gen": (1, schemas.MAX_PCIE_GEN),
+    "pcie_link_gen_max": (1, schemas.MAX_PCIE_GEN),
+    "pcie_link_width": (0, schemas.MAX_PCIE_WIDTH),
+    "pcie_link_width_max": (0, schemas.MAX_PCIE_WIDTH),
+}
+_IB_COUNTERS = (
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "rcv_remote_physical_errors",
+    "xmit_wait",
+)
+_LINK_FIELDS: dict[str, dict[str, tuple[int, int]]] = {
+    "gpus": {**_LINK, "recovery_action": (0, 255)},
+    "ib": {**_LINK, **dict.fromkeys(_IB_COUNTERS, (0, schemas.U64_MAX))},
+    "eth": dict.fromkeys(("carrier_changes", "carrier_up_count", "carrier_down_count"), (0, schemas.U64_MAX)),
+}
+
+
+def _with(where: str, field: str, value: Any) -> dict[str, Any]:
+    m = telemetry()
+    target = m["gpus"][0] if where == "gpus" else m["net"][where][0]
+    target[field] = value
+    return m
+
+
+@pytest.mark.parametrize(("where", "field"), [(w, f) for w, fields in _LINK_FIELDS.items() for f in fields])
+def test_link_fields_have_their_ranges_in_every_decoder(where: str, field: str) -> None:
+    """Each decoder (the Python validator, the compiled one, the worker's scanner) takes the field's
+    range and refuses what is past it or not an integer, naming the field."""
+    from fleetwatch import telemetry_scan
+
+    assert field in {"gpus": schemas.GPU_FIELDS, "ib": schemas.IB_FIELDS, "eth": schemas.ETH_FIELDS}[where]
+    lo, hi = _LINK_FIELDS[where][field]
+    for value, reason in (
+        (lo, None),
+        (hi, None),
+        (lo - 1, "out_of_range"),
+        (hi + 1, "out_of_range"),
+        (float(lo) + 1, "wrong_type"),  # an integer field: 5.0 is not 5
+        (True, "wrong_type"),
+        ("5", "wrong_type"),
+    ):
+        raw = json.dumps(_with(where, field, value)).encode()
+        assert python_accepts(json.loads(raw)) == (reason is None), (field, value)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= schemas.I64_MAX:
+            assert fast_schema.telemetry_ok(raw) == (reason is None), (field, value)
+        big = isinstance(value, int) and value >= 10**18  # the scanner reads up to 18 digits, leaves more
+        want = [0] if reason is None and not big else []
+        assert telemetry_scan.scan([raw]).taken.tolist() == want, (field, value)
+        if reason is not None:
+            with pytest.raises(MessageError) as e:
+                schemas.decode(raw, schemas.TELEMETRY)
+            assert e.value.reason == reason and field in e.value.detail, (field, value, e.value)
+
+
+def test_link_fields_reach_the_detectors_columns_and_are_no_gpu_counters() -> None:
+    """A message with every new field is read into the same columns from dicts, structs and the
+    scanner; the link state and the recovery action say what holds now, so no detector takes
+    them for cumulative counters (GPU_COUNTERS)."""
+    from fleetwatch import telemetry_scan
+    from fleetwatch.detectors.batch import IB_COL
+
+    assert not set(_LINK_FIELDS["gpus"]) & set(schemas.GPU_COUNTERS)
+    m = telemetry()
+    values = {
+        where: {f: hi if hi <= 255 else 12345 for f, (_lo, hi) in fields.items()}
+        for where, fields in _LINK_FIELDS.items()
+    }
+    for g in m["gpus"]:
+        g.update(values["gpus"], pcie_link_gen=4, pcie_link_width=8)  # an A100 that trained Gen4 x8
+    m["net"]["ib"][0].update(values["ib"])
+    m["net"]["eth"][0].update(values["eth"])
+    raw = schemas.encode(m)
+    assert schemas.decode(raw, schemas.TELEMETRY) == m
+    from_dicts = TelemetryBatch.from_messages([m])
+    from_structs = TelemetryBatch.from_messages([schemas.decode(raw, schemas.TELEMETRY, struct=True)])
+    assert_same_batch(from_dicts, from_structs)
+    gpu = from_dicts.gpu[0, 0]
+    assert (gpu[GPU_COL["pcie_link_gen"]], gpu[GPU_COL["pcie_link_gen_max"]]) == (4, schemas.MAX_PCIE_GEN)
+    assert (gpu[GPU_COL["pcie_link_width"]], gpu[GPU_COL["recovery_action"]]) == (8, 255)
+    assert from_dicts.ib[0, IB_COL["xmit_wait"]] == 12345
+    scanned = telemetry_scan.scan([raw])
+    assert scanned.taken.tolist() == [0]  # the common message stays on the worker's fast path
+    cols = telemetry_scan.GPU_COLUMNS
+    assert scanned.entries[0, cols.index("recovery_action")] == 255
+    assert scanned.ib[0, telemetry_scan.IB_COLUMNS.index("pcie_link_width_max")] == schemas.MAX_PCIE_WIDTH
