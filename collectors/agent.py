@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import socket
 import time
 from collections.abc import Callable
@@ -129,7 +130,7 @@ class Agent:
         self.seq = self.spool.get_meta("next_seq", 0)
         # sources' positions (the kernel log's cursor) reached by the sample being built: stored
         # with that sample, in the same spool transaction (collectors/sources.py)
-        self._cursors: dict[str, int] = {}
+        self._cursors: dict[str, int | str] = {}
 
     def sample(self) -> dict[str, Any]:
         """One telemetry/1 message from all sources (partial when some fail)."""
@@ -152,7 +153,9 @@ class Agent:
             elif part:
                 cursor = part.pop("_cursor", None)
                 if isinstance(cursor, dict):
-                    self._cursors.update({k: v for k, v in cursor.items() if isinstance(v, int)})
+                    self._cursors.update(
+                        {k: v for k, v in cursor.items() if isinstance(v, int | str)}  # (a journal's: str)
+                    )
                 body.update(part)
         msg.update(body)
         # an error text longer than the contract allows would make the whole sample invalid
@@ -232,7 +235,23 @@ def source_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Each source's constructor arguments from the command line (and the config file's
     `[collect]` section, which fills the same flags): {source name: kwargs}. A source absent here
     is built with its defaults."""
-    return {}
+    options: dict[str, dict[str, Any]] = {}
+    if kernel := _kernel_options(args):
+        options["kernel"] = kernel
+    return options
+
+
+def _kernel_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The kernel source's reader: /dev/kmsg (the default: no options), or the journal through
+    journalctl with the site's own arguments (`--kernel-log journal --journal-args '--directory
+    /var/log/journal'`)."""
+    reader = getattr(args, "kernel_log", None) or "kmsg"
+    journal_args = shlex.split(getattr(args, "journal_args", None) or "")
+    if reader == "kmsg":
+        if journal_args:
+            raise ValueError("--journal-args is for --kernel-log journal")
+        return {}
+    return {"reader": reader, "journal_args": journal_args}
 
 
 def source_factory(
@@ -246,6 +265,8 @@ def source_factory(
         from fleetwatch.collectors.kernel_log.kmsg import Cursor
 
         def kernel() -> Source:
+            if kwargs.get("reader") == "journal":  # the journal's cursor, a string
+                return make_source(name, journal_cursor=spool.get_meta_text("journal_cursor"), **kwargs)
             boot = spool.get_meta("kmsg_boot", -1)
             cursor = Cursor(boot, spool.get_meta("kmsg_seq", -1)) if boot >= 0 else None
             return make_source(name, cursor=cursor, **kwargs)

@@ -40,6 +40,13 @@ CREATE TABLE IF NOT EXISTS spool (
 );
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
 """
+# Text meta values (the journal's cursor) have a table of their own, made by the first write of one
+# (in that write's transaction: a spool opened on a full disk is not refused for it). A spool of an
+# earlier release gains it then, and an earlier release ignores it: spools stay readable both ways.
+_META_TEXT = "CREATE TABLE IF NOT EXISTS meta_text (k TEXT PRIMARY KEY, v TEXT NOT NULL)"
+MAX_META_TEXT = 4096  # characters of a text meta value (a journal cursor is about 150)
+
+Meta = dict[str, int | str]  # what append() stores with a record: integers in meta, strings in meta_text
 
 # Why a sample was dropped (the agent's fleetwatch_agent_spool_dropped_total{reason}).
 BOUND = "bound"  # the spool is over --spool-max-mib
@@ -159,7 +166,7 @@ class Spool:
 
     # ------------------------------------------------------------ queue operations
 
-    def append(self, key: bytes | None, value: bytes, meta: dict[str, int] | None = None) -> dict[str, int]:
+    def append(self, key: bytes | None, value: bytes, meta: Meta | None = None) -> dict[str, int]:
         """Add a record at the tail, with `meta` (e.g. the next seq) in the same transaction.
 
         Returns the records dropped by this call, by reason: the oldest ones to stay under the
@@ -188,7 +195,7 @@ class Spool:
         return {k: n for k, n in drops.items() if n}
 
     def _store(
-        self, records: list[tuple[int, bytes | None, bytes, int]], meta: dict[str, int], drops: Counter[str]
+        self, records: list[tuple[int, bytes | None, bytes, int]], meta: Meta, drops: Counter[str]
     ) -> bool:
         """Write records to disk; on a full disk drop the oldest ones to make room. False if the
         disk would not take them."""
@@ -211,18 +218,17 @@ class Spool:
             return True
         return False
 
-    def _insert(self, records: list[tuple[int, bytes | None, bytes, int]], meta: dict[str, int]) -> None:
+    def _insert(self, records: list[tuple[int, bytes | None, bytes, int]], meta: Meta) -> None:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             self._db.executemany("INSERT INTO spool (id, key, value, size) VALUES (?, ?, ?, ?)", records)
-            for k, v in meta.items():
-                self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, v))
+            self._write_meta(meta)
             self._db.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
 
-    def _flush_memory(self, meta: dict[str, int], drops: Counter[str]) -> bool:
+    def _flush_memory(self, meta: Meta, drops: Counter[str]) -> bool:
         """Move the records waiting in memory to disk, oldest first, `meta` with the last batch;
         False if some remain."""
         held = len(self._mem) > 1  # more than the record just appended: the disk had refused some
@@ -237,14 +243,21 @@ class Spool:
             self._leave_failing()  # the disk took back what memory held: it has room again
         return True
 
-    def _persist_seq_best_effort(self, meta: dict[str, int]) -> None:
+    def _persist_seq_best_effort(self, meta: Meta) -> None:
         # A record kept in memory may still be sent: its seq must not be reused after a restart. An
         # update of one existing row needs no new room, so a full disk usually still takes it.
         try:
-            for k, v in meta.items():
-                self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, v))
+            self._write_meta(meta)
         except sqlite3.DatabaseError:
             self._rollback()
+
+    def _write_meta(self, meta: Meta) -> None:
+        for k, v in meta.items():
+            if isinstance(v, str):
+                self._db.execute(_META_TEXT)
+                self._db.execute("INSERT OR REPLACE INTO meta_text (k, v) VALUES (?, ?)", (k, v))
+            else:
+                self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, v))
 
     def _rollback(self) -> None:
         # SQLite may already have rolled back after SQLITE_FULL or IOERR; ROLLBACK may then fail.
@@ -466,6 +479,22 @@ class Spool:
     def set_meta(self, k: str, v: int) -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, v))
+
+    def get_meta_text(self, k: str, default: str | None = None) -> str | None:
+        """A text meta value (append's string values): a string of at most MAX_META_TEXT
+        characters; anything else is a spool this agent did not write, refused."""
+        with self._lock:
+            try:
+                row = self._db.execute("SELECT v FROM meta_text WHERE k = ?", (k,)).fetchone()
+            except sqlite3.OperationalError as e:
+                if "no such table" not in str(e):
+                    raise
+                row = None  # a spool that never held a text value (or of an earlier release)
+        if row is None:
+            return default
+        if type(row[0]) is not str or len(row[0]) > MAX_META_TEXT:
+            raise SpoolUnusable(f"spool {self.path}: its meta {k!r} is not a text of at most {MAX_META_TEXT}")
+        return row[0]
 
     # ------------------------------------------------------------ introspection
 

@@ -174,6 +174,17 @@ def build_parser() -> _Parser:
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument("--call-timeout", type=_positive_float, default=5.0, help="seconds per collector call")
+    p.add_argument(
+        "--kernel-log",
+        choices=("kmsg", "journal"),
+        default="kmsg",
+        help="where the kernel source reads the kernel log: /dev/kmsg, or the systemd journal (journalctl)",
+    )
+    p.add_argument(
+        "--journal-args",
+        default=None,
+        help="journalctl's arguments for a journal kept elsewhere (--kernel-log journal): '-D /srv/journal'",
+    )
     _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.agent:run")
 

@@ -7,6 +7,9 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge prometheus openssl)
+# journalctl, and systemd-journal-remote to write the journal files of the kernel source's journal
+# tests (tests/unit/test_kernel_journal.py)
+debian_packages+=(systemd systemd-journal-remote)
 # A JDK or Maven from elsewhere (e.g. the image's own) also does; only install them when absent.
 command -v java >/dev/null || debian_packages+=(default-jre-headless)
 command -v mvn >/dev/null || debian_packages+=(maven)

@@ -114,5 +114,11 @@ class KmsgReader:
             out.append(raw.decode("utf-8", "backslashreplace"))
         return out
 
+    def position(self) -> dict[str, int | str]:
+        """What the agent keeps in its spool: the cursor (nothing before a record of this boot)."""
+        if self.cursor.seq < 0:
+            return {}
+        return {"kmsg_boot": self.cursor.boot, "kmsg_seq": self.cursor.seq}
+
     def close(self) -> None:
         self.device.close()

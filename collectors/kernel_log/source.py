@@ -7,9 +7,12 @@ telemetry/1 `kernel` section (docs/contract.md):
   sent only in a sample where the kernel log had something to say (an event, or a count other
   than `records`); a quiet sample leaves the section out.
 
-- Records come from /dev/kmsg after the cursor (kmsg.py); the cursor the sample reaches goes back
-  to the agent under `_cursor`, and the agent stores it in the spool with the sample itself, so an
-  event is neither lost nor sent twice across restarts, and a reboot rescans the new boot.
+- Records come from /dev/kmsg after the cursor (kmsg.py), or, with `reader="journal"`, from the
+  systemd journal's kernel entries after its cursor (journal.py: journalctl, for sites whose kernel
+  log is the journal); the cursor the sample reaches goes back to the agent under `_cursor`, and the
+  agent stores it in the spool with the sample itself, so an event is neither lost nor sent twice
+  across restarts, and a reboot rescans the new boot. After the reading, one path: the records'
+  lines (lines.py), their events (events.py).
 - A flood (a driver in an error loop prints the same XID thousands of times) is read at most
   `max_records` and `budget_s` a sample (the rest next time: the sampling cadence does not slip;
   benchmarks/kernel_flood.py), and repeats of
@@ -24,12 +27,13 @@ telemetry/1 `kernel` section (docs/contract.md):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fleetwatch import schemas
 from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent
+from fleetwatch.collectors.kernel_log.journal import JOURNALCTL, TIMEOUT_S, JournalReader
 from fleetwatch.collectors.kernel_log.kmsg import (
     BOOT_ID,
     Cursor,
@@ -87,6 +91,23 @@ def gpus_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[int, ...]]:
 _QUIET = frozenset({"boot", "events", "records"})  # a section with nothing but these says nothing
 
 
+class Reader(Protocol):
+    """Where records come from: KmsgReader or JournalReader."""
+
+    missed: int
+    overruns: int
+    gone_before_start: int
+
+    def read(self, limit: int) -> list[str]: ...
+
+    def position(self) -> dict[str, int | str]: ...
+
+    def close(self) -> None: ...
+
+
+READERS = ("kmsg", "journal")
+
+
 def _repeat_key(e: KernelEvent) -> tuple[Any, ...]:
     x = e.extra
     return (e.kind, e.code, e.pci, e.severity, x.get("link"), x.get("unit"), x.get("recovery_action"))
@@ -105,9 +126,22 @@ class KernelLogSource:
         max_records: int = MAX_RECORDS,
         max_events: int = MAX_EVENTS,
         budget_s: float = BUDGET_S,
+        reader: str = "kmsg",
+        journal_cursor: str | None = None,
+        journalctl: str = JOURNALCTL,
+        journal_args: Sequence[str] = (),
+        journal_timeout_s: float = TIMEOUT_S,
     ) -> None:
         self._boot_id = read_boot_id(boot_id)
-        self._reader = KmsgReader(device(), self._boot_id, cursor)
+        self._reader: Reader
+        if reader == "journal":
+            self._reader = JournalReader(
+                self._boot_id, journal_cursor, journalctl, journal_args, journal_timeout_s, budget_s
+            )
+        elif reader == "kmsg":
+            self._reader = KmsgReader(device(), self._boot_id, cursor)
+        else:
+            raise ValueError(f"unknown kernel log reader {reader!r} (choose from {', '.join(READERS)})")
         self._gpus = gpus
         self._below = below
         self._lines = LineReader()
@@ -119,8 +153,9 @@ class KernelLogSource:
         self._counted = {"unknown": 0, "rejected": 0, "missed": 0, "overruns": 0}
 
     @property
-    def cursor(self) -> Cursor:
-        return self._reader.cursor
+    def cursor(self) -> Cursor | str | None:
+        """The reader's position: kmsg's Cursor, or the journal's cursor string (None: none yet)."""
+        return self._reader.cursor  # type: ignore[attr-defined, no-any-return]
 
     def sample(self) -> dict[str, Any]:
         with self._flight():
@@ -130,7 +165,12 @@ class KernelLogSource:
             drained = False
             while read < self._max_records and not drained:
                 want = min(CHUNK, self._max_records - read)
-                records = self._reader.read(want)
+                try:
+                    records = self._reader.read(want)
+                except Exception:
+                    if not read:
+                        raise  # nothing read: the failure is this sample's (agent.source_errors)
+                    break  # what was read goes out with its cursor; a failure that lasts comes next
                 read += len(records)
                 drained = len(records) < want  # nothing more is waiting
                 for record in records:
@@ -147,9 +187,9 @@ class KernelLogSource:
             # message then stays on the worker's compiled fast path, which leaves every message
             # with a `kernel` section to the full decoder.
             part: dict[str, Any] = {"kernel": section} if section.keys() - _QUIET or section["events"] else {}
-            cursor = self._reader.cursor
-            if cursor.seq >= 0:  # a position to keep (none before anything was read in this boot)
-                part["_cursor"] = {"kmsg_boot": cursor.boot, "kmsg_seq": cursor.seq}
+            position = self._reader.position()
+            if position:  # a position to keep (none before anything was read in this boot)
+                part["_cursor"] = position
             return part
 
     def _section(self, events: list[KernelEvent], records: int) -> dict[str, Any]:
@@ -168,16 +208,18 @@ class KernelLogSource:
         below = self._below() if any(e.kind == "aer" for e in merged.values()) else {}
         out = []
         for e in merged.values():
-            # no boot id in an event: kmsg lines carry none, the section's `boot` is theirs
+            # no boot id in an event: the section's `boot` is theirs (kmsg lines carry none, the
+            # journal's are this boot's)
             d = e.described(gpus, self._events.uuids)
             d.pop("line", None)  # a position in a file; kmsg has `seq`
+            d.pop("boot_id", None)
             if "gpu" not in d and e.kind == "aer":  # a port's error about its link: the one GPU below
                 under = below.get(e.pci or "") or below.get(e.extra.get("port", ""), ())
                 if len(under) == 1:
                     d["gpu"] = under[0]
             out.append(d)
         now = {
-            "unknown": self._lines.unknown,
+            "unknown": self._lines.unknown + getattr(self._reader, "unknown", 0),
             "rejected": self._events.rejected,
             "missed": self._reader.missed,
             "overruns": self._reader.overruns,
