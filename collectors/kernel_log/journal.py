@@ -170,7 +170,6 @@ class JournalReader:
         self.overruns = 0
         self.gone_before_start = 0
         self.unknown = 0  # output lines that are no entry of this boot's kernel log
-        self.cursors_lost = 0  # saved cursors the journal no longer had (or refused)
         self._proc: subprocess.Popen[bytes] | None = None
         self._sel: selectors.DefaultSelector | None = None
         self._buf = b""
@@ -242,11 +241,10 @@ class JournalReader:
     def _lost(self, saved: str, why: str) -> None:
         self._gone = saved  # counted once: later runs from its place are not checked again
         self.missed += 1
-        self.cursors_lost += 1
         log.warning(
-            "kernel journal: the entry of the saved cursor %s is gone from the journal (rotated or "
-            "vacuumed; %s): what went with it is counted as missed, reading goes on from the oldest "
-            "entry of this boot still there",
+            "kernel journal: the saved cursor %s is of no entry the journal has now (%s): counted in "
+            "missed (rotated or vacuumed before it was read); reading goes on from the oldest entry "
+            "of this boot still there",
             saved,
             why,
         )
