@@ -238,6 +238,7 @@ def source_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     options: dict[str, dict[str, Any]] = {}
     if kernel := _kernel_options(args):
         options["kernel"] = kernel
+    options["dcgm"] = _dcgm_options(args)
     return options
 
 
@@ -252,6 +253,19 @@ def _kernel_options(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError("--journal-args is for --kernel-log journal")
         return {}
     return {"reader": reader, "journal_args": journal_args}
+
+
+def _dcgm_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The dcgm source's endpoint and which of its series are this node's (`--node`; None: the
+    source takes this host's short name, as `run` does)."""
+    from fleetwatch.collectors.dcgm_exporter import DEFAULT_TIMEOUT_S, DEFAULT_URL
+
+    return {
+        "url": getattr(args, "dcgm_url", None) or DEFAULT_URL,
+        "timeout_s": getattr(args, "dcgm_timeout", None) or DEFAULT_TIMEOUT_S,
+        "node": getattr(args, "node", None),
+        "any_host": bool(getattr(args, "dcgm_any_host", False)),
+    }
 
 
 def source_factory(

@@ -4,6 +4,7 @@ Each source returns a *partial* telemetry/1 body (see docs/contract.md, "telemet
 
     nvml -> {"gpus": [...]}        host -> {"host": {...}}        net -> {"net": {"ib": [...], "eth": [...]}}
     kernel -> {"kernel": {"events": [...], ...}, "_cursor": {...}}
+    dcgm -> {"gpus": [...]} (read from a dcgm-exporter endpoint instead of NVML; not both)
 
 A source that reads a log from a position (kernel) also returns `_cursor`: integers the agent
 stores in its spool with the very sample that carries what was read, and hands back to the
@@ -25,12 +26,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
-SOURCE_NAMES = ("nvml", "host", "net", "kernel")
+SOURCE_NAMES = ("nvml", "host", "net", "kernel", "dcgm")
 
 
 @runtime_checkable
 class Source(Protocol):
-    name: str  # "nvml" | "host" | "net" | "kernel"
+    name: str  # "nvml" | "host" | "net" | "kernel" | "dcgm"
 
     def sample(self) -> dict[str, Any]:
         """A partial telemetry/1 body; see the module docstring."""
@@ -92,6 +93,10 @@ def make_source(name: str, **kwargs: Any) -> Source:
         from fleetwatch.collectors.kernel_log.source import KernelLogSource
 
         return KernelLogSource(**kwargs)
+    if name == "dcgm":
+        from fleetwatch.collectors.dcgm_exporter import DcgmExporterSource
+
+        return DcgmExporterSource(**kwargs)
     raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")
 
 

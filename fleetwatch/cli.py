@@ -166,7 +166,7 @@ def build_parser() -> _Parser:
     p = sub.add_parser("collect", help="node agent: stream this node's GPU/host/network telemetry")
     _add_bootstrap(p)
     p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples")
-    p.add_argument("--source", default="nvml,host,net", help="comma list of nvml,host,net,kernel")
+    p.add_argument("--source", default="nvml,host,net", help="comma list of nvml,host,net,kernel,dcgm")
     p.add_argument("--node", default=None, help="node name (default: this host's short name)")
     p.add_argument("--spool-dir", default=None, help="on-disk buffer for broker outages")
     p.add_argument("--spool-max-mib", type=_positive_float, default=256.0, help="spool bound in MiB")
@@ -174,6 +174,23 @@ def build_parser() -> _Parser:
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument("--call-timeout", type=_positive_float, default=5.0, help="seconds per collector call")
+    p.add_argument(
+        "--dcgm-url",
+        default="http://127.0.0.1:9400/metrics",
+        help="the dcgm-exporter metrics URL the dcgm source reads (http or https)",
+    )
+    p.add_argument(
+        "--dcgm-timeout",
+        type=_positive_float,
+        default=2.0,
+        help="seconds the dcgm source waits for the exporter's answer (the body: at most twice this)",
+    )
+    p.add_argument(
+        "--dcgm-any-host",
+        action="store_true",
+        help="take the exporter's series whatever host they name (an exporter serving this node only "
+        "whose hostname label is not the node's name, or absent)",
+    )
     p.add_argument(
         "--kernel-log",
         choices=("kmsg", "journal"),
