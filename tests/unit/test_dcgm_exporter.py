@@ -565,3 +565,25 @@ def test_registered_and_built_from_the_command_line(exporter: Exporter) -> None:
     assert defaults == {"url": dcgm_exporter.DEFAULT_URL, "timeout_s": 2.0, "node": None, "any_host": True}
     assert DcgmExporterSource(**defaults).node  # this host's short name
     assert isinstance(args, argparse.Namespace)
+
+
+def test_the_agent_samples_it_as_a_source(exporter: Exporter, tmp_path: Path) -> None:
+    from fleetwatch.collectors.agent import SourceRunner
+    from tests.helpers.agents import make_agent
+
+    exporter.serve(fixture("xid_before.prom"))
+    options = {"url": exporter.url, "timeout_s": 1.0, "node": "gpu1-wl8sg", "any_host": False}
+    agent = make_agent(  # a broker address nothing listens on: the samples stay in the spool
+        tmp_path, "127.0.0.1:1", [SourceRunner("dcgm", lambda: make_source("dcgm", **options))]
+    )
+    try:
+        assert agent.tick()["gpus"] == [L40S_GPU]
+        exporter.serve(fixture("xid_after.prom"))
+        second = agent.tick()
+        assert second["gpus"] == [{**L40S_GPU, "xids": [79]}]
+        assert second["agent"]["source_errors"] == {}
+        schemas.validate(second, schemas.TELEMETRY)
+        exporter.close()  # the exporter goes away: no GPUs, the agent goes on
+        assert agent.tick()["gpus"] == []
+    finally:
+        agent.close(drain_timeout_s=0)
