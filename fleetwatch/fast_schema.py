@@ -47,6 +47,8 @@ def _field_type(check: s.Check) -> Any:
         return Annotated[str, msgspec.Meta(max_length=s.MAX_KERNEL_TEXT if check is s._kernel_text else 64)]
     if check is s._pci:
         return Annotated[str, msgspec.Meta(pattern=s.PCI_PATTERN, max_length=16)]
+    if check is s._mount_path:
+        return Annotated[str, msgspec.Meta(pattern=s.MOUNT_PATH_PATTERN, max_length=s.MAX_PATH_LEN)]
     if check is s._error_names:
         return Annotated[list[Annotated[str, msgspec.Meta(max_length=48)]], msgspec.Meta(max_length=32)]
     if check is s._xids:
@@ -106,6 +108,26 @@ _Kernel = msgspec.defstruct(
     ],
     gc=False,
 )
+
+
+def _check_list(name: str, spec: dict[str, s.Check], required: tuple[str, ...]) -> Any:
+    """A `checks` list: entries with their required fields first (msgspec refuses one without)."""
+    entry = _struct(
+        name,
+        {k: c for k, c in spec.items() if k not in required},
+        {k: _field_type(spec[k]) for k in required},
+    )
+    return Annotated[list[entry], msgspec.Meta(max_length=s.MAX_CHECK_ENTRIES)]  # type: ignore[valid-type]
+
+
+_Checks = msgspec.defstruct(
+    "Checks",
+    [
+        (key, _check_list(f"Check_{key}", spec, required) | msgspec.UnsetType, _UNSET)
+        for key, spec, required in s.CHECK_LISTS
+    ],
+    gc=False,
+)
 _SourceErrors = Annotated[
     dict[_Ident, Annotated[str, msgspec.Meta(max_length=s.MAX_ERROR_LEN)]],
     msgspec.Meta(max_length=s.MAX_SOURCE_ERRORS),
@@ -130,6 +152,7 @@ _Telemetry = msgspec.defstruct(
         ("host", _Host | msgspec.UnsetType, _UNSET),
         ("net", _Net | msgspec.UnsetType, _UNSET),
         ("kernel", _Kernel | msgspec.UnsetType, _UNSET),
+        ("checks", _Checks | msgspec.UnsetType, _UNSET),
         ("agent", _Agent | msgspec.UnsetType, _UNSET),
     ],
     gc=False,

@@ -303,6 +303,18 @@ HOST_FIELDS: dict[str, Check] = {
     "load1": _nonneg,
     "disk_used_frac": _frac,
     "procs_d_state": _counter,
+    # The node checks (collectors/mounts.py, collectors/blockdevs.py): counts over the mounts and
+    # block devices `collect --mount/--blockdev` requires, absent when none is configured; which
+    # ones failed is named in the `checks` section (CHECKS_* below)
+    "mounts_missing": _counter,
+    "mounts_readonly": _counter,
+    "mounts_unwritable": _counter,
+    "mounts_failed": _counter,
+    "mounts_hung": _counter,
+    "mounts_slowest_s": _nonneg,
+    "blockdevs_missing": _counter,
+    "blockdevs_readonly": _counter,
+    "inodes_used_frac": _frac,
 }
 
 IB_FIELDS: dict[str, Check] = {
@@ -437,6 +449,51 @@ def _kernel_section(where: str, v: Any) -> None:
         _fields(at, event, KERNEL_EVENT_FIELDS)
 
 
+# Which required mount or block device failed (telemetry/1 `checks`, sent only when one did; the
+# counts are host fields). `problem` is open like a kernel event's kind (missing, readonly,
+# unwritable, failed, hung; missing, empty, readonly today): a newer agent's problem is still valid.
+MAX_CHECK_ENTRIES = 64  # entries of each list; also the most mounts or devices `collect` takes by name
+MAX_PATH_LEN = 256
+# an absolute path of printable characters: no C0/C1 control, DEL, line or paragraph separator, or
+# lone surrogate (a path that is not UTF-8), so that it prints on one line wherever it is quoted
+MOUNT_PATH_PATTERN = r"^/[^\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]{0,255}\Z"
+MOUNT_PATH_RE = re.compile(MOUNT_PATH_PATTERN)
+
+
+def _mount_path(where: str, v: Any) -> None:
+    _string(where, v, MAX_PATH_LEN)
+    if not MOUNT_PATH_RE.match(v):
+        raise MessageError(
+            "out_of_range", f"{where} {v[:64]!r} is not an absolute path of printable characters"
+        )
+
+
+CHECK_MOUNT_FIELDS: dict[str, Check] = {
+    "path": _mount_path,
+    "problem": _ident,
+    "fstype": _ident,  # what /proc/self/mountinfo says is mounted there (nfs4, lustre, ...)
+    "took_s": _nonneg,  # the probe's time: so far, for a hung one
+    "error": _ident,  # the errno's name (ESTALE, EACCES, EIO, ...)
+}
+CHECK_BLOCKDEV_FIELDS: dict[str, Check] = {"name": _ident, "problem": _ident}
+CHECK_LISTS = (
+    ("mounts", CHECK_MOUNT_FIELDS, ("path", "problem")),
+    ("blockdevs", CHECK_BLOCKDEV_FIELDS, ("name", "problem")),
+)
+
+
+def _checks_section(where: str, v: Any) -> None:
+    section = _object(where, v)
+    for key, spec, required in CHECK_LISTS:
+        if key not in section:
+            continue
+        for i, e in enumerate(_bounded_list(f"{where}.{key}", section[key], MAX_CHECK_ENTRIES)):
+            at = f"{where}.{key}[{i}]"
+            entry = _object(at, e)
+            _required(entry, at, required)
+            _fields(at, entry, spec)
+
+
 _BIG = 1.7976931348623157e308  # the largest float: `inf <= _BIG` is False, and NaN fails every comparison
 # Numeric checks as (lo, hi, integers only), for the fast path below.
 _RANGES: dict[Check, tuple[float, float, bool]] = {
@@ -510,6 +567,8 @@ def validate_telemetry(m: Mapping[str, Any]) -> None:
                     _fields(where, _object(where, port), spec)
     if "kernel" in m:
         _kernel_section("telemetry.kernel", m["kernel"])
+    if "checks" in m:
+        _checks_section("telemetry.checks", m["checks"])
     if "agent" in m:
         agent = _object("telemetry.agent", m["agent"])
         if "version" in agent:

@@ -468,3 +468,177 @@ def test_link_fields_reach_the_detectors_columns_and_are_no_gpu_counters() -> No
     cols = telemetry_scan.GPU_COLUMNS
     assert scanned.entries[0, cols.index("recovery_action")] == 255
     assert scanned.ib[0, telemetry_scan.IB_COLUMNS.index("pcie_link_width_max")] == schemas.MAX_PCIE_WIDTH
+
+
+# ---------------------------------------------------------------- node checks (issue 25, item 3)
+
+NODE_CHECK_COUNTS = {
+    "mounts_missing": 1,
+    "mounts_readonly": 0,
+    "mounts_unwritable": 1,
+    "mounts_failed": 0,
+    "mounts_hung": 1,
+    "mounts_slowest_s": 0.02,
+    "blockdevs_missing": 1,
+    "blockdevs_readonly": 0,
+    "inodes_used_frac": 0.41,
+}
+CHECKS = {
+    "mounts": [
+        {"path": "/lustre", "problem": "hung", "fstype": "lustre", "took_s": 31.5},
+        {"path": "/home", "problem": "unwritable", "fstype": "nfs4", "error": "EACCES"},
+        {"path": "/data sets/ü", "problem": "missing"},
+    ],
+    "blockdevs": [{"name": "nvme1n1", "problem": "missing"}, {"name": "sda", "problem": "readonly"}],
+}
+
+
+def checked() -> dict[str, Any]:
+    """A sample of a node whose configured mounts and block devices fail, as the host source sends it."""
+    m = telemetry()
+    m["host"].update(NODE_CHECK_COUNTS)
+    m["checks"] = copy.deepcopy(CHECKS)
+    return m
+
+
+def test_node_checks_are_read_alike_by_every_decoder() -> None:
+    m = checked()
+    raw = schemas.encode(m)
+    assert schemas.decode(raw, schemas.TELEMETRY) == m
+    struct = fast_schema.decode_telemetry(raw)
+    assert struct is not None
+    hung = struct.checks.mounts[0]
+    assert (hung.path, hung.problem, hung.fstype, hung.took_s) == ("/lustre", "hung", "lustre", 31.5)
+    assert struct.checks.mounts[2].path == "/data sets/ü"
+    assert [d.name for d in struct.checks.blockdevs] == ["nvme1n1", "sda"]
+    assert_same_batch(TelemetryBatch.from_messages([m]), TelemetryBatch.from_structs([struct]))
+    # one list alone, or none: both optional
+    for only in ({"mounts": CHECKS["mounts"]}, {"blockdevs": CHECKS["blockdevs"]}, {}):
+        assert fast_schema.telemetry_ok(schemas.encode({**m, "checks": only}))
+        schemas.validate({**m, "checks": only})
+
+
+def _at(m: dict[str, Any], path: list[Any], value: Any) -> dict[str, Any]:
+    target = m
+    for p in path[:-1]:
+        target = target[p]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return m
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "reason", "words"),
+    [
+        (["checks"], [], "wrong_type", "telemetry.checks must be an object"),
+        (["checks", "mounts"], {"path": "/x"}, "wrong_type", "telemetry.checks.mounts must be an array"),
+        (["checks", "mounts", 1], "/home", "wrong_type", "telemetry.checks.mounts[1] must be an object"),
+        (
+            ["checks", "mounts", 0, "path"],
+            KeyError,
+            "missing_field",
+            "telemetry.checks.mounts[0].path is required",
+        ),
+        (["checks", "mounts", 0, "problem"], KeyError, "missing_field", "mounts[0].problem is required"),
+        (
+            ["checks", "mounts", 0, "path"],
+            7,
+            "wrong_type",
+            "telemetry.checks.mounts[0].path must be a string",
+        ),
+        (["checks", "mounts", 0, "path"], "lustre", "out_of_range", "is not an absolute path"),
+        (["checks", "mounts", 0, "path"], "/a\nb", "out_of_range", "is not an absolute path"),
+        (["checks", "mounts", 0, "path"], "/\x1b[31mred", "out_of_range", "is not an absolute path"),
+        (["checks", "mounts", 0, "path"], "/x\x85", "out_of_range", "is not an absolute path"),
+        (["checks", "mounts", 0, "path"], "/x\u2028y", "out_of_range", "is not an absolute path"),
+        (
+            ["checks", "mounts", 0, "path"],
+            "/" + "a" * 256,
+            "out_of_range",
+            "has 257 characters, more than 256",
+        ),
+        (["checks", "mounts", 0, "problem"], None, "wrong_type", "mounts[0].problem must be a string"),
+        (["checks", "mounts", 0, "problem"], "x" * 129, "out_of_range", "more than 128"),
+        (["checks", "mounts", 0, "fstype"], ["nfs4"], "wrong_type", "mounts[0].fstype must be a string"),
+        (["checks", "mounts", 0, "error"], "E" * 129, "out_of_range", "more than 128"),
+        (["checks", "mounts", 0, "took_s"], -1.0, "out_of_range", "mounts[0].took_s must be >= 0"),
+        (["checks", "mounts", 0, "took_s"], "slow", "wrong_type", "mounts[0].took_s must be a number"),
+        (["checks", "mounts", 0, "took_s"], float("inf"), "out_of_range", "must be finite"),
+        (
+            ["checks", "mounts"],
+            [{"path": "/x", "problem": "missing"}] * 65,
+            "out_of_range",
+            "telemetry.checks.mounts has 65 entries, more than 64",
+        ),
+        (["checks", "blockdevs", 0, "name"], 0, "wrong_type", "blockdevs[0].name must be a string"),
+        (["checks", "blockdevs", 0, "name"], KeyError, "missing_field", "blockdevs[0].name is required"),
+        (["checks", "blockdevs", 0], "nvme0n1", "wrong_type", "blockdevs[0] must be an object"),
+        (
+            ["checks", "blockdevs"],
+            [{"name": "sda", "problem": "missing"}] * 65,
+            "out_of_range",
+            "telemetry.checks.blockdevs has 65 entries, more than 64",
+        ),
+        (["host", "mounts_hung"], -1, "out_of_range", "telemetry.host.mounts_hung must be >= 0"),
+        (["host", "mounts_missing"], 1.5, "wrong_type", "telemetry.host.mounts_missing must be an integer"),
+        (["host", "blockdevs_readonly"], True, "wrong_type", "blockdevs_readonly must be an integer"),
+        (["host", "blockdevs_missing"], "1", "wrong_type", "blockdevs_missing must be an integer"),
+        (["host", "inodes_used_frac"], 1.5, "out_of_range", "telemetry.host.inodes_used_frac must be <= 1"),
+        (["host", "mounts_slowest_s"], -0.5, "out_of_range", "mounts_slowest_s must be >= 0"),
+    ],
+)
+def test_hostile_node_checks_are_refused_by_every_decoder(
+    path: list[Any], value: Any, reason: str, words: str
+) -> None:
+    m = _at(checked(), path, value)
+    with pytest.raises(MessageError) as e:
+        schemas.validate(m)
+    assert e.value.reason == reason
+    assert words in str(e.value)
+    assert not fast_schema.telemetry_ok(json.dumps(m).encode())
+
+
+check_values = field_values | st.sampled_from(
+    [
+        "/",
+        "/scratch",
+        "/a b/ü",
+        "/\U0001f600",
+        "/x\xa0",
+        "relative",
+        "/a\nb",
+        "/x\x7f",
+        "/x\x9f",
+        "/x\u2029",
+        "/x\udc80",
+        "/" + "a" * 255,
+        "/" + "a" * 256,
+        "",
+        [],
+        [{"path": "/a", "problem": "missing"}],
+        [{"name": "sda", "problem": "readonly"}],
+        [{"path": "b", "problem": "missing"}],
+        {"mounts": []},
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fast_validator_agrees_on_node_checks(data: st.DataObject) -> None:
+    """fast_schema's `checks` and node-check host fields accept exactly what schemas.validate does."""
+    m = checked()
+    containers = [m, m["checks"], m["host"], *m["checks"]["mounts"], *m["checks"]["blockdevs"]]
+    for _ in range(data.draw(st.integers(1, 3))):
+        target = data.draw(st.sampled_from(containers))
+        key = data.draw(st.sampled_from([*sorted(target if target is not m else ["checks"]), "extra_field"]))
+        if data.draw(st.booleans()):
+            target.pop(key, None)
+        else:
+            target[key] = data.draw(check_values)
+    raw = json.dumps(m).encode()
+    accepted = python_accepts(json.loads(raw))
+    if fast_schema.telemetry_ok(raw) != accepted:
+        assert accepted and _beyond_int64(m), raw[:300]

@@ -476,3 +476,29 @@ def test_records_the_scanner_takes_but_their_key_or_clock_refuses_are_named_with
     )
     assert [(i, e.reason, str(e)) for i, e in bad] == [(i, e.reason, str(e)) for i, e in want]
     assert [e.reason for _i, e in bad] == ["clock_skew", "key_mismatch"]
+
+
+def test_node_check_counts_are_host_columns_and_a_checks_section_is_left_to_the_decoders() -> None:
+    """The node checks' counts (host fields, sent by every node that configures checks) are read
+    like any host field; the `checks` section that names failing mounts and devices, sent only
+    when one fails, is left to the decoders as the `kernel` section is, with the same columns."""
+    m = telemetry()
+    m["host"].update(mounts_missing=1, mounts_hung=2, mounts_slowest_s=0.25, blockdevs_readonly=0)
+    m["host"].update(inodes_used_frac=0.5)
+    healthy = schemas.encode(m)
+    sc, batch = scanned([healthy])
+    assert sc.taken.tolist() == [0] and batch is not None
+    assert_same_columns(batch, TelemetryBatch.from_structs([fast_schema.decode_telemetry(healthy)]))
+    host = dict(zip(telemetry_scan.HOST_COLUMNS, sc.host[0], strict=True))
+    assert (host["mounts_hung"], host["mounts_slowest_s"], host["inodes_used_frac"]) == (2, 0.25, 0.5)
+    assert np.isnan(host["mounts_failed"])  # absent
+    m["checks"] = {
+        "mounts": [{"path": "/lustre", "problem": "hung", "fstype": "lustre", "took_s": 31.5}],
+        "blockdevs": [{"name": "nvme1n1", "problem": "missing"}],
+    }
+    failing = schemas.encode(m)
+    sc, _batch = scanned([healthy, failing])
+    assert sc.taken.tolist() == [0]
+    decoded, bad = decode_telemetry([failing], now=NOW, clock=None)
+    assert bad == [] and isinstance(decoded, TelemetryBatch)
+    assert_same_columns(decoded, TelemetryBatch.from_messages([json.loads(failing)]))
