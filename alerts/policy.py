@@ -9,7 +9,8 @@ What drains (an OPEN finding; anything else only alerts):
 | kind      | drains when                                                                       |
 |-----------|-----------------------------------------------------------------------------------|
 | xid       | critical and the worst XID's action (NVIDIA's resolution bucket, xid_catalog.py) is |
-|           | drain_node/rma, or reset_gpu where GPU resets are not automated (gpu_reset_automated) |
+|           | drain_node/rma, or reset_gpu where GPU resets are not automated (gpu_reset_automated); |
+|           | likewise rule recovery_action (NVML's GPU recovery action, the driver's verdict)   |
 | ecc       | rule ecc_dbe (uncorrectable ECC), or retired_pages at critical                    |
 | row_remap | rule row_remap_failure                                                            |
 | pcie      | rule gpu_lost (GPU fallen off the bus / unreadable: NVML or the kernel log), or   |
@@ -77,6 +78,8 @@ def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str
     if kind == "xid":
         action = ev.get("action")
         if critical and (action in DRAIN_ACTIONS or (action == "reset_gpu" and not gpu_reset_automated)):
+            if rule == "recovery_action":  # NVML's own verdict on the GPU
+                return f"GPU recovery action: {str(ev.get('name', '?'))[:64]}"
             return f"XID {ev.get('worst_xid', '?')}"
         return None
     if kind == "ecc":
@@ -92,7 +95,8 @@ def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str
     if kind == "nvlink":
         return "NVLink errors" if critical else None
     if kind == "nvswitch":
-        return f"NVSwitch SXid {ev.get('code', '?')}" if critical and ev.get("action") in DRAIN_ACTIONS else None
+        fatal = critical and ev.get("action") in DRAIN_ACTIONS
+        return f"NVSwitch SXid {ev.get('code', '?')}" if fatal else None
     if kind == "ib_link":
         if not critical:
             return None

@@ -54,7 +54,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from fleetwatch.schemas import GPU_FIELDS, HOST_FIELDS, IB_FIELDS, NVML_NOT_AVAILABLE
+from fleetwatch.schemas import (
+    GPU_FIELDS,
+    HOST_FIELDS,
+    IB_FIELDS,
+    KERNEL_COUNTS,
+    KERNEL_EVENT_FIELDS,
+    NVML_NOT_AVAILABLE,
+)
 
 if TYPE_CHECKING:
     from fleetwatch.telemetry_scan import Scan
@@ -161,6 +168,18 @@ def _kernel_of_struct(section: Any) -> dict[str, Any]:
     return out
 
 
+_KERNEL_KEYS = frozenset({"boot", "events", *KERNEL_COUNTS})
+_EVENT_KEYS = frozenset({"kind", *KERNEL_EVENT_FIELDS})
+
+
+def _kernel_of_dict(section: dict[str, Any]) -> dict[str, Any]:
+    """A kernel section of a validated dict with only the fields the contract names, as the
+    decoder reads it (an event's fields a consumer does not know are valid, and ignored)."""
+    out = {k: v for k, v in section.items() if k in _KERNEL_KEYS}
+    out["events"] = [{k: v for k, v in e.items() if k in _EVENT_KEYS} for e in section.get("events", ())]
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class _Access:
     """How TelemetryBatch._read reads one form of decoded message: by attribute or by key."""
@@ -204,7 +223,7 @@ _DICTS = _Access(
     port_key=lambda p: (p.get("device", ""), p.get("port", "")),
     state=methodcaller("get", "state"),
     table=_item_table,
-    kernel=methodcaller("get", "kernel"),
+    kernel=lambda x: _kernel_of_dict(x["kernel"]) if x.get("kernel") else None,
 )
 
 

@@ -415,6 +415,24 @@ class HardwareDetector:
                     },
                 )
 
+            # NVML's GPU recovery action: the driver's own verdict, the strongest signal there is
+            # (detectors/kernel_events.RECOVERY_ACTIONS); 0 (none) says nothing is wrong
+            ra = col("recovery_action")
+            for i in np.flatnonzero(ra > 0):
+                r = int(ra[i])
+                what, sev, action = kernel_events.RECOVERY_ACTIONS.get(
+                    r, (f"recovery action {r}", "warning", "investigate")
+                )
+                hit(
+                    i,
+                    "xid",
+                    "recovery_action",
+                    sev,
+                    1.0,
+                    f"the driver asks for: {what} ({xid_catalog.ACTION_TEXT[action]})",
+                    {"recovery_action": r, "name": what, "action": action},
+                )
+
             thr = cfg.sbe_per_hour
             for i in np.flatnonzero(win[:, 0] > thr):
                 hit(
@@ -641,6 +659,7 @@ class HardwareDetector:
             news = inc is not None and name not in counts and _xid_info(name)[0].severity == "critical"
             if new:
                 counts[name] = counts.get(name, 0) + new
+            moved = 0
             if n > new and name != str(code):
                 # NVML's sighting of this XID came first and was counted by its code alone; the
                 # line says more (a recovery action, Fatal): it now counts as what the line says
@@ -650,8 +669,9 @@ class HardwareDetector:
                     if not counts[str(code)]:
                         del counts[str(code)]
                     counts[name] = counts.get(name, 0) + moved
-            if not counts:
-                continue  # (cannot happen: a sighting is either new or paired with a counted one)
+            if inc is not None and not new and not moved:
+                inc.extra = extra  # XIDs counted already: only the pairing changed
+                continue
             burst = _XidBurst.of(counts)
             worst, total = burst.worst, burst.total
             rank = burst.rank

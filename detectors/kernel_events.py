@@ -28,6 +28,11 @@ RECOVERY_ACTIONS: dict[int, tuple[str, str, str]] = {  # value -> (name, severit
     2: ("node reboot", "critical", "drain_node"),
     3: ("drain P2P", "critical", "drain_node"),
     4: ("drain and reset", "critical", "drain_node"),
+    # added in NVML 610-615; headers disagree on 5 (GPU bus reset in nvidia-ml-py, IMEX domain
+    # recovery in a later nvml.h): each takes the GPU out of work until an operator acts
+    5: ("GPU bus reset or IMEX domain recovery", "critical", "drain_node"),
+    6: ("bus reset", "critical", "drain_node"),
+    7: ("system reboot", "critical", "drain_node"),
 }
 
 

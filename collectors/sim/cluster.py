@@ -19,6 +19,7 @@ import numpy as np
 
 from fleetwatch import schemas
 from fleetwatch.collectors.sim import nvidia
+from fleetwatch.collectors.sim.kernel_log import SimKernelLog
 from fleetwatch.collectors.sim.scenario import Scenario
 
 # Node activity phases, set by the scheduler.
@@ -103,6 +104,7 @@ class ClusterState:
         self.cpu_add = np.zeros(n)
         self.d_state_add = np.zeros(n, np.int64)
         self.xids: dict[tuple[int, int], list[int]] = {}
+        self.kernel_log = SimKernelLog(self.names)  # what each node's kernel log says this tick
         self.fail_requests: set[int] = set()
 
         # Results of the last evolve(), used by telemetry().
@@ -119,10 +121,15 @@ class ClusterState:
         self.cpu_add.fill(0.0)
         self.d_state_add.fill(0)
         self.xids = {}
+        self.kernel_log.begin_tick()
         self.fail_requests = set()
 
-    def xid(self, node: int, gpu: int, code: int) -> None:
-        self.xids.setdefault((node, gpu), []).append(code)
+    def xid(self, node: int, gpu: int, code: int, nvml: bool = True, **line: Any) -> None:
+        """An XID: an NVML event (unless `nvml` is False: NVML missed it) and a kernel-log line,
+        which says `line` beyond the code (e.g. severity="fatal", link=1 for an NVLink5 XID)."""
+        if nvml:
+            self.xids.setdefault((node, gpu), []).append(code)
+        self.kernel_log.xid(node, gpu, code, **line)
 
     def add_sbe(self, node: int, gpu: int, k: int) -> None:
         self.sbe_vol[node, gpu] += k
@@ -377,5 +384,8 @@ class ClusterState:
                     ],
                 },
             }
+            kernel = self.kernel_log.section(i)
+            if kernel is not None:
+                msg["kernel"] = kernel
             out.append((name, msg))
         return out

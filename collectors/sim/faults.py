@@ -20,6 +20,7 @@ import numpy as np
 
 from fleetwatch.collectors.sim import nvidia
 from fleetwatch.collectors.sim.cluster import ClusterState
+from fleetwatch.collectors.sim.kernel_log import gpu_pci, port_pci
 from fleetwatch.collectors.sim.kinds import KindSpec
 from fleetwatch.collectors.sim.scenario import FaultSpec
 
@@ -166,6 +167,68 @@ class SoftwareCrash(Fault):
     def begin(self, st: ClusterState, k: int) -> None:
         st.xid(self.node, self.gpu, nvidia.XID_GRAPHICS_ENGINE_EXCEPTION)
         st.fail_job_on(self.node)
+
+
+class KernelLogFault(Fault):
+    """A fault only the kernel log shows in full (collectors/sim/kernel_log.py): logged at onset;
+    it fails the running job and, but for kmsg_overrun, keeps the node out of service until it
+    ends. fallen_off_bus also loses the GPU from the next tick, as a real one does."""
+
+    SXID_TEXT = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 62 LTSSM Fault Up"
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._blocked = self._lost = False
+        if self.kind.name == "kmsg_overrun":
+            self.end_k = self.onset_k
+
+    def begin(self, st: ClusterState, k: int) -> None:
+        log, name = st.kernel_log, self.kind.name
+        if name == "kmsg_overrun":
+            log.lost_records(self.node, int(self.params["records"]))
+            return
+        if name == "nvswitch_fatal":
+            log.event(
+                self.node,
+                {"kind": "sxid", "code": 20034, "pci": "0000:05:00.0", "severity": "fatal", "link": 62,
+                 "switch": 0, "text": self.SXID_TEXT},
+            )  # fmt: skip
+        elif name == "pcie_aer_fatal":
+            port = port_pci(self.gpu)
+            log.event(
+                self.node,
+                {"kind": "aer", "pci": port, "port": port, "gpu": self.gpu, "severity": "fatal",
+                 "error_type": "Transaction Layer",
+                 "text": f"pcieport {port}: AER: Uncorrected (Fatal) error received: {port}"},
+            )  # fmt: skip
+        elif name == "fallen_off_bus":
+            pci = gpu_pci(self.gpu)
+            log.event(
+                self.node,
+                {
+                    "kind": "fallen_off_bus",
+                    "pci": pci,
+                    "gpu": self.gpu,
+                    "text": f"NVRM: The NVIDIA GPU {pci}",
+                },
+            )
+        elif name == "nvlink5_fatal":
+            st.xid(self.node, self.gpu, 149, what="NETIR_LINK_EVT  Fatal   XC0 i0 Link 01", severity="fatal",
+                   link=1, unit="XC0")  # fmt: skip
+        st.fail_job_on(self.node)
+        st.blocked[self.node] += 1
+        self._blocked = True
+
+    def apply(self, st: ClusterState, k: int) -> None:
+        if self.kind.name == "fallen_off_bus" and k > self.onset_k and not self._lost:
+            st.lost[self.node, self.gpu] += 1
+            self._lost = True
+
+    def finish(self, st: ClusterState, k: int) -> None:
+        if self._lost:
+            st.lost[self.node, self.gpu] -= 1
+        if self._blocked:
+            st.blocked[self.node] -= 1
 
 
 # ---------------------------------------------------------------- gradual
@@ -416,6 +479,11 @@ _CLASSES: dict[str, type[Fault]] = {
     "ib_link_down": IbLinkDown,
     "node_down": NodeDown,
     "sw_crash": SoftwareCrash,
+    "nvswitch_fatal": KernelLogFault,
+    "pcie_aer_fatal": KernelLogFault,
+    "fallen_off_bus": KernelLogFault,
+    "nvlink5_fatal": KernelLogFault,
+    "kmsg_overrun": KernelLogFault,
     "ecc_sbe_rising": EccSbeRising,
     "row_remap_pending": RowRemapPending,
     "nvlink_crc": NvlinkCrc,

@@ -146,6 +146,57 @@ KINDS: dict[str, KindSpec] = {
             "application crash (XID 13, graphics engine exception): the job fails, the hardware is fine",
             {},
         ),
+        # the kernel log's own (collectors/sim/kernel_log.py): what NVML does not say
+        KindSpec(
+            "nvswitch_fatal",
+            "sudden",
+            "nvswitch",
+            False,
+            True,
+            "a fatal NVSwitch error (SXid 20034, LTSSM fault on a link) in the kernel log: the fabric's "
+            "links go down and the job fails; NVML says nothing",
+            {"duration_s": _duration()},
+        ),
+        KindSpec(
+            "pcie_aer_fatal",
+            "sudden",
+            "pcie",
+            True,
+            True,
+            "an uncorrectable (fatal) PCIe error reported by AER on the switch port above the GPU, in "
+            "the kernel log: the job fails",
+            {"duration_s": _duration()},
+        ),
+        KindSpec(
+            "fallen_off_bus",
+            "sudden",
+            "pcie",
+            True,
+            True,
+            "the driver's probe-time 'fallen off the bus' message (no XID number) in the kernel log; "
+            "from the next sample NVML reports only the GPU's index",
+            {"duration_s": _duration()},
+        ),
+        KindSpec(
+            "nvlink5_fatal",
+            "sudden",
+            "xid",
+            True,
+            True,
+            "an NVLink5 XID 149 whose kernel-log line says Fatal (NVML's event has the code only, which "
+            "alone is a warning): the link is down and the job fails",
+            {"duration_s": _duration()},
+        ),
+        KindSpec(
+            "kmsg_overrun",
+            "sudden",
+            "kernel_log",
+            False,
+            False,
+            "a flood of kernel messages overwrote the ring buffer before the agent read them: records "
+            "lost (the hardware is fine; what they said is unknown)",
+            {"records": Param(5000, int, lo=1, doc="records lost")},
+        ),
         # ------------------------------------------------------------ gradual
         KindSpec(
             "ecc_sbe_rising",

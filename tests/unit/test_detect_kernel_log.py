@@ -287,3 +287,23 @@ def test_hostile_sections_neither_crash_nor_count_past_bounds(tmp_path: Path) ->
     assert xid79["evidence"]["total"] == 2**32
     unknown = [f for f in findings if f["evidence"]["rule"] == "unknown_event"][-1]
     assert len(unknown["evidence"]["event_kind"]) == 32
+
+
+# ---------------------------------------------------------------- NVML's recovery action
+
+
+def test_nvmls_recovery_action_is_a_finding_whose_action_the_driver_decides() -> None:
+    det = HardwareDetector()
+    gpus = [gpu_entry(i, recovery_action=4 if i == 6 else 0) for i in range(8)]
+    findings = detect([orjson.dumps(telemetry(NODE, T0, gpus, seq=1))], det)
+    f = latest(findings, "xid", "recovery_action")
+    assert f["gpu"] == 6 and f["severity"] == "critical" and f["evidence"]["action"] == "drain_node"
+    assert drain_reason(f) == "GPU recovery action: drain and reset"
+    reset = [gpu_entry(i, recovery_action=1 if i == 2 else 0) for i in range(8)]
+    f = latest(detect([orjson.dumps(telemetry(NODE, T0, reset, seq=1))]), "xid", "recovery_action")
+    assert f["evidence"]["action"] == "reset_gpu" and drain_reason(f) == "GPU recovery action: GPU reset"
+    assert drain_reason(f, gpu_reset_automated=True) is None
+    # a value this release does not name (a newer driver): a warning to look at, never a drain
+    newer = [gpu_entry(i, recovery_action=9 if i == 0 else 0) for i in range(8)]
+    f = latest(detect([orjson.dumps(telemetry(NODE, T0, newer, seq=1))]), "xid", "recovery_action")
+    assert f["severity"] == "warning" and drain_reason(f) is None

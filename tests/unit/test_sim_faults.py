@@ -16,6 +16,7 @@ import pytest
 from fleetwatch import schemas, topics
 from fleetwatch.collectors.sim import KINDS, Simulation
 from fleetwatch.collectors.sim import nvidia as nv
+from fleetwatch.collectors.sim.kernel_log import gpu_pci
 from fleetwatch.collectors.sim.scenario import parse_scenario
 
 NODE = 3  # node number in fault entries (gpu-node-0003)
@@ -284,6 +285,52 @@ def check_lemon(sim, ticks, s, b, k0, fk, truths) -> None:
     assert len(xid_ticks) >= 3 and len(failed) >= 2  # repeated incidents that fail its jobs
 
 
+def _kernel(m: dict[str, Any]) -> list[dict[str, Any]]:
+    return m.get("kernel", {}).get("events", [])
+
+
+def _quiet_before(s, k0: int) -> None:
+    """Nothing in the node's kernel log before the fault: the sim sends no section for a quiet tick."""
+    assert all("kernel" not in s[k] for k in range(k0) if k in s)
+
+
+def check_nvswitch_fatal(sim, ticks, s, b, k0, fk, truths) -> None:
+    _quiet_before(s, k0)
+    [e] = _kernel(s[k0])
+    assert (e["kind"], e["code"], e["severity"]) == ("sxid", 20034, "fatal") and "gpu" not in e
+    assert all(not gpu(s[k0], g)["xids"] for g in range(8))  # NVML says nothing
+    assert failed_jobs_at(ticks, k0)
+
+
+def check_pcie_aer_fatal(sim, ticks, s, b, k0, fk, truths) -> None:
+    _quiet_before(s, k0)
+    [e] = _kernel(s[k0])
+    assert (e["kind"], e["severity"], e["gpu"]) == ("aer", "fatal", GPU) and "AER" in e["text"]
+    assert failed_jobs_at(ticks, k0)
+
+
+def check_fallen_off_bus(sim, ticks, s, b, k0, fk, truths) -> None:
+    _quiet_before(s, k0)
+    [e] = _kernel(s[k0])
+    assert (e["kind"], e["gpu"]) == ("fallen_off_bus", GPU) and "code" not in e
+    assert not gpu(s[k0])["xids"]  # no XID number: NVML has no event for it
+    _lost_after(s, k0 + 1)
+
+
+def check_nvlink5_fatal(sim, ticks, s, b, k0, fk, truths) -> None:
+    assert gpu(s[k0])["xids"] == [149]  # NVML: the code alone
+    [e] = _kernel(s[k0])  # the line: Fatal, the link
+    assert (e["kind"], e["code"], e["severity"], e["link"], e["gpu"]) == ("xid", 149, "fatal", 1, GPU)
+    assert failed_jobs_at(ticks, k0)
+
+
+def check_kmsg_overrun(sim, ticks, s, b, k0, fk, truths) -> None:
+    _quiet_before(s, k0)
+    assert s[k0]["kernel"]["missed"] == 5000 and _kernel(s[k0]) == []
+    assert "kernel" not in s[k0 + 1] and not failed_jobs_at(ticks, k0)
+    assert truths[0]["hardware"] is False
+
+
 CHECKS = {
     "xid79": check_xid79,
     "xid119": check_xid119,
@@ -301,7 +348,28 @@ CHECKS = {
     "ib_symbol_errors": check_ib_symbol_errors,
     "straggler": check_straggler,
     "lemon": check_lemon,
+    "nvswitch_fatal": check_nvswitch_fatal,
+    "pcie_aer_fatal": check_pcie_aer_fatal,
+    "fallen_off_bus": check_fallen_off_bus,
+    "nvlink5_fatal": check_nvlink5_fatal,
+    "kmsg_overrun": check_kmsg_overrun,
 }
+
+
+def test_every_xid_is_in_the_kernel_log_too_with_the_same_gpu() -> None:
+    """A node runs the kernel source next to NVML: each XID NVML reports is a kernel-log event of
+    the same code and GPU, with the PCI address the GPU has (as the real source names it)."""
+    _sim, ticks = run(scenario_doc([fault_entry("lemon")]))
+    s = node_series(ticks)
+    pairs = 0
+    for m in s.values():
+        nvml = sorted((g["index"], x) for g in m["gpus"] for x in g.get("xids", []))
+        logged = sorted((e["gpu"], e["code"]) for e in _kernel(m) for _ in range(e["count"]))
+        assert nvml == logged
+        pairs += len(nvml)
+        for e in _kernel(m):
+            assert e["pci"] == gpu_pci(e["gpu"]) and e["text"].startswith("NVRM: Xid (PCI:")
+    assert pairs >= 5
 
 
 def test_every_kind_has_a_check() -> None:

@@ -13,6 +13,7 @@ import yaml
 from fleetwatch import cli
 from fleetwatch.collectors.sim import KINDS, load_scenario, packaged_path, packaged_scenarios
 from fleetwatch.collectors.sim.scenario import parse_scenario
+from fleetwatch.pipeline.scorecard import ACCEPTED
 
 
 def write(tmp_path: Path, doc: Any, name: str = "s.yaml") -> Path:
@@ -35,7 +36,15 @@ def test_default_has_every_kind_and_untouched_nodes() -> None:
     assert {f.kind for f in sc.faults} == set(KINDS)
     assert len({f.onset_s for f in sc.faults}) == len(sc.faults)  # each at its own time
     touched = {f.node for f in sc.faults}
-    assert len(touched) == len(sc.faults)  # one fault per node: truth per node is unambiguous
+    # Truth is unambiguous: faults that share a node (the kernel log's, beside earlier ones) sit on
+    # other GPUs, and no finding kind that detects one detects another there without a GPU.
+    for node in touched:
+        here = [f for f in sc.faults if f.node == node]
+        gpus = [f.gpu for f in here if f.gpu is not None]
+        assert len(gpus) == len(set(gpus)), here
+        node_wide = [k for f in here if f.gpu is None for k in ACCEPTED[f.kind]]
+        others = [k for f in here for k in ACCEPTED[f.kind]]
+        assert all(others.count(k) == 1 for k in node_wide), here
     assert sc.nodes - len(touched) >= sc.nodes // 4
     assert not sc.background.enabled
     assert not load_scenario(packaged_path("healthy.yaml")).faults
