@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher
+from fleetwatch.collectors.sim.kinds import KINDS
 from fleetwatch.demo import StormWatch, storm_from_annotations
 from tests.helpers.paths import REPO
 from tests.integration.services import Alertmanager
@@ -45,8 +46,9 @@ def test_demo_runs_and_writes_its_scorecard_and_picture(kafka_bootstrap: str) ->
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "INJECT" in r.stdout and "CRITICAL" in r.stdout and "scorecard" in r.stdout, r.stdout[-4000:]
     card = json.loads((out / "scorecard.json").read_text())
-    sudden = [k for k in card["per_fault_kind"].values() if k["category"] == "sudden"]
-    assert len(sudden) == 8 and all(k["recall"] == 1.0 for k in sudden), card["per_fault_kind"]
+    sudden = {name: k for name, k in card["per_fault_kind"].items() if k["category"] == "sudden"}
+    assert set(sudden) == {name for name, spec in KINDS.items() if spec.category == "sudden"}
+    assert all(k["recall"] == 1.0 for k in sudden.values()), card["per_fault_kind"]
     assert card["false_findings_on_healthy_nodes"] == 0
     png = (out / "fleet.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
