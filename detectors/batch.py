@@ -30,10 +30,11 @@ Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
   `ib_active` (P,) 1.0 if the port state is ACTIVE, 0.0 if another state, NaN if not reported;
   `ib_state_idx` (P,) index into `ib_state_names`, the distinct states as reported (None: not
   reported), for evidence; `ib_state` spells them out per port.
-- Kernel-log sections (telemetry/1 `kernel`, sent only in samples where the kernel log had
-  something to say): `kernel_msg` (S,) the rows of the messages that carry one, `kernel` (S,) the
-  sections as plain dicts. They are rare and their events are few, so they stay objects: the
-  detectors read their events one by one (detectors/kernel_events.py judges each).
+- Sections sent only when there is something to say (SPARSE_SECTIONS): the kernel log's events
+  (telemetry/1 `kernel`) and the failing node checks' names (`checks`). For each, `<name>_msg`
+  (S,) the rows of the messages that carry one and `<name>` (S,) the sections as plain dicts,
+  with the fields the contract names (an empty list left out). They are rare and short, so they stay objects: detectors
+  read them one by one (detectors/kernel_events.py judges each kernel event).
 
 NVML's "not available" values (fleetwatch.schemas.NVML_NOT_AVAILABLE) become NaN: absent.
 Counters become float64: exact up to 2**53, far above any ECC/XID/link-error count; byte counters
@@ -55,6 +56,7 @@ import msgspec
 import numpy as np
 
 from fleetwatch.schemas import (
+    CHECK_LISTS,
     GPU_FIELDS,
     HOST_FIELDS,
     IB_FIELDS,
@@ -160,23 +162,34 @@ def _struct_ports(msg: Any) -> Any:
     return (net.ib or ()) if net else ()
 
 
-def _kernel_of_struct(section: Any) -> dict[str, Any]:
-    """A decoded kernel section as the dict its message held: the decoder gives an absent numeric
-    field of an event NaN (fleetwatch/fast_schema.py), which is left out here, as in the message."""
+SPARSE_SECTIONS = ("kernel", "checks")
+# each sparse section's lists of entries, and the fields the contract names for their entries
+_SPARSE_LISTS: dict[str, dict[str, frozenset[str]]] = {
+    "kernel": {"events": frozenset({"kind", *KERNEL_EVENT_FIELDS})},
+    "checks": {key: frozenset(spec) for key, spec, _required in CHECK_LISTS},
+}
+_SPARSE_SCALARS = {"kernel": frozenset({"boot", *KERNEL_COUNTS}), "checks": frozenset()}
+
+
+def _sparse_of_struct(name: str, section: Any) -> dict[str, Any]:
+    """A decoded sparse section as the dict its message held: the decoder gives an absent numeric
+    field of an entry NaN (fleetwatch/fast_schema.py), which is left out here, as in the message."""
     out: dict[str, Any] = msgspec.to_builtins(section)
-    out["events"] = [{k: v for k, v in e.items() if v == v} for e in out.get("events", ())]
+    for key in _SPARSE_LISTS[name]:
+        if out.get(key):
+            out[key] = [{k: v for k, v in e.items() if v == v} for e in out[key]]
+        else:
+            out.pop(key, None)  # an empty list is no list (a struct's default is [])
     return out
 
 
-_KERNEL_KEYS = frozenset({"boot", "events", *KERNEL_COUNTS})
-_EVENT_KEYS = frozenset({"kind", *KERNEL_EVENT_FIELDS})
-
-
-def _kernel_of_dict(section: dict[str, Any]) -> dict[str, Any]:
-    """A kernel section of a validated dict with only the fields the contract names, as the
-    decoder reads it (an event's fields a consumer does not know are valid, and ignored)."""
-    out = {k: v for k, v in section.items() if k in _KERNEL_KEYS}
-    out["events"] = [{k: v for k, v in e.items() if k in _EVENT_KEYS} for e in section.get("events", ())]
+def _sparse_of_dict(name: str, section: dict[str, Any]) -> dict[str, Any]:
+    """A sparse section of a validated dict with only the fields the contract names, as the
+    decoder reads it (an entry's fields a consumer does not know are valid, and ignored)."""
+    out = {k: v for k, v in section.items() if k in _SPARSE_SCALARS[name]}
+    for key, fields in _SPARSE_LISTS[name].items():
+        if section.get(key):
+            out[key] = [{k: v for k, v in e.items() if k in fields} for e in section[key]]
     return out
 
 
@@ -197,7 +210,7 @@ class _Access:
     port_key: Callable[[Any], tuple[Any, Any]]  # a port's (device, port), "" where absent
     state: Callable[[Any], Any]  # a port's state (absent: None or UNSET)
     table: Callable[[list[Any], tuple[str, ...]], np.ndarray]  # rows of numeric fields
-    kernel: Callable[[Any], Any]  # the kernel-log section as a plain dict (absent: false)
+    sparse: Callable[[str, Any], Any]  # a sparse section as a plain dict (absent: false)
 
 
 _STRUCTS = _Access(
@@ -210,7 +223,7 @@ _STRUCTS = _Access(
     port_key=attrgetter("device", "port"),  # absent parts decode to ""
     state=attrgetter("state"),
     table=_attr_table,
-    kernel=lambda x: _kernel_of_struct(x.kernel) if x.kernel else None,
+    sparse=lambda name, x: _sparse_of_struct(name, s) if (s := getattr(x, name)) else None,
 )
 _DICTS = _Access(
     *map(itemgetter, ("node", "ts", "seq", "gpus")),
@@ -223,7 +236,7 @@ _DICTS = _Access(
     port_key=lambda p: (p.get("device", ""), p.get("port", "")),
     state=methodcaller("get", "state"),
     table=_item_table,
-    kernel=lambda x: _kernel_of_dict(x["kernel"]) if x.get("kernel") else None,
+    sparse=lambda name, x: _sparse_of_dict(name, s) if (s := x.get(name)) else None,
 )
 
 
@@ -269,6 +282,8 @@ class TelemetryBatch:
     instance: np.ndarray
     kernel_msg: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
     kernel: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    checks_msg: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -304,7 +319,13 @@ class TelemetryBatch:
         remap[used] = np.arange(len(used))
         xk = _entries_of(new_row, self.xid_msg)
         pk = _entries_of(new_row, self.ib_msg)
-        kk = _entries_of(new_row, self.kernel_msg)
+        sparse: dict[str, Any] = {}
+        for name in SPARSE_SECTIONS:
+            rows_of = getattr(self, f"{name}_msg")
+            kept = _entries_of(new_row, rows_of)
+            sections = getattr(self, name)
+            sparse[f"{name}_msg"] = new_row[rows_of[kept]]
+            sparse[name] = [sections[i] for i in kept.tolist()]
         return TelemetryBatch(
             node_names=[self.node_names[i] for i in used.tolist()],
             node_idx=remap[codes],
@@ -326,8 +347,7 @@ class TelemetryBatch:
             ib_active=self.ib_active[pk],
             ib_state_names=self.ib_state_names,
             ib_state_idx=self.ib_state_idx[pk],
-            kernel_msg=new_row[self.kernel_msg[kk]],
-            kernel=[self.kernel[i] for i in kk.tolist()],
+            **sparse,
         )
 
     @classmethod
@@ -383,8 +403,8 @@ class TelemetryBatch:
             ib_active=cat("ib_active"),
             ib_state_names=state_names,
             ib_state_idx=cat("ib_state_idx", state_off),
-            kernel_msg=cat("kernel_msg", m[:-1].tolist()),
-            kernel=[k for p in parts for k in p.kernel],
+            **{f"{name}_msg": cat(f"{name}_msg", m[:-1].tolist()) for name in SPARSE_SECTIONS},
+            **{name: [k for p in parts for k in getattr(p, name)] for name in SPARSE_SECTIONS},
         )
 
     def nodes(self) -> list[str]:
@@ -446,8 +466,6 @@ class TelemetryBatch:
         key_ix = _codes_of(port_keys)
         states = list(map(a.state, plist))
         state_ix = _codes_of(states)
-        sections = list(map(a.kernel, msgs))
-        kernel_rows = [i for i, k in enumerate(sections) if k] if any(sections) else []
         batch = cls._assemble(
             list(name_ix),
             node_idx,
@@ -466,9 +484,12 @@ class TelemetryBatch:
             np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
             np.fromiter(map(a.instance, msgs), np.int64, count=m),
         )
-        if kernel_rows:
-            batch.kernel_msg = np.array(kernel_rows, dtype=np.int64)
-            batch.kernel = [sections[i] for i in kernel_rows]
+        for name in SPARSE_SECTIONS:
+            sections = [a.sparse(name, x) for x in msgs]
+            rows = [i for i, x in enumerate(sections) if x] if any(sections) else []
+            if rows:
+                setattr(batch, f"{name}_msg", np.array(rows, dtype=np.int64))
+                setattr(batch, name, [sections[i] for i in rows])
         return batch
 
     @classmethod
