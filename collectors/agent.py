@@ -239,7 +239,35 @@ def source_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if kernel := _kernel_options(args):
         options["kernel"] = kernel
     options["dcgm"] = _dcgm_options(args)
+    if host := _host_options(args):
+        options["host"] = host
     return options
+
+
+def _host_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The host source's node checks: the mounts and block devices this node must have (--mount,
+    --blockdev) and how mounts are probed; none configured, no options. sample() waits for the
+    mount probes it started at most 0.2 s, and never more than a quarter of the time the agent
+    gives the whole call: a probe that takes longer is judged at the next samples."""
+    from fleetwatch.collectors.blockdevs import MAX_NAMED, check_blockdev_name
+    from fleetwatch.collectors.mounts import MAX_MOUNTS, check_probe_dir, parse_mount_spec
+
+    mounts = list({s.path: s for s in map(parse_mount_spec, getattr(args, "mount", None) or [])}.values())
+    blockdevs = [check_blockdev_name(n) for n in getattr(args, "blockdev", None) or []]
+    if len(mounts) > MAX_MOUNTS or len(set(blockdevs) - {"all"}) > MAX_NAMED:
+        raise ValueError(f"at most {MAX_MOUNTS} mounts and {MAX_NAMED} block devices can be checked")
+    if not mounts and not blockdevs:
+        return {}
+    budget = min(getattr(args, "interval", 1.0), getattr(args, "call_timeout", 5.0))
+    return {
+        "mounts": mounts,
+        "blockdevs": blockdevs,
+        "mount_deadline_s": getattr(args, "mount_deadline", 10.0),
+        "mount_interval_s": getattr(args, "mount_interval", 10.0),
+        "mount_wait_s": min(0.2, 0.25 * budget),
+        "mount_probe": getattr(args, "mount_probe", "write"),
+        "mount_probe_dir": check_probe_dir(getattr(args, "mount_probe_dir", ".fleetwatch-probe")),
+    }
 
 
 def _kernel_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Host telemetry from procfs and statvfs: telemetry/1 `host` {cpu_util, mem_used_frac, load1,
-disk_used_frac, procs_d_state}.
+disk_used_frac, inodes_used_frac, procs_d_state}, and the node checks of required mounts and
+block devices (their counts in `host`, the names of the failing ones in `checks`).
 
 Definitions (each field is left out when its file cannot be read or parsed):
 
@@ -14,16 +15,25 @@ Definitions (each field is left out when its file cannot be read or parsed):
 - load1: the first field of /proc/loadavg.
 - disk_used_frac: used / (used + available to unprivileged users) of `disk_path`, as `df` computes
   Use%: blocks reserved for root count neither as used nor as available.
+- inodes_used_frac: (f_files - f_ffree) / f_files of `disk_path`, as `df -i` computes IUse%
+  (coreutils src/df.c, get_field_values: inodes reserved for root count as free); left out where
+  the file system reports no inode count (btrfs).
 - procs_d_state: processes (thread-group leaders listed in /proc) in state D, uninterruptible
   sleep: the mark of a hung NFS/Lustre mount or a wedged driver. A process that exits while being
   scanned is skipped.
+- mounts_* (collectors/mounts.py), blockdevs_* (collectors/blockdevs.py): counts over the
+  configured mounts and block devices, absent when none is configured; `checks` names the ones
+  that fail and is sent only then (a healthy node's samples keep the scanner's fast path).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
+from fleetwatch.collectors.blockdevs import BlockDevChecker
+from fleetwatch.collectors.mounts import DEFAULT_PROBE_DIR, PROBE_WRITE, MountChecker, MountSpec
 from fleetwatch.collectors.sources import SingleFlight, leading_float
 
 # /proc/stat `cpu` columns: user nice system idle iowait irq softirq steal [guest guest_nice]
@@ -91,14 +101,46 @@ def process_state(stat: str) -> str | None:
 
 class HostSource:
     """`sample()` -> {"host": {"cpu_util": ..., "mem_used_frac": ..., "load1": ...,
-    "disk_used_frac": ..., "procs_d_state": ...}} with unreadable fields left out."""
+    "disk_used_frac": ..., "procs_d_state": ..., ...}} with unreadable fields left out, and
+    {"checks": {"mounts": [...], "blockdevs": [...]}} beside it when a configured one fails.
+
+    mounts: the mounts required (MountSpec, or "PATH[:rw|:ro]"); mount_deadline_s: a probe
+    running longer is hung; mount_interval_s: seconds between probes of one mount; mount_wait_s:
+    the most sample() waits for the probes it started; mount_probe, mount_probe_dir: how to test
+    writing (collectors/mounts.py). blockdevs: the block devices expected (names, or "all")."""
 
     name = "host"
 
-    def __init__(self, proc_root: str = "/proc", disk_path: str = "/") -> None:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        disk_path: str = "/",
+        sys_root: str = "/sys",
+        mounts: Sequence[MountSpec | str] = (),
+        mount_deadline_s: float = 10.0,
+        mount_interval_s: float = 10.0,
+        mount_wait_s: float = 0.2,
+        mount_probe: str = PROBE_WRITE,
+        mount_probe_dir: str = DEFAULT_PROBE_DIR,
+        blockdevs: Sequence[str] = (),
+    ) -> None:
         self._proc = os.fspath(proc_root)
         self._disk_path = os.fspath(disk_path)
         self._guard = SingleFlight(self.name)
+        self._mounts = (
+            MountChecker(
+                mounts,
+                mountinfo=os.path.join(self._proc, "self", "mountinfo"),
+                deadline_s=mount_deadline_s,
+                interval_s=mount_interval_s,
+                wait_s=mount_wait_s,
+                probe=mount_probe,
+                probe_dir=mount_probe_dir,
+            )
+            if mounts
+            else None
+        )
+        self._blockdevs = BlockDevChecker(blockdevs, sys_root) if blockdevs else None
         self._cpu_before = self._cpu_times()  # primes cpu_util for the first sample()
 
     def sample(self) -> dict[str, Any]:
@@ -109,9 +151,21 @@ class HostSource:
             _put(host, "mem_used_frac", parse_mem_used_frac(meminfo) if meminfo is not None else None)
             loadavg = _read(os.path.join(self._proc, "loadavg"))
             _put(host, "load1", parse_load1(loadavg) if loadavg is not None else None)
-            _put(host, "disk_used_frac", self._disk_used_frac())
+            disk = self._statvfs()
+            _put(host, "disk_used_frac", disk_used_frac(disk) if disk is not None else None)
+            _put(host, "inodes_used_frac", inodes_used_frac(disk) if disk is not None else None)
             _put(host, "procs_d_state", self._procs_d_state())
-            return {"host": host}
+            out: dict[str, Any] = {"host": host}
+            checks: dict[str, list[dict[str, Any]]] = {}
+            for key, checker in (("mounts", self._mounts), ("blockdevs", self._blockdevs)):
+                if checker is not None:
+                    counts, failing = checker.check()
+                    host.update(counts)
+                    if failing:
+                        checks[key] = failing
+            if checks:  # only when something fails: a healthy node sends no `checks`
+                out["checks"] = checks
+            return out
 
     def close(self) -> None:
         """Nothing to release: every file is opened and closed within sample()."""
@@ -127,16 +181,11 @@ class HostSource:
             return None
         return cpu_percent(before, now)
 
-    def _disk_used_frac(self) -> float | None:
+    def _statvfs(self) -> os.statvfs_result | None:
         try:
-            st = os.statvfs(self._disk_path)
+            return os.statvfs(self._disk_path)
         except OSError:
             return None
-        used = st.f_blocks - st.f_bfree
-        usable = used + st.f_bavail
-        if usable <= 0:  # pseudo filesystems report zero blocks
-            return None
-        return min(max(used / usable, 0.0), 1.0)
 
     def _procs_d_state(self) -> int | None:
         try:
@@ -149,6 +198,20 @@ class HostSource:
             if stat is not None and process_state(stat) == "D":
                 count += 1
         return count
+
+
+def disk_used_frac(st: os.statvfs_result) -> float | None:
+    used = st.f_blocks - st.f_bfree
+    usable = used + st.f_bavail
+    if usable <= 0:  # pseudo filesystems report zero blocks
+        return None
+    return min(max(used / usable, 0.0), 1.0)
+
+
+def inodes_used_frac(st: os.statvfs_result) -> float | None:
+    if st.f_files <= 0:  # no inode count (btrfs, pseudo filesystems)
+        return None
+    return min(max((st.f_files - st.f_ffree) / st.f_files, 0.0), 1.0)
 
 
 def _put(out: dict[str, Any], key: str, value: Any) -> None:

@@ -66,6 +66,60 @@ def _nonneg_float(text: str) -> float:
     return v
 
 
+def _checked(check: Callable[[str], Any], text: str) -> str:
+    """`text` as written, once a collector's own parser (imported only when the flag is given) took it."""
+    try:
+        check(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _mount_spec(text: str) -> str:
+    from fleetwatch.collectors.mounts import parse_mount_spec
+
+    return _checked(parse_mount_spec, text)
+
+
+def _probe_dir(text: str) -> str:
+    from fleetwatch.collectors.mounts import check_probe_dir
+
+    return _checked(check_probe_dir, text)
+
+
+def _blockdev(text: str) -> str:
+    from fleetwatch.collectors.blockdevs import check_blockdev_name
+
+    return _checked(check_blockdev_name, text)
+
+
+class _Repeated(argparse.Action):
+    """A flag given once per value (--mount A --mount B), collected into a list; in the file, a list
+    of strings. Values given on the command line replace the file's list, which is the flag's
+    default: argparse's "append" would add to it, and a flag given overrides the file."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        items = [] if current is None or current is self.default else list(current)
+        setattr(namespace, self.dest, [*items, values])
+
+
+def _file_list(action: argparse.Action) -> Callable[[Any], Any]:
+    """A repeated flag's key in the file: a list of strings, each checked as the flag checks it."""
+
+    def convert(value: Any) -> list[Any]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError("a list of strings")
+        try:
+            return [action.type(v) if callable(action.type) else v for v in value]
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise ValueError(f"a list of valid values ({e})") from None
+
+    return convert
+
+
 _EXPECTED: dict[Any, str] = {
     int: "an integer",
     float: "a number",
@@ -77,6 +131,8 @@ _EXPECTED: dict[Any, str] = {
 
 def _file_flag(action: argparse.Action) -> config.Flag:
     """A flag as a key of its command's section: the file's value checked as the flag's own are."""
+    if isinstance(action, _Repeated):
+        return config.Flag(action.dest, action.default, action.help or "", _file_list(action))
     if action.nargs == 0:  # store_true / store_false
         expected = "true or false"
     elif action.choices:
@@ -201,6 +257,53 @@ def build_parser() -> _Parser:
         "--journal-args",
         default=None,
         help="journalctl's arguments for a journal kept elsewhere (--kernel-log journal): '-D /srv/journal'",
+    )
+    # the host source's node checks (collectors/mounts.py, collectors/blockdevs.py)
+    p.add_argument(
+        "--mount",
+        action=_Repeated,
+        type=_mount_spec,
+        default=None,
+        metavar="PATH[:rw|:ro]",
+        help="a mount point this node must have, writable unless :ro (give the flag once per mount; "
+        "in the file, a list)",
+    )
+    p.add_argument(
+        "--mount-deadline",
+        type=_positive_float,
+        default=10.0,
+        help="seconds after which a mount's probe that has not returned counts as hung (a loaded NFS "
+        "or Lustre server answers a small fsync in a few seconds; a dead one, never)",
+    )
+    p.add_argument(
+        "--mount-interval",
+        type=_positive_float,
+        default=10.0,
+        help="seconds between probes of one mount (a few metadata operations on a shared server, "
+        "from every node)",
+    )
+    p.add_argument(
+        "--mount-probe",
+        choices=("write", "access"),
+        default="write",
+        help="how a mount that must be writable is probed: create, write, fsync and unlink a file, "
+        "or access(W_OK) where the site allows no writes",
+    )
+    p.add_argument(
+        "--mount-probe-dir",
+        type=_probe_dir,
+        default=".fleetwatch-probe",
+        help="the directory in each mount the write probe writes in (made when missing; . for the "
+        "mount's root)",
+    )
+    p.add_argument(
+        "--blockdev",
+        action=_Repeated,
+        type=_blockdev,
+        default=None,
+        metavar="NAME",
+        help="a block device this node must have: sda, nvme0n1, or all (every fixed whole disk the "
+        "first sample finds); give the flag once per device (in the file, a list)",
     )
     _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.agent:run")
