@@ -553,6 +553,9 @@ def _at(m: dict[str, Any], path: list[Any], value: Any) -> dict[str, Any]:
         (["checks", "mounts", 0, "path"], "/\x1b[31mred", "out_of_range", "is not an absolute path"),
         (["checks", "mounts", 0, "path"], "/x\x85", "out_of_range", "is not an absolute path"),
         (["checks", "mounts", 0, "path"], "/x\u2028y", "out_of_range", "is not an absolute path"),
+        # a path that is not UTF-8 (a lone surrogate): msgspec refuses the JSON itself (as
+        # strict_json does in decode()), anywhere in a message, so it stays out of the fuzz below
+        (["checks", "mounts", 0, "path"], "/x\udc80", "out_of_range", "is not an absolute path"),
         (
             ["checks", "mounts", 0, "path"],
             "/" + "a" * 256,
@@ -612,7 +615,6 @@ check_values = field_values | st.sampled_from(
         "/x\x7f",
         "/x\x9f",
         "/x\u2029",
-        "/x\udc80",
         "/" + "a" * 255,
         "/" + "a" * 256,
         "",
