@@ -49,7 +49,8 @@ Three passes:
    for "gpus", _flat_object for "host" and each port, _net_object -> _port_list for "net",
    _agent_object for "agent". Values go straight into the output arrays at the next free row.
 3. Python (scan_spans): strings were recorded as (start, end) spans into buf; _intern gives each
-   distinct node name / IB port / IB state a code, and only the distinct ones become str.
+   distinct node name / IB port / IB state / Ethernet iface / Ethernet state a code, and only the
+   distinct ones become str.
 
 Taken or left: _message returns _OK when it reached the end of the object, with nothing after
 it and every required key seen; on any doubt it returns _BAIL at once. _scan advances its row
@@ -60,8 +61,9 @@ of rows: _scan stops, and scan_spans runs the whole batch again (from scratch) w
 
 Output rows (the Scan fields): one row per taken message (node span, ts, seq, host); one per GPU
 object (entries, entry_lost, entry_msg = its message's row); one per XID (xid_entry = its GPU
-entry's row, xid_code); one per IB port (ib, ib_spans, ib_msg). Ethernet ports are checked, not
-kept. Absent numeric fields are NaN.
+entry's row, xid_code); one per IB port (ib, ib_spans, ib_msg); one per Ethernet port (eth,
+eth_spans: its iface in the device columns, its state in the state columns; eth_msg). Absent
+numeric fields are NaN.
 
 Key prediction (key_guess): collectors write an object's keys in the same order every time, so
 key_guess[id] remembers the id of the key that followed key `id` last time, and
@@ -99,8 +101,9 @@ UNKNOWN = -1  # a key the contract does not name here: the message is left to th
 T_SCHEMA, T_NODE, T_TS, T_SEQ, T_GPUS, T_HOST, T_NET, T_AGENT = (-2, -3, -4, -5, -6, -7, -8, -9)
 G_UUID, G_XIDS, G_LOST = -2, -3, -4
 N_IB, N_ETH = -2, -3
-P_DEVICE, P_PORT, P_STATE = -2, -3, -4  # IB ports; Ethernet's iface/state are plain strings (-5)
-STRING = -5  # a string checked and not kept (ETH and AGENT only, where -5 means nothing else)
+# IB ports; an Ethernet port's iface is kept as a device is, its state as a state
+P_DEVICE, P_PORT, P_STATE = -2, -3, -4
+STRING = -5  # a string checked and not kept (AGENT only, where -5 means nothing else)
 A_SOURCE_ERRORS, A_INSTANCE = -2, -3
 
 # The numeric columns of each output row, in order: the Scan arrays' second axis.
@@ -130,7 +133,7 @@ def _tables() -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray
         HOST: {},
         NET: {"ib": N_IB, "eth": N_ETH},
         IB: {"device": P_DEVICE, "port": P_PORT, "state": P_STATE},
-        ETH: {"iface": STRING, "state": STRING},
+        ETH: {"iface": P_DEVICE, "state": P_STATE},
         AGENT: {"source_errors": A_SOURCE_ERRORS, "version": STRING, "instance": A_INSTANCE},
     }
     columns = {
@@ -238,10 +241,11 @@ _NULL_BYTES = np.frombuffer(b"null", dtype=np.uint8).copy()
 # Status of a message (_message, _scan) or of one of its parts (_gpu_list, _net_object, ...).
 _OK = 0  # read in full: the message is taken
 _BAIL = -1  # the message is left to fast_schema
-_FULL_ENTRIES, _FULL_IB, _FULL_XIDS = 1, 2, 3  # an output array is full: the caller retries with more room
+_FULL_ENTRIES, _FULL_IB, _FULL_XIDS, _FULL_ETH = 1, 2, 3, 4  # an output array is full: retried with more room
 _XIDS_FULL = -2  # _gpu_object's end index when xid_entry / xid_code are full
 
-# ib_spans columns: (start, end) in buf of an IB port's device, port and state text, -1 absent.
+# ib_spans (and eth_spans) columns: (start, end) in buf of an IB port's device, port and state text
+# (an Ethernet port's iface and state), -1 absent.
 _DEVICE_SPAN, _PORT_SPAN, _STATE_SPAN = 0, 2, 4
 _SPAN_COLS = 6
 
@@ -584,8 +588,8 @@ def _numeric(buf, i, e, ctx, col):  # type: ignore[no-untyped-def]
 @njit(cache=True, _nrt=False)
 def _flat_object(buf, i, e, ctx, out, row, spans, key_guess):  # type: ignore[no-untyped-def]
     """A host, IB-port or Ethernet object (no nested objects) at buf[i] ('{'): numbers into
-    out[row], an IB port's device / port / state spans into spans[row] (-1: absent). The index
-    after it, or -1."""
+    out[row], an IB port's device / port / state spans (an Ethernet port's iface / state) into
+    spans[row] (-1: absent). The index after it, or -1."""
     i, closed = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)  # the caller saw the '{'
     seen = 0
     prev = _GUESS_FIRST + ctx
@@ -740,65 +744,62 @@ def _gpu_list(  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, _nrt=False)
-def _port_list(  # type: ignore[no-untyped-def]
-    buf, i, e, is_ib, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess
-):  # fmt: skip
-    """An "ib" (is_ib) or "eth" array at buf[i] of message row `row`: IB ports get rows of ib
-    and ib_spans from n_ib; Ethernet ports are checked into a scratch row and dropped (no detector
-    reads them yet). (status: _OK, _BAIL or _FULL_IB; the index after the array; the new n_ib)."""
+def _port_list(buf, i, e, ctx, row, n, out, spans, msg, key_guess):  # type: ignore[no-untyped-def]
+    """An "ib" (ctx IB) or "eth" (ctx ETH) array at buf[i] of message row `row`: each port gets
+    rows of out and spans from n, and msg[its row] = row. (status: _OK, _BAIL, or _FULL_IB /
+    _FULL_ETH when out is full; the index after the array; the new n)."""
     i, empty = _opened(buf, i, e, _OPEN_ARRAY, _CLOSE_ARRAY)
     if i < 0:
-        return _BAIL, -1, n_ib
+        return _BAIL, -1, n
     count = 0
     while not empty:
         if i >= e or buf[i] != _OPEN_OBJECT:
-            return _BAIL, -1, n_ib
+            return _BAIL, -1, n
         count += 1
         if count > _MAX_PORTS:
-            return _BAIL, -1, n_ib
-        if is_ib:
-            if n_ib >= ib.shape[0]:
-                return _FULL_IB, -1, n_ib
-            for k in range(ib.shape[1]):
-                ib[n_ib, k] = np.nan  # absent fields stay NaN
-            for k in range(_SPAN_COLS):
-                ib_spans[n_ib, k] = -1  # absent texts
-            i = _flat_object(buf, i, e, IB, ib, n_ib, ib_spans, key_guess)
-            ib_msg[n_ib] = row
-            n_ib += 1
-        else:  # (an Ethernet port has no span fields: ib_spans is not written)
-            i = _flat_object(buf, i, e, ETH, eth_scratch, 0, ib_spans, key_guess)
+            return _BAIL, -1, n
+        if n >= out.shape[0]:
+            return (_FULL_IB if ctx == IB else _FULL_ETH), -1, n
+        for k in range(out.shape[1]):
+            out[n, k] = np.nan  # absent fields stay NaN
+        for k in range(_SPAN_COLS):
+            spans[n, k] = -1  # absent texts
+        i = _flat_object(buf, i, e, ctx, out, n, spans, key_guess)
         if i < 0:
-            return _BAIL, -1, n_ib
+            return _BAIL, -1, n
+        msg[n] = row
+        n += 1
         i, empty = _next_or_close(buf, i, e, _CLOSE_ARRAY)
         if i < 0:
-            return _BAIL, -1, n_ib
-    return _OK, i, n_ib
+            return _BAIL, -1, n
+    return _OK, i, n
 
 
 @njit(cache=True, _nrt=False)
-def _net_object(buf, i, e, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess):  # type: ignore[no-untyped-def]
-    """The "net" object at buf[i]: its "ib" and "eth" arrays (_port_list). (status: _OK, _BAIL or
-    _FULL_IB; the index after the object; the new n_ib)."""
+def _net_object(  # type: ignore[no-untyped-def]
+    buf, i, e, row, n_ib, n_eth, ib, ib_spans, ib_msg, eth, eth_spans, eth_msg, key_guess
+):  # fmt: skip
+    """The "net" object at buf[i]: its "ib" and "eth" arrays (_port_list). (status: _OK, _BAIL,
+    _FULL_IB or _FULL_ETH; the index after the object; the new n_ib, n_eth)."""
     i, closed = _opened(buf, i, e, _OPEN_OBJECT, _CLOSE_OBJECT)
     if i < 0:
-        return _BAIL, -1, n_ib
+        return _BAIL, -1, n_ib, n_eth
     seen = 0
     prev = _GUESS_FIRST + NET
     while not closed:
         field, prev, i, seen = _member_of(buf, i, e, NET, key_guess, prev, seen)
         if i < 0:
-            return _BAIL, -1, n_ib
-        if field in (N_IB, N_ETH):
-            status, i, n_ib = _port_list(
-                buf, i, e, field == N_IB, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess
-            )
-            if status != _OK:
-                return status, -1, n_ib
+            return _BAIL, -1, n_ib, n_eth
+        if field == N_IB:
+            status, i, n_ib = _port_list(buf, i, e, IB, row, n_ib, ib, ib_spans, ib_msg, key_guess)
+        else:  # N_ETH (the only other key NET names)
+            status, i, n_eth = _port_list(buf, i, e, ETH, row, n_eth, eth, eth_spans, eth_msg, key_guess)
+        if status != _OK:
+            return status, -1, n_ib, n_eth
         i, closed = _next_or_close(buf, i, e, _CLOSE_OBJECT)
         if i < 0:
-            return _BAIL, -1, n_ib
-    return _OK, i, n_ib
+            return _BAIL, -1, n_ib, n_eth
+    return _OK, i, n_ib, n_eth
 
 
 @njit(cache=True, _nrt=False)
@@ -849,17 +850,17 @@ def _agent_object(buf, i, e, row, instance, key_guess):  # type: ignore[no-untyp
 
 @njit(cache=True, _nrt=False)
 def _message(  # type: ignore[no-untyped-def]
-    buf, i, e, row, n_entries, n_xids, n_ib,
+    buf, i, e, row, n_entries, n_xids, n_ib, n_eth,
     node_span, ts, seq, instance, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib, ib_spans,
-    ib_msg, eth_scratch, key_guess,
+    ib_msg, eth, eth_spans, eth_msg, key_guess,
 ):  # fmt: skip
     """One message buf[i:e] as row `row`, its GPU entries from n_entries, XIDs from n_xids, IB
-    ports from n_ib: (status: _OK, _BAIL or _FULL_*; the new n_entries, n_xids, n_ib, which mean
-    something for _OK only)."""
-    at_entries, at_xids, at_ib = n_entries, n_xids, n_ib  # returned unchanged unless _OK
+    ports from n_ib, Ethernet ports from n_eth: (status: _OK, _BAIL or _FULL_*; the new n_entries,
+    n_xids, n_ib, n_eth, which mean something for _OK only)."""
+    at_entries, at_xids, at_ib, at_eth = n_entries, n_xids, n_ib, n_eth  # returned unchanged unless _OK
     i, closed = _opened(buf, _skip_space(buf, i, e), e, _OPEN_OBJECT, _CLOSE_OBJECT)
     if i < 0:
-        return _BAIL, at_entries, at_xids, at_ib
+        return _BAIL, at_entries, at_xids, at_ib, at_eth
     for k in range(host.shape[1]):
         host[row, k] = np.nan  # absent fields stay NaN
     instance[row] = 0  # not given
@@ -868,26 +869,26 @@ def _message(  # type: ignore[no-untyped-def]
     while not closed:
         field, prev, i, seen = _member_of(buf, i, e, TOP, key_guess, prev, seen)
         if i < 0:
-            return _BAIL, at_entries, at_xids, at_ib
+            return _BAIL, at_entries, at_xids, at_ib, at_eth
         if field in (T_SCHEMA, T_NODE):
             if buf[i] != _QUOTE:
-                return _BAIL, at_entries, at_xids, at_ib
+                return _BAIL, at_entries, at_xids, at_ib, at_eth
             j = _string_end(buf, i, e)
             if j < 0:
-                return _BAIL, at_entries, at_xids, at_ib
+                return _BAIL, at_entries, at_xids, at_ib, at_eth
             a, b = i + 1, j - 1  # the text between the quotes
             if field == T_NODE:
                 if not _name_ok(buf, a, b):
-                    return _BAIL, at_entries, at_xids, at_ib
+                    return _BAIL, at_entries, at_xids, at_ib, at_eth
                 node_span[row, 0] = a
                 node_span[row, 1] = b
             elif b - a != len(SCHEMA_BYTES) or not _spelled(buf, a, b, SCHEMA_BYTES):
-                return _BAIL, at_entries, at_xids, at_ib
+                return _BAIL, at_entries, at_xids, at_ib, at_eth
             i = j
         elif field in (T_TS, T_SEQ):
             j, kind, iv, fv = _number(buf, i, e)
             if kind == _NO_NUMBER or fv < 0.0 or (field == T_SEQ and kind != _INT_TOKEN):
-                return _BAIL, at_entries, at_xids, at_ib
+                return _BAIL, at_entries, at_xids, at_ib, at_eth
             if field == T_TS:
                 ts[row] = fv
             else:
@@ -899,55 +900,57 @@ def _message(  # type: ignore[no-untyped-def]
                 entries, entry_lost, entry_msg, xid_entry, xid_code, key_guess,
             )  # fmt: skip
             if status != _OK:
-                return status, at_entries, at_xids, at_ib
+                return status, at_entries, at_xids, at_ib, at_eth
         elif field == T_HOST:
             if buf[i] != _OPEN_OBJECT:
-                return _BAIL, at_entries, at_xids, at_ib
+                return _BAIL, at_entries, at_xids, at_ib, at_eth
             # (the host object has no span fields: ib_spans is not written)
             i = _flat_object(buf, i, e, HOST, host, row, ib_spans, key_guess)
             if i < 0:
-                return _BAIL, at_entries, at_xids, at_ib
+                return _BAIL, at_entries, at_xids, at_ib, at_eth
         elif field == T_NET:
-            status, i, n_ib = _net_object(buf, i, e, row, n_ib, ib, ib_spans, ib_msg, eth_scratch, key_guess)
+            status, i, n_ib, n_eth = _net_object(
+                buf, i, e, row, n_ib, n_eth, ib, ib_spans, ib_msg, eth, eth_spans, eth_msg, key_guess
+            )
             if status != _OK:
-                return status, at_entries, at_xids, at_ib
+                return status, at_entries, at_xids, at_ib, at_eth
         elif field == T_AGENT:
             i = _agent_object(buf, i, e, row, instance, key_guess)
             if i < 0:
-                return _BAIL, at_entries, at_xids, at_ib
+                return _BAIL, at_entries, at_xids, at_ib, at_eth
         i, closed = _next_or_close(buf, i, e, _CLOSE_OBJECT)
         if i < 0:
-            return _BAIL, at_entries, at_xids, at_ib
+            return _BAIL, at_entries, at_xids, at_ib, at_eth
     if _skip_space(buf, i, e) != e:  # only whitespace may follow the object
-        return _BAIL, at_entries, at_xids, at_ib
+        return _BAIL, at_entries, at_xids, at_ib, at_eth
     if seen & _REQUIRED != _REQUIRED:
-        return _BAIL, at_entries, at_xids, at_ib
-    return _OK, n_entries, n_xids, n_ib
+        return _BAIL, at_entries, at_xids, at_ib, at_eth
+    return _OK, n_entries, n_xids, n_ib, n_eth
 
 
 @njit(cache=True, _nrt=False, nogil=True)
 def _scan(  # type: ignore[no-untyped-def]
     buf, starts, ends,
     taken, node_span, ts, seq, instance, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib,
-    ib_spans, ib_msg, eth_scratch, key_guess,
+    ib_spans, ib_msg, eth, eth_spans, eth_msg, key_guess,
 ):  # fmt: skip
     """Every message buf[starts[k]:ends[k]]: taken ones get consecutive rows (taken[row] = k); a
     left one gets none (the next message writes over whatever it wrote). Returns (status: _OK, or
-    _FULL_* to be retried with more room; rows, GPU entries, XIDs, IB ports)."""
-    row = n_entries = n_xids = n_ib = 0
+    _FULL_* to be retried with more room; rows, GPU entries, XIDs, IB ports, Ethernet ports)."""
+    row = n_entries = n_xids = n_ib = n_eth = 0
     for k in range(len(starts)):
-        status, next_entries, next_xids, next_ib = _message(
-            buf, starts[k], ends[k], row, n_entries, n_xids, n_ib,
+        status, next_entries, next_xids, next_ib, next_eth = _message(
+            buf, starts[k], ends[k], row, n_entries, n_xids, n_ib, n_eth,
             node_span, ts, seq, instance, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib,
-            ib_spans, ib_msg, eth_scratch, key_guess,
+            ib_spans, ib_msg, eth, eth_spans, eth_msg, key_guess,
         )  # fmt: skip
         if status == _OK:
             taken[row] = k
             row += 1
-            n_entries, n_xids, n_ib = next_entries, next_xids, next_ib
+            n_entries, n_xids, n_ib, n_eth = next_entries, next_xids, next_ib, next_eth
         elif status != _BAIL:
-            return status, row, n_entries, n_xids, n_ib
-    return _OK, row, n_entries, n_xids, n_ib
+            return status, row, n_entries, n_xids, n_ib, n_eth
+    return _OK, row, n_entries, n_xids, n_ib, n_eth
 
 
 # ---------------------------------------------------------------- compiled: after the scan
@@ -1051,6 +1054,12 @@ class Scan:
     ib_key_idx: np.ndarray  # (P,)
     ib_state_names: list[str | None]  # distinct states as reported, None: not reported
     ib_state_idx: np.ndarray  # (P,)
+    eth_msg: np.ndarray  # (Q,) row of each Ethernet port, rows ascending
+    eth: np.ndarray  # (Q, len(ETH_COLUMNS)), NaN absent
+    eth_iface_names: list[str]  # distinct iface names ("" where absent)
+    eth_iface_idx: np.ndarray  # (Q,)
+    eth_state_names: list[str | None]  # distinct operstates as reported, None: not reported
+    eth_state_idx: np.ndarray  # (Q,)
 
 
 def scan(raws: list[bytes]) -> Scan:
@@ -1064,8 +1073,9 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
     """scan() of the messages buf[starts[k]:ends[k]] (buf: read-only uint8, the flavour numba's
     cached build takes; starts and ends: int64). `taken` indexes these spans."""
     n = len(starts)
-    # First guess of room: 8 GPU entries and 8 IB ports a message (a typical node), one XID.
-    room_entries, room_ib, room_xids = 8 * n + 16, 8 * n + 16, n + 16
+    # First guess of room: 8 GPU entries and 8 IB ports a message (a typical node), one XID, and
+    # 4 Ethernet ports.
+    room_entries, room_ib, room_xids, room_eth = 8 * n + 16, 8 * n + 16, n + 16, 4 * n + 16
     while True:
         taken = np.empty(n, dtype=np.int64)
         node_span = np.empty((n, 2), dtype=np.int64)
@@ -1081,12 +1091,14 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         ib = np.empty((room_ib, len(IB_COLUMNS)))
         ib_spans = np.empty((room_ib, _SPAN_COLS), dtype=np.int64)
         ib_msg = np.empty(room_ib, dtype=np.int64)
-        eth_scratch = np.empty((1, len(ETH_COLUMNS)))  # an Ethernet port's numbers, checked and dropped
+        eth = np.empty((room_eth, len(ETH_COLUMNS)))
+        eth_spans = np.empty((room_eth, _SPAN_COLS), dtype=np.int64)
+        eth_msg = np.empty(room_eth, dtype=np.int64)
         key_guess = np.full(_GUESS_SLOTS, -1, dtype=np.int64)
-        status, m, n_entries, n_xids, n_ib = _scan(
+        status, m, n_entries, n_xids, n_ib, n_eth = _scan(
             buf, starts, ends, taken,
             node_span, ts, seq, instance, host, entries, entry_lost, entry_msg, xid_entry, xid_code, ib,
-            ib_spans, ib_msg, eth_scratch, key_guess,
+            ib_spans, ib_msg, eth, eth_spans, eth_msg, key_guess,
         )  # fmt: skip
         if status == _OK:
             break
@@ -1094,6 +1106,7 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         room_entries *= 4 if status == _FULL_ENTRIES else 1
         room_ib *= 4 if status == _FULL_IB else 1
         room_xids *= 4 if status == _FULL_XIDS else 1
+        room_eth *= 4 if status == _FULL_ETH else 1
     # node names: spans with an empty second part, for _intern's pairs
     node_codes, node_reps = _intern(buf, np.concatenate([node_span[:m], np.zeros((m, 2), np.int64)], axis=1))
     spans = ib_spans[:n_ib]
@@ -1101,6 +1114,10 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
     key_codes, key_reps = _intern(buf, key_spans)
     state_spans = np.concatenate([spans[:, 4:6], np.zeros((n_ib, 2), np.int64)], axis=1)  # absent: None
     state_codes, state_reps = _intern(buf, state_spans)
+    espans = eth_spans[:n_eth]
+    none = np.zeros((n_eth, 2), np.int64)
+    iface_codes, iface_reps = _intern(buf, np.concatenate([np.maximum(espans[:, :2], 0), none], axis=1))
+    estate_codes, estate_reps = _intern(buf, np.concatenate([espans[:, 4:6], none], axis=1))  # absent: None
 
     def text(a: int, b: int) -> str:
         return buf[a:b].tobytes().decode("ascii")
@@ -1127,6 +1144,12 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         ib_key_idx=key_codes,
         ib_state_names=[None if spans[r, 4] < 0 else text(*spans[r, 4:6]) for r in state_reps.tolist()],
         ib_state_idx=state_codes,
+        eth_msg=eth_msg[:n_eth],
+        eth=eth[:n_eth],
+        eth_iface_names=[text(*np.maximum(espans[r, :2], 0)) for r in iface_reps.tolist()],
+        eth_iface_idx=iface_codes,
+        eth_state_names=[None if espans[r, 4] < 0 else text(*espans[r, 4:6]) for r in estate_reps.tolist()],
+        eth_state_idx=estate_codes,
     )
 
 
