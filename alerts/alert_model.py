@@ -45,6 +45,12 @@ ALERTNAMES = {
     "lemon": "FleetwatchLemon",
     "nvswitch": "FleetwatchNvswitch",
     "kernel_log": "FleetwatchKernelLog",
+    "mount": "FleetwatchMount",
+    "block_device": "FleetwatchBlockDevice",
+    "disk": "FleetwatchDisk",
+    "hung_tasks": "FleetwatchHungTasks",
+    "pcie_link": "FleetwatchPcieLink",
+    "device_count": "FleetwatchDeviceCount",
 }
 # a kind this release does not know (a newer detect): alerted with its own kind label, severity
 # and summary under one alertname, so that the set of alertnames stays bounded

@@ -17,10 +17,12 @@ What drains (an OPEN finding; anything else only alerts):
 |           | critical (sustained replays; rule aer: a fatal uncorrectable PCIe error)          |
 | nvlink    | critical (sustained error rate 10x the threshold)                                  |
 | nvswitch  | critical with action drain_node: a fatal NVSwitch SXid (the kernel log)           |
+| mount, block_device, device_count, disk, pcie_link | critical (node_checks.py: a required mount |
+|           | or device failed or missing, the root filesystem full, a PCIe link narrowed)      |
 | ib_link   | critical: port not ACTIVE, link_downed, or error rate 10x the threshold            |
 | lemon     | always: the detector only emits once the Poisson test confirms the node           |
 | straggler | critical (persisted past the detector's critical_after_s)                          |
-| thermal, host, statistical, kernel_log, and every warning/info not named above: alert only |
+| thermal, host, statistical, kernel_log, hung_tasks, and every warning/info not named above: alert only |
 
 Guards, in the order they are applied to a node that needs draining:
 1. storm: if at least `storm_threshold` distinct nodes became drain-worthy within any
@@ -60,6 +62,14 @@ from fleetwatch.config import knob
 # runs no job until it has had it (unless the site resets GPUs itself: gpu_reset_automated)
 DRAIN_ACTIONS = frozenset({"drain_node", "rma"})
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+# the node checks (detectors/node_checks.py) that drain when critical, and the reason they give
+_NODE_CHECK_REASONS = {
+    "mount": "required mount failed",
+    "block_device": "block device failed",
+    "device_count": "device missing",
+    "disk": "root filesystem full",
+    "pcie_link": "PCIe link downtrained",
+}
 RESOLVED_MEMORY = 64  # resolved ids remembered per node, to ignore a late duplicate of their opening
 REJECTED_MEMORY = 16  # request ids the adapter refused, remembered per node so they are not re-issued
 # A resume refused for these reasons means someone else holds the node now (or Slurm lost it): the
@@ -94,6 +104,8 @@ def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str
         return "PCIe errors" if critical else None
     if kind == "nvlink":
         return "NVLink errors" if critical else None
+    if kind in _NODE_CHECK_REASONS:  # the node cannot run its jobs
+        return f"{_NODE_CHECK_REASONS[kind]} ({rule})" if critical else None
     if kind == "nvswitch":
         fatal = critical and ev.get("action") in DRAIN_ACTIONS
         return f"NVSwitch SXid {ev.get('code', '?')}" if fatal else None

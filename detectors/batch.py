@@ -33,8 +33,9 @@ Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
 - Sections sent only when there is something to say (SPARSE_SECTIONS): the kernel log's events
   (telemetry/1 `kernel`) and the failing node checks' names (`checks`). For each, `<name>_msg`
   (S,) the rows of the messages that carry one and `<name>` (S,) the sections as plain dicts,
-  with the fields the contract names (an empty list left out). They are rare and short, so they stay objects: detectors
-  read them one by one (detectors/kernel_events.py judges each kernel event).
+  with the fields the contract names (an empty list left out). They are rare and short, so they
+  stay objects: detectors read them one by one (detectors/kernel_events.py judges each kernel
+  event).
 
 NVML's "not available" values (fleetwatch.schemas.NVML_NOT_AVAILABLE) become NaN: absent.
 Counters become float64: exact up to 2**53, far above any ECC/XID/link-error count; byte counters

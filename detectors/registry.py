@@ -16,6 +16,7 @@ from fleetwatch.detectors.clock import ClockConfig, ClockDetector
 from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
+from fleetwatch.detectors.node_checks import NodeChecks, NodeChecksConfig
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector
 from fleetwatch.detectors.straggler import StragglerConfig, StragglerDetector
 
@@ -34,6 +35,9 @@ NODE_DETECTORS: tuple[Registered, ...] = (
     Registered("silence", SilenceDetector, SilenceConfig),
     Registered("stats", GpuStats, GpuStatsConfig),
     Registered("lemon", LemonScorer, LemonConfig),  # its history includes the findings above
+    # after the lemon: a hung mount, a full disk or stuck processes are the node's surroundings
+    # (a file server, a job's output) as often as its hardware; the jobs they fail still count
+    Registered("node_checks", NodeChecks, NodeChecksConfig),
     Registered("clock", ClockDetector, ClockConfig),  # after the lemon: a clock is no hardware failure
 )
 

@@ -693,6 +693,12 @@ FINDING_KINDS = frozenset(
         "lemon",
         "nvswitch",
         "kernel_log",
+        "mount",
+        "block_device",
+        "disk",
+        "hung_tasks",
+        "pcie_link",
+        "device_count",
     }
 )
 SEVERITIES = ("info", "warning", "critical")

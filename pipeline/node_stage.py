@@ -45,6 +45,7 @@ from fleetwatch.detectors.findings import Forgotten
 from fleetwatch.detectors.gpu_stats import GpuStats, GpuStatsConfig
 from fleetwatch.detectors.hardware import HardwareConfig, HardwareDetector
 from fleetwatch.detectors.lemon import LemonConfig, LemonScorer
+from fleetwatch.detectors.node_checks import NodeChecks, NodeChecksConfig
 from fleetwatch.detectors.node_index import CLOCK_LEAD_S, NodeIndex
 from fleetwatch.detectors.protocol import NodeContext, NodeDetector, admit
 from fleetwatch.detectors.registry import NODE_DETECTORS
@@ -98,11 +99,15 @@ class NodeTaskConfig:
     hardware: HardwareConfig = field(
         default_factory=HardwareConfig, metadata=why("hardware error counters, XIDs, throttling, InfiniBand")
     )
+    node_checks: NodeChecksConfig = field(
+        default_factory=NodeChecksConfig,
+        metadata=why("mounts, block devices, disk, hung tasks, PCIe links, device counts"),
+    )
 
     @classmethod
     def for_time_scale(cls, scale: float, base: NodeTaskConfig | None = None) -> NodeTaskConfig:
-        """`base` (default: the code defaults) with the day-long lemon windows shortened by `scale`
-        (compressed scenarios)."""
+        """`base` (default: the code defaults) with the day-long lemon windows and the node checks'
+        sustained time shortened by `scale` (compressed scenarios)."""
         base = base or cls()
         lemon = base.lemon
         return replace(
@@ -114,6 +119,7 @@ class NodeTaskConfig:
                 episode_gap_s=lemon.episode_gap_s * scale,
                 clear_after_s=lemon.clear_after_s * scale,
             ),
+            node_checks=replace(base.node_checks, sustained_s=base.node_checks.sustained_s * scale),
         )
 
 
@@ -129,6 +135,7 @@ class NodeTask:
     clock: ClockDetector | None = None
     silence: SilenceDetector | None = None
     stats: GpuStats | None = None
+    node_checks: NodeChecks | None = None
     failed_jobs_seen: set[str] = field(default_factory=set)
     # per node row (grown to the index by _grow): its first sample's ts (NaN: none yet)...
     first_seen: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))

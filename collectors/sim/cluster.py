@@ -38,6 +38,9 @@ ETH_DROP_RATE = 1e-4
 BENIGN_POWER_CAP_P = 0.06  # share of busy GPU-samples at the power limit (SW power cap, clock -15..60 MHz)
 BENIGN_DIP_P = 0.002  # per node per tick: a 1-3 tick util dip (data loader stall, GC pause)
 TEMP_TAU_S = 25.0  # thermal time constant of a GPU and its heat sink
+PCIE_GEN, PCIE_WIDTH = 5, 16  # H100 SXM and ConnectX-7: PCIe Gen5 x16
+IDLE_PCIE_GEN = 1  # an idle GPU lowers its link to Gen1 to save power (nvidia-smi -q shows it)
+REQUIRED_MOUNTS = (("/home", "nfs4"), ("/lustre", "lustre"))
 
 
 class ClusterState:
@@ -91,6 +94,14 @@ class ClusterState:
 
         # Conditions set by faults; counts, so that overlapping faults undo only their own part.
         self.lost = np.zeros((n, g), np.int64)  # GPU unreachable: telemetry carries only its index
+        # The node checks (collectors/mounts.py, blockdevs.py, nvml.py, net.py): a site that requires
+        # its two shared mounts (/home on NFS, /lustre) and its local NVMe; H100 SXM GPUs and
+        # ConnectX-7 HCAs, both PCIe Gen5 x16
+        self.mounts_hung = np.zeros(n, np.int64)  # required mounts not answering
+        self.blockdevs_readonly = np.zeros(n, np.int64)
+        self.inodes = rng.uniform(0.05, 0.25, n)
+        self.gpu_link_width = np.full((n, g), PCIE_WIDTH, np.int64)
+        self.hca_gone = np.zeros((n, p), np.int64)  # an HCA the node no longer lists
         self.silent = np.zeros(n, np.int64)  # node sends nothing
         self.blocked = np.zeros(n, np.int64)  # the scheduler cannot place work here
         self.ib_down = np.zeros((n, p), np.int64)
@@ -247,7 +258,8 @@ class ClusterState:
         mem_frac = np.clip(
             np.where(active, 0.45, 0.08) + np.where(active, 0.02, 0.005) * z_host[:, 1], 0.01, 0.99
         )
-        self.disk = np.minimum(self.disk + np.where(ckpt, 2e-5 * dt, 0.0), 0.98)
+        # checkpoints fill the disk slowly, never past 98% by themselves (a disk_full fault does)
+        self.disk = np.minimum(self.disk + np.where(ckpt, 2e-5 * dt, 0.0), np.maximum(self.disk, 0.98))
         d_state = (
             (ckpt & (u_node[:, 3] < 0.4)).astype(np.int64) + (ckpt & (u_node[:, 3] < 0.1)) + self.d_state_add
         )
@@ -255,6 +267,7 @@ class ClusterState:
 
         self._readings = {
             "util": util.astype(np.int64).tolist(),
+            "util_raw": util,  # (nodes, gpus) for the PCIe link's idle downshift
             "mem_util": mem_util.astype(np.int64).tolist(),
             "mem_used": mem_used.astype(np.int64).tolist(),
             "temp": temp.astype(np.int64).tolist(),
@@ -270,6 +283,17 @@ class ClusterState:
 
     # ------------------------------------------------------------ messages
 
+    def _checks(self, node: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.mounts_hung[node]:
+            out["mounts"] = [
+                {"path": path, "problem": "hung", "fstype": fstype, "took_s": 12.0}
+                for path, fstype in REQUIRED_MOUNTS[-int(self.mounts_hung[node]) :]
+            ]
+        if self.blockdevs_readonly[node]:
+            out["blockdevs"] = [{"name": "nvme0n1", "problem": "readonly"}]
+        return out
+
     def telemetry(self, ts: float, seq: int) -> list[tuple[str, dict[str, Any]]]:
         """(node, telemetry/1 dict) for every node that reports this tick (silent nodes do not)."""
         r = self._readings
@@ -280,6 +304,11 @@ class ClusterState:
         retired, pend, fail = self.retired.tolist(), self.remap_pending.tolist(), self.remap_failure.tolist()
         crc, replay, pcie = self.nvlink_crc.tolist(), self.nvlink_replay.tolist(), self.pcie_replay.tolist()
         lost = (self.lost > 0).tolist()
+        link_gen = np.where(r["util_raw"] >= 10, PCIE_GEN, IDLE_PCIE_GEN).tolist()
+        link_width = self.gpu_link_width.tolist()
+        hca_listed = (self.hca_gone == 0).tolist()
+        mounts_hung, ro = self.mounts_hung.tolist(), self.blockdevs_readonly.tolist()
+        inodes = np.round(self.inodes, 4).tolist()
         silent = (self.silent > 0).tolist()
         ib_up = (self.ib_down == 0).tolist()
         sym, downed, rcv = self.ib_symbol.tolist(), self.ib_downed.tolist(), self.ib_rcv_err.tolist()
@@ -299,10 +328,33 @@ class ClusterState:
             rows = zip(
                 gpu_idx, self.uuids[i], util[i], mem_util[i], mem_used[i], temp[i], power[i], clock[i],
                 throttle[i], sbe_v[i], dbe_v[i], sbe_a[i], dbe_a[i], retired[i], pend[i], fail[i],
-                crc[i], replay[i], pcie[i], lost[i], strict=True,
+                crc[i], replay[i], pcie[i], lost[i], link_gen[i], link_width[i], strict=True,
             )  # fmt: skip
             gpus: list[dict[str, Any]] = []
-            for j, uid, u, mu, mm, tc, pw, ck, th, sv, dv, sa, da, rp, pe, fa, cr, rl, pc, gone in rows:
+            for (
+                j,
+                uid,
+                u,
+                mu,
+                mm,
+                tc,
+                pw,
+                ck,
+                th,
+                sv,
+                dv,
+                sa,
+                da,
+                rp,
+                pe,
+                fa,
+                cr,
+                rl,
+                pc,
+                gone,
+                lg,
+                lw,
+            ) in rows:
                 x = xids.get((i, j), []) if xids else []
                 if gone:
                     # An unreachable GPU: NVML answers nothing, so nothing is reported but the index
@@ -335,6 +387,10 @@ class ClusterState:
                         "nvlink_crc_errors": cr,
                         "nvlink_replay_errors": rl,
                         "pcie_replay": pc,
+                        "pcie_link_gen": lg,
+                        "pcie_link_gen_max": PCIE_GEN,
+                        "pcie_link_width": lw,
+                        "pcie_link_width_max": PCIE_WIDTH,
                         "xids": x,
                     }
                 )
@@ -350,10 +406,24 @@ class ClusterState:
                     "xmit_discards": di,
                     "tx_bytes": t,
                     "rx_bytes": r_,
+                    "pcie_link_gen": PCIE_GEN,
+                    "pcie_link_gen_max": PCIE_GEN,
+                    "pcie_link_width": PCIE_WIDTH,
+                    "pcie_link_width_max": PCIE_WIDTH,
                 }
-                for dev, up, sy, dn, rc, di, t, r_ in zip(
-                    devices, ib_up[i], sym[i], downed[i], rcv[i], disc[i], tx[i], rx[i], strict=True
+                for dev, up, sy, dn, rc, di, t, r_, listed in zip(
+                    devices,
+                    ib_up[i],
+                    sym[i],
+                    downed[i],
+                    rcv[i],
+                    disc[i],
+                    tx[i],
+                    rx[i],
+                    hca_listed[i],
+                    strict=True,
                 )
+                if listed
             ]
             msg = {
                 "schema": schemas.TELEMETRY,
@@ -367,6 +437,14 @@ class ClusterState:
                     "load1": load1[i],
                     "disk_used_frac": disk[i],
                     "procs_d_state": d_state[i],
+                    "mounts_missing": 0,
+                    "mounts_readonly": 0,
+                    "mounts_unwritable": 0,
+                    "mounts_failed": 0,
+                    "mounts_hung": mounts_hung[i],
+                    "blockdevs_missing": 0,
+                    "blockdevs_readonly": ro[i],
+                    "inodes_used_frac": inodes[i],
                 },
                 "net": {
                     "ib": ib,
@@ -387,5 +465,7 @@ class ClusterState:
             kernel = self.kernel_log.section(i)
             if kernel is not None:
                 msg["kernel"] = kernel
+            if mounts_hung[i] or ro[i]:  # the agent names what failed, only then
+                msg["checks"] = self._checks(i)
             out.append((name, msg))
         return out

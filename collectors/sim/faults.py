@@ -231,6 +231,44 @@ class KernelLogFault(Fault):
             st.blocked[self.node] -= 1
 
 
+class NodeCheckFault(Fault):
+    """What the node checks see (detectors/node_checks.py): a required mount that hangs, a block
+    device switched read-only, a GPU link retrained narrower, an HCA gone from the device list,
+    processes stuck in D state. Each holds from onset until the fault ends."""
+
+    def begin(self, st: ClusterState, k: int) -> None:
+        name, node = self.kind.name, self.node
+        if name == "mount_hung":  # the job hangs on its I/O rather than failing (no exit yet)
+            st.mounts_hung[node] += 1
+        elif name == "blockdev_readonly":
+            st.blockdevs_readonly[node] += 1
+        elif name == "pcie_downtrain":
+            st.gpu_link_width[node, self.gpu] = int(self.params["width"])
+        elif name == "hca_missing":
+            st.hca_gone[node, -1] += 1
+            st.fail_job_on(node)
+
+    def apply(self, st: ClusterState, k: int) -> None:
+        name, node = self.kind.name, self.node
+        if name == "mount_hung":  # every process touching /lustre blocks in the kernel
+            st.d_state_add[node] += 12
+        elif name == "d_state_stuck":
+            st.d_state_add[node] += int(self.params["procs"])
+        elif name == "pcie_downtrain":  # half the link: host-device copies take longer
+            st.slow[node, self.gpu] *= 1.03
+
+    def finish(self, st: ClusterState, k: int) -> None:
+        name, node = self.kind.name, self.node
+        if name == "mount_hung":
+            st.mounts_hung[node] -= 1
+        elif name == "blockdev_readonly":
+            st.blockdevs_readonly[node] -= 1
+        elif name == "pcie_downtrain":
+            st.gpu_link_width[node, self.gpu] = st.gpu_link_width.max()
+        elif name == "hca_missing":
+            st.hca_gone[node, -1] -= 1
+
+
 # ---------------------------------------------------------------- gradual
 
 
@@ -284,6 +322,20 @@ class Gradual(Fault):
     def finish(self, st: ClusterState, k: int) -> None:
         if self._blocked:
             st.blocked[self.node] -= 1
+
+
+class DiskFull(Gradual):
+    """Used space climbs from where it was to 99.5% at failure_ts; then the node is out of service
+    (jobs cannot write) until the fault ends."""
+
+    def begin(self, st: ClusterState, k: int) -> None:
+        self._from = float(st.disk[self.node])
+
+    def grow(self, st: ClusterState, k: int) -> None:
+        st.disk[self.node] = self._from + (0.995 - self._from) * self.progress(k)
+
+    def fail(self, st: ClusterState, k: int) -> None:
+        st.disk[self.node] = 0.995
 
 
 class EccSbeRising(Gradual):
@@ -466,7 +518,7 @@ class Lemon(Fault):
             st.add_dbe(self.node, g)
         st.fail_job_on(self.node)
         self.incidents += 1
-        gap = self.rng.exponential(self.params["incident_interval_s"])
+        gap = max(self.rng.exponential(self.params["incident_interval_s"]), self.params.get("min_gap_s", 0.0))
         self._next_k = k + max(1, round(gap / self.dt))
 
 
@@ -484,6 +536,12 @@ _CLASSES: dict[str, type[Fault]] = {
     "fallen_off_bus": KernelLogFault,
     "nvlink5_fatal": KernelLogFault,
     "kmsg_overrun": KernelLogFault,
+    "mount_hung": NodeCheckFault,
+    "blockdev_readonly": NodeCheckFault,
+    "pcie_downtrain": NodeCheckFault,
+    "hca_missing": NodeCheckFault,
+    "d_state_stuck": NodeCheckFault,
+    "disk_full": DiskFull,
     "ecc_sbe_rising": EccSbeRising,
     "row_remap_pending": RowRemapPending,
     "nvlink_crc": NvlinkCrc,

@@ -197,7 +197,64 @@ KINDS: dict[str, KindSpec] = {
             "lost (the hardware is fine; what they said is unknown)",
             {"records": Param(5000, int, lo=1, doc="records lost")},
         ),
+        # the node checks (detectors/node_checks.py)
+        KindSpec(
+            "mount_hung",
+            "sudden",
+            "mount",
+            False,
+            False,
+            "the Lustre server stops answering: the required mount /lustre hangs (the agent's probe "
+            "misses its deadline), processes pile up in D state, the job hangs on its I/O",
+            {"duration_s": _duration()},
+        ),
+        KindSpec(
+            "blockdev_readonly",
+            "sudden",
+            "block_device",
+            False,
+            True,
+            "the local NVMe drive is switched read-only by the kernel after I/O errors",
+            {"duration_s": _duration()},
+        ),
+        KindSpec(
+            "pcie_downtrain",
+            "sudden",
+            "pcie_link",
+            True,
+            True,
+            "a GPU's PCIe link retrains at x8 instead of x16 (a bad riser or connector): it stays up, "
+            "slower; the GPU computes a little slower",
+            {"duration_s": _duration(), "width": Param(8, int, lo=1, hi=15, doc="the link's width")},
+        ),
+        KindSpec(
+            "hca_missing",
+            "sudden",
+            "device_count",
+            False,
+            True,
+            "an InfiniBand HCA drops off the node's device list (its ports vanish): the job fails",
+            {"duration_s": _duration()},
+        ),
+        KindSpec(
+            "d_state_stuck",
+            "sudden",
+            "hung_tasks",
+            False,
+            True,
+            "a wedged driver leaves processes stuck in uninterruptible sleep (D state)",
+            {"duration_s": _duration(), "procs": Param(20, int, lo=1, doc="processes stuck")},
+        ),
         # ------------------------------------------------------------ gradual
+        KindSpec(
+            "disk_full",
+            "gradual",
+            "disk",
+            False,
+            False,
+            "a job's output fills the root filesystem: used space climbs to 99.5% at failure_ts",
+            _gradual(),
+        ),
         KindSpec(
             "ecc_sbe_rising",
             "gradual",
@@ -281,6 +338,9 @@ KINDS: dict[str, KindSpec] = {
             "a node with a repeatedly elevated failure rate: short incidents (XIDs) that fail its jobs",
             {
                 "incident_interval_s": Param(60.0, float, lo=1.0, doc="mean seconds between incidents"),
+                "min_gap_s": Param(
+                    0.0, float, lo=0.0, doc="seconds at least between incidents (spread out, as over a week)"
+                ),
                 "duration_s": _duration(),
             },
         ),

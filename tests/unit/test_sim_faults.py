@@ -331,6 +331,58 @@ def check_kmsg_overrun(sim, ticks, s, b, k0, fk, truths) -> None:
     assert truths[0]["hardware"] is False
 
 
+def check_mount_hung(sim, ticks, s, b, k0, fk, truths) -> None:
+    assert all(s[k]["host"]["mounts_hung"] == 0 and "checks" not in s[k] for k in range(k0) if k in s)
+    for k in (k0, k0 + 5):
+        assert s[k]["host"]["mounts_hung"] == 1
+        [m] = s[k]["checks"]["mounts"]
+        assert (m["path"], m["problem"], m["fstype"]) == ("/lustre", "hung", "lustre")
+    assert s[k0 + 1]["host"]["procs_d_state"] >= 12  # processes stuck on the mount
+    assert truths[0]["hardware"] is False
+
+
+def check_blockdev_readonly(sim, ticks, s, b, k0, fk, truths) -> None:
+    assert s[k0 - 1]["host"]["blockdevs_readonly"] == 0
+    assert s[k0]["host"]["blockdevs_readonly"] == 1
+    assert s[k0]["checks"] == {"blockdevs": [{"name": "nvme0n1", "problem": "readonly"}]}
+
+
+def check_pcie_downtrain(sim, ticks, s, b, k0, fk, truths) -> None:
+    assert gpu(s[k0 - 1])["pcie_link_width"] == 16
+    busy = [k for k in range(k0, k0 + 20) if gpu(s[k])["util"] >= 10]
+    assert busy and all(gpu(s[k])["pcie_link_width"] == 8 for k in range(k0, k0 + 20))
+    assert all(gpu(s[k], 0)["pcie_link_width"] == 16 for k in range(k0, k0 + 20))  # its siblings
+
+
+def check_hca_missing(sim, ticks, s, b, k0, fk, truths) -> None:
+    before, after = s[k0 - 1]["net"]["ib"], s[k0]["net"]["ib"]
+    assert len(after) == len(before) - 1 and before[-1]["device"] not in {p["device"] for p in after}
+    assert failed_jobs_at(ticks, k0)
+
+
+def check_d_state_stuck(sim, ticks, s, b, k0, fk, truths) -> None:
+    assert all(s[k]["host"]["procs_d_state"] >= 20 for k in range(k0, k0 + 20))
+    assert all(b[k]["host"]["procs_d_state"] <= 2 for k in range(k0, k0 + 20))
+
+
+def check_disk_full(sim, ticks, s, b, k0, fk, truths) -> None:
+    disk = [s[k]["host"]["disk_used_frac"] for k in range(k0, fk + 1) if k in s]
+    assert disk[0] < 0.7 and disk[-1] >= 0.99 and disk == sorted(disk)
+    assert failed_jobs_at(ticks, fk)
+
+
+def test_an_idle_gpus_link_runs_at_a_lower_generation_and_a_busy_ones_at_its_maximum() -> None:
+    """As real GPUs do (nvidia-smi shows Gen1 on an idle H100): the node checks must judge a GPU's
+    link generation only while it is busy."""
+    doc = scenario_doc([])
+    doc["jobs"] = {**doc["jobs"], "idle_fraction": 0.5}
+    _sim, ticks = run(doc)
+    entries = [g for t in ticks for k, _, m in t if k == topics.TELEMETRY for g in m["gpus"]]
+    assert {g["pcie_link_gen"] for g in entries if g["util"] >= 10} == {5}
+    assert {g["pcie_link_gen"] for g in entries if g["util"] < 5} == {1}
+    assert all(g["pcie_link_width"] == g["pcie_link_width_max"] == 16 for g in entries)
+
+
 CHECKS = {
     "xid79": check_xid79,
     "xid119": check_xid119,
@@ -353,6 +405,12 @@ CHECKS = {
     "fallen_off_bus": check_fallen_off_bus,
     "nvlink5_fatal": check_nvlink5_fatal,
     "kmsg_overrun": check_kmsg_overrun,
+    "mount_hung": check_mount_hung,
+    "blockdev_readonly": check_blockdev_readonly,
+    "pcie_downtrain": check_pcie_downtrain,
+    "hca_missing": check_hca_missing,
+    "d_state_stuck": check_d_state_stuck,
+    "disk_full": check_disk_full,
 }
 
 

@@ -60,11 +60,11 @@ def test_simulated_telemetry_is_all_taken_with_the_same_columns() -> None:
     that carry a kernel-log section (every XID is logged there too) are left to the decoders, as
     designed: without it, the scanner takes each one."""
     msgs = simulated()
-    logged = [i for i, m in enumerate(msgs) if "kernel" in m]
+    logged = [i for i, m in enumerate(msgs) if "kernel" in m or "checks" in m]
     assert logged and len(logged) < len(msgs) // 20  # a quiet tick sends no kernel section
     left = scanned([schemas.encode(msgs[i]) for i in logged])[0]
     assert len(left.taken) == 0
-    raws = [schemas.encode({k: v for k, v in m.items() if k != "kernel"}) for m in msgs]
+    raws = [schemas.encode({k: v for k, v in m.items() if k not in ("kernel", "checks")}) for m in msgs]
     for i in range(0, len(raws), 500):
         sc, batch = scanned(raws[i : i + 500])
         assert sc.taken.tolist() == list(range(len(raws[i : i + 500])))
@@ -374,7 +374,7 @@ def test_the_node_stage_gives_the_same_outputs_from_columns_as_from_structs() ->
 
 def test_select_keeps_the_chosen_messages() -> None:
     msgs = simulated(nodes=8, seconds=60)
-    raws = [schemas.encode({k: v for k, v in m.items() if k != "kernel"}) for m in msgs]  # all taken
+    raws = [schemas.encode({k: v for k, v in m.items() if k not in ("kernel", "checks")}) for m in msgs]
     keep = np.array([i % 3 != 1 for i in range(len(raws))])
     got = TelemetryBatch.from_scan(telemetry_scan.scan(raws)).select(keep)
     kept = [r for r, k in zip(raws, keep, strict=True) if k]
