@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from prometheus_client import Counter
+
 from fleetwatch import schemas
 from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent
 from fleetwatch.collectors.kernel_log.journal import JOURNALCTL, TIMEOUT_S, JournalReader
@@ -88,6 +90,17 @@ def gpus_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[int, ...]]:
     return {port: tuple(sorted(gpus)) for port, gpus in below.items()}
 
 
+# the agent's own view of its kernel log (its /metrics): what a wrapped ring buffer cost
+# (missed), what it could not read (unknown, rejected), and how much it read
+COUNTED = ("records", "missed", "overruns", "gone_before_start", "unknown", "rejected", "dropped")
+RECORDS = Counter(
+    "fleetwatch_agent_kernel_records_total",
+    "kernel log records by what became of them: read (records), lost to the ring buffer before the "
+    "agent read them (missed, gone_before_start), EPIPE answers (overruns), lines of no known form "
+    "(unknown), lines that broke an event's grammar (rejected), events past a sample's bound (dropped)",
+    ["what"],
+)
+EVENTS = Counter("fleetwatch_agent_kernel_events_total", "kernel log events sent (repeats folded into one)")
 _QUIET = frozenset({"boot", "events", "records"})  # a section with nothing but these says nothing
 
 
@@ -183,6 +196,10 @@ class KernelLogSource:
             if drained:  # what is open is complete: nothing more came
                 events += self._events.flush()
             section = self._section(events, read)
+            for what in COUNTED:  # the agent's /metrics, quiet samples included
+                if section.get(what):
+                    RECORDS.labels(what).inc(section[what])
+            EVENTS.inc(len(section["events"]))
             # A quiet sample (no event, nothing missed or unknown) sends no section: the common
             # message then stays on the worker's compiled fast path, which leaves every message
             # with a `kernel` section to the full decoder.

@@ -273,3 +273,26 @@ def test_an_aer_error_of_a_port_is_the_one_gpus_below_it(tmp_path: Path) -> None
     events = src.sample()["kernel"]["events"]
     assert [(e["port"], e.get("gpu")) for e in events] == [("0000:00:02.0", 0), ("0000:00:03.0", None)]
     assert events[0]["errors"] == ["Surprise Down Error"]
+
+
+def test_the_agents_metrics_count_what_the_ring_buffer_lost_and_what_was_read(tmp_path: Path) -> None:
+    """A wrapped ring buffer is a finding (detectors/kernel_rules.py) and a counter on the agent's
+    /metrics, quiet samples included."""
+    from prometheus_client import REGISTRY
+
+    def counted(what: str) -> float:
+        return REGISTRY.get_sample_value("fleetwatch_agent_kernel_records_total", {"what": what}) or 0.0
+
+    before = {w: counted(w) for w in ("records", "missed")}
+    events_before = REGISTRY.get_sample_value("fleetwatch_agent_kernel_events_total") or 0.0
+    ring = RingKmsg(capacity=8)
+    src = _source(ring, _boot(tmp_path))
+    ring.log("usb 1-1: new device")
+    src.sample()  # quiet: no section, still counted
+    for i in range(20):
+        ring.log(f"usb 1-1: new device {i}")
+    ring.log(XID_79)
+    src.sample()
+    assert counted("records") - before["records"] == 1 + 8
+    assert counted("missed") - before["missed"] == 13  # seq 1-13 overwritten; 14-21 read
+    assert (REGISTRY.get_sample_value("fleetwatch_agent_kernel_events_total") or 0.0) - events_before == 1
