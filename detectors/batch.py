@@ -30,6 +30,13 @@ Layout (M messages, G = largest GPU index + 1, F = len(GPU_NUMERIC)):
   `ib_active` (P,) 1.0 if the port state is ACTIVE, 0.0 if another state, NaN if not reported;
   `ib_state_idx` (P,) index into `ib_state_names`, the distinct states as reported (None: not
   reported), for evidence; `ib_state` spells them out per port.
+- Ethernet ports flattened the same way: `eth_msg` (Q,), `eth_iface_idx` (Q,) index into
+  `eth_iface_names`, the batch's distinct interface names ("" where absent; `eth_iface` per port);
+  `eth` (Q, E) in ETH_NUMERIC order; `eth_up` (Q,) 1.0 if the operstate is "up", 0.0 if it is
+  another state the kernel defines (down, lowerlayerdown, dormant, notpresent, testing: no
+  traffic), NaN if not reported or "unknown" (the driver does not say: many virtual interfaces
+  stay "unknown" while they work); `eth_state_idx` (Q,) index into `eth_state_names`, the
+  distinct operstates as reported (None: not reported); `eth_state` per port.
 - Sections sent only when there is something to say (SPARSE_SECTIONS): the kernel log's events
   (telemetry/1 `kernel`) and the failing node checks' names (`checks`). For each, `<name>_msg`
   (S,) the rows of the messages that carry one and `<name>` (S,) the sections as plain dicts,
@@ -58,6 +65,7 @@ import numpy as np
 
 from fleetwatch.schemas import (
     CHECK_LISTS,
+    ETH_FIELDS,
     GPU_FIELDS,
     HOST_FIELDS,
     IB_FIELDS,
@@ -79,6 +87,8 @@ HOST_NUMERIC: tuple[str, ...] = tuple(HOST_FIELDS)
 HOST_COL: dict[str, int] = {f: i for i, f in enumerate(HOST_NUMERIC)}
 IB_NUMERIC: tuple[str, ...] = tuple(f for f in IB_FIELDS if f not in ("device", "port", "state"))
 IB_COL: dict[str, int] = {f: i for i, f in enumerate(IB_NUMERIC)}
+ETH_NUMERIC: tuple[str, ...] = tuple(f for f in ETH_FIELDS if f not in ("iface", "state"))
+ETH_COL: dict[str, int] = {f: i for i, f in enumerate(ETH_NUMERIC)}
 
 _GPU_KEYS = ("index", *GPU_NUMERIC)
 # Each GPU column's NVML "not available" value as float64 (NaN: none); 2**64 - 1 rounds to 2**64,
@@ -149,8 +159,8 @@ def _item_table(entries: list[Any], keys: tuple[str, ...]) -> np.ndarray:
     return out
 
 
-_ATTRS = {keys: attrgetter(*keys) for keys in (_GPU_KEYS, HOST_NUMERIC, IB_NUMERIC)}
-_ITEMS = {keys: itemgetter(*keys) for keys in (_GPU_KEYS, HOST_NUMERIC, IB_NUMERIC)}
+_ATTRS = {keys: attrgetter(*keys) for keys in (_GPU_KEYS, HOST_NUMERIC, IB_NUMERIC, ETH_NUMERIC)}
+_ITEMS = {keys: itemgetter(*keys) for keys in (_GPU_KEYS, HOST_NUMERIC, IB_NUMERIC, ETH_NUMERIC)}
 
 
 def _dict_ports(msg: dict[str, Any]) -> Any:
@@ -161,6 +171,16 @@ def _dict_ports(msg: dict[str, Any]) -> Any:
 def _struct_ports(msg: Any) -> Any:
     net = msg.net
     return (net.ib or ()) if net else ()
+
+
+def _dict_eth(msg: dict[str, Any]) -> Any:
+    net = msg.get("net")
+    return (net.get("eth") or ()) if net else ()
+
+
+def _struct_eth(msg: Any) -> Any:
+    net = msg.net
+    return (net.eth or ()) if net else ()
 
 
 SPARSE_SECTIONS = ("kernel", "checks")
@@ -204,12 +224,14 @@ class _Access:
     gpus: Callable[[Any], list[Any]]
     host: Callable[[Any], Any]  # the host part (absent: UNSET or None in a struct, {} for a dict)
     ports: Callable[[Any], Any]  # the IB ports (absent: ())
+    eth: Callable[[Any], Any]  # the Ethernet ports (absent: ())
     instance: Callable[[Any], int]  # instance_code of agent.instance
     index: Callable[[Any], int]  # a GPU entry's index
     lost: Callable[[Any], Any]  # a GPU entry's lost flag
     xids: Callable[[Any], Any]  # a GPU entry's XIDs (absent: false)
     port_key: Callable[[Any], tuple[Any, Any]]  # a port's (device, port), "" where absent
     state: Callable[[Any], Any]  # a port's state (absent: None or UNSET)
+    iface: Callable[[Any], Any]  # an Ethernet port's iface (absent: UNSET in a struct, "" for a dict)
     table: Callable[[list[Any], tuple[str, ...]], np.ndarray]  # rows of numeric fields
     sparse: Callable[[str, Any], Any]  # a sparse section as a plain dict (absent: false)
 
@@ -217,12 +239,14 @@ class _Access:
 _STRUCTS = _Access(
     *map(attrgetter, ("node", "ts", "seq", "gpus", "host")),
     ports=_struct_ports,
+    eth=_struct_eth,
     instance=_instance_of_struct,
     index=attrgetter("index"),
     lost=attrgetter("lost"),
     xids=attrgetter("xids"),
     port_key=attrgetter("device", "port"),  # absent parts decode to ""
     state=attrgetter("state"),
+    iface=attrgetter("iface"),
     table=_attr_table,
     sparse=lambda name, x: _sparse_of_struct(name, s) if (s := getattr(x, name)) else None,
 )
@@ -230,15 +254,27 @@ _DICTS = _Access(
     *map(itemgetter, ("node", "ts", "seq", "gpus")),
     host=lambda x: x.get("host") or {},
     ports=_dict_ports,
+    eth=_dict_eth,
     instance=_instance_of_dict,
     index=itemgetter("index"),
     lost=methodcaller("get", "lost"),
     xids=methodcaller("get", "xids"),
     port_key=lambda p: (p.get("device", ""), p.get("port", "")),
     state=methodcaller("get", "state"),
+    iface=methodcaller("get", "iface", ""),
     table=_item_table,
     sparse=lambda name, x: _sparse_of_dict(name, s) if (s := x.get(name)) else None,
 )
+
+
+def _eth_up(state: str | None) -> float:
+    """An operstate (Documentation/networking/operstates.rst, RFC 2863's ifOperStatus) as eth_up:
+    1.0 "up", NaN not reported or "unknown" (the driver keeps no operstate), 0.0 any other state
+    (down, lowerlayerdown, dormant, notpresent, testing: the interface passes no traffic)."""
+    if state is None:
+        return NAN
+    word = state.strip().lower()
+    return NAN if word == "unknown" else float(word == "up")
 
 
 def _codes_of(values: list[Any]) -> dict[Any, int]:
@@ -281,6 +317,13 @@ class TelemetryBatch:
     ib_state_idx: np.ndarray
     received: np.ndarray
     instance: np.ndarray
+    eth_msg: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    eth_iface_names: list[str] = dataclasses.field(default_factory=list)
+    eth_iface_idx: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    eth: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, len(ETH_NUMERIC))))
+    eth_up: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0))
+    eth_state_names: list[str | None] = dataclasses.field(default_factory=list)
+    eth_state_idx: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
     kernel_msg: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
     kernel: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     checks_msg: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -302,6 +345,18 @@ class TelemetryBatch:
         names = self.ib_state_names
         return [names[i] for i in self.ib_state_idx.tolist()]
 
+    @property
+    def eth_iface(self) -> list[str]:
+        """The interface name of every Ethernet port (Q,)."""
+        names = self.eth_iface_names
+        return [names[i] for i in self.eth_iface_idx.tolist()]
+
+    @property
+    def eth_state(self) -> list[str | None]:
+        """The operstate of every Ethernet port as reported (None: not reported) (Q,)."""
+        names = self.eth_state_names
+        return [names[i] for i in self.eth_state_idx.tolist()]
+
     def __len__(self) -> int:
         return len(self.ts)
 
@@ -320,6 +375,7 @@ class TelemetryBatch:
         remap[used] = np.arange(len(used))
         xk = _entries_of(new_row, self.xid_msg)
         pk = _entries_of(new_row, self.ib_msg)
+        ek = _entries_of(new_row, self.eth_msg)
         sparse: dict[str, Any] = {}
         for name in SPARSE_SECTIONS:
             rows_of = getattr(self, f"{name}_msg")
@@ -348,6 +404,13 @@ class TelemetryBatch:
             ib_active=self.ib_active[pk],
             ib_state_names=self.ib_state_names,
             ib_state_idx=self.ib_state_idx[pk],
+            eth_msg=new_row[self.eth_msg[ek]],
+            eth_iface_names=self.eth_iface_names,
+            eth_iface_idx=self.eth_iface_idx[ek],
+            eth=self.eth[ek],
+            eth_up=self.eth_up[ek],
+            eth_state_names=self.eth_state_names,
+            eth_state_idx=self.eth_state_idx[ek],
             **sparse,
         )
 
@@ -381,6 +444,8 @@ class TelemetryBatch:
         node_names, node_off = names("node_names")
         key_names, key_off = names("ib_key_names")
         state_names, state_off = names("ib_state_names")
+        iface_names, iface_off = names("eth_iface_names")
+        estate_names, estate_off = names("eth_state_names")
         first = _codes_of(node_names)  # a node in several parts: one name, its first code
         node_code = np.fromiter(map(first.__getitem__, node_names), np.int64, count=len(node_names))
         return cls(
@@ -404,6 +469,13 @@ class TelemetryBatch:
             ib_active=cat("ib_active"),
             ib_state_names=state_names,
             ib_state_idx=cat("ib_state_idx", state_off),
+            eth_msg=cat("eth_msg", m[:-1].tolist()),
+            eth_iface_names=iface_names,
+            eth_iface_idx=cat("eth_iface_idx", iface_off),
+            eth=cat("eth"),
+            eth_up=cat("eth_up"),
+            eth_state_names=estate_names,
+            eth_state_idx=cat("eth_state_idx", estate_off),
             **{f"{name}_msg": cat(f"{name}_msg", m[:-1].tolist()) for name in SPARSE_SECTIONS},
             **{name: [k for p in parts for k in getattr(p, name)] for name in SPARSE_SECTIONS},
         )
@@ -467,6 +539,13 @@ class TelemetryBatch:
         key_ix = _codes_of(port_keys)
         states = list(map(a.state, plist))
         state_ix = _codes_of(states)
+        eth_lists = list(map(a.eth, msgs))
+        elist = list(chain.from_iterable(eth_lists))
+        eth_msg = np.repeat(np.arange(m, dtype=np.int64), np.fromiter(map(len, eth_lists), np.int64, m))
+        ifaces = list(map(a.iface, elist))  # absent: "" (a dict) or UNSET (a struct)
+        iface_ix = _codes_of(ifaces)
+        estates = list(map(a.state, elist))
+        estate_ix = _codes_of(estates)
         batch = cls._assemble(
             list(name_ix),
             node_idx,
@@ -484,6 +563,12 @@ class TelemetryBatch:
             [None if st is UNSET else st for st in state_ix],
             np.fromiter(map(state_ix.__getitem__, states), np.int64, count=len(plist)),
             np.fromiter(map(a.instance, msgs), np.int64, count=m),
+            eth_msg,
+            ["" if i is UNSET else i for i in iface_ix],
+            np.fromiter(map(iface_ix.__getitem__, ifaces), np.int64, count=len(elist)),
+            a.table(elist, ETH_NUMERIC),
+            [None if st is UNSET else st for st in estate_ix],
+            np.fromiter(map(estate_ix.__getitem__, estates), np.int64, count=len(elist)),
         )
         for name in SPARSE_SECTIONS:
             sections = [a.sparse(name, x) for x in msgs]
@@ -520,6 +605,12 @@ class TelemetryBatch:
             sc.ib_state_names,
             sc.ib_state_idx,
             sc.instance,
+            sc.eth_msg,
+            sc.eth_iface_names,
+            sc.eth_iface_idx,
+            sc.eth,
+            sc.eth_state_names,
+            sc.eth_state_idx,
         )
 
     @classmethod
@@ -541,6 +632,12 @@ class TelemetryBatch:
         state_names: list[str | None],
         state_idx: np.ndarray,
         instance: np.ndarray,
+        eth_msg: np.ndarray,
+        eth_iface_names: list[str],
+        eth_iface_idx: np.ndarray,
+        eth: np.ndarray,
+        eth_state_names: list[str | None],
+        eth_state_idx: np.ndarray,
     ) -> TelemetryBatch:
         """The parts both constructors share: `table` holds one row per GPU entry (index first,
         then GPU_NUMERIC), `counts` the entries per message, `flagged` the entries that say lost."""
@@ -569,6 +666,8 @@ class TelemetryBatch:
         # distinct states, so each is judged once per batch.
         judged = np.array([NAN if s is None else float("ACTIVE" in s.upper()) for s in state_names])
         ib_active = judged[state_idx] if len(state_idx) else np.empty(0, dtype=np.float64)
+        up = np.array([_eth_up(s) for s in eth_state_names])
+        eth_up = up[eth_state_idx] if len(eth_state_idx) else np.empty(0, dtype=np.float64)
         return cls(
             node_names=node_names,
             node_idx=node_idx,
@@ -590,4 +689,11 @@ class TelemetryBatch:
             ib_state_idx=state_idx,
             received=np.full(m, NAN),
             instance=instance,
+            eth_msg=eth_msg,
+            eth_iface_names=eth_iface_names,
+            eth_iface_idx=eth_iface_idx,
+            eth=eth,
+            eth_up=eth_up,
+            eth_state_names=eth_state_names,
+            eth_state_idx=eth_state_idx,
         )

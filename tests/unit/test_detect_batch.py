@@ -11,7 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwatch import schemas
-from fleetwatch.detectors.batch import GPU_COL, GPU_NUMERIC, HOST_NUMERIC, IB_COL, IB_NUMERIC, TelemetryBatch
+from fleetwatch.detectors.batch import (
+    ETH_COL,
+    ETH_NUMERIC,
+    GPU_COL,
+    GPU_NUMERIC,
+    HOST_NUMERIC,
+    IB_COL,
+    IB_NUMERIC,
+    TelemetryBatch,
+)
 from tests.helpers.batches import assert_same_batch, gpu_entry, ib_port, telemetry
 
 # ---------------------------------------------------------------- tests
@@ -147,3 +156,49 @@ def test_structs_and_dicts_mixed_and_edge_cases() -> None:
     assert_same_batch(want, mixed, skip=("ib_key_names", "ib_key_idx", "ib_state_names", "ib_state_idx"))
     assert (mixed.ib_key, mixed.ib_state) == (want.ib_key, want.ib_state)
     assert_same_batch(TelemetryBatch.from_messages([]), TelemetryBatch.from_structs([]))
+
+
+# ---------------------------------------------------------------- Ethernet ports
+
+
+def _with_eth(node: str, ts: float, eth: list[dict[str, Any]]) -> dict[str, Any]:
+    m = telemetry(node, ts)
+    m["net"]["eth"] = eth
+    return schemas.validate(m, schemas.TELEMETRY)
+
+
+def test_ethernet_ports_are_columns_like_ib_ports() -> None:
+    """Each interface a row: its message, its name (interned; "" where absent), the numbers in
+    ETH_NUMERIC order (NaN absent), its operstate and whether that says up (NaN for "unknown" or
+    none: the driver does not say)."""
+    eth = [
+        {"iface": "eno1", "state": "up", "rx_errors": 3, "carrier_changes": 5},
+        {"iface": "docker0", "state": "down"},
+        {"iface": "tun0", "state": "unknown", "tx_bytes": 7},
+        {"rx_bytes": 1},
+        {"iface": "eno1.100", "state": "lowerlayerdown"},
+    ]
+    msgs = [_with_eth("n1", 1.0, eth), _with_eth("n2", 1.0, []), _with_eth("n1", 2.0, eth[:1])]
+    b = TelemetryBatch.from_messages(msgs)
+    assert b.eth_msg.tolist() == [0, 0, 0, 0, 0, 2]
+    assert b.eth_iface == ["eno1", "docker0", "tun0", "", "eno1.100", "eno1"]
+    assert b.eth_state == ["up", "down", "unknown", None, "lowerlayerdown", "up"]
+    assert np.array_equal(b.eth_up, [1.0, 0.0, np.nan, np.nan, 0.0, 1.0], equal_nan=True)
+    assert b.eth.shape == (6, len(ETH_NUMERIC))
+    assert b.eth[0, ETH_COL["rx_errors"]] == 3 and b.eth[0, ETH_COL["carrier_changes"]] == 5
+    assert np.isnan(b.eth[1]).all() and b.eth[2, ETH_COL["tx_bytes"]] == 7
+    # the same from the decoders' structs (an absent iface is "" there too)
+    structs = TelemetryBatch.from_structs(_structs(msgs))
+    assert_same_batch(
+        b, structs, skip=("eth_iface_names", "eth_iface_idx", "eth_state_names", "eth_state_idx")
+    )
+    assert (structs.eth_iface, structs.eth_state) == (b.eth_iface, b.eth_state)
+    # taken and put together again: each message keeps its interfaces
+    sub = b.take(np.array([2, 0]))
+    assert sub.eth_msg.tolist() == [0, 1, 1, 1, 1, 1] and sub.eth_iface[:2] == ["eno1", "eno1"]
+    whole = TelemetryBatch.concat([b.take(np.array([0])), b.take(np.array([1, 2]))])
+    assert whole.eth_msg.tolist() == b.eth_msg.tolist() and whole.eth_iface == b.eth_iface
+    assert np.array_equal(whole.eth, b.eth, equal_nan=True) and whole.eth_state == b.eth_state
+    # a message without a net section, or without Ethernet, has no interface
+    empty = TelemetryBatch.from_messages([telemetry("n3", 1.0)])
+    assert empty.eth.shape == (0, len(ETH_NUMERIC)) and empty.eth_iface == []

@@ -470,6 +470,31 @@ def test_link_fields_reach_the_detectors_columns_and_are_no_gpu_counters() -> No
     assert scanned.ib[0, telemetry_scan.IB_COLUMNS.index("pcie_link_width_max")] == schemas.MAX_PCIE_WIDTH
 
 
+def test_ethernet_fields_reach_the_same_columns_from_every_decoder() -> None:
+    """The Ethernet interfaces the detectors now judge (errors, carrier changes, operstate) are
+    read into the same columns from dicts, structs and the scanner, the largest counter the
+    scanner reads (18 digits; longer ones it leaves to the decoders) included."""
+    from fleetwatch import telemetry_scan
+    from fleetwatch.detectors.batch import ETH_COL, ETH_NUMERIC
+
+    m = telemetry()
+    m["net"]["eth"] = [
+        {"iface": "eno1", "state": "up", **dict.fromkeys(ETH_NUMERIC, 12345)},
+        {"iface": "eno2", "state": "lowerlayerdown", "rx_errors": 10**18 - 1, "carrier_changes": 0},
+    ]
+    raw = schemas.encode(m)
+    from_dicts = TelemetryBatch.from_messages([m])
+    from_structs = TelemetryBatch.from_messages([schemas.decode(raw, schemas.TELEMETRY, struct=True)])
+    sc = telemetry_scan.scan([raw])
+    assert sc.taken.tolist() == [0]
+    from_scan = TelemetryBatch.from_scan(sc)
+    for b in (from_structs, from_scan):
+        assert_same_batch(from_dicts, b, skip=("received",))
+    assert from_dicts.eth_iface == ["eno1", "eno2"] and from_dicts.eth_up.tolist() == [1.0, 0.0]
+    assert from_dicts.eth[1, ETH_COL["rx_errors"]] == float(10**18 - 1)
+    assert (from_dicts.eth[0] == 12345).all()
+
+
 # ---------------------------------------------------------------- node checks (issue 25, item 3)
 
 NODE_CHECK_COUNTS = {

@@ -35,10 +35,16 @@ CLOCK = schemas.ClockLimits(ahead_s=3600, behind_s=3600)
 
 def assert_same_columns(a: TelemetryBatch, b: TelemetryBatch) -> None:
     """Every column equal (NaN equal to NaN); IB port and state names compared port by port (a
-    port given as 1 and as "1" is one name to the scanner, two codes with one name to msgspec)."""
-    assert_same_batch(a, b, skip=("ib_key_names", "ib_key_idx", "ib_state_names", "ib_state_idx", "received"))
+    port given as 1 and as "1" is one name to the scanner, two codes with one name to msgspec),
+    and so are Ethernet interface and state names (an absent iface is "" to both, but one code
+    of its own to msgspec)."""
+    names = ("ib_key_names", "ib_key_idx", "ib_state_names", "ib_state_idx")
+    names += ("eth_iface_names", "eth_iface_idx", "eth_state_names", "eth_state_idx")
+    assert_same_batch(a, b, skip=(*names, "received"))
     assert a.ib_key == b.ib_key
     assert a.ib_state == b.ib_state
+    assert a.eth_iface == b.eth_iface
+    assert a.eth_state == b.eth_state
 
 
 def scanned(raws: list[bytes]) -> tuple[telemetry_scan.Scan, TelemetryBatch | None]:
@@ -86,6 +92,35 @@ def test_full_output_arrays_are_retried_with_more_room() -> None:
     sc, batch = scanned(raws)
     assert sc.taken.tolist() == [0, 1] and batch is not None
     assert len(batch.xid_code) == 1000 and batch.gpu.shape[1] == 64 and len(batch.ib) == 257
+    assert_same_columns(batch, TelemetryBatch.from_structs([fast_schema.decode_telemetry(r) for r in raws]))
+
+
+def test_ethernet_ports_are_kept_with_the_same_columns() -> None:
+    """Ethernet interfaces are rows like IB ports (until issue 25 they were checked and dropped):
+    names and operstates interned, an absent iface "" and an absent state None, as the decoders
+    have them; 256 interfaces in a message and 20 in each of many overflow the first guess of room
+    (4 a message), and the scan is retried with more."""
+    m = telemetry()
+    m["net"]["eth"] = [
+        {"iface": "eno1", "state": "up", "rx_errors": 12, "tx_errors": 0, "carrier_changes": 7},
+        {"iface": "docker0", "state": "down", "carrier_up_count": 0, "carrier_down_count": 0},
+        {"rx_bytes": 5},
+        {"iface": "tun0", "state": "unknown"},
+    ]
+    many = telemetry(node="n2")
+    many["net"]["eth"] = [
+        {"iface": f"veth{i}", "state": "up", "rx_bytes": i} for i in range(schemas.MAX_PORTS)
+    ]
+    some = [telemetry(node=f"n{k}", seq=k) for k in range(3, 40)]
+    for s in some:
+        s["net"]["eth"] = [{"iface": f"eth{i}", "state": "up", "rx_errors": i} for i in range(20)]
+    raws = [schemas.encode(x) for x in (m, many, *some)]
+    sc, batch = scanned(raws)
+    assert sc.taken.tolist() == list(range(len(raws))) and batch is not None
+    assert len(batch.eth) == 4 + schemas.MAX_PORTS + 20 * len(some)
+    assert batch.eth_iface[:4] == ["eno1", "docker0", "", "tun0"]
+    assert batch.eth_state[:4] == ["up", "down", None, "unknown"]
+    assert batch.eth[0, telemetry_scan.ETH_COLUMNS.index("carrier_changes")] == 7
     assert_same_columns(batch, TelemetryBatch.from_structs([fast_schema.decode_telemetry(r) for r in raws]))
 
 
@@ -419,6 +454,12 @@ _BOUNDS_CHECKED = textwrap.dedent(
     full = schemas.encode(m)
     assert telemetry_scan.scan([full]).taken.tolist() == [0]
     assert fast_schema.decode_telemetry(full) is not None
+    # 20 Ethernet ports fill their first guess of room (4 a message + 16) exactly, 21 overflow it
+    for count in (20, 21):
+        m = telemetry()
+        m["net"]["eth"] = [{"iface": f"eth{i}", "state": "up", "rx_errors": i} for i in range(count)]
+        full = schemas.encode(m)
+        assert telemetry_scan.scan([full]).eth_iface_names[-1] == f"eth{count - 1}"
     """
 )
 
