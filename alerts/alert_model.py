@@ -39,6 +39,7 @@ ALERTNAMES = {
     "pcie": "FleetwatchPcie",
     "thermal": "FleetwatchThermal",
     "ib_link": "FleetwatchIbLink",
+    "eth_link": "FleetwatchEthLink",
     "host": "FleetwatchHost",
     "statistical": "FleetwatchStatistical",
     "straggler": "FleetwatchStraggler",

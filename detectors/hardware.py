@@ -1,5 +1,5 @@
 """Hardware rule detectors over telemetry/1 batches: XID, ECC, row remap, NVLink, PCIe, thermal,
-lost GPU and InfiniBand link rules.
+lost GPU, InfiniBand link and Ethernet link rules.
 
 Everything up to "which elements are bad" is vectorised over the batch (see counters.py); only the
 bad elements, rare in a healthy fleet, reach Python code that builds findings. Time is the
@@ -44,14 +44,68 @@ Thresholds (HardwareConfig) and why:
   receive errors > 10/h and transmit discards > 100/h are warnings (the default thresholds of
   infiniband-diags' ibcheckerrs); an error counter stuck at its saturation maximum (16-bit fields
   saturate per the IB spec) is a warning, since its rate can no longer be measured.
+- InfiniBand, the PortCounters' other error counters (collectors/net.py reads them from sysfs), per
+  hour over the same decaying `ib_window_s`: link_error_recovery (LinkErrorRecoveryCounter: the
+  link retrained itself and came back; a link that keeps doing so is flapping, rule
+  ib_link_flapping) above `ib_link_recovery_per_hour` = 10; local_link_integrity_errors (times
+  the port's physical errors passed its PortInfo LocalPhyErrors threshold) above
+  `ib_link_integrity_per_hour` = 10; excessive_buffer_overrun_errors (times receive-buffer
+  overruns in a row passed the OverrunErrors threshold: a broken flow-control contract) above
+  `ib_buffer_overrun_per_hour` = 10; rcv_remote_physical_errors (packets that arrived marked bad
+  by another link of their path) above `ib_rcv_remote_physical_per_hour` = 100. These are
+  ibcheckerrs' defaults (LinkRecovers=10, LinkIntegrityErrors=10, ExcBufOverrunErrors=10,
+  RcvRemotePhysErrors=100; linux-rdma/rdma-core scripts/ibcheckerrs.in @3eb3622b), which it
+  compares with a counter's count since it was last cleared; read per hour here, as the rules
+  above. NVIDIA's NVSentinel is stricter (an increase of either threshold counter is fatal,
+  link_error_recovery above 5/min degrades; NVIDIA/NVSentinel docs/configuration/
+  nic-health-monitor.md @07b82dc2): a site that wants that sets a figure below 1. Warnings,
+  critical at `critical_factor` x the threshold. Widths (IBA PortCounters; Linux
+  drivers/infiniband/core/sysfs.c PORT_PMA_ATTR): link_error_recovery 8 bits, the two threshold
+  counters 4 bits (15 means "15 or more"), rcv_remote_physical_errors 16 bits; they saturate and
+  join ib_counter_saturated. Their state is kept apart (ib_ext_counters, ib_ext_decay), so a
+  snapshot of the release before them restores (they start from the next sample).
+- InfiniBand xmit_wait (PortXmitWait: ticks a port had data to send and no credits to send it) is
+  congestion, not a fault of the port: it rises with any busy fabric or slow receiver on a
+  healthy link, so no rule judges it (nor is it tracked).
+- Ethernet (kind eth_link: warnings, never a drain), per interface of net.eth[] (every interface
+  of /proc/net/dev but lo; collectors/net.py): rx_errors (bad packets received: CRC, length,
+  frame) above `eth_rx_errors_per_hour` = 100 and tx_errors (transmit problems: aborted,
+  carrier, FIFO) above `eth_tx_errors_per_hour` = 100 over a decaying `eth_window_s` = 3600 s
+  (Linux include/uapi/linux/if_link.h, struct rtnl_link_stats64). No tool we found sets a count:
+  node_exporter's mixin alerts on errors above 1% of packets for an hour (NodeNetworkReceiveErrs,
+  prometheus/node_exporter docs/node-mixin/alerts/alerts.libsonnet @0336d132; telemetry/1 has
+  no packet counts), NVSentinel lists rx_errors and tx_errors but enables neither by default,
+  and NHC only checks that a named interface exists (check_hw_eth, mej/nhc scripts/lbnl_hw.nhc
+  @02ffddcc). 100/h is ibcheckerrs' figure for the counters that gather errors of more than one
+  cause (RcvRemotePhysErrors, XmtDiscards): a healthy wired link counts none, a failing cable or
+  optic under traffic counts thousands an hour, and a neighbour's stray oversized frames (length
+  errors) stay under it.
+- Ethernet flapping: carrier_changes (the carrier's ups and downs, so one bounce counts 2; where
+  absent, carrier_up_count + carrier_down_count, which the kernel sums into it: Linux
+  net/core/net-sysfs.c carrier_changes_show) above `eth_carrier_changes` = 2.5 in a decaying
+  `eth_flap_window_s` = 120 s is a warning (rule eth_carrier_flapping): more than 2 changes in 2
+  minutes, as kube-prometheus' NodeNetworkInterfaceFlapping (changes(node_network_up[2m]) > 2;
+  prometheus-operator/kube-prometheus jsonnet/kube-prometheus/components/mixin/alerts/
+  node.libsonnet @1bf43811) and NVSentinel's carrier_changes (delta > 2). The half change is for
+  the decaying count, whose older changes never fade to exactly 0: against 2, two bounces an hour
+  apart would pass it. One bounce (a switch reboot) stays silent; a second within ~2.8 minutes
+  (2 e^(-t/120) + 2 > 2.5), or a third change within ~35 s of a bounce, is flapping. A sample's
+  changes count whole (not spread over the time since the last sample): a burst seen through a
+  long sampling interval is still a burst.
+- Ethernet link down: an interface whose operstate is down, lowerlayerdown, dormant, notpresent
+  or testing while it was "up" in an earlier sample is a warning (rule eth_link_down) until it is
+  up again. "unknown" is not judged (drivers that keep no operstate report it while working), nor
+  is an interface never seen up (an unused port, an empty bridge). Ethernet state is kept apart
+  (eth_rows, eth_counters, eth_decay, eth_was_up), so older snapshots restore.
 - Counter reset: a cumulative counter that goes down (driver reload, GPU reset, reboot, cleared IB
   counters, or a garbled read) is re-baselined (counters.py) and reported as an info finding, rule
   counter_reset, per GPU and counter family or per node for IB ports: a reset is maintenance to
   know about, never a page or a drain (it used to count the new value as new errors, so 3 -> 2
-  uncorrectable errors read as 2 new ones).
+  uncorrectable errors read as 2 new ones); per node for Ethernet interfaces too (kind eth_link).
 - IB rules are judged per port and reported per node and rule (the ports in the evidence, at most
   MAX_LISTED, with their total): a node has a handful of ports, but one sample may list 256, and
   one finding per port would let one sample flood the pipeline (and a drain request's id list).
+  Ethernet rules likewise, with the interfaces in the evidence.
 - Every incident resolves after `clear_after_s` = 300 s without a bad sample (XID bursts after
   `xid_quiet_s`), with one more finding carrying resolved=true.
 """
@@ -67,7 +121,7 @@ import orjson
 
 from fleetwatch.config import knob
 from fleetwatch.detectors import kernel_events, kernel_rules, xid_catalog
-from fleetwatch.detectors.batch import GPU_COL, IB_COL, TelemetryBatch
+from fleetwatch.detectors.batch import ETH_COL, GPU_COL, IB_COL, TelemetryBatch
 from fleetwatch.detectors.counters import (
     CounterTracker,
     DecayingCount,
@@ -107,6 +161,30 @@ IB_LIMITS = {
     "xmit_discards": (16, "saturate"),
 }
 IB_ERROR_COUNTERS = ("symbol_errors", "link_downed", "rcv_errors", "xmit_discards")
+# The PortCounters' other error counters, tracked apart (snapshots of the release before them
+# restore); xmit_wait is congestion, not an error, and is not tracked.
+IB_EXT_COUNTERS = (
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "rcv_remote_physical_errors",
+)
+IB_EXT_LIMITS = {
+    "link_error_recovery": (8, "saturate"),
+    "local_link_integrity_errors": (4, "saturate"),
+    "excessive_buffer_overrun_errors": (4, "saturate"),
+    "rcv_remote_physical_errors": (16, "saturate"),
+}
+# The finding rule of each extended counter's rate (link_error_recovery's is the flapping link).
+IB_EXT_RULES = {
+    "link_error_recovery": "ib_link_flapping",
+    "local_link_integrity_errors": "ib_local_link_integrity_errors",
+    "excessive_buffer_overrun_errors": "ib_excessive_buffer_overrun_errors",
+    "rcv_remote_physical_errors": "ib_rcv_remote_physical_errors",
+}
+# Ethernet counters judged (64-bit in /proc/net/dev; carrier_changes a kernel int, which the
+# collector leaves out past 2**31: none wraps, a decrease is a reset).
+ETH_COUNTERS = ("rx_errors", "tx_errors", "carrier_changes")
 # The finding kind a reset of each GPU counter is reported under (the subsystem it counts).
 RESET_KIND = {
     "ecc_sbe_volatile": "ecc",
@@ -133,6 +211,9 @@ _GC = {name: i for i, name in enumerate(GPU_COUNTERS)}
 _GPU_COUNTER_COLS = np.array([GPU_COL[c] for c in GPU_COUNTERS])
 _IC = {name: i for i, name in enumerate(IB_COUNTERS)}
 _IB_COUNTER_COLS = np.array([IB_COL[c] for c in IB_COUNTERS])
+_IB_EXT_COLS = np.array([IB_COL[c] for c in IB_EXT_COUNTERS])
+_EC = {name: i for i, name in enumerate(ETH_COUNTERS)}
+_ETH_COUNTER_COLS = np.array([ETH_COL[c] for c in ETH_COUNTERS])
 
 
 @dataclass(slots=True)
@@ -169,6 +250,49 @@ class HardwareConfig:
     ib_xmit_discards_per_hour: float = knob(
         100.0, "InfiniBand transmit discards per hour on a port that raise a finding", gt=0
     )
+    ib_link_recovery_per_hour: float = knob(
+        10.0,
+        "InfiniBand link error recoveries (the link retrained) per hour on a port that make it a "
+        "flapping link (ibcheckerrs' LinkRecovers)",
+        gt=0,
+    )
+    ib_link_integrity_per_hour: float = knob(
+        10.0,
+        "InfiniBand local link integrity errors (physical errors past the port's threshold) per hour "
+        "that raise a finding (ibcheckerrs' LinkIntegrityErrors)",
+        gt=0,
+    )
+    ib_buffer_overrun_per_hour: float = knob(
+        10.0,
+        "InfiniBand excessive buffer overrun errors (flow control broken) per hour that raise a "
+        "finding (ibcheckerrs' ExcBufOverrunErrors)",
+        gt=0,
+    )
+    ib_rcv_remote_physical_per_hour: float = knob(
+        100.0,
+        "InfiniBand packets received marked bad by another link of their path per hour that raise a "
+        "finding (ibcheckerrs' RcvRemotePhysErrors)",
+        gt=0,
+    )
+    eth_window_s: float = knob(3600.0, "window (s) over which Ethernet error rates are measured", gt=0)
+    eth_rx_errors_per_hour: float = knob(
+        100.0,
+        "Ethernet receive errors (CRC, length, frame) per hour on an interface that raise a finding: "
+        "a healthy link counts none, a failing cable or optic thousands",
+        gt=0,
+    )
+    eth_tx_errors_per_hour: float = knob(
+        100.0, "Ethernet transmit errors per hour on an interface that raise a finding", gt=0
+    )
+    eth_flap_window_s: float = knob(
+        120.0, "window (s) over which Ethernet carrier changes are counted (kube-prometheus: 2 min)", gt=0
+    )
+    eth_carrier_changes: float = knob(
+        2.5,
+        "Ethernet carrier changes (a bounce is 2) in the decaying flap window above which an interface "
+        "is flapping: more than 2 in 2 minutes, with half a change for the faded tail of older ones",
+        gt=0,
+    )
 
 
 def _f(x: Any) -> float | int | None:
@@ -203,6 +327,16 @@ class HardwareDetector:
         self.ib_counters = CounterTracker(IB_COUNTERS, IB_LIMITS)
         iw = self.cfg.ib_window_s
         self.ib_decay = DecayingCount((iw, iw, iw))  # symbol, rcv, xmit_discards
+        self.ib_ext_counters = CounterTracker(IB_EXT_COUNTERS, IB_EXT_LIMITS)
+        self.ib_ext_decay = DecayingCount((iw,) * len(IB_EXT_COUNTERS))
+        # Ethernet interface entities, as IB ports: a node row x iface code table of entity rows
+        self.eth_ifaces = RowIndex()  # iface name -> iface code
+        self.eth_table = np.full((0, 0), -1, dtype=np.int64)
+        self.n_eth = 0
+        self.eth_counters = CounterTracker(ETH_COUNTERS)
+        ew = self.cfg.eth_window_s
+        self.eth_decay = DecayingCount((ew, ew, self.cfg.eth_flap_window_s))  # rx, tx, carrier changes
+        self.eth_was_up = np.zeros(0, dtype=bool)  # seen with operstate "up" in an earlier sample
         self.book = IncidentBook()
 
     # ------------------------------------------------------------ state
@@ -220,9 +354,15 @@ class HardwareDetector:
             "gpu_counters": self.gpu_counters.to_state(self.n_gpu),
             "gpu_decay": self.gpu_decay.to_state(self.n_gpu),
             "gpu_runs": self.gpu_runs.to_state(self.n_gpu),
-            "ib_rows": self._ib_triples(),
+            "ib_rows": _triples(self.ib_table, self.ib_ports.names),
             "ib_counters": self.ib_counters.to_state(self.n_ib),
             "ib_decay": self.ib_decay.to_state(self.n_ib),
+            "ib_ext_counters": self.ib_ext_counters.to_state(self.n_ib),
+            "ib_ext_decay": self.ib_ext_decay.to_state(self.n_ib),
+            "eth_rows": _triples(self.eth_table, self.eth_ifaces.names),
+            "eth_counters": self.eth_counters.to_state(self.n_eth),
+            "eth_decay": self.eth_decay.to_state(self.n_eth),
+            "eth_was_up": encode_array(grow(self.eth_was_up, self.n_eth, False)[: self.n_eth]),
             "incidents": self.book.to_state(),
         }
 
@@ -260,30 +400,51 @@ class HardwareDetector:
             at = self.index.rows
             triples = [[at[saved[r]], k, e] for r, k, e in triples if saved[r] in at]
         if triples:
-            self._ib_table_set(
+            self.ib_table = _table_set(
+                self.ib_table,
                 np.fromiter((r for r, _k, _e in triples), np.int64, len(triples)),
                 self.ib_ports.lookup([str(k) for _r, k, _e in triples]),
                 np.fromiter((e for _r, _k, e in triples), np.int64, len(triples)),
             )
         self.ib_counters = CounterTracker.from_state(d["ib_counters"], IB_COUNTERS)
         self.ib_decay = DecayingCount.from_state(d["ib_decay"], tuple(self.ib_decay.tau))
+        # the extended IB counters and Ethernet came later: a snapshot without them starts them
+        # afresh (their first sample is a baseline)
+        if "ib_ext_counters" in d:
+            self.ib_ext_counters = CounterTracker.from_state(d["ib_ext_counters"], IB_EXT_COUNTERS)
+            self.ib_ext_decay = DecayingCount.from_state(d["ib_ext_decay"], tuple(self.ib_ext_decay.tau))
+        if "eth_rows" in d:
+            self._eth_restore(d, saved)
         self.book = IncidentBook.from_state(d["incidents"], self._clear_after)
         return self
+
+    def _eth_restore(self, d: dict[str, Any], saved: list[str]) -> None:
+        """The Ethernet interfaces of a snapshot: (node row, iface, entity row) triples, checked as
+        the IB ports' are, and each entity's counters, decaying counts and was-up flag."""
+        triples = d["eth_rows"]
+        self.n_eth = len(triples)
+        if not all(0 <= int(r) < len(saved) and 0 <= int(e) < self.n_eth for r, _k, e in triples):
+            raise ValueError("Ethernet interface rows out of range")
+        if triples and saved != self.index.names:
+            at = self.index.rows
+            triples = [[at[saved[r]], k, e] for r, k, e in triples if saved[r] in at]
+        if triples:
+            self.eth_table = _table_set(
+                self.eth_table,
+                np.fromiter((r for r, _k, _e in triples), np.int64, len(triples)),
+                self.eth_ifaces.lookup([str(k) for _r, k, _e in triples]),
+                np.fromiter((e for _r, _k, e in triples), np.int64, len(triples)),
+            )
+        self.eth_counters = CounterTracker.from_state(d["eth_counters"], ETH_COUNTERS)
+        self.eth_decay = DecayingCount.from_state(d["eth_decay"], tuple(self.eth_decay.tau))
+        was_up = decode_array(d["eth_was_up"]).astype(bool)
+        if was_up.ndim != 1 or len(was_up) > self.n_eth:
+            raise ValueError(f"eth_was_up of shape {was_up.shape} for {self.n_eth} interfaces")
+        self.eth_was_up = was_up
 
     @classmethod
     def from_bytes(cls, raw: bytes, config: HardwareConfig | None = None) -> HardwareDetector:
         return cls.from_state(orjson.loads(raw), config)
-
-    def _ib_triples(self) -> list[list[Any]]:
-        """[node row, "device/port", entity row] of every IB port entity, in entity order."""
-        rows, codes = np.nonzero(self.ib_table >= 0)
-        ents = self.ib_table[rows, codes]
-        order = np.argsort(ents, kind="stable")
-        names = self.ib_ports.names
-        return [
-            [r, names[c], e]
-            for r, c, e in zip(rows[order].tolist(), codes[order].tolist(), ents[order].tolist(), strict=True)
-        ]
 
     def forget(self, gone: Forgotten, nodes: Compaction | None) -> list[dict[str, Any]]:
         """Forgotten nodes (pipeline/node_stage.py): their open incidents resolve, saying so, and
@@ -301,8 +462,14 @@ class HardwareDetector:
         table = nodes.take(self.ib_table, -1)
         ports = Compaction.referenced(self.n_ib, table)
         self.ib_table, self.n_ib = ports.renumber(table), len(ports.keep)
-        for port_state in (self.ib_counters, self.ib_decay):
+        for port_state in (self.ib_counters, self.ib_decay, self.ib_ext_counters, self.ib_ext_decay):
             port_state.compact(ports)
+        table = nodes.take(self.eth_table, -1)
+        ifaces = Compaction.referenced(self.n_eth, table)
+        self.eth_table, self.n_eth = ifaces.renumber(table), len(ifaces.keep)
+        for iface_state in (self.eth_counters, self.eth_decay):
+            iface_state.compact(ifaces)
+        self.eth_was_up = ifaces.take(self.eth_was_up, False)
         return out
 
     def _clear_after(self, kind: str, rule: str) -> float:
@@ -327,6 +494,7 @@ class HardwareDetector:
         out += self._xid_rules(batch, acc, times)
         out += self._kernel_rules(batch, acc, times)
         out += self._ib_rules(batch, acc, times)
+        out += self._eth_rules(batch, acc, times)
         out += self.book.sweep(times.next_ts, times.latest)
         out.sort(key=lambda f: (f["ts"], f["node"], f.get("gpu", -1), f["kind"], f["evidence"]["rule"]))
         return out
@@ -812,42 +980,12 @@ class HardwareDetector:
 
     # ------------------------------------------------------------ InfiniBand
 
-    def _ib_table_set(self, rows: np.ndarray, codes: np.ndarray, ents: np.ndarray) -> None:
-        need_r, need_c = int(rows.max()) + 1, int(codes.max()) + 1
-        h, w = self.ib_table.shape
-        if need_r > h or need_c > w:
-            table = np.full((max(need_r, 2 * h, 16), max(need_c, w, 8)), -1, dtype=np.int64)
-            table[:h, :w] = self.ib_table
-            self.ib_table = table
-        self.ib_table[rows, codes] = ents
-
-    def _ib_entities(self, rows: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        """Entity row of each (node row, port code), allocating new ones in order of appearance."""
-        h, w = self.ib_table.shape
-        ent = np.full(len(rows), -1, dtype=np.int64)
-        known = (rows < h) & (codes < w)
-        ent[known] = self.ib_table[rows[known], codes[known]]
-        new = ent < 0
-        if new.any():
-            first_ix = _first_appearances(rows[new] * (int(codes.max()) + 1) + codes[new])
-            nr, nc = rows[new][first_ix], codes[new][first_ix]
-            ne = np.arange(self.n_ib, self.n_ib + len(first_ix))
-            self._ib_table_set(nr, nc, ne)
-            self.n_ib += len(first_ix)
-            ent = self.ib_table[rows, codes]
-        return ent
-
     def _ib_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
-        if len(batch.ib_msg) == 0:
-            return []
-        pos = _accepted_positions(batch.size, acc, batch.ib_msg)
-        sel = np.flatnonzero(pos >= 0)
-        sel = sel[np.argsort(pos[sel], kind="stable")]
+        sel, pos = _port_elements(batch.size, acc, batch.ib_msg)
         if len(sel) == 0:
             return []
-        pos = pos[sel]
         code = self.ib_ports.lookup(batch.ib_key_names)[batch.ib_key_idx[sel]]
-        ent = self._ib_entities(ctx.mrow[pos], code)
+        self.ib_table, self.n_ib, ent = _entities(self.ib_table, self.n_ib, ctx.mrow[pos], code)
         keys = _Names(self.ib_ports.names, code)
         vals = batch.ib[sel]
         active = batch.ib_active[sel]
@@ -856,6 +994,8 @@ class HardwareDetector:
         d = cu.delta
         wcols = [_IC["symbol_errors"], _IC["rcv_errors"], _IC["xmit_discards"]]
         win = self.ib_decay.update(ent, te, d[:, wcols], cu.dt[:, wcols])
+        ext = self.ib_ext_counters.update(ent, te, vals[:, _IB_EXT_COLS])
+        ext_win = self.ib_ext_decay.update(ent, te, ext.delta, ext.dt)
 
         cfg = self.cfg
         out: list[dict[str, Any]] = []
@@ -885,38 +1025,56 @@ class HardwareDetector:
                     f"IB {_ports_text(keys, ports)} link went down {_f(ld[ports].sum())}x (drain node)",
                     {**_ports(keys, ports), "delta": _f(ld[ports].sum())},
                 )
-            for c, name, per_hour in (
-                (0, "symbol_errors", cfg.ib_symbol_per_hour),
-                (1, "rcv_errors", cfg.ib_rcv_per_hour),
-                (2, "xmit_discards", cfg.ib_xmit_discards_per_hour),
-            ):
+            # (windowed counts, their column, delta, the counter, rule, what, threshold per hour)
+            rates = [
+                (win, c, d[:, _IC[name]], name, f"ib_{name}", name.replace("_", " "), per_hour)
+                for c, (name, per_hour) in enumerate(
+                    (
+                        ("symbol_errors", cfg.ib_symbol_per_hour),
+                        ("rcv_errors", cfg.ib_rcv_per_hour),
+                        ("xmit_discards", cfg.ib_xmit_discards_per_hour),
+                    )
+                )
+            ]
+            ext_per_hour = (
+                cfg.ib_link_recovery_per_hour,
+                cfg.ib_link_integrity_per_hour,
+                cfg.ib_buffer_overrun_per_hour,
+                cfg.ib_rcv_remote_physical_per_hour,
+            )
+            rates += [
+                (ext_win, c, ext.delta[:, c], name, IB_EXT_RULES[name], _IB_EXT_WHAT[name], per_hour)
+                for c, (name, per_hour) in enumerate(zip(IB_EXT_COUNTERS, ext_per_hour, strict=True))
+            ]
+            for counts, c, delta, name, rule, what, per_hour in rates:
                 limit = per_hour * rate_unit
-                for _i, ports in per_node(win[:, c] > limit):
-                    worst = ports[int(np.argmax(win[ports, c]))]
-                    ratio = win[worst, c] / limit
+                for _i, ports in per_node(counts[:, c] > limit):
+                    worst = ports[int(np.argmax(counts[ports, c]))]
+                    ratio = counts[worst, c] / limit
                     sev = "critical" if ratio > cfg.critical_factor else "warning"
                     hit(
                         worst,
                         "ib_link",
-                        f"ib_{name}",
+                        rule,
                         sev,
                         ratio,
-                        f"IB {_ports_text(keys, ports)} {name.replace('_', ' ')} up to "
-                        f"{win[worst, c] / rate_unit:.0f}/h above {per_hour:g}/h",
+                        f"IB {_ports_text(keys, ports)} {what} up to "
+                        f"{counts[worst, c] / rate_unit:.0f}/h above {per_hour:g}/h",
                         {
                             **_ports(keys, ports),
                             "worst_port": keys[worst],
-                            "per_window": _f(win[worst, c]),
+                            "per_window": _f(counts[worst, c]),
                             "window_s": cfg.ib_window_s,
                             "threshold_per_window": limit,
                             "counter": _f(vals[worst, IB_COL[name]]),
-                            "delta": _f(d[worst, _IC[name]]),
+                            "delta": _f(delta[worst]),
                         },
                     )
             err_cols = [_IC[c] for c in IB_ERROR_COUNTERS]
-            sat = cu.saturated[:, err_cols]
+            sat = np.concatenate([cu.saturated[:, err_cols], ext.saturated], axis=1)
+            sat_names = (*IB_ERROR_COUNTERS, *IB_EXT_COUNTERS)
             for i, ports in per_node(sat.any(axis=1)):
-                which = sorted({IB_ERROR_COUNTERS[j] for p in ports for j in np.flatnonzero(sat[p])})
+                which = sorted({sat_names[j] for p in ports for j in np.flatnonzero(sat[p])})
                 hit(
                     i,
                     "ib_link",
@@ -927,7 +1085,7 @@ class HardwareDetector:
                     "clear them (perfquery -x)",
                     {**_ports(keys, ports), "saturated": which},
                 )
-            for i, ports in per_node(cu.reset.any(axis=1)):
+            for i, ports in per_node(cu.reset.any(axis=1) | ext.reset.any(axis=1)):
                 hit(
                     i,
                     "ib_link",
@@ -936,6 +1094,96 @@ class HardwareDetector:
                     1.0,
                     f"IB {_ports_text(keys, ports)} counters went down (cleared or reset): re-baselined",
                     _ports(keys, ports),
+                )
+        return out
+
+    # ------------------------------------------------------------ Ethernet
+
+    def _eth_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
+        sel, pos = _port_elements(batch.size, acc, batch.eth_msg)
+        if len(sel) == 0:
+            return []
+        code = self.eth_ifaces.lookup(batch.eth_iface_names)[batch.eth_iface_idx[sel]]
+        self.eth_table, self.n_eth, ent = _entities(self.eth_table, self.n_eth, ctx.mrow[pos], code)
+        names = _Names(self.eth_ifaces.names, code)
+        rows = batch.eth[sel]
+        vals = rows[:, _ETH_COUNTER_COLS]
+        # carrier_changes is the sum of the up and down counts (net-sysfs.c): where only they came
+        cc = _EC["carrier_changes"]
+        halves = rows[:, ETH_COL["carrier_up_count"]] + rows[:, ETH_COL["carrier_down_count"]]
+        vals[:, cc] = np.where(np.isnan(vals[:, cc]), halves, vals[:, cc])
+        te = ctx.mts[pos]
+        cu = self.eth_counters.update(ent, te, vals)
+        spread = cu.dt.copy()
+        spread[:, cc] = 0.0  # a sample's carrier changes count whole (a burst stays a burst)
+        win = self.eth_decay.update(ent, te, cu.delta, spread)
+        up = batch.eth_up[sel]
+        self.eth_was_up = grow(self.eth_was_up, self.n_eth, False)
+        was_up = _was_before(self.eth_was_up, ent, up == 1)
+
+        cfg = self.cfg
+        out: list[dict[str, Any]] = []
+        hit = _Hits(self, ctx, pos, None, out)
+        per_node = _PerMessage(pos)
+
+        def text(ifaces: np.ndarray) -> str:
+            return _ports_text(names, ifaces, "interface")
+
+        for i, ifaces in per_node((up == 0) & was_up):
+            states = sorted({str(batch.eth_state_names[int(batch.eth_state_idx[sel[j]])]) for j in ifaces})
+            hit(
+                i,
+                "eth_link",
+                "eth_link_down",
+                "warning",
+                1.0,
+                f"Ethernet {text(ifaces)} down ({', '.join(states)[:80]}), up before",
+                {**_ports(names, ifaces, "interfaces"), "states": states[:MAX_LISTED]},
+            )
+        rate_unit = cfg.eth_window_s / 3600.0
+        with np.errstate(invalid="ignore"):
+            rates = (  # (counter, rule, what, threshold per hour; None: carrier changes per flap window)
+                ("rx_errors", "eth_rx_errors", "receive errors", cfg.eth_rx_errors_per_hour),
+                ("tx_errors", "eth_tx_errors", "transmit errors", cfg.eth_tx_errors_per_hour),
+                ("carrier_changes", "eth_carrier_flapping", "carrier changes", None),
+            )
+            for name, rule, what, per_hour in rates:
+                c = _EC[name]
+                window = cfg.eth_window_s if per_hour is not None else cfg.eth_flap_window_s
+                per_window = per_hour * rate_unit if per_hour is not None else cfg.eth_carrier_changes
+                for _i, ifaces in per_node(win[:, c] > per_window):
+                    worst = ifaces[int(np.argmax(win[ifaces, c]))]
+                    ratio = win[worst, c] / per_window
+                    if per_hour is not None:
+                        level = f"up to {win[worst, c] / rate_unit:.0f}/h above {per_hour:g}/h"
+                    else:
+                        level = f"{win[worst, c]:.1f} in {window:g} s above {per_window:g} (flapping)"
+                    hit(
+                        worst,
+                        "eth_link",
+                        rule,
+                        "warning",
+                        ratio,
+                        f"Ethernet {text(ifaces)} {what} {level}",
+                        {
+                            **_ports(names, ifaces, "interfaces"),
+                            "worst_interface": names[worst],
+                            "per_window": _f(win[worst, c]),
+                            "window_s": window,
+                            "threshold_per_window": per_window,
+                            "counter": _f(vals[worst, c]),
+                            "delta": _f(cu.delta[worst, c]),
+                        },
+                    )
+            for i, ifaces in per_node(cu.reset.any(axis=1)):
+                hit(
+                    i,
+                    "eth_link",
+                    "counter_reset",
+                    "info",
+                    1.0,
+                    f"Ethernet {text(ifaces)} counters went down (reboot or driver reload): re-baselined",
+                    _ports(names, ifaces, "interfaces"),
                 )
         return out
 
@@ -957,20 +1205,58 @@ class _PerMessage:
         return [(int(g[0]), g) for g in groups]
 
 
-def _ports(keys: _Names, ports: np.ndarray) -> dict[str, Any]:
-    """Evidence naming the ports (at most MAX_LISTED) and how many there are."""
+def _ports(keys: _Names, ports: np.ndarray, field: str = "ports") -> dict[str, Any]:
+    """Evidence naming the ports (or interfaces: `field`; at most MAX_LISTED) and how many there are."""
     names = sorted({keys[p] for p in ports.tolist()})
-    return {"ports": names[:MAX_LISTED], "ports_total": len(names)}
+    return {field: names[:MAX_LISTED], f"{field}_total": len(names)}
 
 
-def _ports_text(keys: _Names, ports: np.ndarray) -> str:
+def _ports_text(keys: _Names, ports: np.ndarray, noun: str = "port") -> str:
     names = sorted({keys[p] for p in ports.tolist()})
     shown = ", ".join(names[:3])
     return (
-        f"port {shown}"
+        f"{noun} {shown}"
         if len(names) == 1
-        else f"ports {shown}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        else f"{noun}s {shown}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     )
+
+
+# How a summary names each extended IB counter's rate.
+_IB_EXT_WHAT = {
+    "link_error_recovery": "link retrained (link error recovery; flapping)",
+    "local_link_integrity_errors": "local link integrity errors",
+    "excessive_buffer_overrun_errors": "excessive buffer overruns",
+    "rcv_remote_physical_errors": "packets marked bad upstream (remote physical errors)",
+}
+
+
+def _port_elements(size: int, acc: np.ndarray, msg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The list entries (IB ports, Ethernet interfaces) of accepted messages, by message position
+    (stable): (their indices in the batch's lists, each one's message position)."""
+    if len(msg) == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty
+    pos = _accepted_positions(size, acc, msg)
+    sel = np.flatnonzero(pos >= 0)
+    sel = sel[np.argsort(pos[sel], kind="stable")]
+    return sel, pos[sel]
+
+
+def _was_before(state: np.ndarray, ent: np.ndarray, now: np.ndarray) -> np.ndarray:
+    """For each element (in sample order), whether its entity had `now` true in an earlier
+    element or, before this batch, in `state` (a per-entity flag, set here for every entity with
+    `now` true: it stays set)."""
+    n = len(ent)
+    order = np.argsort(ent, kind="stable")
+    e, flag = ent[order], now[order]
+    idx = np.arange(n)
+    start = np.maximum.accumulate(np.where(np.r_[True, e[1:] != e[:-1]], idx, 0))  # group's first
+    last = np.maximum.accumulate(np.where(flag, idx, -1))  # latest flagged element so far
+    earlier = np.r_[-1, last[:-1]] >= start  # flagged before, in this batch
+    out = np.empty(n, dtype=bool)
+    out[order] = state[e] | earlier
+    state[e[flag]] = True
+    return out
 
 
 def _xid_bucket(counts: dict[str, int], code: int, variant: str = "") -> str:
@@ -1022,6 +1308,50 @@ class _XidBurst:
         order = sorted(range(len(named)), key=lambda i: (named[i][3], named[i][1], -i), reverse=True)
         listed = {named[i][0]: named[i][1] for i in order[:MAX_LISTED]}
         return cls(worst, rank, sum(counts.values()), listed)
+
+
+def _table_set(table: np.ndarray, rows: np.ndarray, codes: np.ndarray, ents: np.ndarray) -> np.ndarray:
+    """`table` (node row x port or interface code -> entity row, -1: none) with table[rows, codes]
+    = ents, grown (a new array) where they fall outside it."""
+    need_r, need_c = int(rows.max()) + 1, int(codes.max()) + 1
+    h, w = table.shape
+    if need_r > h or need_c > w:
+        wider = np.full((max(need_r, 2 * h, 16), max(need_c, w, 8)), -1, dtype=np.int64)
+        wider[:h, :w] = table
+        table = wider
+    table[rows, codes] = ents
+    return table
+
+
+def _entities(
+    table: np.ndarray, n: int, rows: np.ndarray, codes: np.ndarray
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """Entity row of each (node row, port code) of a port table with n entities, allocating new
+    ones in order of appearance: (the table, the entities now, each element's entity row)."""
+    h, w = table.shape
+    ent = np.full(len(rows), -1, dtype=np.int64)
+    known = (rows < h) & (codes < w)
+    ent[known] = table[rows[known], codes[known]]
+    new = ent < 0
+    if new.any():
+        first_ix = _first_appearances(rows[new] * (int(codes.max()) + 1) + codes[new])
+        nr, nc = rows[new][first_ix], codes[new][first_ix]
+        table = _table_set(table, nr, nc, np.arange(n, n + len(first_ix)))
+        n += len(first_ix)
+        ent = table[rows, codes]
+    return table, n, ent
+
+
+def _triples(table: np.ndarray, names: list[str]) -> list[list[Any]]:
+    """[node row, port or interface name, entity row] of every entity of a port table, in entity
+    order: how snapshots keep it."""
+    rows, codes = np.nonzero(table >= 0)
+    ents = table[rows, codes]
+    order = np.argsort(ents, kind="stable")
+    return [
+        [r, names[c], e]
+        for r, c, e in zip(rows[order].tolist(), codes[order].tolist(), ents[order].tolist(), strict=True)
+    ]
 
 
 def _accepted_positions(size: int, acc: np.ndarray, msg: np.ndarray) -> np.ndarray:

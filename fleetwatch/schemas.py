@@ -419,6 +419,7 @@ KERNEL_EVENT_FIELDS: dict[str, Check] = {
     "engine": _counter32,
     "data": _kernel_text,
     "port": _pci,
+    "hca": _ident,  # an AER error's InfiniBand HCA (mlx5_0), where one is at or below its device
     "error_type": _short_text,
     "pci_id": _short_text,
     "errors": _error_names,
@@ -687,6 +688,7 @@ FINDING_KINDS = frozenset(
         "pcie",
         "thermal",
         "ib_link",
+        "eth_link",
         "host",
         "statistical",
         "straggler",
