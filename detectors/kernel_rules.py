@@ -141,7 +141,19 @@ def sighted(extra: dict[str, Any], source: str, code: int, ts: float, n: int, wi
 
 def event_evidence(event: dict[str, Any]) -> dict[str, Any]:
     """The fields of a kernel-log event that say what and where, for a finding's evidence."""
-    keep = ("code", "pci", "port", "severity", "link", "unit", "switch", "error_type", "pci_id", "errors")
+    keep = (
+        "code",
+        "pci",
+        "port",
+        "hca",
+        "severity",
+        "link",
+        "unit",
+        "switch",
+        "error_type",
+        "pci_id",
+        "errors",
+    )
     out = {k: event[k] for k in keep if k in event}
     text = event.get("text")
     if isinstance(text, str):

@@ -21,7 +21,8 @@ telemetry/1 `kernel` section (docs/contract.md):
 - GPU index: NVML numbers GPUs in PCI address order; the source reads the NVIDIA GPUs' addresses
   from sysfs, not from NVML, which hangs on a GPU that fell off the bus (the very event to report).
   An AER error that a port (or a PCIe switch) reports is the GPU's below it where exactly one GPU
-  is (sysfs's device tree); with several below, the event names the port only.
+  is (sysfs's device tree), else the InfiniBand HCA's (`hca`) where exactly one HCA is at or below
+  it; with several below, the event names the port only.
 """
 
 from __future__ import annotations
@@ -90,6 +91,29 @@ def gpus_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[int, ...]]:
     return {port: tuple(sorted(gpus)) for port, gpus in below.items()}
 
 
+def hcas_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[str, ...]]:
+    """{device, bridge or port address: the InfiniBand HCAs (mlx5_0, ...) at or below it}: a PCI
+    function with an `infiniband` directory in sysfs is an HCA (the RDMA core lists its devices
+    there), and where sysfs puts it says which ports are above it."""
+    below: dict[str, list[str]] = {}
+    try:
+        entries = sorted(sys_pci.iterdir())
+    except OSError:
+        return {}
+    for dev in entries:
+        try:
+            names = sorted(p.name for p in (dev / "infiniband").iterdir())
+            parts = dev.resolve().parts
+        except OSError:
+            continue
+        names = [n for n in names if schemas.NAME_RE.match(n)]
+        if not names or not schemas.PCI_RE.match(dev.name.lower()):
+            continue
+        for part in {*(p for p in parts if schemas.PCI_RE.match(p)), dev.name.lower()}:
+            below.setdefault(part, []).extend(names)
+    return {port: tuple(sorted(set(hcas))) for port, hcas in below.items()}
+
+
 # the agent's own view of its kernel log (its /metrics): what a wrapped ring buffer cost
 # (missed), what it could not read (unknown, rejected), and how much it read
 COUNTED = ("records", "missed", "overruns", "gone_before_start", "unknown", "rejected", "dropped")
@@ -136,6 +160,7 @@ class KernelLogSource:
         boot_id: Path = BOOT_ID,
         gpus: Callable[[], dict[str, int]] = nvidia_gpus,
         below: Callable[[], dict[str, tuple[int, ...]]] = gpus_below_ports,
+        hcas: Callable[[], dict[str, tuple[str, ...]]] = hcas_below_ports,
         max_records: int = MAX_RECORDS,
         max_events: int = MAX_EVENTS,
         budget_s: float = BUDGET_S,
@@ -157,6 +182,7 @@ class KernelLogSource:
             raise ValueError(f"unknown kernel log reader {reader!r} (choose from {', '.join(READERS)})")
         self._gpus = gpus
         self._below = below
+        self._hcas = hcas
         self._lines = LineReader()
         self._events = EventParser()
         self._max_records = max_records
@@ -222,7 +248,9 @@ class KernelLogSource:
             else:
                 dropped += e.count
         gpus = self._gpus() if merged else {}
-        below = self._below() if any(e.kind == "aer" for e in merged.values()) else {}
+        aer = any(e.kind == "aer" for e in merged.values())
+        below = self._below() if aer else {}
+        hcas = self._hcas() if aer else {}
         out = []
         for e in merged.values():
             # no boot id in an event: the section's `boot` is theirs (kmsg lines carry none, the
@@ -234,6 +262,10 @@ class KernelLogSource:
                 under = below.get(e.pci or "") or below.get(e.extra.get("port", ""), ())
                 if len(under) == 1:
                     d["gpu"] = under[0]
+                else:  # or the one InfiniBand HCA at or below that device or port
+                    nics = hcas.get(e.pci or "") or hcas.get(e.extra.get("port", ""), ())
+                    if len(nics) == 1:
+                        d["hca"] = nics[0]
             out.append(d)
         now = {
             "unknown": self._lines.unknown + getattr(self._reader, "unknown", 0),

@@ -16,7 +16,12 @@ from fleetwatch import schemas
 from fleetwatch.collectors.agent import Agent, SourceRunner, source_factory
 from fleetwatch.collectors.forwarder import SpoolForwarder
 from fleetwatch.collectors.kernel_log.kmsg import Cursor, boot_hash
-from fleetwatch.collectors.kernel_log.source import KernelLogSource, gpus_below_ports, nvidia_gpus
+from fleetwatch.collectors.kernel_log.source import (
+    KernelLogSource,
+    gpus_below_ports,
+    hcas_below_ports,
+    nvidia_gpus,
+)
 from fleetwatch.collectors.spool import Spool
 from tests.helpers.fake_kmsg import RingKmsg
 
@@ -296,3 +301,39 @@ def test_the_agents_metrics_count_what_the_ring_buffer_lost_and_what_was_read(tm
     assert counted("records") - before["records"] == 1 + 8
     assert counted("missed") - before["missed"] == 13  # seq 1-13 overwritten; 14-21 read
     assert (REGISTRY.get_sample_value("fleetwatch_agent_kernel_events_total") or 0.0) - events_before == 1
+
+
+def test_an_aer_error_at_or_above_an_infiniband_hca_names_the_hca(tmp_path: Path) -> None:
+    """A ConnectX HCA (Mellanox 15b3, class 0207: InfiniBand) below root port 00:04.0, its RDMA device
+    mlx5_0 in sysfs's `infiniband` directory: an AER error the port reports, or the HCA itself, is
+    the HCA's (the issue's "attributed to the GPU or HCA below that port")."""
+    sys_pci = _sysfs(tmp_path / "sys")
+    hca = tmp_path / "sys" / "devices" / "pci0000:00" / "0000:00:04.0" / "0000:41:00.0"
+    (hca / "infiniband" / "mlx5_0").mkdir(parents=True)
+    (hca / "vendor").write_text("0x15b3\n")
+    (hca / "class").write_text("0x020700\n")
+    (sys_pci / hca.name).symlink_to(hca)
+    assert hcas_below_ports(sys_pci) == {
+        "0000:00:04.0": ("mlx5_0",),
+        "0000:41:00.0": ("mlx5_0",),
+    }
+    ring = RingKmsg()
+    for line in (  # the root port names the device the error came from, the device prints its detail
+        "pcieport 0000:00:04.0: AER: Uncorrected (Non-Fatal) error received: 0000:41:00.0",
+        "mlx5_core 0000:41:00.0: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, "
+        "(Requester ID)",
+        # an older kernel's form: the port's own error, about its link to the HCA
+        "pcieport 0000:00:04.0: AER: Corrected error received: id=0020",
+        "pcieport 0000:00:04.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, "
+        "id=0020(Receiver ID)",
+    ):
+        ring.log(line)
+    src = KernelLogSource(
+        device=ring.open,
+        boot_id=_boot(tmp_path),
+        gpus=lambda: nvidia_gpus(sys_pci),
+        below=lambda: gpus_below_ports(sys_pci),
+        hcas=lambda: hcas_below_ports(sys_pci),
+    )
+    events = src.sample()["kernel"]["events"]
+    assert [(e["kind"], e.get("hca"), e.get("gpu")) for e in events] == [("aer", "mlx5_0", None)] * 2
