@@ -10,8 +10,10 @@ from the checked-in catalogue), and the bucket decides the severity and the acti
 - RESET_GPU asks for a GPU reset: critical, action reset_gpu (act drains the node for it unless the
   site resets GPUs automatically, [act.policy] gpu_reset_automated);
 - RESTART_BM / RESTART_VM (a reboot), CONTACT_SUPPORT and CHECK_MECHANICALS (hardware), and the
-  workflows for a double-bit ECC error (WORKFLOW_XID_48) and NVLink errors (WORKFLOW_NVLINK_ERR)
-  are critical and drain;
+  workflow for NVLink errors (WORKFLOW_NVLINK_ERR) are critical and drain;
+- the workflows that depend on the burst's other codes (in_workflow): a double-bit ECC error
+  (WORKFLOW_XID_48) asks for a GPU reset alone and a drain with XID 63 or 64; a preemptive cleanup
+  (WORKFLOW_XID_45) alone is a warning (restart the Fabric Manager), else the other codes decide;
 - NVLink5 errors (144-150, WORKFLOW_NVLINK5_ERR) are a warning to investigate by code alone: their
   line says Fatal or Nonfatal, which the kernel-log events judge (detectors/kernel_events.py);
 - XID 154 says itself what the driver wants (its recovery action: detectors/kernel_events.py);
@@ -24,7 +26,7 @@ at: never a crash, never a drain, never dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from fleetwatch.detectors.xid_nvidia import NVIDIA_XIDS
@@ -150,6 +152,32 @@ CATALOG: dict[int, XidInfo] = {
     code: _entry(code, mnemonic, description, bucket)
     for code, (mnemonic, description, bucket, _investigate) in NVIDIA_XIDS.items()
 }
+
+
+ROW_REMAP_XIDS = frozenset({63, 64})  # row remap recorded / failed: what makes a DBE's remedy a drain
+
+
+def in_workflow(info: XidInfo, codes: frozenset[int]) -> XidInfo:
+    """`info` as NVIDIA's multi-event workflows judge it among the other `codes` of its burst
+    (the Xid Catalog's Resolution Buckets sheet, detectors/data/nvidia_xid_buckets.csv):
+
+    - WORKFLOW_XID_48 (a double-bit ECC error): solo, RESET_GPU (critical, reset_gpu: the GPU
+      retires the row at its reset); with XID 63 or 64 (a row remap recorded or failed), DRAIN_AND_RESET
+      (critical, drain_node);
+    - WORKFLOW_XID_45 (preemptive cleanup): solo, RESTART_FM (a warning: restart the Fabric
+      Manager, investigate); not solo, IGNORE (info: the other XID's guidance decides).
+    Every other entry is its bucket's verdict as it is."""
+    if info.bucket == "WORKFLOW_XID_48":
+        if codes & ROW_REMAP_XIDS:
+            return replace(
+                info, severity="critical", action="drain_node", name=f"{info.name} with a row remap"
+            )
+        return replace(info, severity="critical", action="reset_gpu")
+    if info.bucket == "WORKFLOW_XID_45" and codes <= {45}:
+        return replace(
+            info, severity="warning", action="investigate", name=f"{info.name} (solo: restart Fabric Manager)"
+        )
+    return info
 
 
 def lookup(code: int) -> XidInfo:

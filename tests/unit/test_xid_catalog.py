@@ -46,3 +46,19 @@ def test_every_bucket_has_a_policy_and_the_policy_never_drains_for_the_applicati
         assert xid_catalog.BUCKET_POLICY[bucket][2] in ("none", "restart_app")
     for info in xid_catalog.CATALOG.values():
         assert info.action in xid_catalog.ACTION_TEXT and info.name and info.description
+
+
+def test_nvidias_multi_event_workflows_judge_a_code_by_the_rest_of_its_burst() -> None:
+    """The Resolution Buckets sheet: XID 48 alone asks for a GPU reset, with 63 or 64 for a drain and
+    reset; XID 45 alone is a Fabric Manager restart to look at, beside other codes it defers to them."""
+    dbe, cleanup = xid_catalog.lookup(48), xid_catalog.lookup(45)
+    solo = xid_catalog.in_workflow(dbe, frozenset({48}))
+    assert (solo.severity, solo.action) == ("critical", "reset_gpu")
+    for remap in (63, 64):
+        both = xid_catalog.in_workflow(dbe, frozenset({48, remap, 13}))
+        assert (both.severity, both.action) == ("critical", "drain_node")
+    alone = xid_catalog.in_workflow(cleanup, frozenset({45}))
+    assert (alone.severity, alone.action) == ("warning", "investigate") and "Fabric Manager" in alone.name
+    assert xid_catalog.in_workflow(cleanup, frozenset({45, 13})) == cleanup  # info: 13 decides
+    other = xid_catalog.lookup(79)
+    assert xid_catalog.in_workflow(other, frozenset({79, 48})) is other
