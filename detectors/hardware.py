@@ -12,7 +12,10 @@ Thresholds (HardwareConfig) and why:
   burst of >= `xid_burst_escalate` = 20 events is escalated one level, except application-caused
   XIDs, capped at warning (a crash loop of a bad job is still the job's fault). The severity, the
   worst code (the most severe, then the one whose action takes most: an RMA over a GPU reset) and
-  the codes act drains on are read from every code of the burst: the incident counts each
+  the codes act drains on are read from every code of the burst, each as NVIDIA's multi-event
+  workflows judge it among the others (xid_catalog.in_workflow: 48 with 63/64 drains, alone
+  resets; 45 alone warns), and NVML's recovery action, where the GPU reports one, overrides them
+  (the driver's own verdict): the incident counts each
   catalogued code by itself (the catalogue is bounded, so the counts are). The evidence lists at
   most MAX_LISTED codes, worst first, so every critical one is named (xids_unlisted counts the
   rest). A critical code that joins a burst already critical sends the finding again.
@@ -212,6 +215,7 @@ _GPU_COUNTER_COLS = np.array([GPU_COL[c] for c in GPU_COUNTERS])
 _IC = {name: i for i, name in enumerate(IB_COUNTERS)}
 _IB_COUNTER_COLS = np.array([IB_COL[c] for c in IB_COUNTERS])
 _IB_EXT_COLS = np.array([IB_COL[c] for c in IB_EXT_COUNTERS])
+_IB_ERROR_COLS = [_IC[c] for c in IB_ERROR_COUNTERS]
 _EC = {name: i for i, name in enumerate(ETH_COUNTERS)}
 _ETH_COUNTER_COLS = np.array([ETH_COL[c] for c in ETH_COUNTERS])
 
@@ -809,6 +813,19 @@ class HardwareDetector:
         out.sort(key=lambda x: x[0])  # stable: by message, NVML's before the kernel log's
         return out
 
+    @staticmethod
+    def _recovery_action(
+        batch: TelemetryBatch, acc: np.ndarray, p: int, gpu: int | None, extra: dict[str, Any]
+    ) -> int:
+        """The GPU's recovery action (a value NVML defines, not 0) as its latest sample up to this
+        XID's said it, kept in the burst's `extra`: 0 where none is known or the last said none."""
+        if gpu is not None and gpu < batch.gpu.shape[1]:
+            v = batch.gpu[acc[p], gpu, GPU_COL["recovery_action"]]
+            if v == v:  # read in this sample (NaN: absent)
+                extra["recovery_action"] = int(v)
+        ra = int(extra.get("recovery_action", 0))
+        return ra if ra in kernel_events.RECOVERY_ACTIONS else 0
+
     def _xid_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
         sightings = self._xid_sightings(batch, acc)
         cfg = self.cfg
@@ -843,6 +860,12 @@ class HardwareDetector:
             burst = _XidBurst.of(counts)
             worst, total = burst.worst, burst.total
             rank = burst.rank
+            # NVML's GPU recovery action, read with this XID's sample, is the driver's own verdict:
+            # where it asks for something (not 0, none), it decides the burst's severity and action
+            ra = self._recovery_action(batch, acc, p, gpu, extra)
+            if ra:
+                worst = kernel_rules.variant_info(worst.code, f"ra{ra}")
+                rank = SEVERITY_RANK[worst.severity]
             if total >= cfg.xid_burst_escalate:
                 cap = SEVERITY_RANK["warning"] if worst.cause == "application" else SEVERITY_RANK["critical"]
                 rank = max(rank, min(rank + 1, cap))
@@ -862,6 +885,12 @@ class HardwareDetector:
                 "quiet_s": cfg.xid_quiet_s,
                 "first_seen_by": dict(extra.get("first_by", {})),  # which source reported them first
             }
+            if ra:
+                evidence["recovery_action"] = ra
+            if inc is not None and _XID_ACTION_RANK[worst.action] > _XID_ACTION_RANK.get(
+                str(inc.evidence.get("action")), 0
+            ):
+                news = True  # the burst now asks for more (a 63 joined a 48, the driver spoke): say so
             unlisted = total - sum(burst.listed.values())
             if unlisted:  # XIDs of codes the list leaves out (or of uncatalogued ones beyond it)
                 evidence["xids_unlisted"] = unlisted
@@ -925,7 +954,8 @@ class HardwareDetector:
             elif kind == "aer":
                 out += self._kernel_observe(
                     ctx, node, gpu, "pcie", "aer", ts, j.severity, j.action,
-                    f"{j.name} on {ev.get('pci') or ev.get('port', 'a PCIe device')}", ev, count=n,
+                    f"{j.name} on {ev.get('hca') or ev.get('pci') or ev.get('port', 'a PCIe device')}",
+                    ev, count=n,
                 )  # fmt: skip
             else:
                 out += self._kernel_observe(
@@ -1070,8 +1100,11 @@ class HardwareDetector:
                             "delta": _f(delta[worst]),
                         },
                     )
-            err_cols = [_IC[c] for c in IB_ERROR_COUNTERS]
-            sat = np.concatenate([cu.saturated[:, err_cols], ext.saturated], axis=1)
+            # (a whole-array any() first: per-row any() is slow, and nearly every batch has none)
+            if cu.saturated.any() or ext.saturated.any():  # only error counters have a width
+                sat = np.concatenate([cu.saturated[:, _IB_ERROR_COLS], ext.saturated], axis=1)
+            else:
+                sat = np.zeros((len(sel), 0), dtype=bool)
             sat_names = (*IB_ERROR_COUNTERS, *IB_EXT_COUNTERS)
             for i, ports in per_node(sat.any(axis=1)):
                 which = sorted({sat_names[j] for p in ports for j in np.flatnonzero(sat[p])})
@@ -1085,7 +1118,8 @@ class HardwareDetector:
                     "clear them (perfquery -x)",
                     {**_ports(keys, ports), "saturated": which},
                 )
-            for i, ports in per_node(cu.reset.any(axis=1) | ext.reset.any(axis=1)):
+            reset = _rows_any(cu.reset) | _rows_any(ext.reset)
+            for i, ports in per_node(reset):
                 hit(
                     i,
                     "ib_link",
@@ -1175,7 +1209,7 @@ class HardwareDetector:
                             "delta": _f(cu.delta[worst, c]),
                         },
                     )
-            for i, ifaces in per_node(cu.reset.any(axis=1)):
+            for i, ifaces in per_node(_rows_any(cu.reset)):
                 hit(
                     i,
                     "eth_link",
@@ -1230,6 +1264,12 @@ _IB_EXT_WHAT = {
 }
 
 
+def _rows_any(flags: np.ndarray) -> np.ndarray:
+    """flags.any(axis=1) of a (n, k) bool array, at the cost of one whole-array any() when none is
+    set (the usual batch: per-row any() over a few columns costs ~10x that)."""
+    return flags.any(axis=1) if flags.any() else np.zeros(len(flags), dtype=bool)
+
+
 def _port_elements(size: int, acc: np.ndarray, msg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The list entries (IB ports, Ethernet interfaces) of accepted messages, by message position
     (stable): (their indices in the batch's lists, each one's message position)."""
@@ -1273,6 +1313,10 @@ def _xid_bucket(counts: dict[str, int], code: int, variant: str = "") -> str:
     return name if unknown < MAX_UNKNOWN_XIDS else OTHER_XIDS
 
 
+def _ranked(info: xid_catalog.XidInfo) -> tuple[xid_catalog.XidInfo, tuple[int, int]]:
+    return info, (SEVERITY_RANK[info.severity], _XID_ACTION_RANK[info.action])
+
+
 @functools.lru_cache(maxsize=4096)
 def _xid_info(name: str) -> tuple[xid_catalog.XidInfo, tuple[int, int]]:
     """A counted code's catalogue entry and how bad it is: its severity, then how much its action
@@ -1299,7 +1343,14 @@ class _XidBurst:
 
     @classmethod
     def of(cls, counts: dict[str, int]) -> _XidBurst:
-        named = [(c, n, *_xid_info(c)) for c, n in counts.items() if c != OTHER_XIDS]
+        # each code as NVIDIA's multi-event workflows judge it among the burst's others (48 with
+        # 63/64, 45 alone: xid_catalog.in_workflow)
+        codes = frozenset(int(c.partition(":")[0]) for c in counts if c != OTHER_XIDS)
+        named = [
+            (c, n, *_ranked(xid_catalog.in_workflow(_xid_info(c)[0], codes)))
+            for c, n in counts.items()
+            if c != OTHER_XIDS
+        ]
         # max() keeps the first of equals: among codes as bad as each other the first seen is worst
         worst = max(named, key=lambda x: x[3])[2] if named else _xid_info(OTHER_XIDS)[0]
         rank = SEVERITY_RANK[worst.severity]

@@ -307,3 +307,29 @@ def test_nvmls_recovery_action_is_a_finding_whose_action_the_driver_decides() ->
     newer = [gpu_entry(i, recovery_action=9 if i == 0 else 0) for i in range(8)]
     f = latest(detect([orjson.dumps(telemetry(NODE, T0, newer, seq=1))]), "xid", "recovery_action")
     assert f["severity"] == "warning" and drain_reason(f) is None
+
+
+def test_nvidias_workflow_for_xid_48_and_the_recovery_action_decide_the_bursts_action() -> None:
+    """XID 48 alone asks for a GPU reset; with 63 (a row remap recorded) for a drain and reset. Where
+    NVML's recovery action says what the driver wants, it decides whatever the codes say."""
+    solo = latest(
+        detect([orjson.dumps(telemetry(NODE, T0, [gpu_entry(1, xids=[48])], seq=1))]), "xid", "xid_burst"
+    )
+    assert solo["evidence"]["action"] == "reset_gpu" and drain_reason(solo, gpu_reset_automated=True) is None
+    pair = [
+        orjson.dumps(telemetry(NODE, T0 + k, [gpu_entry(1, xids=[c])], seq=k)) for k, c in ((1, 48), (2, 63))
+    ]
+    both = latest(detect(pair), "xid", "xid_burst")
+    assert (
+        both["evidence"]["action"] == "drain_node"
+        and drain_reason(both, gpu_reset_automated=True) == "XID 48"
+    )
+    # XID 13 is the application's, but the driver asks for a drain and reset: the driver decides
+    said = [gpu_entry(1, xids=[13], recovery_action=4)]
+    f = latest(detect([orjson.dumps(telemetry(NODE, T0, said, seq=1))]), "xid", "xid_burst")
+    assert (f["severity"], f["evidence"]["action"], f["evidence"]["recovery_action"]) == (
+        "critical",
+        "drain_node",
+        4,
+    )
+    assert drain_reason(f) == "XID 13"
