@@ -51,6 +51,8 @@ ACCEPTED: dict[str, tuple[str, ...]] = {
     "hca_missing": ("device_count", "ib_link"),
     "d_state_stuck": ("hung_tasks",),
     "disk_full": ("disk",),
+    "ib_link_flapping": ("ib_link",),
+    "eth_flapping": ("eth_link",),
     "ecc_sbe_rising": ("ecc", "xid"),
     "row_remap_pending": ("row_remap", "ecc", "xid"),
     "nvlink_crc": ("nvlink", "xid"),

@@ -102,6 +102,8 @@ class ClusterState:
         self.inodes = rng.uniform(0.05, 0.25, n)
         self.gpu_link_width = np.full((n, g), PCIE_WIDTH, np.int64)
         self.hca_gone = np.zeros((n, p), np.int64)  # an HCA the node no longer lists
+        self.ib_link_recovery = np.zeros((n, p), np.int64)  # the link retrained (PortCounters)
+        self.eth_carrier_changes = np.full(n, 2, np.int64)  # a boot's first down and up
         self.silent = np.zeros(n, np.int64)  # node sends nothing
         self.blocked = np.zeros(n, np.int64)  # the scheduler cannot place work here
         self.ib_down = np.zeros((n, p), np.int64)
@@ -314,6 +316,7 @@ class ClusterState:
         sym, downed, rcv = self.ib_symbol.tolist(), self.ib_downed.tolist(), self.ib_rcv_err.tolist()
         disc, tx, rx = self.ib_discards.tolist(), self.ib_tx.tolist(), self.ib_rx.tolist()
         erx, etx, edrop = self.eth_rx.tolist(), self.eth_tx.tolist(), self.eth_drop.tolist()
+        recovery, carrier = self.ib_link_recovery.tolist(), self.eth_carrier_changes.tolist()
         cpu, mem_frac, load1, disk, d_state = r["cpu"], r["mem_frac"], r["load1"], r["disk"], r["d_state"]
         rate = self.hw.ib_rate_gbps
         links = self.hw.nvlinks
@@ -410,8 +413,12 @@ class ClusterState:
                     "pcie_link_gen_max": PCIE_GEN,
                     "pcie_link_width": PCIE_WIDTH,
                     "pcie_link_width_max": PCIE_WIDTH,
+                    "link_error_recovery": lr,
+                    "local_link_integrity_errors": 0,
+                    "excessive_buffer_overrun_errors": 0,
+                    "rcv_remote_physical_errors": 0,
                 }
-                for dev, up, sy, dn, rc, di, t, r_, listed in zip(
+                for dev, up, sy, dn, rc, di, t, r_, lr, listed in zip(
                     devices,
                     ib_up[i],
                     sym[i],
@@ -420,6 +427,7 @@ class ClusterState:
                     disc[i],
                     tx[i],
                     rx[i],
+                    recovery[i],
                     hca_listed[i],
                     strict=True,
                 )
@@ -458,6 +466,7 @@ class ClusterState:
                             "tx_errors": 0,
                             "rx_dropped": edrop[i],
                             "tx_dropped": 0,
+                            "carrier_changes": carrier[i],
                         }
                     ],
                 },

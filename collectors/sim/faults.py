@@ -269,6 +269,25 @@ class NodeCheckFault(Fault):
             st.hca_gone[node, -1] -= 1
 
 
+class LinkFlapping(Fault):
+    """ib_link_flapping / eth_flapping: the link drops and retrains every `interval_s` or so (the
+    first at onset), too briefly for a sample to see it down: only its counter says so."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._next_k = self.onset_k
+
+    def apply(self, st: ClusterState, k: int) -> None:
+        if k < self._next_k:
+            return
+        if self.kind.name == "ib_link_flapping":
+            st.ib_link_recovery[self.node, int(self.params["port"]) % st.n_ports] += 1
+        else:
+            st.eth_carrier_changes[self.node] += 2  # a down, then an up
+        gap = self.rng.exponential(self.params["interval_s"])
+        self._next_k = k + max(1, round(gap / self.dt))
+
+
 # ---------------------------------------------------------------- gradual
 
 
@@ -542,6 +561,8 @@ _CLASSES: dict[str, type[Fault]] = {
     "hca_missing": NodeCheckFault,
     "d_state_stuck": NodeCheckFault,
     "disk_full": DiskFull,
+    "ib_link_flapping": LinkFlapping,
+    "eth_flapping": LinkFlapping,
     "ecc_sbe_rising": EccSbeRising,
     "row_remap_pending": RowRemapPending,
     "nvlink_crc": NvlinkCrc,

@@ -245,6 +245,33 @@ KINDS: dict[str, KindSpec] = {
             "a wedged driver leaves processes stuck in uninterruptible sleep (D state)",
             {"duration_s": _duration(), "procs": Param(20, int, lo=1, doc="processes stuck")},
         ),
+        KindSpec(
+            "ib_link_flapping",
+            "sudden",
+            "ib_link",
+            False,
+            True,
+            "an InfiniBand port's link keeps retraining (LinkErrorRecoveryCounter climbs: a marginal "
+            "cable or transceiver) while it stays ACTIVE",
+            {
+                "port": _port(),
+                "duration_s": _duration(),
+                "interval_s": Param(8.0, float, lo=1.0, doc="mean seconds between retrains"),
+            },
+        ),
+        KindSpec(
+            "eth_flapping",
+            "sudden",
+            "eth_link",
+            False,
+            True,
+            "the node's Ethernet link goes down and up again and again (carrier_changes climbs: a "
+            "bad cable or switch port)",
+            {
+                "duration_s": _duration(),
+                "interval_s": Param(15.0, float, lo=1.0, doc="mean seconds between flaps (a down and an up)"),
+            },
+        ),
         # ------------------------------------------------------------ gradual
         KindSpec(
             "disk_full",

@@ -383,6 +383,24 @@ def test_an_idle_gpus_link_runs_at_a_lower_generation_and_a_busy_ones_at_its_max
     assert all(g["pcie_link_width"] == g["pcie_link_width_max"] == 16 for g in entries)
 
 
+def check_ib_link_flapping(sim, ticks, s, b, k0, fk, truths) -> None:
+    def recovered(k: int) -> list[int]:
+        return [p["link_error_recovery"] for p in s[k]["net"]["ib"]]
+
+    assert recovered(k0 - 1) == [0] * 8 and recovered(k0)[2] == 1  # fault_entry's port 2
+    later = recovered(k0 + 60)
+    assert later[2] >= 4 and sum(later) == later[2]
+    assert all(p["state"] == "ACTIVE" for p in s[k0 + 60]["net"]["ib"])  # up at every sample
+
+
+def check_eth_flapping(sim, ticks, s, b, k0, fk, truths) -> None:
+    def changes(k: int) -> int:
+        return s[k]["net"]["eth"][0]["carrier_changes"]
+
+    assert changes(k0 - 1) == 2 and changes(k0) == 4 and changes(k0 + 60) >= 8
+    assert b[k0 + 60]["net"]["eth"][0]["carrier_changes"] == 2
+
+
 CHECKS = {
     "xid79": check_xid79,
     "xid119": check_xid119,
@@ -411,6 +429,8 @@ CHECKS = {
     "hca_missing": check_hca_missing,
     "d_state_stuck": check_d_state_stuck,
     "disk_full": check_disk_full,
+    "ib_link_flapping": check_ib_link_flapping,
+    "eth_flapping": check_eth_flapping,
 }
 
 
