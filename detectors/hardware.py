@@ -1153,7 +1153,11 @@ class HardwareDetector:
         win = self.eth_decay.update(ent, te, cu.delta, spread)
         up = batch.eth_up[sel]
         self.eth_was_up = grow(self.eth_was_up, self.n_eth, False)
-        was_up = _was_before(self.eth_was_up, ent, up == 1)
+        down = up == 0
+        if down.any():
+            down &= _was_before(self.eth_was_up, ent, up == 1)
+        else:  # the usual batch: nothing is down, so only remember what is up
+            self.eth_was_up[ent[up == 1]] = True
 
         cfg = self.cfg
         out: list[dict[str, Any]] = []
@@ -1163,7 +1167,7 @@ class HardwareDetector:
         def text(ifaces: np.ndarray) -> str:
             return _ports_text(names, ifaces, "interface")
 
-        for i, ifaces in per_node((up == 0) & was_up):
+        for i, ifaces in per_node(down):
             states = sorted({str(batch.eth_state_names[int(batch.eth_state_idx[sel[j]])]) for j in ifaces})
             hit(
                 i,
