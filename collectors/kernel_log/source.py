@@ -57,14 +57,31 @@ CHUNK = 1000  # records read between two looks at the clock
 MAX_EVENTS = 256  # distinct events a sample carries
 
 
+def _pci_devices(sys_pci: Path) -> list[Path]:
+    """The PCI functions sysfs lists (/sys/bus/pci/devices/<address>), by address; none where it
+    cannot be read."""
+    try:
+        return sorted(d for d in sys_pci.iterdir() if schemas.PCI_RE.match(d.name.lower()))
+    except OSError:
+        return []
+
+
+def _ports_above(dev: Path) -> list[str]:
+    """The bridges and ports above a PCI function, from where sysfs puts it
+    (/sys/bus/pci/devices/<dev> links to /sys/devices/pci0000:00/<port>/.../<dev>); [] where the
+    link cannot be followed."""
+    address = dev.name.lower()
+    try:
+        parts = dev.resolve().parts
+    except OSError:
+        return []
+    return [p for p in parts if p != address and schemas.PCI_RE.match(p)]
+
+
 def nvidia_gpus(sys_pci: Path = SYS_PCI) -> dict[str, int]:
     """{PCI address: GPU index}: the NVIDIA GPUs sysfs lists, in address order (NVML's order)."""
     found = []
-    try:
-        entries = sorted(sys_pci.iterdir())
-    except OSError:
-        return {}
-    for dev in entries:
+    for dev in _pci_devices(sys_pci):
         try:
             vendor = (dev / "vendor").read_text().strip()
             klass = (dev / "class").read_text().strip()
@@ -76,42 +93,28 @@ def nvidia_gpus(sys_pci: Path = SYS_PCI) -> dict[str, int]:
 
 
 def gpus_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[int, ...]]:
-    """{bridge or port address: the indices of the NVIDIA GPUs below it}, from where sysfs puts each
-    GPU (/sys/bus/pci/devices/<gpu> links to /sys/devices/pci0000:00/<port>/.../<gpu>): an AER
-    error a port reports about its link is the GPU's below it."""
+    """{bridge or port address: the indices of the NVIDIA GPUs below it}: an AER error a port
+    reports about its link is the GPU's below it."""
     below: dict[str, list[int]] = {}
     for address, index in nvidia_gpus(sys_pci).items():
-        try:
-            parts = (sys_pci / address).resolve().parts
-        except OSError:
-            continue
-        for part in parts:
-            if part != address and schemas.PCI_RE.match(part):
-                below.setdefault(part, []).append(index)
+        for port in _ports_above(sys_pci / address):
+            below.setdefault(port, []).append(index)
     return {port: tuple(sorted(gpus)) for port, gpus in below.items()}
 
 
 def hcas_below_ports(sys_pci: Path = SYS_PCI) -> dict[str, tuple[str, ...]]:
     """{device, bridge or port address: the InfiniBand HCAs (mlx5_0, ...) at or below it}: a PCI
     function with an `infiniband` directory in sysfs is an HCA (the RDMA core lists its devices
-    there), and where sysfs puts it says which ports are above it."""
+    there)."""
     below: dict[str, list[str]] = {}
-    try:
-        entries = sorted(sys_pci.iterdir())
-    except OSError:
-        return {}
-    for dev in entries:
+    for dev in _pci_devices(sys_pci):
         try:
-            names = sorted(p.name for p in (dev / "infiniband").iterdir())
-            parts = dev.resolve().parts
+            names = [p.name for p in (dev / "infiniband").iterdir() if schemas.NAME_RE.match(p.name)]
         except OSError:
             continue
-        names = [n for n in names if schemas.NAME_RE.match(n)]
-        if not names or not schemas.PCI_RE.match(dev.name.lower()):
-            continue
-        for part in {*(p for p in parts if schemas.PCI_RE.match(p)), dev.name.lower()}:
-            below.setdefault(part, []).extend(names)
-    return {port: tuple(sorted(set(hcas))) for port, hcas in below.items()}
+        for place in (dev.name.lower(), *_ports_above(dev)):
+            below.setdefault(place, []).extend(names)
+    return {place: tuple(sorted(set(hcas))) for place, hcas in below.items() if hcas}
 
 
 # the agent's own view of its kernel log (its /metrics): what a wrapped ring buffer cost

@@ -252,6 +252,17 @@ def _sysfs(root: Path) -> Path:
     return bus
 
 
+def _sysfs_source(ring: RingKmsg, tmp_path: Path, sys_pci: Path) -> KernelLogSource:
+    """The kernel source over `ring`, its GPUs and HCAs from the fake sysfs at sys_pci."""
+    return KernelLogSource(
+        device=ring.open,
+        boot_id=_boot(tmp_path),
+        gpus=lambda: nvidia_gpus(sys_pci),
+        below=lambda: gpus_below_ports(sys_pci),
+        hcas=lambda: hcas_below_ports(sys_pci),
+    )
+
+
 def test_an_aer_error_of_a_port_is_the_one_gpus_below_it(tmp_path: Path) -> None:
     sys_pci = _sysfs(tmp_path / "sys")
     assert gpus_below_ports(sys_pci) == {
@@ -269,13 +280,7 @@ def test_an_aer_error_of_a_port_is_the_one_gpus_below_it(tmp_path: Path) -> None
         "pcieport 0000:00:03.0: AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0",
     ):
         ring.log(line)
-    src = KernelLogSource(
-        device=ring.open,
-        boot_id=_boot(tmp_path),
-        gpus=lambda: nvidia_gpus(sys_pci),
-        below=lambda: gpus_below_ports(sys_pci),
-    )
-    events = src.sample()["kernel"]["events"]
+    events = _sysfs_source(ring, tmp_path, sys_pci).sample()["kernel"]["events"]
     assert [(e["port"], e.get("gpu")) for e in events] == [("0000:00:02.0", 0), ("0000:00:03.0", None)]
     assert events[0]["errors"] == ["Surprise Down Error"]
 
@@ -328,12 +333,5 @@ def test_an_aer_error_at_or_above_an_infiniband_hca_names_the_hca(tmp_path: Path
         "id=0020(Receiver ID)",
     ):
         ring.log(line)
-    src = KernelLogSource(
-        device=ring.open,
-        boot_id=_boot(tmp_path),
-        gpus=lambda: nvidia_gpus(sys_pci),
-        below=lambda: gpus_below_ports(sys_pci),
-        hcas=lambda: hcas_below_ports(sys_pci),
-    )
-    events = src.sample()["kernel"]["events"]
+    events = _sysfs_source(ring, tmp_path, sys_pci).sample()["kernel"]["events"]
     assert [(e["kind"], e.get("hca"), e.get("gpu")) for e in events] == [("aer", "mlx5_0", None)] * 2
