@@ -957,6 +957,12 @@ class HardwareDetector:
                     f"{j.name} on {ev.get('hca') or ev.get('pci') or ev.get('port', 'a PCIe device')}",
                     ev, count=n,
                 )  # fmt: skip
+            elif kind in kernel_rules.STORAGE_EVENTS:
+                finding_kind, rule = kernel_rules.STORAGE_EVENTS[kind]
+                out += self._kernel_observe(
+                    ctx, node, None, finding_kind, rule, ts, j.severity, j.action,
+                    f"{j.name} (the kernel log)", ev, count=n,
+                )  # fmt: skip
             else:
                 out += self._kernel_observe(
                     ctx, node, None, "kernel_log", "unknown_event", ts, "warning", "investigate",

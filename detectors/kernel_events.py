@@ -9,7 +9,10 @@ severity and the action it asks for.
 - sxid: an NVSwitch error: fatal ones take the fabric's links down (critical, drain), non-fatal
   ones are a warning;
 - aer: a PCIe error on the device: fatal uncorrectable critical, non-fatal warning, corrected info
-  (corrected errors matter by their rate, which the hardware rules judge on counters).
+  (corrected errors matter by their rate, which the hardware rules judge on counters);
+- io_error, hung_task, nfs_timeout: a disk's failed request, a task the kernel's watchdog found
+  hung, an NFS server not answering: warnings to look at (the node checks judge the mounts and
+  devices themselves: the agent's probes and sysfs).
 An event of a kind this release does not know is a warning to look at, never dropped.
 """
 
@@ -70,4 +73,14 @@ def judge(event: Mapping[str, Any]) -> Judgement:
         if sev == "nonfatal":
             return Judgement("warning", "investigate", "PCIe uncorrectable (non-fatal) error")
         return Judgement("info", "none", "PCIe corrected error")
+    if kind == "io_error":  # the block layer or a filesystem gave up on a request: the disk is failing
+        return Judgement("warning", "investigate", f"I/O error on {str(event.get('device', 'a disk'))[:32]}")
+    if kind == "hung_task":  # the kernel's hung-task watchdog: a task in D state past its timeout
+        return Judgement(
+            "warning", "investigate", f"task {str(event.get('process', '?'))[:32]} hung in the kernel"
+        )
+    if kind == "nfs_timeout":
+        return Judgement(
+            "warning", "investigate", f"NFS server {str(event.get('server', '?'))[:64]} not responding"
+        )
     return Judgement("warning", "investigate", f"kernel event {kind!s:.32}")

@@ -15,6 +15,12 @@
   the event names one, else on the node. Fatal uncorrectable: critical (drains, as critical PCIe
   findings do); non-fatal uncorrectable: a warning; corrected: info (its rate is what matters,
   which the replay counters judge).
+- io_error: a block device's failed request (the block layer's or a filesystem's line): kind
+  block_device, rule io_errors, a warning naming the device; hung_task: the kernel's hung-task
+  watchdog, kind hung_tasks, rule hung_task_report, a warning naming the task; nfs_timeout: kind
+  mount, rule nfs_not_responding, a warning naming the server. The node checks judge the same
+  conditions from the agent's own probes (detectors/node_checks.py): these are what the kernel
+  itself said.
 - an event of a kind this release does not know (a newer agent): kind kernel_log, rule
   unknown_event, a warning with its text, never a drain.
 - records the kernel's ring buffer overwrote past the agent's cursor before it read them
@@ -40,7 +46,13 @@ from fleetwatch.detectors.kernel_events import RECOVERY_ACTIONS, judge
 
 MAX_COUNT = 2**32  # one event's repeats as counted (a hostile count cannot make a number huge)
 MAX_PENDING = 64  # unpaired sightings an XID incident keeps (the oldest go first)
-KNOWN_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "aer"})
+KNOWN_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "aer", "io_error", "hung_task", "nfs_timeout"})
+# the one-line events of the node's storage and tasks: (finding kind, rule)
+STORAGE_EVENTS = {
+    "io_error": ("block_device", "io_errors"),
+    "hung_task": ("hung_tasks", "hung_task_report"),
+    "nfs_timeout": ("mount", "nfs_not_responding"),
+}
 _TEXT = 200  # characters of an event's own line kept in evidence
 
 
@@ -142,6 +154,9 @@ def sighted(extra: dict[str, Any], source: str, code: int, ts: float, n: int, wi
 def event_evidence(event: dict[str, Any]) -> dict[str, Any]:
     """The fields of a kernel-log event that say what and where, for a finding's evidence."""
     keep = (
+        "device",
+        "server",
+        "process",
         "code",
         "pci",
         "port",

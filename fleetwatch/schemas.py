@@ -420,6 +420,8 @@ KERNEL_EVENT_FIELDS: dict[str, Check] = {
     "data": _kernel_text,
     "port": _pci,
     "hca": _ident,  # an AER error's InfiniBand HCA (mlx5_0), where one is at or below its device
+    "device": _ident,  # an I/O error's block device (sda, nvme0n1p2, dm-1)
+    "server": _short_text,  # an NFS timeout's server
     "error_type": _short_text,
     "pci_id": _short_text,
     "errors": _error_names,

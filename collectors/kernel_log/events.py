@@ -21,6 +21,13 @@ Grammar (tests/fixtures/kernel_log/README.md has the sources):
   `[ n] <bit name>`), older kernels with `id=` (bus << 8 | devfn, domain 0000).
 - `NVRM: GPU at [PCI:]dddd:bb:dd: GPU-<uuid>`: the UUID of the GPU at that address.
 
+- The node's storage and its hung tasks (one line each; tests/fixtures/kernel_log/other_io_errors.txt):
+  `[blk_update_request: |print_req_error: ]I/O error, dev <dev>, sector <n> ...` and `Buffer I/O
+  error on dev[ice] <dev>, logical block <n>` and `EXT4-fs error (device <dev>): ...` are kind
+  io_error with `device`; `INFO: task <comm>:<pid> blocked for more than <n> seconds.` is kind
+  hung_task with `process`, `pid`; `nfs: server <host> not responding, still trying|timed out` is
+  kind nfs_timeout with `server`.
+
 A line none of these match is not an event (most of the log): nothing is guessed from it.
 PCI addresses are written one way everywhere: `dddd:bb:dd.f`, lower case.
 """
@@ -36,6 +43,17 @@ from fleetwatch.collectors.kernel_log.lines import LogLine
 MAX_CODE = 2**32 - 1  # the driver prints an unsigned 32-bit code; more is no XID
 MAX_TEXT = 512  # of a message kept in an event
 
+# one-line events of the node's storage (device names: sda, sda1, nvme0n1p2, dm-1, mmcblk0p2)
+_BLOCK_DEV = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,31})"  # the one group of each alternative below
+_IO_ERROR = re.compile(
+    rf"\bI/O error, dev {_BLOCK_DEV}, sector \d{{1,20}}"
+    rf"|\bBuffer I/O error on dev(?:ice)? {_BLOCK_DEV}, logical block \d{{1,20}}"
+    rf"|\bEXT4-fs error \(device {_BLOCK_DEV}\)"
+)
+_HUNG_TASK = re.compile(
+    r"\bINFO: task (?P<process>.{1,64}?):(?P<pid>\d{1,10}) blocked for more than \d{1,10} seconds"
+)
+_NFS_TIMEOUT = re.compile(r"\bnfs: server (?P<server>\S{1,64}) not responding, (?:still trying|timed out)")
 _DEV = r"(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 _XID = re.compile(rf"NVRM: Xid \((?:PCI:)?{_DEV}\): (?P<code>\d{{1,12}}),\s*(?P<rest>.*)$", re.S)
 _PID = re.compile(r"^pid=(?P<pid>\d+|'?<unknown>'?)(?:, name=(?P<name>.*?))?, (?P<rest>.*)$", re.S)
@@ -97,7 +115,7 @@ def _severity(word: str) -> str:
 
 @dataclass(slots=True)
 class KernelEvent:
-    kind: str  # xid | sxid | fallen_off_bus | aer
+    kind: str  # xid | sxid | fallen_off_bus | aer | io_error | hung_task | nfs_timeout
     pci: str | None  # the device the event is about (for aer: the device below the port, if named)
     text: str
     code: int | None = None  # XID / SXid number
@@ -167,6 +185,8 @@ class EventParser:
             out += self._sxid_line(line)
         elif "AER" in text or self._aer:
             out += self._aer_line(line)
+        elif "error" in text or "INFO: task" in text or "nfs:" in text:
+            out += self._storage_line(line)
         if self._fallen is not None and "NVRM" not in text:
             out += self._fallen_continued(line)
         return out
@@ -320,6 +340,23 @@ class EventParser:
         return []
 
     # ------------------------------------------------------------ folding
+
+    def _storage_line(self, line: LogLine) -> list[KernelEvent]:
+        """A block device's I/O error, a task hung in the kernel, an NFS server not answering."""
+        text = line.text
+        m = _IO_ERROR.search(text)
+        if m:
+            device = next(d for d in m.groups() if d)
+            return [_from_line("io_error", line, None, at=self.lines, extra={"device": device})]
+        m = _HUNG_TASK.search(text)
+        if m:
+            pid = int(m.group("pid"))
+            extra = {"process": m.group("process")} | ({"pid": pid} if pid <= MAX_CODE else {})
+            return [_from_line("hung_task", line, None, at=self.lines, extra=extra)]
+        m = _NFS_TIMEOUT.search(text)
+        if m:
+            return [_from_line("nfs_timeout", line, None, at=self.lines, extra={"server": m.group("server")})]
+        return []
 
     def _stale(self, line: LogLine) -> list[KernelEvent]:
         """Open events whose first line is FOLD_WINDOW_S older than this one: their companions

@@ -150,7 +150,10 @@ READERS = ("kmsg", "journal")
 
 def _repeat_key(e: KernelEvent) -> tuple[Any, ...]:
     x = e.extra
-    return (e.kind, e.code, e.pci, e.severity, x.get("link"), x.get("unit"), x.get("recovery_action"))
+    return (
+        e.kind, e.code, e.pci, e.severity, x.get("link"), x.get("unit"), x.get("recovery_action"),
+        x.get("device"), x.get("server"),
+    )  # fmt: skip
 
 
 class KernelLogSource:

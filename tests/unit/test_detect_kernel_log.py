@@ -333,3 +333,26 @@ def test_nvidias_workflow_for_xid_48_and_the_recovery_action_decide_the_bursts_a
         4,
     )
     assert drain_reason(f) == "XID 13"
+
+
+def test_the_kernels_own_word_on_disks_hung_tasks_and_nfs_servers_is_a_warning_of_their_kind(
+    tmp_path: Path,
+) -> None:
+    """other_io_errors.txt's lines: a disk's I/O errors (block_device/io_errors), the hung-task
+    watchdog (hung_tasks/hung_task_report), an NFS server not answering (mount/nfs_not_responding);
+    warnings naming what failed, never a drain (the agent's probes judge the mounts themselves)."""
+    lines = [
+        "blk_update_request: I/O error, dev sda, sector 6192120 op 0x1:(WRITE) flags 0x100000 phys_seg 3 "
+        "prio class 0",
+        "Buffer I/O error on dev sda1, logical block 244, lost async page write",
+        "INFO: task objcopy:24916 blocked for more than 120 seconds.",
+        "nfs: server 10.0.0.2 not responding, timed out",
+    ]
+    findings = detect([Node(tmp_path).sample(T0, lines)])
+    got = {(f["kind"], f["evidence"]["rule"]): f for f in findings}
+    io = got["block_device", "io_errors"]
+    assert io["severity"] == "warning" and io["evidence"]["device"] in ("sda", "sda1")
+    assert len([f for f in findings if f["kind"] == "block_device"]) == 1  # one incident of the node
+    assert got["hung_tasks", "hung_task_report"]["evidence"]["process"] == "objcopy"
+    assert got["mount", "nfs_not_responding"]["evidence"]["server"] == "10.0.0.2"
+    assert all(drain_reason(f) is None for f in findings)

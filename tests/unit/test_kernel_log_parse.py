@@ -248,3 +248,25 @@ def test_hostile_lines_are_counted_and_skipped() -> None:
         if line is not None:
             assert parser.feed(line) == []
     assert parser.rejected == 2 and reader.unknown == 6
+
+
+def test_storage_errors_hung_tasks_and_nfs_timeouts_are_events_naming_what_failed() -> None:
+    """other_io_errors.txt: every block-layer, buffer and ext4 I/O error line names its device; the
+    hung-task watchdog's report names the task; an NFS server's timeout names the server; the
+    lines around them (SCSI detail, `nfs: server ... OK`, the watchdog's advice) are no events."""
+    events = _events("other_io_errors.txt")
+    raw = _raw("other_io_errors.txt")
+    io = [e for e in events if e.kind == "io_error"]
+    expected_io = [r for r in raw if re.search(r"I/O error, dev |Buffer I/O error on dev|EXT4-fs error", r)]
+    assert len(io) == len(expected_io) and {e.extra["device"] for e in io} == {
+        "sda",
+        "sda1",
+        "mmcblk0p2",
+        "dm-1",
+    }
+    hung = [e for e in events if e.kind == "hung_task"]
+    # (the last report is grep's output, `messages:` before the syslog line: no known form)
+    assert [(e.extra["process"], e.extra.get("pid")) for e in hung] == [("objcopy", 24916), ("nfsd", 3782)]
+    nfs = [e for e in events if e.kind == "nfs_timeout"]
+    assert [e.extra["server"] for e in nfs] == ["ease", "ease", "10.0.0.2"]
+    assert {e.kind for e in events} == {"io_error", "hung_task", "nfs_timeout"}
