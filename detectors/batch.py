@@ -129,11 +129,43 @@ def _attr_table(rows: list[Any], keys: tuple[str, ...]) -> np.ndarray:
     return np.fromiter(chain.from_iterable(it), np.float64, count=n * k).reshape(n, k)
 
 
+# The keys of each table that many dicts lack (a field a collector cannot read on every node,
+# e.g. NVML's recovery action on older drivers), learnt from a batch: read with `.get`, a column
+# at a time, while the other keys are still read by one C-level itemgetter a dict.
+_SPARSE_KEYS: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+def _learn_sparse(entries: list[Any], keys: tuple[str, ...]) -> frozenset[str]:
+    """The keys more than a tenth of the dicts lack: a column of their own is cheaper than a slow
+    row for each dict. (A lost GPU lacks every key: it stays one slow row.)"""
+    n = len(entries)
+    return frozenset(f for f in keys if sum(1 for e in entries if f not in e) * 10 > n)
+
+
+def _dense_rows(
+    entries: list[Any], keys: tuple[str, ...], sparse: frozenset[str]
+) -> tuple[list[int], list[int]]:
+    """(the columns of the keys not in `sparse`, the dicts that have all of them)."""
+    dense = [j for j, f in enumerate(keys) if f not in sparse]
+    getter = itemgetter(*(keys[j] for j in dense)) if dense else None
+    if getter is None:
+        return dense, list(range(len(entries)))
+    try:
+        for _ in map(getter, entries):  # C-level: the common case, every dict has them
+            pass
+        return dense, list(range(len(entries)))
+    except KeyError:
+        wanted = [keys[j] for j in dense]
+        return dense, [i for i, e in enumerate(entries) if all(f in e for f in wanted)]
+
+
 def _item_table(entries: list[Any], keys: tuple[str, ...]) -> np.ndarray:
     """Rows of `keys` from dicts as float64 with NaN for absent keys (an absent dict: a row of NaN).
 
-    The fast path reads every dict with one C-level itemgetter call; only if some dict lacks a key
-    (a lost GPU, a collector that cannot read ECC) do those dicts go through per-key `.get`.
+    The fast path reads every dict with one C-level itemgetter call. Where some dict lacks a key,
+    the keys many dicts lack (_SPARSE_KEYS) are read column by column with `.get`, the others by
+    one itemgetter for each dict that has them all, and the few dicts that lack one of those (a
+    lost GPU, a collector that cannot read ECC) key by key.
     """
     n, k = len(entries), len(keys)
     if n == 0:
@@ -144,18 +176,30 @@ def _item_table(entries: list[Any], keys: tuple[str, ...]) -> np.ndarray:
         return flat.reshape(n, k)
     except KeyError:
         pass
-    keyset = frozenset(keys)
+    sparse = _SPARSE_KEYS.get(keys)
+    if sparse is None:
+        sparse = _SPARSE_KEYS[keys] = _learn_sparse(entries, keys)
+    dense, full = _dense_rows(entries, keys, sparse)
+    if len(full) * 4 < n * 3:  # the learnt keys no longer fit these dicts: learn again
+        sparse = _SPARSE_KEYS[keys] = _learn_sparse(entries, keys)
+        dense, full = _dense_rows(entries, keys, sparse)
     out = np.full((n, k), NAN, dtype=np.float64)
-    full = [i for i, e in enumerate(entries) if keyset <= e.keys()]
-    if full:
-        fast = [entries[i] for i in full]
-        out[full] = np.fromiter(
-            chain.from_iterable(map(getter, fast)), dtype=np.float64, count=len(fast) * k
-        ).reshape(len(fast), k)
-    if len(full) < n:
+    if full and dense:
+        rows = map(itemgetter(*(keys[j] for j in dense)), (entries[i] for i in full))
+        if len(dense) == 1:
+            out[full, dense[0]] = np.fromiter(rows, dtype=np.float64, count=len(full))
+        else:
+            flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=len(full) * len(dense))
+            out[np.ix_(full, dense)] = flat.reshape(len(full), len(dense))
+    if len(full) < n and dense:
         fullset = set(full)
         part = [i for i in range(n) if i not in fullset]
-        out[part] = np.array([[entries[i].get(f, NAN) for f in keys] for i in part], dtype=np.float64)
+        out[np.ix_(part, dense)] = np.array(
+            [[entries[i].get(keys[j], NAN) for j in dense] for i in part], dtype=np.float64
+        )
+    for j, f in enumerate(keys):
+        if f in sparse:
+            out[:, j] = np.fromiter((e.get(f, NAN) for e in entries), dtype=np.float64, count=n)
     return out
 
 

@@ -401,11 +401,18 @@ class NodeChecks:
                 )  # fmt: skip
         if not len(port_pos):
             return out
-        # HCAs: the distinct devices among each message's IB ports ("mlx5_0/1" -> "mlx5_0")
-        devices = np.array([k.rsplit("/", 1)[0] for k in batch.ib_key_names], dtype=object)
-        _, dev_code = np.unique(devices, return_inverse=True) if len(devices) else ([], np.empty(0))
-        pairs = np.unique(np.stack([port_pos, np.asarray(dev_code)[batch.ib_key_idx]], axis=1), axis=0)
-        hcas = np.bincount(pairs[:, 0], minlength=batch.size)  # per sorted message
+        # HCAs: the distinct devices among each message's IB ports ("mlx5_0/1" -> "mlx5_0"); the
+        # batch names a few port keys, so their devices are coded once, in Python
+        names: dict[str, int] = {}
+        dev_of_key = np.fromiter(
+            (names.setdefault(k.rsplit("/", 1)[0], len(names)) for k in batch.ib_key_names),
+            np.int64,
+            count=len(batch.ib_key_names),
+        )
+        # (message, device) pairs seen: a node has a handful of HCAs, so a (M, devices) grid
+        seen = np.zeros((batch.size, len(names)), dtype=bool)
+        seen[port_pos, dev_of_key[batch.ib_key_idx]] = True
+        hcas = seen.sum(axis=1)  # per sorted message
         listed = hcas > 0
         if cfg.expected_hcas:
             expected = np.full(batch.size, cfg.expected_hcas, dtype=np.int64)
