@@ -296,9 +296,7 @@ def _dcgm_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def source_factory(
-    name: str, spool: Spool, options: dict[str, Any] | None = None
-) -> Callable[[], Source]:
+def source_factory(name: str, spool: Spool, options: dict[str, Any] | None = None) -> Callable[[], Source]:
     """How the runner builds (and rebuilds) a source, with `options` (source_options) as its
     constructor's arguments; the kernel log's from the cursor in the spool, read at each build, so
     a source rebuilt after a failure goes on from what was spooled."""

@@ -140,7 +140,11 @@ def test_a_finding_of_a_kind_this_release_does_not_know_is_alerted_not_dead_lett
         bus, GROUP, [replace(act_stage(actor, FINDINGS), tick_every_s=0.0)], snapshot_every_s=3600
     )
     owner.worker = worker
-    newer = {**finding(NODES[0]), "kind": "fabric_manager", "summary": "gpu-node-01 fabric manager: SXid 20034 (fatal)"}
+    newer = {
+        **finding(NODES[0]),
+        "kind": "fabric_manager",
+        "summary": "gpu-node-01 fabric manager: SXid 20034 (fatal)",
+    }
     bus.append(FINDINGS, NODES[0].encode(), signed(newer, DETECT_KEY))
     worker.run(StopFlag(install=False), idle_exit_s=0)
     clock[0] = T0 + 120
