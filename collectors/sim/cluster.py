@@ -99,7 +99,9 @@ class ClusterState:
         # ConnectX-7 HCAs, both PCIe Gen5 x16
         self.mounts_hung = np.zeros(n, np.int64)  # required mounts not answering
         self.blockdevs_readonly = np.zeros(n, np.int64)
-        self.inodes = rng.uniform(0.05, 0.25, n)
+        # inodes in use follow the space in use (no draw from rng: every later draw, and so every
+        # stream a seed gave before, stays what it was)
+        self.inodes = 0.4 * self.disk
         self.gpu_link_width = np.full((n, g), PCIE_WIDTH, np.int64)
         self.hca_gone = np.zeros((n, p), np.int64)  # an HCA the node no longer lists
         self.ib_link_recovery = np.zeros((n, p), np.int64)  # the link retrained (PortCounters)

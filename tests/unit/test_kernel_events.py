@@ -19,7 +19,8 @@ from fleetwatch.detectors.kernel_events import judge
         ({"kind": "xid", "code": 154, "recovery_action": 4}, "critical", "drain_node"),  # drain and reset
         ({"kind": "xid", "code": 154, "recovery_action": 1}, "critical", "reset_gpu"),
         ({"kind": "xid", "code": 154, "recovery_action": 0}, "info", "none"),
-        ({"kind": "xid", "code": 154, "recovery_action": 7}, "warning", "investigate"),  # newer NVML value
+        ({"kind": "xid", "code": 154, "recovery_action": 7}, "critical", "drain_node"),  # NVML 615: reboot
+        ({"kind": "xid", "code": 154, "recovery_action": 9}, "warning", "investigate"),  # a value none names
         ({"kind": "fallen_off_bus"}, "critical", "drain_node"),
         ({"kind": "sxid", "code": 20034, "severity": "fatal"}, "critical", "drain_node"),
         ({"kind": "sxid", "code": 12028, "severity": "nonfatal"}, "warning", "investigate"),
