@@ -43,5 +43,11 @@ def test_the_fake_nvml_reports_the_fields_the_real_h200_did() -> None:
     src.close()
     # read since the H200's sample was taken (issue 25): the PCIe link and NVML's recovery action;
     # the next run on a real GPU records them (collectors/nvml.py reads them where NVML has them)
-    since = {"pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max", "recovery_action"}
+    since = {
+        "pcie_link_gen",
+        "pcie_link_gen_max",
+        "pcie_link_width",
+        "pcie_link_width_max",
+        "recovery_action",
+    }
     assert set(got) - since == set(real)
