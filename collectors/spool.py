@@ -239,8 +239,10 @@ class Spool:
                 return False
             for _ in batch:
                 self._mem_bytes -= self._mem.popleft()[3]
-        if held:
-            self._leave_failing()  # the disk took back what memory held: it has room again
+        if held:  # the disk took back what memory held: it has room again, unless that room is
+            # only what the drops of a full disk freed (bigger samples than the ones dropped made
+            # the episode end and start again at once, one warning each time)
+            self._maybe_recovered()
         return True
 
     def _persist_seq_best_effort(self, meta: Meta) -> None:
