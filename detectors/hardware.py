@@ -396,20 +396,9 @@ class HardwareDetector:
         self.gpu_counters = CounterTracker.from_state(d["gpu_counters"], GPU_COUNTERS)
         self.gpu_decay = DecayingCount.from_state(d["gpu_decay"], tuple(self.gpu_decay.tau))
         self.gpu_runs = RunLength.from_state(d["gpu_runs"])
-        triples = d["ib_rows"]
-        self.n_ib = len(triples)
-        if not all(0 <= int(r) < len(saved) and 0 <= int(e) < self.n_ib for r, _k, e in triples):
-            raise ValueError("IB port rows out of range")
-        if triples and saved != self.index.names:  # a snapshot's node rows in this index's order
-            at = self.index.rows
-            triples = [[at[saved[r]], k, e] for r, k, e in triples if saved[r] in at]
-        if triples:
-            self.ib_table = _table_set(
-                self.ib_table,
-                np.fromiter((r for r, _k, _e in triples), np.int64, len(triples)),
-                self.ib_ports.lookup([str(k) for _r, k, _e in triples]),
-                np.fromiter((e for _r, _k, e in triples), np.int64, len(triples)),
-            )
+        self.ib_table, self.n_ib = self._restore_table(
+            d["ib_rows"], saved, self.ib_table, self.ib_ports, "IB port"
+        )
         self.ib_counters = CounterTracker.from_state(d["ib_counters"], IB_COUNTERS)
         self.ib_decay = DecayingCount.from_state(d["ib_decay"], tuple(self.ib_decay.tau))
         # the extended IB counters and Ethernet came later: a snapshot without them starts them
@@ -422,23 +411,34 @@ class HardwareDetector:
         self.book = IncidentBook.from_state(d["incidents"], self._clear_after)
         return self
 
-    def _eth_restore(self, d: dict[str, Any], saved: list[str]) -> None:
-        """The Ethernet interfaces of a snapshot: (node row, iface, entity row) triples, checked as
-        the IB ports' are, and each entity's counters, decaying counts and was-up flag."""
-        triples = d["eth_rows"]
-        self.n_eth = len(triples)
-        if not all(0 <= int(r) < len(saved) and 0 <= int(e) < self.n_eth for r, _k, e in triples):
-            raise ValueError("Ethernet interface rows out of range")
-        if triples and saved != self.index.names:
+    def _restore_table(
+        self, triples: list[list[Any]], saved: list[str], table: np.ndarray, names: RowIndex, what: str
+    ) -> tuple[np.ndarray, int]:
+        """A snapshot's (node row, "device/port" or iface, entity row) triples into `table` (node
+        row x name code -> entity row), its node rows in this index's order: (the table, the
+        entities). Entity rows are dense and each belongs to a node's cell: numbers beyond that (a
+        hostile record on the state topic) would size arrays past the worker's memory."""
+        n = len(triples)
+        if not all(0 <= int(r) < len(saved) and 0 <= int(e) < n for r, _k, e in triples):
+            raise ValueError(f"{what} rows out of range")
+        if triples and saved != self.index.names:  # a snapshot's node rows in this index's order
             at = self.index.rows
             triples = [[at[saved[r]], k, e] for r, k, e in triples if saved[r] in at]
         if triples:
-            self.eth_table = _table_set(
-                self.eth_table,
+            table = _table_set(
+                table,
                 np.fromiter((r for r, _k, _e in triples), np.int64, len(triples)),
-                self.eth_ifaces.lookup([str(k) for _r, k, _e in triples]),
+                names.lookup([str(k) for _r, k, _e in triples]),
                 np.fromiter((e for _r, _k, e in triples), np.int64, len(triples)),
             )
+        return table, n
+
+    def _eth_restore(self, d: dict[str, Any], saved: list[str]) -> None:
+        """The Ethernet interfaces of a snapshot: (node row, iface, entity row) triples, checked as
+        the IB ports' are, and each entity's counters, decaying counts and was-up flag."""
+        self.eth_table, self.n_eth = self._restore_table(
+            d["eth_rows"], saved, self.eth_table, self.eth_ifaces, "Ethernet interface"
+        )
         self.eth_counters = CounterTracker.from_state(d["eth_counters"], ETH_COUNTERS)
         self.eth_decay = DecayingCount.from_state(d["eth_decay"], tuple(self.eth_decay.tau))
         was_up = decode_array(d["eth_was_up"]).astype(bool)

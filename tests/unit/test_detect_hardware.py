@@ -12,7 +12,6 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetwatch import schemas
 from fleetwatch.alerts.policy import drain_reason
 from fleetwatch.detectors import xid_catalog
 from fleetwatch.detectors.batch import TelemetryBatch
@@ -20,22 +19,7 @@ from fleetwatch.detectors.hardware import MAX_LISTED, HardwareConfig, HardwareDe
 from tests.helpers.admission import observe, restored_index
 from tests.helpers.batches import gpu_entry, ib_port, telemetry
 from tests.helpers.detector_inputs import NODE, GpuFault, gpus_with, series
-
-
-def run(
-    msgs: list[dict[str, Any]], det: HardwareDetector | None = None, batch: int = 1000
-) -> list[dict[str, Any]]:
-    det = det or HardwareDetector()
-    out: list[dict[str, Any]] = []
-    for i in range(0, len(msgs), batch):
-        out += observe(det, det.index, msgs[i : i + batch])
-    for f in out:
-        schemas.validate(f, "finding/1")
-    return out
-
-
-def opened(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [f for f in findings if not f["resolved"]]
+from tests.helpers.hardware_runs import opened, run
 
 
 def rules(findings: list[dict[str, Any]]) -> set[tuple[str, str, str]]:

@@ -24,6 +24,7 @@ from fleetwatch.detectors.hardware import MAX_LISTED, HardwareConfig, HardwareDe
 from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 from tests.helpers.admission import observe, restored_index
 from tests.helpers.batches import ib_port, telemetry
+from tests.helpers.hardware_runs import opened, run
 
 NODE = "gpu-node-0042"
 STEP = 10.0  # the agent's default sampling interval
@@ -80,22 +81,6 @@ def sample(
     m = telemetry(node, T0 + k * STEP, 2, seq=k, ib=ib if ib is not None else [port()])
     m["net"]["eth"] = eth if eth is not None else [iface()]
     return schemas.validate(m, schemas.TELEMETRY)
-
-
-def run(
-    msgs: list[dict[str, Any]], det: HardwareDetector | None = None, batch: int = 1000
-) -> list[dict[str, Any]]:
-    det = det or HardwareDetector()
-    out: list[dict[str, Any]] = []
-    for i in range(0, len(msgs), batch):
-        out += observe(det, det.index, msgs[i : i + batch])
-    for f in out:
-        schemas.validate(f, "finding/1")
-    return out
-
-
-def opened(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [f for f in findings if not f["resolved"]]
 
 
 def rules(findings: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
