@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fleetwatch import schemas
+from fleetwatch.collectors.sources import read_stripped
 
 ALL = "all"
 MAX_NAMED = schemas.MAX_CHECK_ENTRIES
@@ -33,14 +34,6 @@ def check_blockdev_name(name: str) -> str:
     if name != ALL and not NAME_RE.match(name):
         raise ValueError(f"{name[:80]!r}: a block device is a name in /sys/block (sda, nvme0n1) or 'all'")
     return name
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def whole_disks(sys_root: str = "/sys") -> list[str] | None:
@@ -59,7 +52,10 @@ def whole_disks(sys_root: str = "/sys") -> list[str] | None:
             target = ""
         if "/virtual/" in f"/{target}/":
             continue
-        if _read(os.path.join(path, "removable")) == "1" or _read(os.path.join(path, "hidden")) == "1":
+        if (
+            read_stripped(os.path.join(path, "removable")) == "1"
+            or read_stripped(os.path.join(path, "hidden")) == "1"
+        ):
             continue
         if NAME_RE.match(name):
             disks.append(name)
@@ -88,7 +84,7 @@ class BlockDevChecker:
         entries: list[dict[str, Any]] = []
         for name in self._expected:
             base = os.path.join(self._sys, "block", name)
-            size, ro = _read(os.path.join(base, "size")), _read(os.path.join(base, "ro"))
+            size, ro = read_stripped(os.path.join(base, "size")), read_stripped(os.path.join(base, "ro"))
             problem = None
             if size is None or ro is None:  # gone, or going while read
                 problem = "missing"

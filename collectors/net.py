@@ -66,7 +66,7 @@ import os
 import re
 from typing import Any
 
-from fleetwatch.collectors.sources import SingleFlight, leading_float
+from fleetwatch.collectors.sources import SingleFlight, leading_float, read_stripped
 from fleetwatch.schemas import MAX_PCIE_GEN, MAX_PCIE_WIDTH, U64_MAX
 
 IB_COUNTERS = (  # (telemetry field, file under counters/, multiplier)
@@ -105,16 +105,8 @@ NETDEV_COLUMNS = {
 }
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def _read_int(path: str) -> int | None:
-    text = _read(path)
+    text = read_stripped(path)
     try:
         return int(text) if text is not None else None
     except ValueError:  # e.g. "N/A (no PMA)" from some drivers
@@ -227,7 +219,7 @@ class NetSource:
             ("phys_state", "phys_state", parse_ib_state),
             ("rate_gbps", "rate", parse_ib_rate),
         ):
-            text = _read(os.path.join(path, filename))
+            text = read_stripped(os.path.join(path, filename))
             value = parse(text) if text is not None else None
             if value is not None:
                 entry[key] = value
@@ -240,7 +232,7 @@ class NetSource:
     # ------------------------------------------------------------------ Ethernet
 
     def _ethernet(self) -> list[dict[str, Any]]:
-        text = _read(os.path.join(self._proc, "net", "dev"))
+        text = read_stripped(os.path.join(self._proc, "net", "dev"))
         if text is None:
             return []
         interfaces: list[dict[str, Any]] = []
@@ -248,7 +240,7 @@ class NetSource:
             if iface == "lo" or (self._skip_prefixes and iface.startswith(self._skip_prefixes)):
                 continue
             entry: dict[str, Any] = {"iface": iface}
-            state = _read(os.path.join(self._sys, "class", "net", iface, "operstate"))
+            state = read_stripped(os.path.join(self._sys, "class", "net", iface, "operstate"))
             if state:
                 entry["state"] = state
             entry.update(counters)
@@ -265,7 +257,7 @@ def _pcie_link(device_dir: str) -> dict[str, int]:
     a device that is not PCIe (a software RDMA device has no such files)."""
     link: dict[str, int] = {}
     for key, filename, kind in PCIE_LINK_FILES:
-        text = _read(os.path.join(device_dir, filename))
+        text = read_stripped(os.path.join(device_dir, filename))
         if text is None:
             continue
         value = parse_pcie_speed(text) if kind == "speed" else parse_pcie_width(text)

@@ -100,6 +100,17 @@ def make_source(name: str, **kwargs: Any) -> Source:
     raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")
 
 
+def read_stripped(path: str) -> str | None:
+    """A small /proc or sysfs file's text without its surrounding whitespace; None where it cannot
+    be read (gone, no permission, a device that answers EIO): a value that cannot be read is left
+    out."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def leading_float(text: str) -> float | None:
     """The first whitespace-separated field of text as a non-negative float (as /proc and sysfs
     print it: "0.52 0.40 ...", "200 Gb/sec (4X HDR)"); None where it is missing, not a number
