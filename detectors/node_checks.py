@@ -114,6 +114,14 @@ def held_since(
     return np.where(bad, start_ts[np.maximum(at, 0)], np.nan)
 
 
+def _gpu_links(cur: np.ndarray, top: np.ndarray, flags: np.ndarray, i: int, unit: str) -> dict[str, str]:
+    """The flagged GPUs' links of sorted message i, for evidence: {"GPU3": "x8 of x16"}."""
+    return {
+        f"GPU{j}": f"{unit}{int(cur[i, j])} of {unit}{int(top[i, j])}"
+        for j in np.flatnonzero(flags[i])[:MAX_NAMED].tolist()
+    }
+
+
 def _last_of_groups(first: np.ndarray) -> np.ndarray:
     last = np.empty(len(first), dtype=bool)
     last[:-1] = first[1:]
@@ -208,31 +216,21 @@ class NodeChecks:
                     f"{ts[i] - began[i, 0]:.0f} s: a hung mount or a wedged driver",
                     {"procs_d_state": d, "since": float(began[i, 0]), "threshold": cfg.d_state_min},
                 )  # fmt: skip
-            for c, rule, sev, cur, top, flags in (
-                ("gpu_link_width", "gpu_link_width", "critical", width, width_max, gpu_narrow),
-                ("gpu_link_gen", "gpu_link_gen", "warning", gen, gen_max, gpu_slow),
-            ):
-                unit = "x" if "width" in rule else "Gen"
+            for c, sev, what, links_of in (
+                ("gpu_link_width", "critical", "PCIe link below its maximum under load",
+                 lambda i: _gpu_links(width, width_max, gpu_narrow, i, "x")),
+                ("gpu_link_gen", "warning", "PCIe link below its maximum under load",
+                 lambda i: _gpu_links(gen, gen_max, gpu_slow, i, "Gen")),
+                ("hca_link_width", "critical", "HCA PCIe link below its maximum",
+                 lambda i: self._hca_evidence(batch, port_pos, i, True)),
+                ("hca_link_gen", "warning", "HCA PCIe link below its maximum",
+                 lambda i: self._hca_evidence(batch, port_pos, i, False)),
+            ):  # fmt: skip
                 for i in np.flatnonzero(held[:, _S[c]]).tolist():
-                    g = np.flatnonzero(flags[i])[:MAX_NAMED]
-                    links = {
-                        f"GPU{j}": f"{unit}{int(cur[i, j])} of {unit}{int(top[i, j])}" for j in g.tolist()
-                    }
+                    links = links_of(i)
                     out += self._hit(
-                        rows[i], ts[i], times, None, "pcie_link", rule, sev, 1.0,
-                        f"PCIe link below its maximum under load for {ts[i] - began[i, _S[c]]:.0f} s: "
-                        + ", ".join(f"{k} {v}" for k, v in links.items()),
-                        {"links": links, "since": float(began[i, _S[c]])},
-                    )  # fmt: skip
-            for c, rule, sev in (
-                ("hca_link_width", "hca_link_width", "critical"),
-                ("hca_link_gen", "hca_link_gen", "warning"),
-            ):
-                for i in np.flatnonzero(held[:, _S[c]]).tolist():
-                    links = self._hca_evidence(batch, port_pos, i, "width" in rule)
-                    out += self._hit(
-                        rows[i], ts[i], times, None, "pcie_link", rule, sev, 1.0,
-                        f"HCA PCIe link below its maximum for {ts[i] - began[i, _S[c]]:.0f} s: "
+                        rows[i], ts[i], times, None, "pcie_link", c, sev, 1.0,
+                        f"{what} for {ts[i] - began[i, _S[c]]:.0f} s: "
                         + ", ".join(f"{k} {v}" for k, v in links.items()),
                         {"links": links, "since": float(began[i, _S[c]])},
                     )  # fmt: skip
