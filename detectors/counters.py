@@ -87,6 +87,15 @@ class Segments:
         return cls(order, r, first, np.cumsum(first) - 1)
 
 
+def positions_in(order: np.ndarray, size: int, rows: np.ndarray) -> np.ndarray:
+    """For entries of message rows `rows` (XIDs, ports, sections) of a batch of `size` messages:
+    each one's message's position in `order` (e.g. Segments.order, or the rows admission
+    accepted), -1 where `order` leaves the message out."""
+    where = np.full(size, -1, dtype=np.int64)
+    where[order] = np.arange(len(order))
+    return where[rows]
+
+
 def increasing_in_group(seg: Segments, ts_sorted: np.ndarray, floor: np.ndarray) -> np.ndarray:
     """Sorted-order mask: ts strictly above the state's floor and above every earlier ts in its group.
 

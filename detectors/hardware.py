@@ -132,6 +132,7 @@ from fleetwatch.detectors.counters import (
     Segments,
     decode_array,
     encode_array,
+    positions_in,
 )
 from fleetwatch.detectors.findings import (
     SEVERITIES,
@@ -799,7 +800,7 @@ class HardwareDetector:
         within a message. A kernel-log XID whose GPU the agent could not name has gpu None."""
         out: list[tuple[int, int | None, int, str, str, int]] = []
         if len(batch.xid_msg):
-            pos = _accepted_positions(batch.size, acc, batch.xid_msg)
+            pos = positions_in(acc, batch.size, batch.xid_msg)
             keep = pos >= 0
             for p, gpu, code in zip(
                 pos[keep].tolist(), batch.xid_gpu[keep].tolist(), batch.xid_code[keep].tolist(), strict=True
@@ -1286,7 +1287,7 @@ def _port_elements(size: int, acc: np.ndarray, msg: np.ndarray) -> tuple[np.ndar
     if len(msg) == 0:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty
-    pos = _accepted_positions(size, acc, msg)
+    pos = positions_in(acc, size, msg)
     sel = np.flatnonzero(pos >= 0)
     sel = sel[np.argsort(pos[sel], kind="stable")]
     return sel, pos[sel]
@@ -1413,14 +1414,6 @@ def _triples(table: np.ndarray, names: list[str]) -> list[list[Any]]:
         [r, names[c], e]
         for r, c, e in zip(rows[order].tolist(), codes[order].tolist(), ents[order].tolist(), strict=True)
     ]
-
-
-def _accepted_positions(size: int, acc: np.ndarray, msg: np.ndarray) -> np.ndarray:
-    """For each list entry (an XID, an IB port) of message row msg[j]: that message's position
-    among the accepted rows acc, or -1 where admission refused the message."""
-    where = np.full(size, -1, dtype=np.int64)
-    where[acc] = np.arange(len(acc))
-    return where[msg]
 
 
 def _first_appearances(key: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ import numpy as np
 
 from fleetwatch.detectors import xid_catalog
 from fleetwatch.detectors.batch import TelemetryBatch
+from fleetwatch.detectors.counters import positions_in
 from fleetwatch.detectors.kernel_events import RECOVERY_ACTIONS, judge
 
 MAX_COUNT = 2**32  # one event's repeats as counted (a hostile count cannot make a number huge)
@@ -64,10 +65,8 @@ def accepted_events(
     once, for its counts."""
     if not len(batch.kernel_msg):
         return
-    where = np.full(batch.size, -1, dtype=np.int64)
-    where[acc] = np.arange(len(acc))
-    for row, section in zip(batch.kernel_msg.tolist(), batch.kernel, strict=True):
-        p = int(where[row])
+    pos = positions_in(acc, batch.size, batch.kernel_msg).tolist()
+    for p, section in zip(pos, batch.kernel, strict=True):
         if p < 0:
             continue
         events = section.get("events") or ()

@@ -44,7 +44,7 @@ import numpy as np
 
 from fleetwatch.config import knob
 from fleetwatch.detectors.batch import GPU_COL, HOST_COL, IB_COL, TelemetryBatch
-from fleetwatch.detectors.counters import Segments, decode_array, encode_array
+from fleetwatch.detectors.counters import Segments, decode_array, encode_array, positions_in
 from fleetwatch.detectors.findings import Forgotten, IncidentBook, SampleTimes, severity_score
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext
@@ -310,9 +310,8 @@ class NodeChecks:
         """The `checks` section of each message that has one, by its place in sorted order."""
         if not len(batch.checks_msg):
             return {}
-        place = np.empty(batch.size, dtype=np.int64)
-        place[order] = np.arange(batch.size)
-        return {int(place[r]): c for r, c in zip(batch.checks_msg.tolist(), batch.checks, strict=True)}
+        place = positions_in(order, batch.size, batch.checks_msg).tolist()
+        return dict(zip(place, batch.checks, strict=True))
 
     def _named(
         self,
@@ -347,9 +346,7 @@ class NodeChecks:
         """Per sorted message: an HCA port's link narrower / slower than its maximum; and each IB
         port's message in sorted order."""
         m = batch.size
-        place = np.empty(m, dtype=np.int64)
-        place[order] = np.arange(m)
-        port_pos = place[batch.ib_msg] if len(batch.ib_msg) else np.empty(0, dtype=np.int64)
+        port_pos = positions_in(order, m, batch.ib_msg)
         narrow, slow = np.zeros(m, dtype=bool), np.zeros(m, dtype=bool)
         if len(port_pos):
             ib = batch.ib
