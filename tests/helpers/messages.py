@@ -74,6 +74,28 @@ KERNEL_SECTION: dict[str, Any] = {
     "unknown": 1,
 }
 
+# the host counts and the `checks` section of a node whose configured mounts and block devices
+# fail, as the host source sends them (collectors/mounts.py, collectors/blockdevs.py)
+NODE_CHECK_COUNTS: dict[str, Any] = {
+    "mounts_missing": 1,
+    "mounts_readonly": 0,
+    "mounts_unwritable": 1,
+    "mounts_failed": 0,
+    "mounts_hung": 1,
+    "mounts_slowest_s": 0.02,
+    "blockdevs_missing": 1,
+    "blockdevs_readonly": 0,
+    "inodes_used_frac": 0.41,
+}
+CHECKS: dict[str, Any] = {
+    "mounts": [
+        {"path": "/lustre", "problem": "hung", "fstype": "lustre", "took_s": 31.5},
+        {"path": "/home", "problem": "unwritable", "fstype": "nfs4", "error": "EACCES"},
+        {"path": "/data sets/ü", "problem": "missing"},
+    ],
+    "blockdevs": [{"name": "nvme1n1", "problem": "missing"}, {"name": "sda", "problem": "readonly"}],
+}
+
 GOOD = {
     "telemetry/1": telemetry(),
     "job/1": {

@@ -27,7 +27,7 @@ from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 from fleetwatch.pipeline.worker import MAX_OUTPUT_BYTES
 from fleetwatch.record_block import RecordBlock
 from tests.helpers.act import Rig
-from tests.helpers.messages import telemetry
+from tests.helpers.messages import CHECKS, KERNEL_SECTION, NODE_CHECK_COUNTS, telemetry
 
 NOW = 1_764_000_000.0
 CLOCK = schemas.ClockLimits()
@@ -63,6 +63,11 @@ def hostile_sample(draw: Any) -> tuple[bytes | None, bytes | None]:
         st.lists(st.sampled_from([79, 48, 13, 2**32]), max_size=3)
     )
     m["net"]["ib"] *= draw(st.sampled_from([1, 2, 256]))
+    if draw(st.booleans()):  # what the kernel log said: XIDs, an AER error (read by the detectors)
+        m["kernel"] = copy.deepcopy(KERNEL_SECTION)
+    if draw(st.booleans()):  # failing mounts and block devices, named (the node checks)
+        m["host"].update(NODE_CHECK_COUNTS)
+        m["checks"] = copy.deepcopy(CHECKS)
     for _ in range(draw(st.integers(0, 3))):
         container, k = draw(st.sampled_from(_containers(m)))
         how = draw(st.sampled_from(["leaf", "deep", "drop"]))

@@ -18,7 +18,14 @@ from fleetwatch import fast_schema, schemas
 from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
 from fleetwatch.schemas import MessageError
 from tests.helpers.batches import assert_same_batch
-from tests.helpers.messages import GOOD, mutated_telemetry, python_accepts, telemetry
+from tests.helpers.messages import (
+    CHECKS,
+    GOOD,
+    NODE_CHECK_COUNTS,
+    mutated_telemetry,
+    python_accepts,
+    telemetry,
+)
 from tests.helpers.paths import REPO
 
 
@@ -496,26 +503,6 @@ def test_ethernet_fields_reach_the_same_columns_from_every_decoder() -> None:
 
 
 # ---------------------------------------------------------------- node checks (issue 25, item 3)
-
-NODE_CHECK_COUNTS = {
-    "mounts_missing": 1,
-    "mounts_readonly": 0,
-    "mounts_unwritable": 1,
-    "mounts_failed": 0,
-    "mounts_hung": 1,
-    "mounts_slowest_s": 0.02,
-    "blockdevs_missing": 1,
-    "blockdevs_readonly": 0,
-    "inodes_used_frac": 0.41,
-}
-CHECKS = {
-    "mounts": [
-        {"path": "/lustre", "problem": "hung", "fstype": "lustre", "took_s": 31.5},
-        {"path": "/home", "problem": "unwritable", "fstype": "nfs4", "error": "EACCES"},
-        {"path": "/data sets/ü", "problem": "missing"},
-    ],
-    "blockdevs": [{"name": "nvme1n1", "problem": "missing"}, {"name": "sda", "problem": "readonly"}],
-}
 
 
 def checked() -> dict[str, Any]:
