@@ -75,15 +75,7 @@ def test_missing_optional_fields_are_fine() -> None:
 
 
 def _mutate(path: list[Any], value: Any) -> dict[str, Any]:
-    m = copy.deepcopy(telemetry())
-    target = m
-    for p in path[:-1]:
-        target = target[p]
-    if value is KeyError:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = value
-    return m
+    return _at(copy.deepcopy(telemetry()), path, value)
 
 
 @pytest.mark.parametrize(
@@ -531,6 +523,7 @@ def test_node_checks_are_read_alike_by_every_decoder() -> None:
 
 
 def _at(m: dict[str, Any], path: list[Any], value: Any) -> dict[str, Any]:
+    """`m` with the value at `path` set (or deleted, for KeyError)."""
     target = m
     for p in path[:-1]:
         target = target[p]
