@@ -989,9 +989,11 @@ class HardwareDetector:
         """One kernel-log event into its incident: the evidence keeps the worst event's fields and
         the events counted so far (a sample's repeats are one event with a count)."""
         key = (node, gpu, None, kind, rule)
+        out: list[dict[str, Any]] = []
+        done = self.book.expire(key, ts, ctx.next_ts)  # healthy long enough: a new one counts from zero
+        if done is not None:
+            out.append(done)
         inc = self.book.get(key)
-        if inc is not None and inc.last_bad + inc.clear_after <= ts:
-            inc = None  # resolves inside observe: a new incident counts from zero
         seen = int(inc.extra.get("events", 0)) if inc else 0
         seen = min(seen + count, kernel_rules.MAX_COUNT)
         worse = inc is None or SEVERITY_RANK[severity] >= SEVERITY_RANK[inc.severity]
@@ -1000,7 +1002,7 @@ class HardwareDetector:
         else:
             evidence = {**inc.evidence, "events": seen}
         where = f"{node} GPU{gpu}" if gpu is not None else node
-        return self.book.observe(
+        return out + self.book.observe(
             node=node,
             gpu=gpu,
             kind=kind,
