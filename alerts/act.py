@@ -28,12 +28,13 @@ import socket
 import time
 from typing import Any
 
-from fleetwatch import config
+from fleetwatch import config, runbooks, topics
 from fleetwatch.alerts import act_metrics, drain_request
 from fleetwatch.alerts.actor import Actor, ActTask
 from fleetwatch.alerts.alert_model import AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertSender, dead_letter_alert
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
+from fleetwatch.alerts.drain_pause import PauseBook
 from fleetwatch.alerts.policy import Policy, PolicyConfig
 from fleetwatch.bus import Bus
 from fleetwatch.bus.kafka import KafkaBus
@@ -187,25 +188,45 @@ def census_config(args: argparse.Namespace) -> CensusConfig:
     return config.flags_over(base, args, SECTION_FLAGS["act.census"])
 
 
+def mode_defaults(args: argparse.Namespace) -> tuple[bool, str, str]:
+    """(dry_run, group, drain topic): a dry-run act has a group and a request topic of its own, so a
+    shadow act beside the real one neither takes its partitions nor reaches an adapter."""
+    dry_run = bool(getattr(args, "dry_run", False))
+    group = args.group or (topics.ACT_DRY_RUN_GROUP if dry_run else topics.ACT_GROUP)
+    drain_topic = args.drain_topic or (topics.DRAIN_DRY_RUN if dry_run else topics.DRAIN)
+    if dry_run and drain_topic == topics.DRAIN:
+        raise ValueError(f"--dry-run publishes would-be requests: not to the adapter's {topics.DRAIN}")
+    return dry_run, group, drain_topic
+
+
 def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)  # fail fast, before touching Kafka
     # detect's key: verifies the census and the findings (never logged)
     census_key = load_census_key(args.census_key_file)
+    dry_run, group, drain_topic = mode_defaults(args)
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker(timeout_s=30)
     bus.ensure_topics()
-    bus.ensure_topics([args.findings_topic, args.drain_topic, args.results_topic, args.nodes_topic])
+    bus.ensure_topics(
+        [args.findings_topic, drain_topic, args.results_topic, args.nodes_topic, args.control_topic]
+    )
     metrics = act_metrics.exported()  # this process's act metrics, in the registry /metrics serves
-    serve_metrics(args.metrics_port, args.metrics_addr)
+    pages = runbooks.pages()
+    if not pages:
+        log.warning("no runbook pages found to serve (fleetwatch.runbook_pages is not installed)")
+    serve_metrics(args.metrics_port, args.metrics_addr, runbooks=pages)
+    runbook_base = args.runbook_base or runbooks.default_base(args.metrics_port, args.metrics_addr)
 
     jobs = JobTable()
     census = Census(census_key, census_config(args), metrics.census)
     export_metrics(census, time.time)
     results = ResultBook(key, metrics)
+    pause = PauseBook(key, lambda why: metrics.control_refused.labels(why).inc())
     followers: list[JobTableFollower | TopicFollower] = [
         JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
         TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
         TopicFollower(args.results_topic, results.apply, bus),  # what the adapter did
+        TopicFollower(args.control_topic, pause.apply, bus),  # an operator's pause
     ]
     for f in followers:
         f.start()
@@ -217,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     owner = Ownership()
 
     def issued() -> dict[str, dict[str, Any]]:
-        return latest_requests(bus, args.drain_topic, key)
+        return latest_requests(bus, drain_topic, key)
 
     def dead_letter(raw: bytes, reason: str, detail: str) -> None:
         # Answers are applied from the worker's loop (or after it, at close): the worker exists.
@@ -234,11 +255,11 @@ def run(args: argparse.Namespace) -> int:
     )
     actor = Actor(
         policy=Policy(policy_config(args)),
-        builder=AlertBuilder(args.cluster, args.runbook_base),
+        builder=AlertBuilder(args.cluster, runbook_base, dry_run=dry_run),
         dispatcher=dispatcher,
         jobs=jobs,
         key=key,
-        drain_topic=args.drain_topic,
+        drain_topic=drain_topic,
         tasks=owner.tasks,
         share=owner.share,
         fleet_size=args.fleet_size,
@@ -250,23 +271,27 @@ def run(args: argparse.Namespace) -> int:
         pending_timeout_s=args.pending_timeout,
         finding_key=census_key,  # detect's key signs its findings too: one that does not verify is refused
         metrics=metrics,
+        pause=pause.active,
+        dry_run=dry_run,
     )
     worker = act_worker(
         bus,
         actor,
         owner,
-        group=args.group,
+        group=group,
         findings_topic=args.findings_topic,
         snapshot_every_s=args.snapshot_every,
         instance_id=args.instance_id,
         session_timeout_s=args.session_timeout,
     )
     log.info(
-        "act up (group %s, %s -> %s and %s)",
-        args.group,
+        "act up%s (group %s, %s -> %s and %s; runbooks at %s)",
+        " in DRY-RUN: no request is executed" if dry_run else "",
+        group,
         args.findings_topic,
         args.alertmanager,
-        args.drain_topic,
+        drain_topic,
+        runbook_base,
     )
     try:
         serve(

@@ -73,6 +73,27 @@ class ActMetrics:
             ["reason"],
             registry=r,
         )
+        self.paused = Gauge(
+            "fleetwatch_act_drains_paused",
+            "1 while an operator's pause holds every automatic drain and resume (fleetwatch pause)",
+            registry=r,
+        )
+        self.paused_until = Gauge(
+            "fleetwatch_act_drains_paused_until_seconds",
+            "when the pause in force ends (unix s); 0 when none is",
+            registry=r,
+        )
+        self.dry_run = Gauge(
+            "fleetwatch_act_dry_run",
+            "1 when this act runs with --dry-run (its drain and resume requests are never executed)",
+            registry=r,
+        )
+        self.control_refused = Counter(
+            "fleetwatch_act_control_refused_total",
+            "control/1 records refused: malformed, bad_signature",
+            ["reason"],
+            registry=r,
+        )
         self.alerts = AlertMetrics(r)
         self.census = CensusMetrics(r)
 

@@ -42,6 +42,7 @@ from fleetwatch.alerts.act_metrics import ActMetrics
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertSink
 from fleetwatch.alerts.drain_log import Result
+from fleetwatch.alerts.drain_pause import Pause
 from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
 from fleetwatch.census import Census
 from fleetwatch.detectors import findings
@@ -51,6 +52,9 @@ from fleetwatch.schemas import MessageError
 log = logging.getLogger(__name__)
 
 STORM_SOURCE = "storm"
+PAUSE_SOURCE = "paused"
+# refusals reported once for the whole fleet (one alert), not by a refusal alert per node
+FLEET_WIDE = frozenset({"storm", "paused"})
 UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a drain pending too long
 LOG_EVERY = 1000  # a refused finding is logged the first time for its reason and every 1000th after
 
@@ -74,6 +78,7 @@ class ActTask:
 
     def process(self, topic: str, msgs: Sequence[dict[str, Any]]) -> list[Output]:
         self.refused = []
+        self.actor.refresh_mode()  # the alerts these findings raise say whether drains are paused
         for i, f in enumerate(msgs):
             why = self.actor.signature_error(f)
             if why is not None:
@@ -132,6 +137,8 @@ class Actor:
         pending_timeout_s: float = 300.0,
         finding_key: bytes | None = None,
         metrics: ActMetrics | None = None,
+        pause: Callable[[float], Pause | None] = lambda _now: None,
+        dry_run: bool = False,
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -160,6 +167,12 @@ class Actor:
         self.last: Evaluation | None = None
         self._exported_drained: set[str] = set()
         self._counted: set[str] = set()  # request ids whose result this process has counted
+        # the operator's pause in force at a wall time (alerts/drain_pause.PauseBook.active)
+        self.pause = pause
+        # --dry-run: requests are marked and go to a topic no adapter reads; each drain counts as
+        # executed at once (no result will come), so the budget and job rules behave as for real
+        self.dry_run = dry_run
+        self.metrics.dry_run.set(1 if dry_run else 0)
 
     # ------------------------------------------------------------ input
 
@@ -203,6 +216,14 @@ class Actor:
             labels, annotations = self.builder.from_finding(f, st.open[f["id"]].drain)
             task.book.fire(f["id"], labels, annotations, float(f["first_seen"]))
 
+    def refresh_mode(self) -> Pause | None:
+        """The pause in force now, told to the alert builder and the metrics."""
+        pause = self.pause(self.clock())
+        self.builder.paused = pause.note() if pause else ""
+        self.metrics.paused.set(1 if pause else 0)
+        self.metrics.paused_until.set(pause.until if pause else 0)
+        return pause
+
     # ------------------------------------------------------------ decisions
 
     def fleet_size(self) -> int:
@@ -236,6 +257,8 @@ class Actor:
                 msg["request_id"],
                 msg["signature"],
             )
+            if self.dry_run and st.drained:
+                st.confirmed = True  # a would-be drain has no result to wait for
         for t in new:
             t.reconciled = True
         if adopted:
@@ -244,26 +267,30 @@ class Actor:
     def decide(self) -> list[Output]:
         """Evaluate the policy over every owned node; returns drain/1 outputs and sends alerts."""
         now = self.clock()
+        pause = self.refresh_mode()
         tasks = list(self.tasks().values())
         self.reconcile(tasks)
         owner: dict[str, ActTask] = {n: t for t in tasks for n in t.nodes}
         nodes = {n: t.nodes[n] for n, t in owner.items()}
         self._apply_results(nodes)
         fleet = self.fleet_size()
-        ev = self.policy.evaluate(nodes, now, fleet, self.jobs, self.share(), self.census)
+        ev = self.policy.evaluate(
+            nodes, now, fleet, self.jobs, self.share(), self.census, paused=pause is not None
+        )
         self.last = ev
         out = self._requests(ev, nodes, now)
         for node, why in ev.newly_refused:
             self.metrics.refused.labels(why).inc()
             # A storm is logged once below, not once per node (it may be thousands of them).
             log.log(
-                logging.DEBUG if why == "storm" else logging.WARNING,
+                logging.DEBUG if why in FLEET_WIDE else logging.WARNING,
                 "drain of %s refused: %s (%s)",
                 node,
                 why,
                 nodes[node].refused_detail,
             )
         self._node_alerts(owner, now, ev)
+        self._pause_alert(owner, now, pause)
         self._export_drained(nodes, now)
         self.metrics.budget_nodes.set(ev.budget_nodes)
         self.metrics.fleet.set(fleet)
@@ -318,17 +345,28 @@ class Actor:
                     findings=a.findings,
                     issued_at=now,
                     key=self._key,
+                    dry_run=self.dry_run,
                 )
             except MessageError as e:
                 self.policy.withdraw(nodes[a.node], a.action, str(e))
                 self.metrics.refused.labels("request_error").inc()
                 log.error("no %s request for %s: %s", a.action, a.node, e)
                 continue
-            nodes[a.node].request_id = msg["request_id"]
-            nodes[a.node].request_sig = msg["signature"]  # the adapter's answer must name it
+            st = nodes[a.node]
+            st.request_id = msg["request_id"]
+            st.request_sig = msg["signature"]  # the adapter's answer must name it
+            if self.dry_run and a.action == "drain":
+                st.confirmed = True  # would-be: nothing will answer it
             out.append((self.drain_topic, a.node, msg))
             self.metrics.drains.labels(a.action).inc()
-            log.info("%s %s (%s) request %s", a.action, a.node, a.reason, msg["request_id"])
+            log.info(
+                "%s%s %s (%s) request %s",
+                "dry-run: would " if self.dry_run else "",
+                a.action,
+                a.node,
+                a.reason,
+                msg["request_id"],
+            )
         return out
 
     def _export_drained(self, nodes: Mapping[str, NodeState], now: float) -> None:
@@ -358,7 +396,7 @@ class Actor:
             else:
                 task.book.end(src, now)
             src = f"refused:{node}"
-            if st.refused and st.refused != "storm":  # storm refusals are one storm alert, below
+            if st.refused and st.refused not in FLEET_WIDE:  # one storm or pause alert for all
                 ids = [f.id for f in st.worthy()]
                 a = self.builder.drain_refused(node, st.refused, st.refused_detail, ids)
                 task.book.fire(src, a["labels"], a["annotations"], now)
@@ -381,6 +419,16 @@ class Actor:
             self.global_book.fire(STORM_SOURCE, a["labels"], a["annotations"], now)
         elif self.global_book.end(STORM_SOURCE, now):
             log.info("drain storm over")
+
+    def _pause_alert(self, owner: Mapping[str, ActTask], now: float, pause: Pause | None) -> None:
+        """One alert for as long as an operator's pause is in force, with the drains it holds."""
+        if pause is None:
+            if self.global_book.end(PAUSE_SOURCE, now):
+                log.warning("drain pause over: automatic drains and resumes go on")
+            return
+        held = sum(1 for n, t in owner.items() if t.nodes[n].refused == "paused")
+        a = self.builder.drains_paused(pause.note(), held)
+        self.global_book.fire(PAUSE_SOURCE, a["labels"], a["annotations"], pause.since)
 
     def _unconfirmed_alert(self, node: str, task: ActTask, st: NodeState, now: float) -> None:
         """A drain with no result past --pending-timeout: the adapter may be down, and the node may

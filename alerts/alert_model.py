@@ -17,6 +17,16 @@ node's samples) or a simulation faster than real time gives event times after `n
 makes startsAt <= endsAt hold for any input. The node's own time of the finding stays visible in
 the `first_seen` annotation. Label names are constants matching [a-zA-Z_][a-zA-Z0-9_]*, and
 alertname is never empty, so the other rules of Alertmanager's validation hold by construction too.
+
+Runbooks: every alert's `runbook_url` is the runbook base + a page of docs/runbooks/ (`<kind>.md`
+for a finding, `drain.md`, `drain-refused.md`, `storm.md`, `paused.md` for act's own alerts,
+`finding.md` for a kind this release does not know). The default base is act's own web server,
+which serves those pages beside /metrics (fleetwatch/runtime.py), so the links work on every install.
+
+Modes: an act run with --dry-run labels every alert `dry_run="true"` (a shadow act's alerts never
+merge with the real one's, and routes can send them elsewhere) and says so in the summary; while
+an operator's drain pause is in force (alerts/drain_pause.py) every alert built carries the pause
+in its `drains_paused` annotation and the drain action says it is held.
 """
 
 from __future__ import annotations
@@ -29,7 +39,9 @@ from typing import Any
 import orjson
 
 EVIDENCE_MAX = 1500
-DEFAULT_RUNBOOK_BASE = "https://github.com/fleetwatch/fleetwatch/blob/main/docs/runbooks.md#"
+# where the pages are when act serves nothing (no --metrics-port): a path in its own package, which
+# exists wherever fleetwatch is installed; `fleetwatch act` prefers its own URL (runbooks.default_base)
+DEFAULT_RUNBOOK_BASE = "/runbooks/"
 
 ALERTNAMES = {
     "xid": "FleetwatchXid",
@@ -59,6 +71,23 @@ GENERIC_ALERTNAME = "FleetwatchFinding"
 NODE_DRAINED = "FleetwatchNodeDrained"
 DRAIN_REFUSED = "FleetwatchDrainRefused"
 DRAIN_STORM = "FleetwatchDrainStorm"
+DRAINS_PAUSED = "FleetwatchDrainsPaused"
+# the finding kinds with a page of their own besides ALERTNAMES' (a kind act alerts generically but
+# documents: the validation before a resume)
+DOCUMENTED_KINDS = frozenset({*ALERTNAMES, "validation"})
+# act's own alerts -> their runbook page
+ACT_PAGES = {
+    NODE_DRAINED: "drain.md",
+    DRAIN_REFUSED: "drain-refused.md",
+    DRAIN_STORM: "storm.md",
+    DRAINS_PAUSED: "paused.md",
+    GENERIC_ALERTNAME: "finding.md",
+}
+
+
+def runbook_page(kind: str) -> str:
+    """The docs/runbooks/ page of a finding kind (finding.md for a kind without one)."""
+    return f"{kind}.md" if kind in DOCUMENTED_KINDS else ACT_PAGES[GENERIC_ALERTNAME]
 
 
 def rfc3339(ts: float) -> str:
@@ -102,15 +131,28 @@ class AlertRecord:
 
 
 class AlertBuilder:
-    def __init__(self, cluster: str, runbook_base: str = DEFAULT_RUNBOOK_BASE) -> None:
+    def __init__(self, cluster: str, runbook_base: str = DEFAULT_RUNBOOK_BASE, dry_run: bool = False) -> None:
         self.cluster = cluster
         self.runbook_base = runbook_base
+        self.dry_run = dry_run
+        # the pause in force (Pause.note()), set by the actor before it builds; "" for none
+        self.paused = ""
 
     def _base(self, alertname: str, node: str | None, severity: str, kind: str) -> dict[str, str]:
         labels = {"alertname": alertname, "cluster": self.cluster, "severity": severity, "kind": kind}
         if node is not None:
             labels["node"] = node
+        if self.dry_run:
+            labels["dry_run"] = "true"
         return labels
+
+    def _marked(self, annotations: dict[str, str]) -> dict[str, str]:
+        """The mode act runs in, on every alert: dry-run in the summary, a pause in its own annotation."""
+        if self.dry_run:
+            annotations["summary"] = "[dry-run] " + annotations["summary"]
+        if self.paused:
+            annotations["drains_paused"] = self.paused
+        return annotations
 
     def from_finding(self, f: Mapping[str, Any], drain: str | None) -> tuple[dict[str, str], dict[str, str]]:
         labels = self._base(ALERTNAMES.get(f["kind"], GENERIC_ALERTNAME), f["node"], f["severity"], f["kind"])
@@ -127,14 +169,21 @@ class AlertBuilder:
         annotations = {
             "summary": str(f["summary"]),
             "evidence": evidence,
-            "runbook_url": self.runbook_base + f["kind"],
+            "runbook_url": self.runbook_base + runbook_page(str(f["kind"])),
             "finding_id": str(f["id"]),
             "score": f"{float(f['score']):.3f}",
-            "action": f"drain node ({drain})" if drain else "alert only",
+            "action": self._action(drain),
             # startsAt is capped at fleetwatch's clock; this keeps the node's own time of the onset.
             "first_seen": event_time(float(f["first_seen"])),
         }
-        return labels, annotations
+        return labels, self._marked(annotations)
+
+    def _action(self, drain: str | None) -> str:
+        if not drain:
+            return "alert only"
+        if self.paused:
+            return f"drain node ({drain}): held, drains are paused"
+        return f"would drain node ({drain}): dry-run" if self.dry_run else f"drain node ({drain})"
 
     def node_drained(self, node: str, reason: str, findings: list[str], flapping: bool) -> dict[str, Any]:
         labels = self._base(NODE_DRAINED, node, "warning", "drain")
@@ -144,9 +193,9 @@ class AlertBuilder:
         annotations = {
             "summary": f"fleetwatch requested a drain of {node}: {reason}.{note}",
             "findings": ",".join(findings),
-            "runbook_url": self.runbook_base + "drain",
+            "runbook_url": self.runbook_base + ACT_PAGES[NODE_DRAINED],
         }
-        return {"labels": labels, "annotations": annotations}
+        return {"labels": labels, "annotations": self._marked(annotations)}
 
     def drain_refused(self, node: str, why: str, detail: str, findings: list[str]) -> dict[str, Any]:
         # critical: a node that should be out of service is still taking jobs; a human decides.
@@ -156,9 +205,9 @@ class AlertBuilder:
             "summary": f"{node} needs draining but fleetwatch refused ({why}: {detail}); "
             f"drain by hand if it is broken: scontrol update NodeName={node} State=DRAIN Reason=...",
             "findings": ",".join(findings),
-            "runbook_url": self.runbook_base + "drain-refused",
+            "runbook_url": self.runbook_base + ACT_PAGES[DRAIN_REFUSED],
         }
-        return {"labels": labels, "annotations": annotations}
+        return {"labels": labels, "annotations": self._marked(annotations)}
 
     def storm(self, nodes: tuple[str, ...], threshold: int, window_s: float, held: int) -> dict[str, Any]:
         """The one storm alert. Its annotations also carry the numbers apart (node_count, threshold,
@@ -174,9 +223,21 @@ class AlertBuilder:
             "threshold": str(threshold),
             "window_s": f"{window_s:g}",
             "drains_held": str(held),
-            "runbook_url": self.runbook_base + "storm",
+            "runbook_url": self.runbook_base + ACT_PAGES[DRAIN_STORM],
         }
-        return {"labels": labels, "annotations": annotations}
+        return {"labels": labels, "annotations": self._marked(annotations)}
+
+    def drains_paused(self, note: str, held: int) -> dict[str, Any]:
+        """The one alert while an operator's pause is in force (a warning: a human chose it, but
+        broken nodes may be taking jobs meanwhile)."""
+        labels = self._base(DRAINS_PAUSED, None, "warning", "pause")
+        annotations = {
+            "summary": f"fleetwatch is not draining or resuming any node: {note} ({held} drains held); "
+            "lift it with `fleetwatch resume-drains`",
+            "drains_held": str(held),
+            "runbook_url": self.runbook_base + ACT_PAGES[DRAINS_PAUSED],
+        }
+        return {"labels": labels, "annotations": self._marked(annotations)}
 
 
 class AlertBook:

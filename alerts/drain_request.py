@@ -90,7 +90,10 @@ def make_request(
     findings: Iterable[str],
     issued_at: float,
     key: bytes,
+    dry_run: bool = False,
 ) -> dict[str, Any]:
+    """A signed drain/1; `dry_run`: a would-be request of `act --dry-run` (schemas.DRY_RUN), which
+    no adapter executes."""
     ids = sorted(set(findings))
     msg: dict[str, Any] = {
         "schema": DRAIN,
@@ -102,6 +105,8 @@ def make_request(
         "findings": ids[:MAX_FINDINGS],
         "issued_at": float(issued_at),
     }
+    if dry_run:
+        msg[schemas.DRY_RUN] = True
     msg["signature"] = sign(msg, key)
     validate_drain(msg)
     return msg

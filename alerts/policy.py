@@ -33,9 +33,11 @@ Guards, in the order they are applied to a node that needs draining:
 2. budget: drained nodes never exceed floor(max(drain_budget * fleet, budget_min_nodes) * share).
 3. job: no second node of the same running job while one is drained (needs a human); a node
    running several jobs is refused if ANY of them has a drained node.
-Before all three: a node missing from the census of reporting nodes (`known`, fleet.nodes.v1) is
-never drained (refused `unknown_node`), and a request the Slurm adapter refused is not issued again
-for the same findings (refused `adapter:<outcome>`, e.g. `adapter:rejected_stale`).
+Before all three: while an operator's pause is in force (`paused`, alerts/drain_pause.py) nothing
+is drained (refused `paused`) and nothing resumed; a node missing from the census of reporting
+nodes (`known`, fleet.nodes.v1) is never drained (refused `unknown_node`), and a request the Slurm
+adapter refused is not issued again for the same findings (refused `adapter:<outcome>`, e.g.
+`adapter:rejected_stale`).
 "Drained" counts for the budget from the moment a drain is requested: `pending` until the adapter's
 drain_result/1 says `executed` (`confirmed`), so waiting for the adapter never lets more through;
 a refused or failed drain frees its slot (`apply_result`; only the adapter's answer to the very
@@ -308,10 +310,12 @@ class Policy:
         jobs: JobLookup,
         share: float = 1.0,
         known: Container[str] | None = None,
+        paused: bool = False,
     ) -> Evaluation:
         """Decide drains and resumes for `nodes` (those this worker owns) at wall time `now`.
 
-        `known`: the nodes of the census; None = no census check (every node is known)."""
+        `known`: the nodes of the census; None = no census check (every node is known).
+        `paused`: an operator's pause is in force: no drain (refused `paused`), no resume."""
         c = self.cfg
         ev = Evaluation(budget_nodes=self.budget_nodes(fleet_size, share))
         # Nodes outside the census are refused below whatever happens: they make no storm either.
@@ -320,7 +324,7 @@ class Policy:
 
         for node in sorted(nodes):  # resumes first: they free budget for the drains below
             st = nodes[node]
-            if not st.drained or st.worthy() or st.blocking() or not c.auto_resume:
+            if paused or not st.drained or st.worthy() or st.blocking() or not c.auto_resume:
                 continue
             wait = c.cooldown_s if st.flapping else c.resume_after_s
             if st.healthy_since is None or now - st.healthy_since < wait:
@@ -352,6 +356,9 @@ class Policy:
             if rid in st.rejected:
                 why = f"adapter:{st.rejected[rid]}"
                 self._refuse(ev, node, st, why, st.refused_detail if st.refused == why else why)
+                continue
+            if paused:
+                self._refuse(ev, node, st, "paused", "an operator paused automatic drains")
                 continue
             if ev.storm.active:
                 self._refuse(ev, node, st, "storm", f"{len(ev.storm.nodes)} nodes at once")

@@ -2,7 +2,8 @@
 
 Per request, in order:
 1. decode + validate drain/1 (malformed -> dead-letter, counted);
-2. check the HMAC signature with the shared key (forged or tampered -> dead-letter, counted);
+2. check the HMAC signature with the shared key (forged or tampered -> dead-letter, counted); a
+   request marked `dry_run` (`act --dry-run`) is dead-lettered and counted, never executed;
 3. skip it if the journal already has it (a duplicate delivery or a replaying `act`);
 4. check the node against the nodes Slurm knows (unknown -> journal + dead-letter, counted);
 5. a request the journal holds as `executing` was interrupted by a crash: decide from Slurm's own
@@ -202,6 +203,10 @@ class Drainer:
             return self._reject(raw, None, "malformed", str(e), source, topic)
         if not drain_request.verify(msg, self._key):
             return self._reject(raw, None, "forged", "signature does not match", source, topic)
+        if msg.get(schemas.DRY_RUN):
+            # `act --dry-run`'s would-be request (on its own topic; here only if a topic was mixed
+            # up): never executed, and not answered (that act waits for no result)
+            return self._reject(raw, None, "dry_run", "a dry-run request is never executed", source, topic)
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
         prior = self.journal.get(rid)
         if prior is not None and prior.status != "executing":

@@ -521,9 +521,18 @@ def build_parser() -> _Parser:
     p.add_argument("--settle", type=_nonneg_float, default=None, help="seconds to wait after an onset (0)")
     p.add_argument(
         "--runbook-base",
-        default="https://github.com/fleetwatch/fleetwatch/blob/main/docs/runbooks.md#",
-        help="runbook_url prefix; the finding kind is appended",
+        default=None,
+        help="runbook_url prefix; a page of docs/runbooks/ is appended (default: act's own server, "
+        "http://<host>:<--metrics-port>/runbooks/, which serves them)",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="decide and alert as usual, but publish would-be drain/resume requests (marked dry_run) to "
+        "the drain topic (default scheduler.drain.dryrun.v1, read by no adapter); alerts are labelled dry_run",
+    )
+    p.add_argument("--control-topic", default="fleet.control.v1", help="operators' switches (control/1)")
     p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
     p.add_argument(
         "--census-key-file",
@@ -553,9 +562,15 @@ def build_parser() -> _Parser:
     p.add_argument(
         "--census-burst-window", type=_positive_float, default=None, help="census burst window, s (600)"
     )
-    p.add_argument("--group", default="fleetwatch-act", help="consumer group")
+    p.add_argument(
+        "--group", default=None, help="consumer group (fleetwatch-act; fleetwatch-act-dry-run with --dry-run)"
+    )
     p.add_argument("--findings-topic", default="fleet.findings.v1", help="input topic")
-    p.add_argument("--drain-topic", default="scheduler.drain.v1", help="drain request topic")
+    p.add_argument(
+        "--drain-topic",
+        default=None,
+        help="drain request topic (scheduler.drain.v1; scheduler.drain.dryrun.v1 with --dry-run)",
+    )
     p.add_argument("--snapshot-every", type=_positive_float, default=5.0, help="state snapshot period, s")
     p.add_argument(
         "--instance-id",
@@ -588,6 +603,33 @@ def build_parser() -> _Parser:
     p.add_argument("--once", action="store_true", help="poll once, publish, exit")
     _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.slurm_jobs.publisher:run")
+
+    for name, helptext, handler in (
+        (
+            "pause",
+            "pause automatic drains and resumes fleet-wide (every act obeys; survives restarts)",
+            "pause",
+        ),
+        ("resume-drains", "lift a drain pause before it expires", "resume_drains"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        _add_bootstrap(p)
+        if name == "pause":
+            p.add_argument("--reason", required=True, help="why (shown in every alert while paused)")
+            p.add_argument(
+                "--for",
+                dest="duration",
+                required=True,
+                help="how long, e.g. 30m, 2h, 1d (at most 7 days: a pause ends by itself)",
+            )
+        else:
+            p.add_argument("--reason", default="lifted by an operator", help="why (logged by every act)")
+        p.add_argument("--by", default=None, help="who (default: user@host)")
+        p.add_argument(
+            "--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)"
+        )
+        p.add_argument("--control-topic", default="fleet.control.v1", help="control topic (control/1)")
+        p.set_defaults(handler=f"fleetwatch.alerts.pause_cli:{handler}")
 
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
     _add_bootstrap(p)

@@ -88,18 +88,38 @@ def stop_processes(procs: Iterable[subprocess.Popen[bytes]], grace_s: float = 20
             p.wait(5)
 
 
-def serve_metrics(port: int | None, addr: str = METRICS_ADDR) -> WSGIServer | None:
+def serve_metrics(
+    port: int | None, addr: str = METRICS_ADDR, runbooks: dict[str, bytes] | None = None
+) -> WSGIServer | None:
     """Serve Prometheus metrics at http://addr:port/metrics from a daemon thread, as every command
     with --metrics-port does; port None or 0: none. A port that is taken or an address this host
-    does not have is a bad argument (ValueError: `fleetwatch` exits 2 with the reason)."""
+    does not have is a bad argument (ValueError: `fleetwatch` exits 2 with the reason).
+
+    `runbooks` (page name -> text, fleetwatch/runbooks.py): also served, under /runbooks/ (act)."""
     if not port:
         return None
     # Imported here: cli.py imports this module for every command, most of which serve nothing.
-    from prometheus_client import start_http_server
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+    from prometheus_client import make_wsgi_app
+
+    from fleetwatch.runbooks import with_runbooks
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True  # a slow scraper never holds the process at exit
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # one line per scrape on stderr is noise
+
+    app = make_wsgi_app()
+    if runbooks is not None:
+        app = with_runbooks(app, runbooks)
     try:
-        server, _thread = start_http_server(port, addr=addr)
+        server = make_server(addr, port, app, Server, handler_class=QuietHandler)
     except OSError as e:
         raise ValueError(f"cannot serve metrics on {addr} port {port}: {e.strerror or e}") from e
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     logging.getLogger(__name__).info("metrics on %s port %d", addr, port)
     return server

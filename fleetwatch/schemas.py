@@ -676,6 +676,7 @@ FINDING = "finding/1"
 NODE = "node/1"
 DRAIN = "drain/1"
 DRAIN_RESULT = "drain_result/1"
+CONTROL = "control/1"
 
 # The kinds this release's detectors write (a new detector adds its kind here). A finding of a
 # kind not listed is still valid, for its name is a kind name: a detect newer than its act (a
@@ -736,6 +737,14 @@ DRAIN_OUTCOMES = frozenset(
 REQUEST_SIGNATURE = "request_signature"  # drain_result/1's binding to its request; optional (older adapters)
 DRAIN_FIELDS = ("schema", "request_id", "node", "action", "reason", "severity", "findings", "issued_at")
 RESULT_FIELDS = ("schema", "request_id", "node", "action", "outcome", "detail", "ts")
+# drain/1's optional mark of a request from `act --dry-run`: published to its own topic, never to be
+# executed (an adapter of an earlier release refuses it as an unknown field; this one by name)
+DRY_RUN = "dry_run"
+# control/1: an operator's fleet-wide switch (alerts/drain_pause.py); `control` names the switch,
+# which is also the record's Kafka key, so the compacted topic keeps each switch's latest record
+CONTROLS = frozenset({"drain_pause"})
+CONTROL_FIELDS = ("schema", "control", "paused", "reason", "by", "issued_at", "until")
+MAX_PAUSE_S = 7 * 86400.0  # a pause nobody lifts ends by itself within a week
 
 
 def validate_finding(m: Mapping[str, Any]) -> None:
@@ -827,7 +836,9 @@ def check_envelope(
 
 def validate_drain(m: Mapping[str, Any]) -> None:
     """Shape check (no signature check: that needs the key, alerts/drain_request.verify)."""
-    check_envelope(m, "drain", DRAIN_FIELDS)
+    check_envelope(m, "drain", DRAIN_FIELDS, (DRY_RUN,))
+    if DRY_RUN in m and m[DRY_RUN] is not True:
+        raise MessageError("out_of_range", "drain.dry_run must be true when present")
     _string("drain.reason", m["reason"])
     if not m["reason"] or len(m["reason"]) > MAX_REASON or any(c in m["reason"] for c in "\r\n\0"):
         raise MessageError("out_of_range", f"drain.reason must be one line of 1..{MAX_REASON} characters")
@@ -858,6 +869,37 @@ def validate_result(m: Mapping[str, Any]) -> None:
     _number("drain_result.ts", m["ts"], 0)
 
 
+def _one_line(where: str, v: Any, max_len: int) -> None:
+    _string(where, v)
+    if not v or len(v) > max_len or any(c in v for c in "\r\n\0"):
+        raise MessageError("out_of_range", f"{where} must be one line of 1..{max_len} characters")
+
+
+def validate_control(m: Mapping[str, Any]) -> None:
+    """Shape check of an operator's switch; the signature is checked with the drain key
+    (alerts/drain_pause.verify)."""
+    for f in (*CONTROL_FIELDS, "signature"):
+        if f not in m:
+            raise MessageError("missing_field", f"control.{f} is required")
+    extra = set(m) - set(CONTROL_FIELDS) - {"signature"}
+    if extra:
+        raise MessageError("out_of_range", f"control has unknown fields {sorted(extra)[:5]}")
+    _string("control.control", m["control"])
+    if m["control"] not in CONTROLS:
+        raise MessageError("out_of_range", f"control.control must be one of {sorted(CONTROLS)}")
+    if not isinstance(m["paused"], bool):
+        raise MessageError("wrong_type", "control.paused must be a boolean")
+    _one_line("control.reason", m["reason"], MAX_REASON)
+    _one_line("control.by", m["by"], MAX_ID_LEN)
+    _ts("control.issued_at", m["issued_at"])
+    _ts("control.until", m["until"])
+    if not 0 <= m["until"] - m["issued_at"] <= MAX_PAUSE_S:
+        raise MessageError(
+            "out_of_range", f"control.until must be within {MAX_PAUSE_S:.0f} s after control.issued_at"
+        )
+    check_signature_field("control.signature", m["signature"])
+
+
 # ---------------------------------------------------------------- the schema table
 #
 # Every schema the decoder knows, named here and nowhere else: importing fleetwatch.schemas alone
@@ -873,6 +915,7 @@ VALIDATORS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     NODE: validate_node,
     DRAIN: validate_drain,
     DRAIN_RESULT: validate_result,
+    CONTROL: validate_control,
 }
 
 # The timestamp field each schema is judged by for clock skew.
@@ -886,6 +929,7 @@ TS_FIELD = {
     NODE: "last_seen",
     DRAIN: "issued_at",
     DRAIN_RESULT: "ts",
+    CONTROL: "issued_at",
 }
 # The field a message's Kafka key must equal (docs/contract.md 4.1): a key that names another
 # node than the message would put its state on one worker and its findings on another's node.
@@ -899,6 +943,7 @@ KEY_FIELD = {
     NODE: "node",
     DRAIN: "node",
     DRAIN_RESULT: "node",
+    CONTROL: "control",
 }
 
 

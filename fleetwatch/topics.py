@@ -11,9 +11,14 @@ DRAIN = "scheduler.drain.v1"  # key = node
 DRAIN_RESULTS = "scheduler.drain.results.v1"  # key = node; drain_result/1 from the Slurm adapter
 NODES = "fleet.nodes.v1"  # key = node; compacted census of reporting nodes (node/1, null = forgotten)
 DEADLETTER = "fleet.deadletter.v1"
+# key = switch name; compacted: operators' fleet-wide switches (control/1: the drain pause)
+CONTROL = "fleet.control.v1"
+# key = node; `act --dry-run`'s would-be drain/1 requests: no adapter reads this topic
+DRAIN_DRY_RUN = "scheduler.drain.dryrun.v1"
 
 DETECT_GROUP = "fleetwatch-detect"
 ACT_GROUP = "fleetwatch-act"
+ACT_DRY_RUN_GROUP = "fleetwatch-act-dry-run"  # a shadow act must not take the real one's partitions
 
 ALL = (
     TELEMETRY,
@@ -27,8 +32,10 @@ ALL = (
     DRAIN_RESULTS,
     NODES,
     DEADLETTER,
+    CONTROL,
+    DRAIN_DRY_RUN,
 )
-COMPACTED = frozenset({STATE, NODES, JOBS})
+COMPACTED = frozenset({STATE, NODES, JOBS, CONTROL})
 # How long an ended job stays on fleet.jobs.v1: the lemon detector's window of failed jobs
 # (pipeline/job_table.py keeps failures this long). The job publisher tombstones a job (key = job,
 # value null) once its end is older than this, and compaction then drops all its records, so the

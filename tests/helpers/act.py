@@ -15,6 +15,7 @@ from fleetwatch.alerts.act_metrics import ActMetrics
 from fleetwatch.alerts.actor import Actor, ActTask
 from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.drain_log import ResultBook
+from fleetwatch.alerts.drain_pause import PauseBook
 from fleetwatch.alerts.policy import Policy, PolicyConfig
 from fleetwatch.pipeline.job_table import JobTable
 from tests.helpers.findings import T0
@@ -34,6 +35,8 @@ class Rig:
         fleet_size: int | None = None,
         finding_key: bytes | None = None,  # detect's key: findings must verify (None: no check)
         metrics: bool = True,  # False: the actor is given no metrics (as eval and benchmarks build it)
+        pause: PauseBook | None = None,  # an operator's switch (alerts/drain_pause.py); None: never paused
+        dry_run: bool = False,
         **cfg: Any,
     ) -> None:
         self.now = T0
@@ -45,7 +48,7 @@ class Rig:
         self.tasks: dict[tuple[str, int], ActTask] = {}
         self.actor = Actor(
             policy=Policy(PolicyConfig(**cfg)),
-            builder=AlertBuilder("test"),
+            builder=AlertBuilder("test", dry_run=dry_run),
             dispatcher=NoAlertmanager(),  # type: ignore[arg-type]
             jobs=self.jobs,
             key=KEY,
@@ -58,6 +61,8 @@ class Rig:
             pending_timeout_s=300.0,
             finding_key=finding_key,
             metrics=given,
+            pause=pause.active if pause is not None else lambda _now: None,
+            dry_run=dry_run,
         )
         self.task = self.tasks[("act", 0)] = ActTask(self.actor, 0)
 
@@ -85,6 +90,16 @@ class Rig:
     def metric(self, name: str, **labels: str) -> float | None:
         """A sample of act's metrics for this rig (None: no such series)."""
         return self.registry.get_sample_value(name, labels)
+
+    def alerts(self, alertname: str, active: bool = True) -> list[Any]:
+        """The alert records of that name in the task's and the fleet-wide books."""
+        books = (self.task.book, self.actor.global_book)
+        return [
+            r
+            for b in books
+            for r in b.records.values()
+            if r.labels["alertname"] == alertname and (r.ends_at is None) == active
+        ]
 
     def refusals(self) -> dict[str, str]:
         """node -> reason of each active FleetwatchDrainRefused alert."""

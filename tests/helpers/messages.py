@@ -180,6 +180,16 @@ GOOD = {
         "request_signature": "ef" * 32,
         "signature": "01" * 32,
     },
+    "control/1": {
+        "schema": "control/1",
+        "control": "drain_pause",
+        "paused": True,
+        "reason": "storage maintenance on the scratch filesystem",
+        "by": "oncall@ops-1",
+        "issued_at": 1.0e9 + 8,
+        "until": 1.0e9 + 8 + 7200,
+        "signature": "23" * 32,
+    },
 }
 
 

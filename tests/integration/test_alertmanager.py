@@ -71,7 +71,7 @@ def test_finding_becomes_an_alert_with_grouping_labels_and_ends_when_resolved(
     ann = a["annotations"]
     assert ann["summary"] == f["summary"] and ann["finding_id"] == f["id"]
     assert json.loads(ann["evidence"]) == f["evidence"]
-    assert ann["runbook_url"].endswith("#xid") and ann["action"] == "drain node (XID 79)"
+    assert ann["runbook_url"].endswith("/runbooks/xid.md") and ann["action"] == "drain node (XID 79)"
     assert [r["name"] for r in a["receivers"]] == ["pager"]  # critical routes to the pager
     assert abs(parse(a["startsAt"]) - f["first_seen"]) < 0.01
     assert 200 < parse(a["endsAt"]) - now < 260  # 4 x the re-send period: expires if we go quiet

@@ -216,7 +216,8 @@ def test_act_flag_over_file_over_code(tmp_path: Path) -> None:
     census = act.census_config(args)
     assert census == dataclasses.replace(CensusConfig(), burst_min=20)
     assert args.cluster == "site-b" and args.alertmanager_timeout == 12.0 and args.fleet_size == 40
-    assert args.group == "fleetwatch-act"  # not in the file: the code's
+    assert args.group is None  # not in the file: the code's, by mode
+    assert act.mode_defaults(args) == (False, "fleetwatch-act", "scheduler.drain.v1")
     # flags given, the file loses; the file names the same keys through the environment
     args = cli.parse(
         ["act", "--drain-budget", "0.3", "--census-burst-min", "4", "--alertmanager-timeout", "3"]

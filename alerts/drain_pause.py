@@ -1,0 +1,138 @@
+"""The fleet-wide drain pause: `fleetwatch pause` and `fleetwatch resume-drains` (docs/contract.md,
+"control/1").
+
+An operator's switch, not a detector's: while a pause is in force every `fleetwatch act` holds its
+automatic drains AND resumes (fleetwatch changes nothing in Slurm), and goes on alerting. The
+switch is one signed control/1 record on the compacted topic fleet.control.v1 (key `drain_pause`):
+
+    {"schema": "control/1", "control": "drain_pause", "paused": true|false, "reason": one line,
+     "by": "user@host", "issued_at": unix s, "until": unix s, "signature": HMAC-SHA256 hex}
+
+- Every act follows the whole topic (fleetwatch/follow.py), so every instance obeys within a
+  follower's poll (a fraction of a second), and a restarted act reads the record back before it
+  decides anything: the pause survives restarts.
+- It ends by itself at `until` (at most MAX_PAUSE_S after it was issued: a pause somebody forgot
+  must not switch the safety net off for good), or at a `paused: false` record (resume-drains).
+- Signed with the drain key (act's and the adapter's: whoever may ask for drains may hold them).
+  Unsigned or forged records are refused and counted: a forged pause would switch fleetwatch off,
+  a forged lift would drain during a human's freeze. A replayed older record changes nothing: the
+  record with the latest `issued_at` is the switch's state, whatever order records arrive in.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import re
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fleetwatch import schemas, signing
+
+log = logging.getLogger(__name__)
+
+CONTROL = schemas.CONTROL
+SWITCH = "drain_pause"
+MAX_PAUSE_S = schemas.MAX_PAUSE_S
+validate_control = schemas.validate_control
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '30m', '2h', '1d' or plain seconds -> seconds; ValueError for anything else."""
+    m = _DURATION.match(text.lower())
+    if m is None:
+        raise ValueError(f"{text!r} is not a duration (e.g. 30m, 2h, 1d)")
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if not 0 < seconds <= MAX_PAUSE_S:
+        raise ValueError(f"a pause lasts more than 0 s and at most {MAX_PAUSE_S / 86400:.0f} days")
+    return seconds
+
+
+def operator() -> str:
+    """Who runs the command, as user@host (the record's `by`)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name for this uid (a container): still say where it came from
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"[: schemas.MAX_ID_LEN]
+
+
+def make_control(
+    *, paused: bool, reason: str, by: str, issued_at: float, until: float, key: bytes
+) -> dict[str, Any]:
+    from fleetwatch.alerts.drain_request import one_line
+
+    msg: dict[str, Any] = {
+        "schema": CONTROL,
+        "control": SWITCH,
+        "paused": paused,
+        "reason": one_line(reason),
+        "by": one_line(by, schemas.MAX_ID_LEN),
+        "issued_at": float(issued_at),
+        "until": float(until),
+    }
+    msg["signature"] = signing.mac(msg, key, "signature")
+    validate_control(msg)
+    return msg
+
+
+@dataclass(frozen=True)
+class Pause:
+    """The pause in force: why, who, since and until when (unix s)."""
+
+    reason: str
+    by: str
+    since: float
+    until: float
+
+    def note(self) -> str:
+        """One line for alerts and logs."""
+        from fleetwatch.alerts.alert_model import event_time
+
+        return f"drains paused until {event_time(self.until)} by {self.by}: {self.reason}"
+
+
+class PauseBook:
+    """The switch's state as read from fleet.control.v1: `apply` is a TopicFollower's callback
+    (a background thread), `active(now)` is asked by the decision step."""
+
+    def __init__(self, key: bytes, on_refused: Callable[[str], None] = lambda _why: None) -> None:
+        self._key = key
+        self._on_refused = on_refused
+        self._lock = threading.Lock()
+        self._latest: dict[str, Any] | None = None
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            return  # a tombstone unsigned: it lifts nothing (an operator lifts with resume-drains)
+        try:
+            msg = schemas.decode(value, CONTROL, key=key)
+        except schemas.MessageError as e:
+            self._refuse("malformed", str(e))
+            return
+        if not signing.verify(msg, self._key, "signature"):
+            self._refuse("bad_signature", "signature does not match the drain key")
+            return
+        with self._lock:
+            if self._latest is not None and msg["issued_at"] <= self._latest["issued_at"]:
+                return  # a replay of an older record: the latest switch stands
+            self._latest = msg
+        what = "paused" if msg["paused"] else "lifted"
+        log.warning("drains %s by %s: %s", what, msg["by"], msg["reason"])
+
+    def _refuse(self, why: str, detail: str) -> None:
+        log.warning("control record refused (%s): %s", why, detail[:200])
+        self._on_refused(why)
+
+    def active(self, now: float) -> Pause | None:
+        """The pause in force at wall time `now`, or None."""
+        with self._lock:
+            m = self._latest
+        if m is None or not m["paused"] or now >= m["until"]:
+            return None
+        return Pause(m["reason"], m["by"], m["issued_at"], m["until"])

@@ -1,0 +1,174 @@
+"""The operator's controls in-process (alerts/drain_pause.py, alerts/actor.py, the real policy and
+alert model): a signed pause holds every drain and resume fleet-wide while alerts go on and say so,
+and ends by itself or when lifted; forged, malformed and replayed control records change nothing;
+`act --dry-run` publishes would-be requests that no adapter executes, and labels its alerts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleetwatch import schemas
+from fleetwatch.alerts import drain_request
+from fleetwatch.alerts.drain_pause import PauseBook, make_control, parse_duration
+from fleetwatch.alerts.slurm_drainer import Drainer
+from tests.helpers.act import KEY, Rig
+from tests.helpers.findings import T0, finding, resolve
+
+NODES = {f"gpu-node-{i:02d}" for i in range(1, 11)}
+
+
+def control(paused: bool, at: float, for_s: float = 7200.0, key: bytes = KEY, **over: Any) -> bytes:
+    msg = make_control(
+        paused=paused,
+        reason="scratch filesystem maintenance",
+        by="oncall@ops-1",
+        issued_at=at,
+        until=at + (for_s if paused else 0.0),
+        key=key,
+    )
+    msg.update(over)
+    return schemas.encode(msg)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90s", 90.0), ("30m", 1800.0), ("2h", 7200.0), ("1d", 86400.0), ("45", 45.0)]
+)
+def test_durations_read_as_operators_write_them(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "2 hours", "-1h", "0s", "8d", "1e9", "2h30m", "nan"])
+def test_a_duration_that_is_not_one_or_longer_than_a_week_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_a_signed_pause_holds_drains_alerts_go_on_and_say_so_and_it_expires_by_itself() -> None:
+    book = PauseBook(KEY)
+    rig = Rig(NODES, pause=book, budget_min_nodes=3)
+    book.apply(b"drain_pause", control(True, T0, for_s=3600))
+    out = rig.feed(finding("gpu-node-01", ts=T0 + 10), finding("gpu-node-02", ts=T0 + 11))
+    assert out == [] and rig.decide(T0 + 60) == []
+    assert {n: st.refused for n, st in rig.task.nodes.items()} == {
+        "gpu-node-01": "paused",
+        "gpu-node-02": "paused",
+    }
+    assert rig.refusals() == {}  # one fleet-wide alert, not a refusal page per node
+    (paused,) = rig.alerts("FleetwatchDrainsPaused")
+    assert paused.labels["severity"] == "warning" and paused.annotations["drains_held"] == "2"
+    assert "oncall@ops-1" in paused.annotations["summary"] and paused.annotations["runbook_url"].endswith(
+        "paused.md"
+    )
+    xids = rig.alerts("FleetwatchXid")
+    assert len(xids) == 2  # findings are alerted as usual ...
+    for a in xids:  # ... and each says the drain is held, and why
+        assert a.annotations["drains_paused"].startswith("drains paused until ")
+        assert "scratch filesystem maintenance" in a.annotations["drains_paused"]
+        assert a.annotations["action"].endswith("held, drains are paused")
+    assert rig.metric("fleetwatch_act_drains_paused") == 1
+    assert rig.metric("fleetwatch_act_drains_paused_until_seconds") == T0 + 3600
+    assert rig.metric("fleetwatch_act_drains_refused_total", reason="paused") == 2
+    # the pause ends by itself: both drains go through (the budget allows 3) and its alert ends
+    out = rig.decide(T0 + 3601)
+    assert sorted(m["node"] for m in out) == ["gpu-node-01", "gpu-node-02"]
+    assert (
+        rig.alerts("FleetwatchDrainsPaused") == [] and len(rig.alerts("FleetwatchDrainsPaused", False)) == 1
+    )
+    assert rig.metric("fleetwatch_act_drains_paused") == 0
+
+
+def test_a_pause_holds_resumes_too_and_resume_drains_lifts_it() -> None:
+    book = PauseBook(KEY)
+    rig = Rig(NODES, pause=book, budget_min_nodes=3, resume_after_s=100.0)
+    f = finding("gpu-node-01", ts=T0)
+    (req,) = rig.feed(f)
+    rig.result(req, "executed")
+    rig.feed(resolve(f, T0 + 10))
+    book.apply(b"drain_pause", control(True, T0 + 20))
+    assert rig.decide(T0 + 500) == []  # healthy long enough, but paused: no resume
+    assert rig.task.nodes["gpu-node-01"].drained
+    book.apply(b"drain_pause", control(False, T0 + 600))
+    (resume,) = rig.decide(T0 + 601)
+    assert resume["action"] == "resume" and rig.alerts("FleetwatchDrainsPaused") == []
+
+
+def test_forged_malformed_and_replayed_control_records_change_nothing() -> None:
+    refused: list[str] = []
+    book = PauseBook(KEY, refused.append)
+    book.apply(b"drain_pause", control(True, T0, key=b"someone-elses-key-0123456789"))
+    book.apply(b"drain_pause", control(True, T0, reason="edited after signing"))
+    book.apply(b"drain_pause", b'{"schema": "control/1", "control": "drain_pause"}')
+    book.apply(b"drain_pause", control(True, T0, until=T0 + 30 * 86400.0))  # past the week
+    book.apply(b"other", control(True, T0))  # the key must name the switch
+    book.apply(b"drain_pause", None)  # a tombstone is unsigned: it neither pauses nor lifts
+    assert book.active(T0 + 1) is None
+    assert refused == ["bad_signature", "bad_signature", "malformed", "malformed", "malformed"]
+    # a real pause, then a replay of an older (real, signed) lift: the pause stands
+    older_lift = control(False, T0 + 5)
+    book.apply(b"drain_pause", control(True, T0 + 10))
+    book.apply(b"drain_pause", older_lift)
+    pause = book.active(T0 + 20)
+    assert pause is not None and pause.until == T0 + 10 + 7200
+    book.apply(b"drain_pause", control(False, T0 + 30))
+    assert book.active(T0 + 31) is None
+
+
+def test_dry_run_publishes_marked_would_be_requests_and_behaves_as_if_they_ran() -> None:
+    rig = Rig(NODES, dry_run=True, budget_min_nodes=1, resume_after_s=100.0)
+    a, b = finding("gpu-node-01", ts=T0), finding("gpu-node-02", ts=T0 + 1)
+    (req,) = rig.feed(a, b)
+    assert req["node"] == "gpu-node-01" and req["dry_run"] is True
+    assert drain_request.verify(req, KEY)
+    schemas.validate(req, schemas.DRAIN)
+    st = rig.task.nodes["gpu-node-01"]
+    assert st.drained and st.confirmed  # no result will come: counted as done at once ...
+    assert rig.refusals() == {"gpu-node-02": "budget"}  # ... so the budget holds as it would for real
+    assert rig.decide(T0 + 1000) == []  # and no "no result from the adapter" page, ever
+    assert rig.metric("fleetwatch_act_drains_unconfirmed") == 0
+    assert rig.metric("fleetwatch_act_dry_run") == 1
+    for r in rig.task.book.records.values():
+        assert r.labels["dry_run"] == "true" and r.annotations["summary"].startswith("[dry-run] ")
+    (xid,) = [r for r in rig.alerts("FleetwatchXid") if r.labels["node"] == "gpu-node-01"]
+    assert xid.annotations["action"].startswith("would drain node")
+    rig.feed(resolve(a, T0 + 1001))
+    out = rig.decide(T0 + 1200)
+    assert [(m["action"], m["node"], m.get("dry_run")) for m in out] == [
+        ("resume", "gpu-node-01", True),
+        ("drain", "gpu-node-02", True),
+    ]
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+
+    def send(self, topic: str, key: bytes | None = None, value: bytes = b"", **_kw: Any) -> None:
+        self.sent.append((topic, key, value))
+
+
+class _NoSlurm:
+    """Any call is a failure of the test: a dry-run request must never reach Slurm."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"slurm.{name} called for a dry-run request")
+
+
+def test_the_adapter_dead_letters_a_dry_run_request_and_never_answers_it(tmp_path: Any) -> None:
+    from fleetwatch.alerts.journal import Journal
+
+    producer = _Producer()
+    drainer = Drainer(_NoSlurm(), Journal(tmp_path / "j.sqlite"), KEY, producer, clock=lambda: T0)  # type: ignore[arg-type]
+    req = drain_request.make_request(
+        node="gpu-node-01",
+        action="drain",
+        reason="fleetwatch: XID 79",
+        severity="critical",
+        findings=["f1"],
+        issued_at=T0,
+        key=KEY,
+        dry_run=True,
+    )
+    assert drainer.handle(schemas.encode(req), "test:0:0", key=b"gpu-node-01") == "dry_run"
+    assert [t for t, _k, _v in producer.sent] == ["fleet.deadletter.v1"]  # no drain_result/1
