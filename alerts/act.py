@@ -36,6 +36,7 @@ from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertSender, dead
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
 from fleetwatch.alerts.drain_pause import PauseBook
 from fleetwatch.alerts.policy import Policy, PolicyConfig
+from fleetwatch.alerts.slurm_nodes import SlurmNodeBook
 from fleetwatch.bus import Bus
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.census import Census, CensusConfig, export_metrics
@@ -208,7 +209,14 @@ def run(args: argparse.Namespace) -> int:
     bus.wait_for_broker(timeout_s=30)
     bus.ensure_topics()
     bus.ensure_topics(
-        [args.findings_topic, drain_topic, args.results_topic, args.nodes_topic, args.control_topic]
+        [
+            args.findings_topic,
+            drain_topic,
+            args.results_topic,
+            args.nodes_topic,
+            args.control_topic,
+            args.slurm_nodes_topic,
+        ]
     )
     metrics = act_metrics.exported()  # this process's act metrics, in the registry /metrics serves
     pages = runbooks.pages()
@@ -222,11 +230,19 @@ def run(args: argparse.Namespace) -> int:
     export_metrics(census, time.time)
     results = ResultBook(key, metrics)
     pause = PauseBook(key, lambda why: metrics.control_refused.labels(why).inc())
+    policy = policy_config(args)
+    slurm_nodes = SlurmNodeBook(
+        key,
+        opt_out=policy.opt_out,
+        opt_out_feature=policy.opt_out_feature,
+        on_refused=lambda why: metrics.slurm_nodes_refused.labels(why).inc(),
+    )
     followers: list[JobTableFollower | TopicFollower] = [
         JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
         TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
         TopicFollower(args.results_topic, results.apply, bus),  # what the adapter did
         TopicFollower(args.control_topic, pause.apply, bus),  # an operator's pause
+        TopicFollower(args.slurm_nodes_topic, slurm_nodes.apply, bus),  # nodes people hold
     ]
     for f in followers:
         f.start()
@@ -254,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=metrics.alerts,
     )
     actor = Actor(
-        policy=Policy(policy_config(args)),
+        policy=Policy(policy),
         builder=AlertBuilder(args.cluster, runbook_base, dry_run=dry_run),
         dispatcher=dispatcher,
         jobs=jobs,
@@ -273,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=metrics,
         pause=pause.active,
         dry_run=dry_run,
+        held=slurm_nodes.held_nodes,
     )
     worker = act_worker(
         bus,

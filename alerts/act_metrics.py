@@ -94,6 +94,18 @@ class ActMetrics:
             ["reason"],
             registry=r,
         )
+        self.held = Gauge(
+            "fleetwatch_act_nodes_held",
+            "nodes people hold (Slurm maintenance, down, drained by someone else, opted out): never "
+            "drained, not counted in the fleet",
+            registry=r,
+        )
+        self.slurm_nodes_refused = Counter(
+            "fleetwatch_act_slurm_nodes_refused_total",
+            "slurm_node/1 records refused: malformed, bad_signature",
+            ["reason"],
+            registry=r,
+        )
         self.alerts = AlertMetrics(r)
         self.census = CensusMetrics(r)
 

@@ -44,6 +44,7 @@ from fleetwatch.alerts.alertmanager import AlertSink
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.drain_pause import Pause
 from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
+from fleetwatch.alerts.slurm_nodes import HELD_REASONS
 from fleetwatch.census import Census
 from fleetwatch.detectors import findings
 from fleetwatch.pipeline.tasks import Output, Refused
@@ -53,8 +54,9 @@ log = logging.getLogger(__name__)
 
 STORM_SOURCE = "storm"
 PAUSE_SOURCE = "paused"
-# refusals reported once for the whole fleet (one alert), not by a refusal alert per node
-FLEET_WIDE = frozenset({"storm", "paused"})
+# refusals reported once for the whole fleet (one alert), not by a refusal alert per node, and
+# refusals of nodes people hold (alerts/slurm_nodes.py): nobody is paged for what they chose
+FLEET_WIDE = frozenset({"storm", "paused", *HELD_REASONS})
 UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a drain pending too long
 LOG_EVERY = 1000  # a refused finding is logged the first time for its reason and every 1000th after
 
@@ -139,6 +141,7 @@ class Actor:
         metrics: ActMetrics | None = None,
         pause: Callable[[float], Pause | None] = lambda _now: None,
         dry_run: bool = False,
+        held: Callable[[float], Mapping[str, str]] = lambda _now: {},
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -173,6 +176,10 @@ class Actor:
         # executed at once (no result will come), so the budget and job rules behave as for real
         self.dry_run = dry_run
         self.metrics.dry_run.set(1 if dry_run else 0)
+        # nodes people hold now, with why (alerts/slurm_nodes.SlurmNodeBook.held_nodes), read once
+        # per batch and per decision
+        self.held = held
+        self._held: Mapping[str, str] = {}
 
     # ------------------------------------------------------------ input
 
@@ -213,12 +220,19 @@ class Actor:
             task.book.end(f["id"], float(f["ts"]))
         elif f["id"] in st.open:  # not a late copy of an opening that has resolved since (the policy
             # kept it out): a replayed signed finding must not page again about what has ended
-            labels, annotations = self.builder.from_finding(f, st.open[f["id"]].drain)
+            why = self._held.get(node)
+            if why is not None and f["kind"] == "host" and (f.get("evidence") or {}).get("rule") == "silent":
+                return  # a node in maintenance, down or opted out is expected to fall silent
+            drain = st.open[f["id"]].drain if why is None else None
+            labels, annotations = self.builder.from_finding(f, drain, node_state=why)
             task.book.fire(f["id"], labels, annotations, float(f["first_seen"]))
 
     def refresh_mode(self) -> Pause | None:
-        """The pause in force now, told to the alert builder and the metrics."""
-        pause = self.pause(self.clock())
+        """The pause in force now, told to the alert builder and the metrics; the nodes held now."""
+        now = self.clock()
+        self._held = self.held(now)
+        self.metrics.held.set(len(self._held))
+        pause = self.pause(now)
         self.builder.paused = pause.note() if pause else ""
         self.metrics.paused.set(1 if pause else 0)
         self.metrics.paused_until.set(pause.until if pause else 0)
@@ -231,11 +245,12 @@ class Actor:
         nor a node that has not reported steadily for the warm-up: fleetwatch/census.py). A node of
         the census that is not warm yet is still known (drainable) but does not enlarge the budget
         or the storm threshold."""
+        held = len(self._held) if self.census is None else sum(1 for n in self._held if n in self.census)
         if self.fixed_fleet:
-            return self.fixed_fleet
+            return max(0, self.fixed_fleet - len(self._held))
         if isinstance(self.census, Census):
-            return self.census.fleet_size()
-        return len(self.census) if self.census is not None else 0
+            return max(0, self.census.fleet_size() - held)
+        return max(0, len(self.census) - held) if self.census is not None else 0
 
     def reconcile(self, tasks: list[ActTask]) -> None:
         """Adopt the requests already on the drain topic for nodes of newly owned partitions."""
@@ -275,7 +290,7 @@ class Actor:
         self._apply_results(nodes)
         fleet = self.fleet_size()
         ev = self.policy.evaluate(
-            nodes, now, fleet, self.jobs, self.share(), self.census, paused=pause is not None
+            nodes, now, fleet, self.jobs, self.share(), self.census, paused=pause is not None, held=self._held
         )
         self.last = ev
         out = self._requests(ev, nodes, now)

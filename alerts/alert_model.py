@@ -154,8 +154,14 @@ class AlertBuilder:
             annotations["drains_paused"] = self.paused
         return annotations
 
-    def from_finding(self, f: Mapping[str, Any], drain: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    def from_finding(
+        self, f: Mapping[str, Any], drain: str | None, node_state: str | None = None
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """`node_state`: why people hold the node (alerts/slurm_nodes.py), as the label `node_state`,
+        which the shipped Alertmanager routes keep off the pager."""
         labels = self._base(ALERTNAMES.get(f["kind"], GENERIC_ALERTNAME), f["node"], f["severity"], f["kind"])
+        if node_state:
+            labels["node_state"] = node_state
         rule = f.get("evidence", {}).get("rule")
         if rule:
             labels["rule"] = str(rule)

@@ -155,6 +155,12 @@ class PolicyConfig:
     gpu_reset_automated: bool = knob(
         False, "something else resets GPUs that need it (NVIDIA's RESET_GPU): act then does not drain for it"
     )
+    opt_out: tuple[str, ...] = knob(
+        (), "nodes act never drains nor pages for silence: names or Slurm host lists (gpu-node-[01-04])"
+    )
+    opt_out_feature: str = knob(
+        "fleetwatch_opt_out", 'a Slurm node feature that opts a node out likewise ("": none)'
+    )
 
 
 @dataclass(slots=True)
@@ -311,20 +317,33 @@ class Policy:
         share: float = 1.0,
         known: Container[str] | None = None,
         paused: bool = False,
+        held: Mapping[str, str] | None = None,
     ) -> Evaluation:
         """Decide drains and resumes for `nodes` (those this worker owns) at wall time `now`.
 
         `known`: the nodes of the census; None = no census check (every node is known).
-        `paused`: an operator's pause is in force: no drain (refused `paused`), no resume."""
+        `paused`: an operator's pause is in force: no drain (refused `paused`), no resume.
+        `held`: nodes people hold (alerts/slurm_nodes.py: maintenance, down, drained by someone else,
+        opted out), with why: never drained (refused with that reason), never resumed, no part of a
+        storm (the caller leaves them out of `fleet_size` too)."""
         c = self.cfg
+        people = held or {}  # (`held` below is a job's drained peer)
         ev = Evaluation(budget_nodes=self.budget_nodes(fleet_size, share))
-        # Nodes outside the census are refused below whatever happens: they make no storm either.
-        real = nodes if known is None else {n: st for n, st in nodes.items() if n in known}
+        # Nodes outside the census are refused below whatever happens, and nodes people hold are
+        # not ours to judge: neither makes a storm.
+        real = {n: st for n, st in nodes.items() if (known is None or n in known) and n not in people}
         ev.storm = self.storm(real, now, self.storm_threshold(fleet_size, share))
 
         for node in sorted(nodes):  # resumes first: they free budget for the drains below
             st = nodes[node]
-            if paused or not st.drained or st.worthy() or st.blocking() or not c.auto_resume:
+            if (
+                paused
+                or node in people
+                or not st.drained
+                or st.worthy()
+                or st.blocking()
+                or not c.auto_resume
+            ):
                 continue
             wait = c.cooldown_s if st.flapping else c.resume_after_s
             if st.healthy_since is None or now - st.healthy_since < wait:
@@ -356,6 +375,9 @@ class Policy:
             if rid in st.rejected:
                 why = f"adapter:{st.rejected[rid]}"
                 self._refuse(ev, node, st, why, st.refused_detail if st.refused == why else why)
+                continue
+            if node in people:
+                self._refuse(ev, node, st, people[node], "held by people (Slurm or the opt-out list)")
                 continue
             if paused:
                 self._refuse(ev, node, st, "paused", "an operator paused automatic drains")

@@ -15,6 +15,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+import hostlist
+
 log = logging.getLogger(__name__)
 
 TAG = "fleetwatch"  # every reason fleetwatch writes starts with it; resume only lifts those drains
@@ -96,6 +98,43 @@ class SlurmClient:
         r = self._run(argv)
         if r.returncode != 0:
             raise SlurmError(f"scontrol update {node} State={state} failed: {r.stderr.strip()[:300]}")
+
+    def node_states(self) -> list[tuple[NodeInfo, tuple[str, ...]]]:
+        """Every node with its state, reason and features (one sinfo call, one line per node:
+        `-N` repeats a node once per partition, the first is kept)."""
+        r = self._run(["sinfo", "-h", "-N", "-o", "%N|%T|%f|%E"])
+        if r.returncode != 0:
+            raise SlurmError(f"sinfo failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+        out: dict[str, tuple[NodeInfo, tuple[str, ...]]] = {}
+        for line in r.stdout.splitlines():
+            parts = line.split("|", 3)  # the reason is last: it may hold "|"
+            if len(parts) != 4 or not parts[0].strip() or parts[0].strip() in out:
+                continue
+            name, state, features, reason = (p.strip() for p in parts)
+            feats = () if features in ("", "(null)") else tuple(f for f in features.split(",") if f)
+            out[name] = (NodeInfo(name, state, "" if reason == "none" else reason), feats)
+        return list(out.values())
+
+    def maintenance_nodes(self) -> set[str]:
+        """Nodes of the ACTIVE reservations flagged MAINT (scontrol show reservation, one per line)."""
+        r = self._run(["scontrol", "show", "reservation", "-o"])
+        if r.returncode != 0:
+            if "No reservations" in r.stdout + r.stderr:
+                return set()
+            raise SlurmError(
+                f"scontrol show reservation failed (rc {r.returncode}): {r.stderr.strip()[:300]}"
+            )
+        nodes: set[str] = set()
+        for line in r.stdout.splitlines():
+            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            flags = set(fields.get("Flags", "").split(","))
+            if (
+                fields.get("State") == "ACTIVE"
+                and "MAINT" in flags
+                and fields.get("Nodes", "(null)") != "(null)"
+            ):
+                nodes.update(hostlist.expand_hostlist(fields["Nodes"]))
+        return nodes
 
     def drain(self, node: str, reason: str, comment: str | None = None) -> None:
         self.update(node, "DRAIN", reason, comment)

@@ -53,6 +53,7 @@ from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.journal import Entry, Journal
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
+from fleetwatch.alerts.slurm_nodes import NodeStatePublisher
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
@@ -301,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     journal = Journal(state_dir / "journal.sqlite")
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker(30)
-    bus.ensure_topics([args.drain_topic, args.results_topic, topics.DEADLETTER])
+    bus.ensure_topics([args.drain_topic, args.results_topic, topics.DEADLETTER, args.slurm_nodes_topic])
     serve_metrics(args.metrics_port, args.metrics_addr)
     producer = bus.producer(linger_ms=5)
     consumer = bus.group_consumer(args.group, client_id=f"slurm-drainer-{socket.gethostname()}")
@@ -324,6 +325,13 @@ def run(args: argparse.Namespace) -> int:
         results_topic=args.results_topic,
         max_age_s=args.max_age,
         max_skew_s=args.max_skew,
+    )
+    # Nodes as Slurm shows them, for act (maintenance, down, drained by someone else): read here,
+    # where sinfo is, between batches; the batch's flush below delivers them too.
+    states = (
+        NodeStatePublisher(slurm, producer, key, args.slurm_nodes_topic, every_s=args.node_states_every)
+        if args.node_states_every
+        else None
     )
     log.info("slurm-drainer up: %d Slurm nodes, journal %s, group %s", len(known), state_dir, args.group)
     stop = StopFlag()
@@ -349,6 +357,8 @@ def run(args: argparse.Namespace) -> int:
                         retry_at[tp] = offset
                         break
                     done[tp] = offset + 1
+            if states is not None and states.due():
+                states.publish()
             # Results and dead letters first, then the commit that forgets the input.
             unsent = producer.flush(30)
             if unsent:

@@ -529,10 +529,16 @@ def build_parser() -> _Parser:
         "--dry-run",
         action="store_true",
         default=None,
-        help="decide and alert as usual, but publish would-be drain/resume requests (marked dry_run) to "
-        "the drain topic (default scheduler.drain.dryrun.v1, read by no adapter); alerts are labelled dry_run",
+        help="decide and alert as usual, but publish would-be drain/resume requests (marked dry_run) "
+        "to the drain topic (default scheduler.drain.dryrun.v1, read by no adapter); alerts are "
+        "labelled dry_run",
     )
     p.add_argument("--control-topic", default="fleet.control.v1", help="operators' switches (control/1)")
+    p.add_argument(
+        "--slurm-nodes-topic",
+        default="scheduler.nodes.v1",
+        help="nodes as Slurm shows them (slurm_node/1, from slurm-drainer): held nodes are left alone",
+    )
     p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
     p.add_argument(
         "--census-key-file",
@@ -654,6 +660,17 @@ def build_parser() -> _Parser:
         type=_nonneg_float,
         default=60.0,
         help="refuse requests issued more than this many seconds ahead of this clock (rejected_stale)",
+    )
+    p.add_argument(
+        "--slurm-nodes-topic",
+        default="scheduler.nodes.v1",
+        help="publish each node as Slurm shows it (slurm_node/1) here, for act",
+    )
+    p.add_argument(
+        "--node-states-every",
+        type=_nonneg_float,
+        default=30.0,
+        help="seconds between sinfo reads for --slurm-nodes-topic (0: publish nothing)",
     )
     p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
     _add_config(p)

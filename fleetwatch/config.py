@@ -229,6 +229,8 @@ def _toml(value: Any) -> str:
         return "nan" if math.isnan(value) else repr(value)
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, (tuple, list)):  # an array of strings is the same in JSON and TOML
+        return json.dumps([str(v) for v in value])
     return json.dumps(str(value))  # a JSON string of ASCII is a TOML basic string
 
 

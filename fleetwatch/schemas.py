@@ -677,6 +677,7 @@ NODE = "node/1"
 DRAIN = "drain/1"
 DRAIN_RESULT = "drain_result/1"
 CONTROL = "control/1"
+SLURM_NODE = "slurm_node/1"
 
 # The kinds this release's detectors write (a new detector adds its kind here). A finding of a
 # kind not listed is still valid, for its name is a kind name: a detect newer than its act (a
@@ -745,6 +746,12 @@ DRY_RUN = "dry_run"
 CONTROLS = frozenset({"drain_pause"})
 CONTROL_FIELDS = ("schema", "control", "paused", "reason", "by", "issued_at", "until")
 MAX_PAUSE_S = 7 * 86400.0  # a pause nobody lifts ends by itself within a week
+# slurm_node/1: a node as Slurm shows it, from the adapter (alerts/slurm_nodes.py): sinfo's state
+# (%T: lower case, with its flag characters), reason, features, and whether an active MAINT
+# reservation holds it
+SLURM_NODE_FIELDS = ("schema", "node", "state", "reason", "features", "maintenance", "ours", "ts")
+SLURM_STATE_TEXT_RE = re.compile(r"^[a-z][a-z+_]{0,62}[*~#!%$@^+-]?\Z")
+MAX_FEATURES = 32
 
 
 def validate_finding(m: Mapping[str, Any]) -> None:
@@ -900,6 +907,31 @@ def validate_control(m: Mapping[str, Any]) -> None:
     check_signature_field("control.signature", m["signature"])
 
 
+def validate_slurm_node(m: Mapping[str, Any]) -> None:
+    """Shape check; the signature (drain key) is checked by act (alerts/slurm_nodes.py)."""
+    for f in (*SLURM_NODE_FIELDS, "signature"):
+        if f not in m:
+            raise MessageError("missing_field", f"slurm_node.{f} is required")
+    extra = set(m) - set(SLURM_NODE_FIELDS) - {"signature"}
+    if extra:
+        raise MessageError("out_of_range", f"slurm_node has unknown fields {sorted(extra)[:5]}")
+    _name("slurm_node.node", m["node"])
+    _string("slurm_node.state", m["state"], 64)
+    if not SLURM_STATE_TEXT_RE.match(m["state"]):
+        raise MessageError("out_of_range", "slurm_node.state is not a sinfo state (%T)")
+    _string("slurm_node.reason", m["reason"], MAX_REASON)
+    if any(c in m["reason"] for c in "\r\n\0"):
+        raise MessageError("out_of_range", "slurm_node.reason must be one line")
+    feats = _bounded_list("slurm_node.features", m["features"], MAX_FEATURES)
+    for i, f in enumerate(feats):
+        _ident(f"slurm_node.features[{i}]", f)
+    for f in ("maintenance", "ours"):
+        if not isinstance(m[f], bool):
+            raise MessageError("wrong_type", f"slurm_node.{f} must be a boolean")
+    _ts("slurm_node.ts", m["ts"])
+    check_signature_field("slurm_node.signature", m["signature"])
+
+
 # ---------------------------------------------------------------- the schema table
 #
 # Every schema the decoder knows, named here and nowhere else: importing fleetwatch.schemas alone
@@ -916,6 +948,7 @@ VALIDATORS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     DRAIN: validate_drain,
     DRAIN_RESULT: validate_result,
     CONTROL: validate_control,
+    SLURM_NODE: validate_slurm_node,
 }
 
 # The timestamp field each schema is judged by for clock skew.
@@ -930,6 +963,7 @@ TS_FIELD = {
     DRAIN: "issued_at",
     DRAIN_RESULT: "ts",
     CONTROL: "issued_at",
+    SLURM_NODE: "ts",
 }
 # The field a message's Kafka key must equal (docs/contract.md 4.1): a key that names another
 # node than the message would put its state on one worker and its findings on another's node.
@@ -944,6 +978,7 @@ KEY_FIELD = {
     DRAIN: "node",
     DRAIN_RESULT: "node",
     CONTROL: "control",
+    SLURM_NODE: "node",
 }
 
 

@@ -15,6 +15,8 @@ DEADLETTER = "fleet.deadletter.v1"
 CONTROL = "fleet.control.v1"
 # key = node; `act --dry-run`'s would-be drain/1 requests: no adapter reads this topic
 DRAIN_DRY_RUN = "scheduler.drain.dryrun.v1"
+# key = node; compacted: each node as Slurm shows it (slurm_node/1, from slurm-drainer)
+SLURM_NODES = "scheduler.nodes.v1"
 
 DETECT_GROUP = "fleetwatch-detect"
 ACT_GROUP = "fleetwatch-act"
@@ -34,8 +36,9 @@ ALL = (
     DEADLETTER,
     CONTROL,
     DRAIN_DRY_RUN,
+    SLURM_NODES,
 )
-COMPACTED = frozenset({STATE, NODES, JOBS, CONTROL})
+COMPACTED = frozenset({STATE, NODES, JOBS, CONTROL, SLURM_NODES})
 # How long an ended job stays on fleet.jobs.v1: the lemon detector's window of failed jobs
 # (pipeline/job_table.py keeps failures this long). The job publisher tombstones a job (key = job,
 # value null) once its end is older than this, and compaction then drops all its records, so the

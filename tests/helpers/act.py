@@ -17,6 +17,7 @@ from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.drain_log import ResultBook
 from fleetwatch.alerts.drain_pause import PauseBook
 from fleetwatch.alerts.policy import Policy, PolicyConfig
+from fleetwatch.alerts.slurm_nodes import SlurmNodeBook
 from fleetwatch.pipeline.job_table import JobTable
 from tests.helpers.findings import T0
 
@@ -37,6 +38,7 @@ class Rig:
         metrics: bool = True,  # False: the actor is given no metrics (as eval and benchmarks build it)
         pause: PauseBook | None = None,  # an operator's switch (alerts/drain_pause.py); None: never paused
         dry_run: bool = False,
+        held_book: SlurmNodeBook | None = None,  # nodes people hold (alerts/slurm_nodes.py)
         **cfg: Any,
     ) -> None:
         self.now = T0
@@ -63,6 +65,7 @@ class Rig:
             metrics=given,
             pause=pause.active if pause is not None else lambda _now: None,
             dry_run=dry_run,
+            held=held_book.held_nodes if held_book is not None else lambda _now: {},
         )
         self.task = self.tasks[("act", 0)] = ActTask(self.actor, 0)
 

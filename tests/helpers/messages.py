@@ -190,6 +190,17 @@ GOOD = {
         "until": 1.0e9 + 8 + 7200,
         "signature": "23" * 32,
     },
+    "slurm_node/1": {
+        "schema": "slurm_node/1",
+        "node": "gpu-node-0001",
+        "state": "idle",
+        "reason": "",
+        "features": ["a100", "ib"],
+        "maintenance": True,
+        "ours": False,
+        "ts": 1.0e9 + 9,
+        "signature": "45" * 32,
+    },
 }
 
 

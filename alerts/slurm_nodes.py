@@ -1,0 +1,211 @@
+"""Nodes as Slurm shows them, for act: `slurm_node/1` on scheduler.nodes.v1 (docs/contract.md).
+
+act must not act on nodes that people hold: a node Slurm shows DOWN, drained by someone else, or in
+an active MAINT reservation, and a node opted out (by name in [act.policy] opt_out, or by the Slurm
+feature [act.policy] opt_out_feature). Such a node is not drained again, not paged for silence
+(its finding alerts carry the label `node_state` instead, which the shipped Alertmanager routes
+keep off the pager), and counted neither in the fleet the budget is a fraction of nor in the storm
+guard's. act does not run sinfo itself (it need not live on a Slurm host); the Slurm adapter does,
+and publishes what it sees:
+
+    {"schema": "slurm_node/1", "node": NAME, "state": sinfo %T, "reason": sinfo %E ("" for none),
+     "features": [sinfo %f ...], "maintenance": in an ACTIVE MAINT reservation, "ours": the reason
+     is fleetwatch's, "ts": the adapter's clock, "signature": HMAC-SHA256 (drain key)}
+
+The publisher (in `slurm-drainer`) sends a node's record when it changes and every node's every
+`refresh_s`; act's book ignores a record older than `max_age_s` (a dead adapter's last word does
+not hold nodes out forever: act then acts as if it had no word from Slurm, which is what it had
+before this existed). Records are signed with the drain key: whoever could write the topic could
+otherwise shield a broken node from every drain by calling it "in maintenance".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import hostlist
+
+from fleetwatch import schemas, signing
+from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
+
+log = logging.getLogger(__name__)
+
+SLURM_NODE = schemas.SLURM_NODE
+DEFAULT_REFRESH_S = 300.0
+DEFAULT_MAX_AGE_S = 900.0
+_FLAGS = "*~#!%$@^-+"
+
+# Why a node is not fleetwatch's to act on, as act reports it (label node_state, refusal reasons)
+MAINTENANCE = "maintenance"
+DOWN = "down"
+DRAINED_BY_OTHER = "drained_by_other"
+OPTED_OUT = "opted_out"
+HELD_REASONS = frozenset({MAINTENANCE, DOWN, DRAINED_BY_OTHER, OPTED_OUT})
+
+
+def make_record(
+    info: NodeInfo, features: Iterable[str], maintenance: bool, ts: float, key: bytes
+) -> dict[str, Any]:
+    from fleetwatch.alerts.drain_request import one_line
+
+    state = info.state.lower()
+    msg: dict[str, Any] = {
+        "schema": SLURM_NODE,
+        "node": info.name,
+        "state": state if schemas.SLURM_STATE_TEXT_RE.match(state) else "unknown",
+        "reason": one_line(info.reason)[: schemas.MAX_REASON] if info.reason else "",
+        "features": [f[: schemas.MAX_ID_LEN] for f in features][: schemas.MAX_FEATURES],
+        "maintenance": bool(maintenance),
+        "ours": info.drained and info.reason.startswith(TAG),
+        "ts": float(ts),
+    }
+    msg["signature"] = signing.mac(msg, key, "signature")
+    schemas.validate_slurm_node(msg)
+    return msg
+
+
+def held_by(rec: dict[str, Any], opt_out_feature: str = "") -> str | None:
+    """Why people hold this node (a reason above), or None when it is fleetwatch's to act on."""
+    if rec["maintenance"]:
+        return MAINTENANCE
+    if opt_out_feature and opt_out_feature in rec["features"]:
+        return OPTED_OUT
+    base = rec["state"].rstrip(_FLAGS)
+    if base.startswith(("maint",)):
+        return MAINTENANCE
+    if base.startswith(("down", "fail")):
+        return DOWN
+    if base.startswith("drain") and not rec["ours"]:
+        return DRAINED_BY_OTHER
+    return None
+
+
+class OptOut:
+    """[act.policy] opt_out: node names or Slurm host-list expressions (gpu-node-[01-04,07])."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self.nodes: frozenset[str] = frozenset(n for p in patterns for n in hostlist.expand_hostlist(p))
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.nodes
+
+
+class SlurmNodeBook:
+    """The latest verified record of each node (a TopicFollower's callback; `held` asked by act)."""
+
+    def __init__(
+        self,
+        key: bytes,
+        *,
+        opt_out: Iterable[str] = (),
+        opt_out_feature: str = "",
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        on_refused: Callable[[str], None] = lambda _why: None,
+    ) -> None:
+        self._key = key
+        self.opt_out = OptOut(opt_out)
+        self.opt_out_feature = opt_out_feature
+        self.max_age_s = max_age_s
+        self._on_refused = on_refused
+        self._lock = threading.Lock()
+        self._latest: dict[str, dict[str, Any]] = {}
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            return  # unsigned: a tombstone cannot end a hold (records age out instead)
+        try:
+            msg = schemas.decode(value, SLURM_NODE, key=key)
+        except schemas.MessageError as e:
+            self._refuse("malformed", str(e))
+            return
+        if not signing.verify(msg, self._key, "signature"):
+            self._refuse("bad_signature", f"record for {msg['node'][:64]!r}")
+            return
+        with self._lock:
+            old = self._latest.get(msg["node"])
+            if old is None or msg["ts"] > old["ts"]:
+                self._latest[msg["node"]] = msg
+
+    def _refuse(self, why: str, detail: str) -> None:
+        log.warning("slurm_node record refused (%s): %s", why, detail[:200])
+        self._on_refused(why)
+
+    def held(self, node: str, now: float) -> str | None:
+        """Why `node` is not fleetwatch's to act on at wall time `now`, or None."""
+        if node in self.opt_out:
+            return OPTED_OUT
+        with self._lock:
+            rec = self._latest.get(node)
+        if rec is None or now - rec["ts"] > self.max_age_s:
+            return None
+        return held_by(rec, self.opt_out_feature)
+
+    def held_nodes(self, now: float) -> dict[str, str]:
+        """Every node held now, with why (opted-out names included)."""
+        with self._lock:
+            recs = list(self._latest.values())
+        out = {n: OPTED_OUT for n in self.opt_out.nodes}
+        for rec in recs:
+            if now - rec["ts"] <= self.max_age_s and rec["node"] not in out:
+                why = held_by(rec, self.opt_out_feature)
+                if why is not None:
+                    out[rec["node"]] = why
+        return out
+
+
+@dataclass
+class NodeStatePublisher:
+    """In slurm-drainer: every `every_s`, sinfo and the MAINT reservations; a node's record is sent
+    when what act reads of it changed, and every node's each `refresh_s` (so records stay fresh)."""
+
+    slurm: SlurmClient
+    producer: Any
+    key: bytes
+    topic: str
+    every_s: float = 30.0
+    refresh_s: float = DEFAULT_REFRESH_S
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        self._sent: dict[str, tuple[Any, ...]] = {}
+        self._next = 0.0
+        self._refresh_at = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next
+
+    def publish(self) -> int:
+        """Send what changed (everything at a refresh); the number of records sent. Slurm not
+        answering is logged and tried again at the next period."""
+        self._next = time.monotonic() + self.every_s
+        try:
+            states = self.slurm.node_states()
+            maint = self.slurm.maintenance_nodes()
+        except SlurmError as e:
+            log.warning("node states not published: %s", e)
+            return 0
+        now = self.clock()
+        refresh = time.monotonic() >= self._refresh_at
+        if refresh:
+            self._refresh_at = time.monotonic() + self.refresh_s
+        sent = 0
+        for info, feats in states:
+            if not schemas.NAME_RE.match(info.name):
+                continue
+            view = (info.state, info.reason, feats, info.name in maint)
+            if not refresh and self._sent.get(info.name) == view:
+                continue
+            try:
+                msg = make_record(info, feats, info.name in maint, now, self.key)
+            except schemas.MessageError as e:  # Slurm said something no record can hold
+                log.warning("no slurm_node record for %s: %s", info.name, e)
+                continue
+            self.producer.send(self.topic, key=info.name.encode(), value=schemas.encode(msg))
+            self._sent[info.name] = view
+            sent += 1
+        return sent

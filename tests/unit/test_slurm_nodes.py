@@ -1,0 +1,183 @@
+"""Nodes people hold (alerts/slurm_nodes.py) in act (alerts/actor.py, the real policy and alert model):
+a node Slurm shows in a MAINT reservation, down, or drained by someone else, and a node opted out by
+name, host list or Slurm feature, is never drained or resumed, not paged for silence, labelled on
+its other alerts, and counted neither in the fleet nor in a storm; only signed, fresh records hold a
+node; the adapter's publisher sends what changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleetwatch import schemas
+from fleetwatch.alerts.slurm import NodeInfo, SlurmError
+from fleetwatch.alerts.slurm_nodes import NodeStatePublisher, SlurmNodeBook, held_by, make_record
+from tests.helpers.act import KEY, Rig
+from tests.helpers.findings import T0, finding, resolve
+
+NODES = {f"gpu-node-{i:02d}" for i in range(1, 51)}
+
+
+def record(
+    node: str, state: str = "idle", reason: str = "", maint: bool = False, ts: float = T0, **kw: Any
+) -> bytes:
+    msg = make_record(NodeInfo(node, state, reason), kw.pop("features", ()), maint, ts, kw.pop("key", KEY))
+    msg.update(kw)
+    return schemas.encode(msg)
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "maint", "features", "why"),
+    [
+        ("idle", "", False, (), None),
+        ("mixed", "", False, ("a100",), None),
+        ("idle", "", True, (), "maintenance"),
+        ("maint", "", False, (), "maintenance"),
+        ("down*", "Not responding", False, (), "down"),
+        ("down", "hardware swap", False, (), "down"),
+        ("fail", "bad DIMM", False, (), "down"),
+        ("drained", "bad fan (alice)", False, (), "drained_by_other"),
+        ("draining", "firmware update", False, (), "drained_by_other"),
+        ("drained", "fleetwatch: XID 79 [fw:0123456789ab]", False, (), None),  # our own drain
+        ("idle", "", False, ("a100", "fleetwatch_opt_out"), "opted_out"),
+        ("reserved", "", False, (), None),  # a reservation for users, not maintenance
+    ],
+)
+def test_what_slurm_shows_says_whether_people_hold_the_node(
+    state: str, reason: str, maint: bool, features: tuple[str, ...], why: str | None
+) -> None:
+    rec = make_record(NodeInfo("gpu-node-01", state, reason), features, maint, T0, KEY)
+    assert held_by(rec, "fleetwatch_opt_out") == why
+
+
+def test_only_signed_fresh_records_hold_a_node_and_a_replayed_older_one_changes_nothing() -> None:
+    refused: list[str] = []
+    book = SlurmNodeBook(KEY, on_refused=refused.append, max_age_s=900.0)
+    book.apply(b"gpu-node-01", record("gpu-node-01", maint=True, key=b"not-the-drain-key-0123456789"))
+    book.apply(b"gpu-node-01", record("gpu-node-01", maint=True, ours="no"))  # a wrong type
+    book.apply(b"gpu-node-02", record("gpu-node-01", maint=True))  # key names another node
+    book.apply(b"gpu-node-01", record("gpu-node-01", maint=False, maintenance=True))  # edited after signing
+    book.apply(b"gpu-node-01", None)
+    assert book.held_nodes(T0) == {} and refused == [
+        "bad_signature",
+        "malformed",
+        "malformed",
+        "bad_signature",
+    ]
+    book.apply(b"gpu-node-01", record("gpu-node-01", maint=True, ts=T0 + 10))
+    book.apply(b"gpu-node-01", record("gpu-node-01", maint=False, ts=T0 + 5))  # older: ignored
+    assert book.held("gpu-node-01", T0 + 20) == "maintenance"
+    assert book.held("gpu-node-01", T0 + 10 + 901) is None  # a dead adapter's last word ages out
+    book.apply(b"gpu-node-01", record("gpu-node-01", maint=False, ts=T0 + 30))
+    assert book.held("gpu-node-01", T0 + 31) is None
+
+
+def test_opt_out_by_name_and_by_host_list() -> None:
+    book = SlurmNodeBook(KEY, opt_out=("gpu-node-[01-03,07]", "login-1"))
+    assert {n for n in NODES | {"login-1"} if book.held(n, T0)} == {
+        "gpu-node-01",
+        "gpu-node-02",
+        "gpu-node-03",
+        "gpu-node-07",
+        "login-1",
+    }
+
+
+def test_a_held_node_is_never_drained_nor_paged_for_silence_nor_counted_in_the_fleet() -> None:
+    book = SlurmNodeBook(KEY)
+    rig = Rig(NODES, held_book=book, drain_budget=0.1)  # 50 nodes: 5 may drain ...
+    for i in range(1, 11):  # ... but 10 are in a maintenance reservation
+        book.apply(f"gpu-node-{i:02d}".encode(), record(f"gpu-node-{i:02d}", maint=True))
+    silent = finding("gpu-node-01", "host", "critical", "silent", gpu=None)
+    out = rig.feed(finding("gpu-node-02", ts=T0 + 1), silent, finding("gpu-node-20", ts=T0 + 2))
+    assert [m["node"] for m in out] == ["gpu-node-20"]  # the held node's XID drains nothing
+    assert rig.actor.fleet_size() == 40 and rig.metric("fleetwatch_act_fleet_size") == 40
+    assert rig.actor.last is not None and rig.actor.last.budget_nodes == 4
+    assert rig.metric("fleetwatch_act_nodes_held") == 10
+    assert rig.task.nodes["gpu-node-02"].refused == "maintenance"
+    assert rig.refusals() == {}  # nobody is paged about a node they hold
+    assert rig.metric("fleetwatch_act_drains_refused_total", reason="maintenance") == 1
+    assert rig.alerts("FleetwatchHost") == []  # its silence is expected
+    (xid,) = [a for a in rig.alerts("FleetwatchXid") if a.labels["node"] == "gpu-node-02"]
+    assert xid.labels["node_state"] == "maintenance" and xid.annotations["action"] == "alert only"
+    (other,) = [a for a in rig.alerts("FleetwatchXid") if a.labels["node"] == "gpu-node-20"]
+    assert "node_state" not in other.labels
+
+
+def test_held_nodes_make_no_storm() -> None:
+    book = SlurmNodeBook(KEY)
+    rig = Rig(NODES, held_book=book, budget_min_nodes=10)
+    for i in range(1, 9):  # a firmware update in a maintenance window: XIDs on 8 nodes at once
+        book.apply(f"gpu-node-{i:02d}".encode(), record(f"gpu-node-{i:02d}", maint=True))
+    out = rig.feed(
+        *(finding(f"gpu-node-{i:02d}", ts=T0 + i) for i in range(1, 9)), finding("gpu-node-30", ts=T0 + 9)
+    )
+    assert [m["node"] for m in out] == ["gpu-node-30"] and rig.alerts("FleetwatchDrainStorm") == []
+
+
+def test_a_node_we_drained_that_people_took_over_is_not_resumed() -> None:
+    book = SlurmNodeBook(KEY)
+    rig = Rig(NODES, held_book=book, budget_min_nodes=1, resume_after_s=100.0)
+    f = finding("gpu-node-05", ts=T0)
+    (req,) = rig.feed(f)
+    rig.result(req, "executed")
+    rig.feed(resolve(f, T0 + 10))
+    book.apply(b"gpu-node-05", record("gpu-node-05", "down", "swapping the GPU board (bob)", ts=T0 + 200))
+    assert rig.decide(T0 + 500) == []  # healthy, but down for repair: not ours to resume
+    book.apply(b"gpu-node-05", record("gpu-node-05", "drained", "fleetwatch: XID 79", ts=T0 + 600))
+    (resume,) = rig.decide(T0 + 601)
+    assert resume["action"] == "resume"
+
+
+class FakeSlurm:
+    """sinfo and the MAINT reservations as SlurmClient parses them (its parsing runs against the
+    real Slurm in tests/integration/test_slurm_node_states.py)."""
+
+    def __init__(self) -> None:
+        self.states = [
+            (NodeInfo("gpu-node-01", "idle", ""), ()),
+            (NodeInfo("gpu-node-02", "mixed", ""), ("a100",)),
+        ]
+        self.maint: set[str] = set()
+        self.down = False
+
+    def node_states(self) -> list[tuple[NodeInfo, tuple[str, ...]]]:
+        if self.down:
+            raise SlurmError("sinfo did not answer in 30 s")
+        return list(self.states)
+
+    def maintenance_nodes(self) -> set[str]:
+        return set(self.maint)
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, topic: str, key: bytes, value: bytes) -> None:
+        msg = schemas.decode(value, schemas.SLURM_NODE, key=key)
+        assert topic == "scheduler.nodes.v1"
+        self.sent.append(msg)
+
+
+def test_the_publisher_sends_what_changed_and_everything_at_a_refresh() -> None:
+    slurm, producer = FakeSlurm(), Producer()
+    pub = NodeStatePublisher(
+        slurm, producer, KEY, "scheduler.nodes.v1", every_s=0.0, refresh_s=3600.0, clock=lambda: T0
+    )  # type: ignore[arg-type]
+    assert pub.publish() == 2  # the first read is a refresh
+    assert pub.publish() == 0  # nothing changed
+    slurm.maint = {"gpu-node-02"}
+    assert (
+        pub.publish() == 1 and producer.sent[-1]["node"] == "gpu-node-02" and producer.sent[-1]["maintenance"]
+    )
+    slurm.down = True
+    assert pub.publish() == 0  # logged, tried again next period; never raises into the drainer
+    slurm.down = False
+    slurm.states.append((NodeInfo("bad name; rm -rf", "idle", ""), ()))
+    slurm.states.append((NodeInfo("gpu-node-03", "weird-state-from-a-new-slurm!!", "x\ny"), ("f" * 500,)))
+    assert pub.publish() == 1
+    last = producer.sent[-1]
+    assert last["node"] == "gpu-node-03" and last["state"] == "unknown" and last["reason"] == "x y"
+    assert last["features"] == ["f" * 128]
