@@ -290,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         pause=pause.active,
         dry_run=dry_run,
         held=slurm_nodes.held_nodes,
+        slurm_record=slurm_nodes.latest,
     )
     worker = act_worker(
         bus,

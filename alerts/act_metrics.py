@@ -94,6 +94,17 @@ class ActMetrics:
             ["reason"],
             registry=r,
         )
+        self.validations = Counter(
+            "fleetwatch_act_validations_total",
+            "validations of drained nodes before a resume, as the adapter reported them: passed, failed",
+            ["outcome"],
+            registry=r,
+        )
+        self.resumed_by_hand = Counter(
+            "fleetwatch_act_resumed_by_hand_total",
+            "nodes fleetwatch held drained that Slurm shows back in service (an operator resumed them)",
+            registry=r,
+        )
         self.held = Gauge(
             "fleetwatch_act_nodes_held",
             "nodes people hold (Slurm maintenance, down, drained by someone else, opted out): never "

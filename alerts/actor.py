@@ -43,7 +43,7 @@ from fleetwatch.alerts.alert_model import AlertBook, AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertSink
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.drain_pause import Pause
-from fleetwatch.alerts.policy import Evaluation, JobLookup, NodeState, Policy
+from fleetwatch.alerts.policy import VALIDATION_FAILED, Evaluation, JobLookup, NodeState, Policy
 from fleetwatch.alerts.slurm_nodes import HELD_REASONS
 from fleetwatch.census import Census
 from fleetwatch.detectors import findings
@@ -58,6 +58,9 @@ PAUSE_SOURCE = "paused"
 # refusals of nodes people hold (alerts/slurm_nodes.py): nobody is paged for what they chose
 FLEET_WIDE = frozenset({"storm", "paused", *HELD_REASONS})
 UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a drain pending too long
+# how much newer than our drain request a slurm_node/1 record must be before it can show that an
+# operator resumed the node: the adapter publishes every 30 s, and executes a drain within seconds
+RELEASE_GRACE_S = 120.0
 LOG_EVERY = 1000  # a refused finding is logged the first time for its reason and every 1000th after
 
 
@@ -142,6 +145,7 @@ class Actor:
         pause: Callable[[float], Pause | None] = lambda _now: None,
         dry_run: bool = False,
         held: Callable[[float], Mapping[str, str]] = lambda _now: {},
+        slurm_record: Callable[[str], Mapping[str, Any] | None] = lambda _node: None,
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -180,6 +184,9 @@ class Actor:
         # per batch and per decision
         self.held = held
         self._held: Mapping[str, str] = {}
+        # a node's latest slurm_node/1 (alerts/slurm_nodes.SlurmNodeBook.latest): an operator's
+        # resume of a node we drained frees its budget slot
+        self.slurm_record = slurm_record
 
     # ------------------------------------------------------------ input
 
@@ -288,6 +295,7 @@ class Actor:
         owner: dict[str, ActTask] = {n: t for t in tasks for n in t.nodes}
         nodes = {n: t.nodes[n] for n, t in owner.items()}
         self._apply_results(nodes)
+        self._released_by_hand(nodes, now)
         fleet = self.fleet_size()
         ev = self.policy.evaluate(
             nodes, now, fleet, self.jobs, self.share(), self.census, paused=pause is not None, held=self._held
@@ -339,12 +347,37 @@ class Actor:
             if r.request_id not in self._counted:  # results are re-applied every decision: count once
                 self._counted.add(r.request_id)
                 self.metrics.results.labels(r.action, r.outcome).inc()
+                if r.outcome == VALIDATION_FAILED:
+                    self.metrics.validations.labels("failed").inc()
+                    log.warning("%s failed its validation and stays drained: %s", node, r.detail)
+                elif r.action == "resume" and r.outcome == "executed" and r.detail.startswith("validated"):
+                    self.metrics.validations.labels("passed").inc()
                 log.info("%s %s: adapter says %s (request %s)", r.action, node, r.outcome, r.request_id)
             if why is not None:
                 self.metrics.refused.labels(why).inc()
                 log.warning("drain of %s refused: %s (%s)", node, why, r.detail)
         # only a node's latest request is looked up: the ids of older ones need not be remembered
         self._counted.intersection_update(st.request_id for st in nodes.values())
+
+    def _released_by_hand(self, nodes: Mapping[str, NodeState], now: float) -> None:
+        """A node we hold drained that Slurm has shown back in service since (a record written well
+        after our drain: the adapter's view lags by up to its period) was resumed by someone: it no
+        longer counts against the budget. Not in dry-run, whose drains never reach Slurm."""
+        if self.dry_run:
+            return
+        for node, st in nodes.items():
+            if not (st.drained and st.confirmed):
+                continue
+            rec = self.slurm_record(node)
+            if rec is None or rec["ts"] < (st.drained_at or now) + RELEASE_GRACE_S:
+                continue
+            if str(rec["state"]).startswith(("drain", "down", "fail", "maint")) or rec["maintenance"]:
+                continue
+            if self.policy.released_by_hand(st, now):
+                self.metrics.resumed_by_hand.inc()
+                log.warning(
+                    "%s is back in service in Slurm (resumed by hand): no longer counted as drained", node
+                )
 
     def _requests(self, ev: Evaluation, nodes: Mapping[str, NodeState], now: float) -> list[Output]:
         """The drain/1 messages for the policy's actions; a node whose request cannot be built is
@@ -418,6 +451,12 @@ class Actor:
             else:
                 task.book.end(src, now)
             self._unconfirmed_alert(node, task, st, now)
+            src = f"validation:{node}"
+            if st.drained and st.validation:
+                a = self.builder.validation_failed(node, st.validation, list(st.drain_findings))
+                task.book.fire(src, a["labels"], a["annotations"], now)
+            else:
+                task.book.end(src, now)
         if ev.storm.active:
             window = self.policy.cfg.storm_window_s
             held = sum(1 for n, t in owner.items() if t.nodes[n].refused == "storm")

@@ -72,6 +72,7 @@ NODE_DRAINED = "FleetwatchNodeDrained"
 DRAIN_REFUSED = "FleetwatchDrainRefused"
 DRAIN_STORM = "FleetwatchDrainStorm"
 DRAINS_PAUSED = "FleetwatchDrainsPaused"
+VALIDATION_FAILED = "FleetwatchValidationFailed"
 # the finding kinds with a page of their own besides ALERTNAMES' (a kind act alerts generically but
 # documents: the validation before a resume)
 DOCUMENTED_KINDS = frozenset({*ALERTNAMES, "validation"})
@@ -81,6 +82,7 @@ ACT_PAGES = {
     DRAIN_REFUSED: "drain-refused.md",
     DRAIN_STORM: "storm.md",
     DRAINS_PAUSED: "paused.md",
+    VALIDATION_FAILED: "validation.md",
     GENERIC_ALERTNAME: "finding.md",
 }
 
@@ -230,6 +232,18 @@ class AlertBuilder:
             "window_s": f"{window_s:g}",
             "drains_held": str(held),
             "runbook_url": self.runbook_base + ACT_PAGES[DRAIN_STORM],
+        }
+        return {"labels": labels, "annotations": self._marked(annotations)}
+
+    def validation_failed(self, node: str, detail: str, findings: list[str]) -> dict[str, Any]:
+        """A drained node whose findings had cleared failed its test before the resume (critical: it
+        stays drained until a human decides; the test and GPU are in the summary)."""
+        labels = self._base(VALIDATION_FAILED, node, "critical", "validation")
+        annotations = {
+            "summary": f"{node} failed its validation before returning to service and stays drained: "
+            f"{detail}",
+            "findings": ",".join(findings),
+            "runbook_url": self.runbook_base + ACT_PAGES[VALIDATION_FAILED],
         }
         return {"labels": labels, "annotations": self._marked(annotations)}
 

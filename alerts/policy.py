@@ -77,6 +77,8 @@ REJECTED_MEMORY = 16  # request ids the adapter refused, remembered per node so 
 # A resume refused for these reasons means someone else holds the node now (or Slurm lost it): the
 # node is no longer fleetwatch's to count. Any other refused resume leaves our drain in place.
 NOT_OURS = frozenset({"rejected_not_ours", "rejected_unknown_node"})
+# The adapter's answer to a resume whose node failed its test (alerts/validation.py): drained again.
+VALIDATION_FAILED = "rejected_validation"
 
 
 def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str | None:
@@ -194,6 +196,8 @@ class NodeState:
     request_sig: str = ""
     confirmed: bool = False  # the adapter executed the drain `request_id` (else it is pending)
     rejected: dict[str, str] = field(default_factory=dict)  # request id -> the adapter's outcome
+    # the failed validation that keeps the node drained (the adapter's detail: test and GPU); "" none
+    validation: str = ""
 
     def worthy(self) -> list[OpenFinding]:
         return sorted((f for f in self.open.values() if f.drain), key=lambda f: (f.ts, f.id))
@@ -483,6 +487,7 @@ class Policy:
             return None  # the request's first result says what happened
         if outcome == "executed":
             st.rejected.pop(request_id, None)
+            st.validation = ""
             if action == "drain":
                 st.drained = st.confirmed = True
                 if st.refused and st.refused.startswith("adapter:"):
@@ -496,12 +501,25 @@ class Policy:
         if action == "resume":
             if outcome not in NOT_OURS and not st.drained:
                 st.drained = st.confirmed = True  # our drain is still in place in Slurm: it counts
+            if outcome == VALIDATION_FAILED:  # the node failed its test: drained again, a human decides
+                st.validation = detail
             return None
         if not st.drained:
             return None
         st.drained = st.confirmed = False
         st.refused, st.refused_detail = f"adapter:{outcome}", detail
         return st.refused
+
+    @staticmethod
+    def released_by_hand(st: NodeState, now: float) -> bool:
+        """Slurm shows our drained node back in service (an operator resumed it): it no longer
+        counts against the budget, and a new drain of it within the cooldown is flapping."""
+        if not (st.drained and st.confirmed):
+            return False
+        st.drained = st.confirmed = False
+        st.last_resume_at, st.validation = now, ""
+        st.refused, st.refused_detail = None, ""
+        return True
 
     @staticmethod
     def withdraw(st: NodeState, action: str, detail: str) -> None:

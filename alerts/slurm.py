@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -19,11 +20,16 @@ import hostlist
 
 log = logging.getLogger(__name__)
 
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # of a validation's output read back (dcgm_diag parses at most this)
 TAG = "fleetwatch"  # every reason fleetwatch writes starts with it; resume only lifts those drains
 
 
 class SlurmError(RuntimeError):
     pass
+
+
+class JobTimeout(Exception):
+    """A job (the validation) ran past its time and was cancelled: the job's failure, not Slurm's."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,82 @@ class SlurmClient:
             ):
                 nodes.update(hostlist.expand_hostlist(fields["Nodes"]))
         return nodes
+
+    # ------------------------------------------------------------ validation (alerts/validation.py)
+
+    def gpus(self, node: str) -> int:
+        """The node's configured GPU count (sinfo %G: gpu:8, gpu:a100:8(S:0-1), ...); 0 for none."""
+        r = self._run(["sinfo", "-h", "-N", "-n", node, "-o", "%G"])
+        if r.returncode != 0:
+            raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+        total = 0
+        for gres in r.stdout.splitlines()[0].split(",") if r.stdout.strip() else []:
+            parts = gres.split("(")[0].split(":")
+            if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+                total += int(parts[-1])
+        return total
+
+    def reservation_exists(self, name: str) -> bool:
+        r = self._run(["scontrol", "show", "reservation", name, "-o"])
+        return r.returncode == 0 and f"ReservationName={name} " in r.stdout
+
+    def create_reservation(self, name: str, node: str, minutes: int, user: str) -> None:
+        """A MAINT reservation of `node` for `user` from now: no job but that user's can start there.
+        IGNORE_JOBS: it is made while the node is drained, whatever jobs are still ending on it."""
+        argv = [
+            "scontrol",
+            "create",
+            "reservation",
+            f"ReservationName={name}",
+            f"Nodes={node}",
+            "StartTime=now",
+            f"Duration={minutes}",
+            f"Users={user}",
+            "Flags=MAINT,IGNORE_JOBS",
+        ]
+        r = self._run(argv)
+        if r.returncode != 0:
+            raise SlurmError(f"scontrol create reservation {name} failed: {r.stderr.strip()[:300]}")
+
+    def delete_reservation(self, name: str) -> None:
+        r = self._run(["scontrol", "delete", f"ReservationName={name}"])
+        if r.returncode != 0 and self.reservation_exists(name):
+            raise SlurmError(f"scontrol delete reservation {name} failed: {r.stderr.strip()[:300]}")
+
+    def run_on(
+        self, node: str, reservation: str, argv: list[str], timeout_s: float, gpus: int = 0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `argv` as a one-task job on `node` inside `reservation` (srun: its output and exit
+        status come back here); the whole node and all its GPUs, so the test sees every GPU and
+        nothing else runs beside it. Past timeout_s the job is cancelled and SlurmError says so."""
+        minutes = max(1, int(timeout_s // 60) + 1)
+        cmd = [
+            "srun",
+            f"--reservation={reservation}",
+            f"--nodelist={node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--exclusive",
+            f"--time={minutes}",
+            f"--job-name={reservation}",
+            "--quiet",
+        ]
+        if gpus:
+            cmd.append(f"--gres=gpu:{gpus}")
+        # Output to files, read back bounded: whatever the node prints cannot fill this process.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                rc = subprocess.run(
+                    [*cmd, *argv], env=self.env, stdout=out, stderr=err, timeout=timeout_s, check=False
+                ).returncode
+            except subprocess.TimeoutExpired:
+                self._run(["scancel", f"--reservation={reservation}"])  # srun is killed; its job too
+                raise JobTimeout(f"the validation on {node} did not finish in {timeout_s:.0f} s") from None
+            texts = []
+            for f in (out, err):
+                f.seek(0)
+                texts.append(f.read(MAX_OUTPUT_BYTES + 1).decode("utf-8", "replace"))
+        return subprocess.CompletedProcess(cmd, rc, texts[0], texts[1])
 
     def drain(self, node: str, reason: str, comment: str | None = None) -> None:
         self.update(node, "DRAIN", reason, comment)

@@ -54,6 +54,7 @@ from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.journal import Entry, Journal
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher
+from fleetwatch.alerts.validation import ValidationSettings, Validator, reservation_name
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
@@ -78,6 +79,7 @@ RESULT_OUTCOME = {
     "not_ours": "rejected_not_ours",
     "failed": "failed",
     "undetermined": "undetermined",
+    "validation_failed": "rejected_validation",
 }
 _TOKEN = re.compile(r"\s*\[fw:[0-9a-f]{32}\]")
 
@@ -128,6 +130,7 @@ class Drainer:
         max_age_s: float = DEFAULT_MAX_AGE_S,
         max_skew_s: float = DEFAULT_MAX_SKEW_S,
         clock: Callable[[], float] = time.time,
+        validator: Validator | None = None,
     ) -> None:
         self.slurm = slurm
         self.journal = journal
@@ -137,6 +140,8 @@ class Drainer:
         self.max_age_s = max_age_s
         self.max_skew_s = max_skew_s
         self.clock = clock
+        # the test a node passes before a resume lifts our drain (alerts/validation.py); None: none
+        self.validator = validator if validator is not None and validator.settings.enabled else None
         self._attempts: dict[str, int] = {}
 
     # ------------------------------------------------------------ outcomes
@@ -243,6 +248,8 @@ class Drainer:
             return self._reject(raw, target_of(msg), "unknown_node", why, source, topic)
         info = self.slurm.node(node)
         comment = self.slurm.comment(node) if action == "drain" else ""
+        if prior is not None and action == "resume" and self.validator is not None:
+            return self._validated_resume(raw, msg, info, source, topic, interrupted=True)
         if prior is not None:  # died between journal and outcome last time: did it happen?
             done = took_effect(msg, prior, info, comment)
             if done:
@@ -262,6 +269,9 @@ class Drainer:
             return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
         if action == "drain" and info.drained and not ours:
             return self._refuse(msg, prior, source, f"already drained: {info.reason}")
+        if action == "resume" and info.drained and self.validator is not None:
+            self.journal.begin(rid, node, action, msg["issued_at"], source, None)
+            return self._validated_resume(raw, msg, info, source, topic, interrupted=False)
         self.journal.begin(
             rid, node, action, msg["issued_at"], source, comment if action == "drain" else None
         )
@@ -273,6 +283,49 @@ class Drainer:
         self.journal.finish(rid, "executed")
         log.info("%s %s done (request %s: %s)", action, node, rid, msg["reason"])
         return self._done(msg, "executed")
+
+    def _validated_resume(
+        self, raw: bytes, msg: dict[str, Any], info: NodeInfo, source: str, topic: str, interrupted: bool
+    ) -> str:
+        """Lift our drain only once the node passes its test (alerts/validation.py); a node that
+        fails is drained again, its Reason naming the test and the GPU. Journalled `executing`
+        before the first step: after a crash this runs again from the start (every step is
+        idempotent), unless Slurm shows how it ended."""
+        assert self.validator is not None
+        rid, node = msg["request_id"], msg["node"]
+        if interrupted:
+            held = self.slurm.reservation_exists(reservation_name(node))
+            if not info.drained and not held:
+                self.journal.finish(rid, "executed", "found done after a restart")
+                return self._done(msg, "executed", "found done after a restart")
+            if info.drained and comment_token(rid) in self.slurm.comment(node):
+                if held:
+                    self.validator.release(node)
+                why = info.reason.removeprefix(f"{TAG}: ")
+                self.journal.finish(rid, "rejected", why)
+                return self._done(msg, "validation_failed", why)
+            if info.drained and not info.reason.startswith(TAG):
+                return self._refuse(
+                    msg,
+                    Entry(rid, node, "resume", "executing", "", None),
+                    source,
+                    f"drained by someone else: {info.reason}",
+                )
+        self.validator.prepare(node, drained=info.drained)
+        outcome, label = self.validator.run(node)
+        line = self.validator.reason(outcome, label)
+        if outcome.passed:
+            self.validator.release(node)
+            self.journal.finish(rid, "executed", line)
+            log.info("resume %s done after validation (request %s): %s", node, rid, line)
+            return self._done(msg, "executed", f"validated: {line}")
+        # Drained again before the reservation goes: no job can start on a node that failed.
+        reason = f"{TAG}: validation failed: {line}"
+        self.slurm.drain(node, f"{reason} [fw:{rid[:12]}]", with_token(self.slurm.comment(node), rid))
+        self.validator.release(node)
+        self.journal.finish(rid, "rejected", line)
+        log.warning("not resuming %s (request %s): %s", node, rid, line)
+        return self._done(msg, "validation_failed", line)
 
     def _refuse(self, msg: dict[str, Any], prior: Entry | None, source: str, why: str) -> str:
         self._settle(msg, prior, "rejected", why, source)
@@ -290,6 +343,9 @@ def idle_for(idle_since: float, last_assigned: list[float]) -> float:
 
 def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)
+    settings = ValidationSettings.from_flags(
+        args.validate, args.validate_level, args.validate_command, args.validate_timeout, args.dcgmi
+    )
     try:
         slurm = SlurmClient(args.slurm_conf)
         known = slurm.nodes()
@@ -325,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
         results_topic=args.results_topic,
         max_age_s=args.max_age,
         max_skew_s=args.max_skew,
+        validator=Validator(slurm, settings),
     )
     # Nodes as Slurm shows them, for act (maintenance, down, drained by someone else): read here,
     # where sinfo is, between batches; the batch's flush below delivers them too.
@@ -333,7 +390,13 @@ def run(args: argparse.Namespace) -> int:
         if args.node_states_every
         else None
     )
-    log.info("slurm-drainer up: %d Slurm nodes, journal %s, group %s", len(known), state_dir, args.group)
+    log.info(
+        "slurm-drainer up: %d Slurm nodes, journal %s, group %s; before a resume: %s",
+        len(known),
+        state_dir,
+        args.group,
+        drainer.validator.label() if drainer.validator else "no validation (--validate none)",
+    )
     stop = StopFlag()
     backoff = 1.0
     idle_since = time.monotonic()

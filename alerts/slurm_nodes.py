@@ -135,6 +135,11 @@ class SlurmNodeBook:
         log.warning("slurm_node record refused (%s): %s", why, detail[:200])
         self._on_refused(why)
 
+    def latest(self, node: str) -> dict[str, Any] | None:
+        """The node's latest verified record (its age is the caller's to judge)."""
+        with self._lock:
+            return self._latest.get(node)
+
     def held(self, node: str, now: float) -> str | None:
         """Why `node` is not fleetwatch's to act on at wall time `now`, or None."""
         if node in self.opt_out:

@@ -672,6 +672,32 @@ def build_parser() -> _Parser:
         default=30.0,
         help="seconds between sinfo reads for --slurm-nodes-topic (0: publish nothing)",
     )
+    p.add_argument(
+        "--validate",
+        choices=("dcgmi", "command", "none"),
+        default="dcgmi",
+        help="the test a drained node passes on the node (a Slurm job in a one-node MAINT reservation) "
+        "before a resume lifts fleetwatch's drain: dcgmi diag, --validate-command, or none",
+    )
+    p.add_argument(
+        "--validate-level",
+        type=_positive_int,
+        default=1,
+        help="dcgmi diag -r LEVEL (1: ~1 min, 2: ~2, 3: ~15)",
+    )
+    p.add_argument(
+        "--validate-command",
+        default=None,
+        help="the site's own test on the node (e.g. an NCCL all-reduce; exit 0 passes), for --validate "
+        "command, or where dcgmi is not installed",
+    )
+    p.add_argument(
+        "--validate-timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds the test may take on the node; past it the job is cancelled and fails",
+    )
+    p.add_argument("--dcgmi", default="dcgmi", help="dcgmi on the nodes (a path, or found on their PATH)")
     p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
     _add_config(p)
     p.set_defaults(handler="fleetwatch.alerts.slurm_drainer:run")

@@ -733,6 +733,7 @@ DRAIN_OUTCOMES = frozenset(
         "rejected_not_ours",
         "failed",
         "undetermined",
+        "rejected_validation",
     }
 )
 REQUEST_SIGNATURE = "request_signature"  # drain_result/1's binding to its request; optional (older adapters)

@@ -1,0 +1,132 @@
+"""Validation before a drained node returns: the test the Slurm adapter runs on the node before it
+lifts fleetwatch's drain (alerts/slurm_drainer.py, docs/validation.md).
+
+Where it runs, and why there: through Slurm, by the adapter. The adapter already holds the Slurm
+rights and the drain; Slurm reaches every node's GPUs the way the jobs that will follow do (the same
+cgroups, the same GRES), and it needs no command channel into the node agent, which would let anyone
+who can write Kafka run commands on every node. The steps, on a node fleetwatch drained:
+
+1. a one-node MAINT reservation for the adapter's user (`fleetwatch-validate-<node>`): from now on
+   no job but the adapter's can start there;
+2. the node is resumed (scontrol RESUME), so a job can start on it, inside the reservation only;
+3. the test runs as a job on the whole node with all its GPUs (`srun --reservation ... --exclusive
+   --gres=gpu:N`): by default `dcgmi diag -r <level> -j` (level 1 takes about a minute, 2 about
+   two, 3 about fifteen), read by alerts/dcgm_diag.py; or a site's own command (an NCCL all-reduce),
+   where its exit status decides. A job that does not finish within the timeout is cancelled and
+   fails. Where dcgmi is not installed on the node and a command is configured, the command runs;
+   with neither, the validation fails: a node is never returned untested;
+4. pass: the reservation is deleted and the node is back in service. Fail: the adapter drains the
+   node again, naming the failing test and GPU in its Reason, then deletes the reservation.
+
+The test job is a real Slurm job: a failed one ends FAILED in Slurm's accounting, so `slurm-jobs`
+publishes it, and the lemon detector counts it against the node like any failed job on it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import shlex
+from dataclasses import dataclass
+
+from fleetwatch.alerts.dcgm_diag import DiagFailure, DiagOutcome, parse_command, parse_diag, summary
+from fleetwatch.alerts.slurm import JobTimeout, SlurmClient
+
+log = logging.getLogger(__name__)
+
+RESERVATION_PREFIX = "fleetwatch-validate-"
+MODES = ("dcgmi", "command", "none")
+# srun's exit status and message when the program is not on the node (slurmstepd's execve error)
+_NOT_FOUND = "No such file or directory"
+
+
+@dataclass(frozen=True)
+class ValidationSettings:
+    mode: str = "dcgmi"  # dcgmi | command | none (resume without a test, as before validation)
+    level: int = 1  # dcgmi diag -r <level>
+    command: tuple[str, ...] = ()  # the site's test (argv), for mode command or where dcgmi is missing
+    timeout_s: float = 600.0
+    dcgmi: str = "dcgmi"  # the program on the node
+    user: str = ""  # the reservation's user: the adapter's own (default)
+
+    @classmethod
+    def from_flags(
+        cls, mode: str, level: int, command: str | None, timeout_s: float, dcgmi: str
+    ) -> ValidationSettings:
+        if mode not in MODES:
+            raise ValueError(f"--validate must be one of {MODES}")
+        argv = tuple(shlex.split(command)) if command else ()
+        if mode == "command" and not argv:
+            raise ValueError("--validate command needs --validate-command")
+        if not 1 <= level <= 4:
+            raise ValueError("--validate-level is 1 to 4 (dcgmi diag -r)")
+        return cls(mode, level, argv, timeout_s, dcgmi, getpass.getuser())
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+
+def reservation_name(node: str) -> str:
+    return f"{RESERVATION_PREFIX}{node}"
+
+
+def _failed(test: str, message: str) -> DiagOutcome:
+    return DiagOutcome(False, "none", (DiagFailure(test, None, message),), (), message)
+
+
+class Validator:
+    def __init__(self, slurm: SlurmClient, settings: ValidationSettings) -> None:
+        self.slurm = slurm
+        self.settings = settings
+
+    def label(self, command: bool = False) -> str:
+        s = self.settings
+        if command or s.mode == "command":
+            return "validation command " + " ".join(s.command)[:60]
+        return f"dcgmi diag -r {s.level}"
+
+    def prepare(self, node: str, drained: bool) -> None:
+        """Steps 1-2: reserve the node for the adapter alone, then lift the drain (in that order:
+        no other job can land between them)."""
+        name = reservation_name(node)
+        if not self.slurm.reservation_exists(name):  # it may be left from an interrupted run
+            minutes = int(self.settings.timeout_s // 60) + 10
+            self.slurm.create_reservation(name, node, minutes, self.settings.user or getpass.getuser())
+        if drained:
+            self.slurm.resume(node)
+
+    def run(self, node: str) -> tuple[DiagOutcome, str]:
+        """Step 3: (the outcome, the label of what ran). SlurmError (Slurm unreachable) is the
+        caller's to retry; a test that fails or times out is an outcome."""
+        s = self.settings
+        gpus = self.slurm.gpus(node)
+        use_command = s.mode == "command"
+        if not use_command:
+            argv = [s.dcgmi, "diag", "-r", str(s.level), "-j"]
+            outcome = self._run(node, argv, gpus, diag=True)
+            missing = not outcome.passed and _NOT_FOUND in outcome.detail
+            if not missing:
+                return outcome, self.label()
+            if not s.command:
+                return _failed(
+                    "dcgmi", f"{s.dcgmi} is not installed on {node} and no --validate-command is set"
+                ), self.label()
+            use_command = True
+        return self._run(node, list(s.command), gpus, diag=False), self.label(command=True)
+
+    def _run(self, node: str, argv: list[str], gpus: int, diag: bool) -> DiagOutcome:
+        try:
+            r = self.slurm.run_on(node, reservation_name(node), argv, self.settings.timeout_s, gpus)
+        except JobTimeout as e:
+            return _failed("timeout", str(e))
+        if r.returncode != 0 and _NOT_FOUND in r.stderr and "execve" in r.stderr:
+            return _failed(argv[0], f"{argv[0]}: {_NOT_FOUND} on {node}")
+        return parse_diag(r.stdout, r.returncode) if diag else parse_command(r.returncode, r.stdout, r.stderr)
+
+    def release(self, node: str) -> None:
+        """Step 4's end, pass or fail: the reservation goes."""
+        self.slurm.delete_reservation(reservation_name(node))
+
+    def reason(self, outcome: DiagOutcome, label: str) -> str:
+        return summary(outcome, label)
