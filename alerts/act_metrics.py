@@ -100,6 +100,8 @@ class ActMetrics:
             ["outcome"],
             registry=r,
         )
+        for outcome in ("passed", "failed"):  # both series from the start: rate() sees the first
+            self.validations.labels(outcome)
         self.resumed_by_hand = Counter(
             "fleetwatch_act_resumed_by_hand_total",
             "nodes fleetwatch held drained that Slurm shows back in service (an operator resumed them)",

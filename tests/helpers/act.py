@@ -66,6 +66,7 @@ class Rig:
             pause=pause.active if pause is not None else lambda _now: None,
             dry_run=dry_run,
             held=held_book.held_nodes if held_book is not None else lambda _now: {},
+            slurm_record=held_book.latest if held_book is not None else lambda _node: None,
         )
         self.task = self.tasks[("act", 0)] = ActTask(self.actor, 0)
 
@@ -76,14 +77,16 @@ class Rig:
         self.now = at
         return [msg for _, _, msg in self.actor.decide()]
 
-    def result(self, req: dict[str, Any], outcome: str, key: bytes = KEY, node: str | None = None) -> None:
+    def result(
+        self, req: dict[str, Any], outcome: str, key: bytes = KEY, node: str | None = None, detail: str = ""
+    ) -> None:
         """The adapter's signed answer to `req` (bound to its signature), as slurm-drainer sends it."""
         r = drain_result.make_result(
             request_id=req["request_id"],
             node=node or req["node"],
             action=req["action"],
             outcome=outcome,
-            detail=f"{outcome} by the test",
+            detail=detail or f"{outcome} by the test",
             ts=self.now,
             request_signature=req["signature"],
             key=key,

@@ -5,6 +5,7 @@ processes; metric() reads a process's /metrics."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -43,11 +44,25 @@ class ActRig:
         self.bootstrap, self.am, self.cluster, self.tmp = bootstrap, am, cluster, tmp
         self.findings, self.drains = f"test.act.{tag}.findings", f"test.act.{tag}.drain"
         self.nodes, self.results = f"test.act.{tag}.nodes", f"test.act.{tag}.results"
+        # the operators' switches and Slurm's view of the nodes: private too, or one test's pause
+        # or maintenance would hold another's drains
+        self.control, self.slurm_nodes = f"test.act.{tag}.control", f"test.act.{tag}.slurmnodes"
         self.group = f"act-{tag}"
-        ensure_topics(bootstrap, [self.findings, self.drains, self.nodes, self.results])
+        ensure_topics(
+            bootstrap, [self.findings, self.drains, self.nodes, self.results, self.control, self.slurm_nodes]
+        )
         self.bus = KafkaBus(bootstrap)
         self.producer = self.bus.producer()
-        self.env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY, "FLEETWATCH_CENSUS_KEY": CENSUS_KEY}
+        # the fake dcgmi's plan (tests/fakes/dcgmi): the adapter's validation passes unless a test
+        # plans otherwise (plan_validation)
+        self.plan = tmp / "dcgmi-plan.json"
+        self.plan_validation({})
+        self.env = {
+            **os.environ,
+            "FLEETWATCH_DRAIN_KEY": KEY,
+            "FLEETWATCH_CENSUS_KEY": CENSUS_KEY,
+            "FLEETWATCH_FAKE_DCGMI_PLAN": str(self.plan),
+        }
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def send(self, *fs: dict[str, Any]) -> None:
@@ -79,6 +94,12 @@ class ActRig:
         self.producer.send(self.results, key=r["node"].encode(), value=schemas.encode(r))
         self.flush()
 
+    def plan_validation(self, per_node: dict[str, dict[str, Any]]) -> None:
+        """What the fake dcgmi answers on each node (an entry of tests/fakes/dcgmi's plan); a
+        passing run on every other node."""
+        default = {"fixture": "dcgm4_pass_r2_4gpu.json"}
+        self.plan.write_text(json.dumps({"nodes": per_node, "default": default}))
+
     def census(self, *nodes: str, steady_for: float = 3600.0) -> None:
         """These nodes report telemetry (what the detect workers publish on fleet.nodes.v1, signed),
         steadily for `steady_for` seconds (default: long past act's warm-up)."""
@@ -93,6 +114,7 @@ class ActRig:
         argv += ["--alertmanager", self.am.url, "--cluster", self.cluster, "--group", self.group]
         argv += ["--findings-topic", self.findings, "--drain-topic", self.drains, "--resend-interval", "2"]
         argv += ["--nodes-topic", self.nodes, "--results-topic", self.results]
+        argv += ["--control-topic", self.control, "--slurm-nodes-topic", self.slurm_nodes]
         argv += ["--instance-id", f"{self.group}-0"]  # static membership: a restart rejoins at once
         log = open(self.tmp / f"act-{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed with the process)
         p = subprocess.Popen([*argv, *extra], env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -102,7 +124,8 @@ class ActRig:
     def drainer(self, slurm_conf: str) -> None:
         argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", self.bootstrap]
         argv += ["--drain-topic", self.drains, "--group", f"slurm-{self.group}", "--state-dir", str(self.tmp)]
-        argv += ["--results-topic", self.results]
+        argv += ["--results-topic", self.results, "--slurm-nodes-topic", self.slurm_nodes]
+        argv += ["--dcgmi", str(REPO / "tests" / "fakes" / "dcgmi"), "--validate-timeout", "60"]
         r = subprocess.run(
             [*argv, "--slurm-conf", slurm_conf, "--idle-exit", "2"],
             env=self.env,
@@ -112,6 +135,12 @@ class ActRig:
             timeout=60,
         )
         assert r.returncode == 0, r.stderr[-2000:]
+
+    def control_command(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`fleetwatch pause ...` / `fleetwatch resume-drains ...` on this rig's control topic."""
+        argv = [sys.executable, "-m", "fleetwatch.cli", *args, "--bootstrap", self.bootstrap]
+        argv += ["--control-topic", self.control]
+        return subprocess.run(argv, env=self.env, cwd=REPO, capture_output=True, text=True, timeout=60)
 
     def wait_for_log(self, proc: int, text: str, timeout_s: float = 60) -> None:
         """Until the log of the proc-th act started contains `text`."""
@@ -135,8 +164,11 @@ class ActRig:
 def wait_for_metric(port: int, name: str, value: float, timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if metric(port, name) == value:
-            return True
+        try:
+            if metric(port, name) == value:
+                return True
+        except (OSError, AssertionError):  # not serving yet (act starting), or the series not made yet
+            pass
         time.sleep(0.2)
     return False
 

@@ -181,3 +181,50 @@ def test_the_publisher_sends_what_changed_and_everything_at_a_refresh() -> None:
     last = producer.sent[-1]
     assert last["node"] == "gpu-node-03" and last["state"] == "unknown" and last["reason"] == "x y"
     assert last["features"] == ["f" * 128]
+
+
+def test_a_node_that_fails_its_validation_stays_drained_is_alerted_and_not_asked_again() -> None:
+    rig = Rig(NODES, budget_min_nodes=1, resume_after_s=100.0)
+    f = finding("gpu-node-05", ts=T0)
+    (drain,) = rig.feed(f)
+    rig.result(drain, "executed")
+    rig.feed(resolve(f, T0 + 10))
+    (resume,) = rig.decide(T0 + 200)
+    assert resume["action"] == "resume"
+    why = "dcgmi diag -r 1: memory failed on GPU 3"
+    rig.result(resume, "rejected_validation", detail=why)
+    assert rig.decide(T0 + 201) == [] and rig.decide(T0 + 5000) == []  # never asked again
+    st = rig.task.nodes["gpu-node-05"]
+    assert st.drained and st.confirmed and st.validation == why
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 1  # its slot stays taken
+    (a,) = rig.alerts("FleetwatchValidationFailed")
+    assert a.labels["severity"] == "critical" and a.labels["kind"] == "validation"
+    assert why in a.annotations["summary"] and a.annotations["runbook_url"].endswith("validation.md")
+    assert rig.metric("fleetwatch_act_validations_total", outcome="failed") == 1
+
+
+def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it() -> None:
+    book = SlurmNodeBook(KEY)
+    rig = Rig(NODES, held_book=book, budget_min_nodes=1)
+    (drain,) = rig.feed(finding("gpu-node-05", ts=T0))
+    rig.result(drain, "executed")
+    rig.decide(T0 + 1)
+    # the adapter's view from before our drain had taken effect: not evidence of a resume
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 30))
+    rig.decide(T0 + 31)
+    assert rig.task.nodes["gpu-node-05"].drained
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 600))
+    rig.decide(T0 + 601)
+    st = rig.task.nodes["gpu-node-05"]
+    assert not st.drained and st.last_resume_at == T0 + 601
+    assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 1
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 0
+    assert rig.alerts("FleetwatchNodeDrained") == []
+    assert rig.task.nodes["gpu-node-05"].refused == "adapter:resumed_by_hand" and rig.refusals() == {}
+    # the same open finding never drains it again; new evidence does
+    (again,) = rig.feed(
+        finding(
+            "gpu-node-05", ts=T0 + 700, rule="xid_burst", xids={"48": 1}, worst_xid=48, action="drain_node"
+        )
+    )
+    assert again["action"] == "drain"
