@@ -79,6 +79,7 @@ REJECTED_MEMORY = 16  # request ids the adapter refused, remembered per node so 
 NOT_OURS = frozenset({"rejected_not_ours", "rejected_unknown_node"})
 # The adapter's answer to a resume whose node failed its test (alerts/validation.py): drained again.
 VALIDATION_FAILED = "rejected_validation"
+RESUMED_BY_HAND = "resumed_by_hand"  # an operator lifted our drain: its findings drain nothing again
 
 
 def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str | None:
@@ -516,6 +517,8 @@ class Policy:
         counts against the budget, and a new drain of it within the cooldown is flapping."""
         if not (st.drained and st.confirmed):
             return False
+        # the same findings never drain it again (that would overrule the operator); new ones do
+        st.rejected[st.request_id] = RESUMED_BY_HAND
         st.drained = st.confirmed = False
         st.last_resume_at, st.validation = now, ""
         st.refused, st.refused_detail = None, ""
