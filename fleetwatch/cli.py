@@ -677,7 +677,7 @@ def build_parser() -> _Parser:
         choices=("dcgmi", "command", "none"),
         default="dcgmi",
         help="the test a drained node passes on the node (a Slurm job in a one-node MAINT reservation) "
-        "before a resume lifts fleetwatch's drain: dcgmi diag, --validate-command, or none",
+        "before a resume lifts fleetwatch's drain: dcgmi diag, the site's command, or none",
     )
     p.add_argument(
         "--validate-level",
@@ -688,8 +688,8 @@ def build_parser() -> _Parser:
     p.add_argument(
         "--validate-command",
         default=None,
-        help="the site's own test on the node (e.g. an NCCL all-reduce; exit 0 passes), for --validate "
-        "command, or where dcgmi is not installed",
+        help="the site's own test on the node (e.g. an NCCL all-reduce; exit 0 passes): with "
+        "'--validate command', or where dcgmi is not installed",
     )
     p.add_argument(
         "--validate-timeout",
