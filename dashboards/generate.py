@@ -314,12 +314,129 @@ SEVERITY_COLORS = [
 ]
 
 
+def fixed_colors(*pairs: tuple[str, str]) -> list[dict]:
+    """Overrides giving each named series (its legend) a fixed colour."""
+    return [
+        {
+            "matcher": {"id": "byName", "options": name},
+            "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": col}}],
+        }
+        for name, col in pairs
+    ]
+
+
+def state_mapping(*states: tuple[int, str, str]) -> list[dict]:
+    """A value mapping of a 0/1 gauge to words: (value, text, colour)."""
+    return [
+        {
+            "type": "value",
+            "options": {
+                str(v): {"text": text, "color": col, "index": i} for i, (v, text, col) in enumerate(states)
+            },
+        }
+    ]
+
+
+# The reasons a drain is refused because people hold the node (alerts/slurm_nodes.py HELD_REASONS):
+# their choice, nobody is paged. Shades of blue in "Drains refused by reason".
+HELD_REASONS = ("maintenance", "down", "drained_by_other", "opted_out")
+
+
 # ----------------------------------------------------------------------------- (a) fleet overview
 
 
 def fleet_overview() -> dict:
     sel = f'{C}, node=~"$node"'
     panels = [
+        row("Automatic drains"),
+        stat(
+            "Automatic drains",
+            [
+                target(f"max(fleetwatch_act_drains_paused{{{C}}})", "automatic drains", "A", instant=True),
+                target(
+                    f"max(fleetwatch_act_drains_paused_until_seconds{{{C}}}) * 1000 > 0",
+                    "paused until",
+                    "B",
+                    instant=True,
+                ),
+            ],
+            w=6,
+            text_mode="value_and_name",
+            thr=thresholds((None, "green"), (1, "orange")),
+            mappings=state_mapping((0, "ACTIVE", "green"), (1, "PAUSED", "orange")),
+            overrides=[
+                {
+                    "matcher": {"id": "byName", "options": "paused until"},
+                    "properties": [
+                        {"id": "unit", "value": "dateTimeAsIso"},
+                        {"id": "color", "value": {"mode": "fixed", "fixedColor": "orange"}},
+                    ],
+                }
+            ],
+            desc="PAUSED: an operator's pause (fleetwatch pause --reason ... --for ...) holds every "
+            "automatic drain and resume until the time shown, when it ends by itself; `fleetwatch "
+            "resume-drains` lifts it early. Findings are still alerted (FleetwatchDrainsPaused says who "
+            "paused and why); the drains held are refused 'paused' in Drains refused by reason. Drain "
+            "what must be drained by hand meanwhile. ACTIVE: act drains within its budget.",
+        ),
+        stat(
+            "act mode",
+            targets((f"max by (instance) (fleetwatch_act_dry_run{{{C}}})", "{{instance}}"), instant=True),
+            w=4,
+            text_mode="value_and_name",
+            thr=thresholds((None, "green"), (1, "orange")),
+            mappings=state_mapping((0, "LIVE", "green"), (1, "DRY-RUN", "orange")),
+            desc="One value per act process. LIVE: its drain and resume requests go to the Slurm "
+            "adapter. DRY-RUN (act --dry-run): it decides and alerts as usual (alerts labelled "
+            'dry_run="true"), but its requests are would-be, never executed, and its would-be drains '
+            "count in the drain panels as if done (Drain and resume requests shows them apart). "
+            "DRY-RUN where you expected LIVE: nothing is being drained; restart act without --dry-run.",
+        ),
+        stat(
+            "Nodes held by people",
+            targets((f"sum(max by (cluster) (fleetwatch_act_nodes_held{{{C}}}))", "held")),
+            w=4,
+            thr=thresholds((None, "green"), (1, "blue")),
+            desc="Nodes people hold now: in a Slurm maintenance reservation, down, drained by someone "
+            "else, or opted out. fleetwatch never drains them and leaves them out of the fleet the budget "
+            "is sized on; their findings alert with the node's state and page nobody. Many you did not "
+            "expect: check sinfo -R and scontrol show reservation.",
+        ),
+        stat(
+            "Validations before resume (time range)",
+            targets(
+                (
+                    f"sum by (outcome) (increase(fleetwatch_act_validations_total{{{C}}}[$__range]))",
+                    "{{outcome}}",
+                ),
+                instant=True,
+            ),
+            w=6,
+            text_mode="value_and_name",
+            decimals=0,
+            overrides=[
+                {
+                    "matcher": {"id": "byName", "options": "failed"},
+                    "properties": [{"id": "thresholds", "value": thresholds((None, "green"), (1, "red"))}],
+                }
+            ],
+            desc="Drained nodes the Slurm adapter tested (dcgmi diag, or the site's command) before "
+            "lifting fleetwatch's drain, over the dashboard's time range. Passed: resumed. Failed: drained "
+            "again, FleetwatchValidationFailed names the test and GPU; the node needs hands.",
+        ),
+        stat(
+            "Resumed by hand (time range)",
+            targets(
+                (f"sum(increase(fleetwatch_act_resumed_by_hand_total{{{C}}}[$__range]))", "by hand"),
+                instant=True,
+            ),
+            w=4,
+            decimals=0,
+            thr=thresholds((None, "green"), (1, "yellow")),
+            desc="Nodes fleetwatch held drained that an operator put back in service by hand (Slurm "
+            "shows them resumed), over the time range: their budget slot is freed, they skipped "
+            "validation, and the same findings do not drain them again (only new evidence does).",
+        ),
         row("Fleet health"),
         stat(
             "Nodes by state",
@@ -476,14 +593,22 @@ def fleet_overview() -> dict:
             "Drain and resume requests",
             targets(
                 (
-                    f"sum by (action) (increase(fleetwatch_act_drain_requests_total{{{C}}}[{RATE}]))",
+                    f"sum by (action) (increase(fleetwatch_act_drain_requests_total{{{C}}}[{RATE}]) "
+                    f"and on (cluster, instance) (fleetwatch_act_dry_run{{{C}}} == 0))",
                     "{{action}}",
-                )
+                ),
+                (
+                    f"sum by (action) (increase(fleetwatch_act_drain_requests_total{{{C}}}[{RATE}]) "
+                    f"and on (cluster, instance) (fleetwatch_act_dry_run{{{C}}} == 1))",
+                    "{{action}} (dry-run, not executed)",
+                ),
             ),
             w=8,
             bars=True,
             stack=True,
-            desc="Signed drain/1 requests produced to scheduler.drain.v1.",
+            desc="Signed drain/1 requests produced to scheduler.drain.v1; those of an act --dry-run "
+            "(to scheduler.drain.dryrun.v1, which no adapter reads) are shown apart: would-be, never "
+            "executed.",
         ),
         ts(
             "Drains refused by reason",
@@ -496,7 +621,63 @@ def fleet_overview() -> dict:
             w=8,
             bars=True,
             stack=True,
-            desc="Drains the policy refused: budget spent, storm, job already has a drained node, cooldown.",
+            overrides=fixed_colors(
+                ("paused", "orange"),
+                *zip(HELD_REASONS, ("blue", "light-blue", "dark-blue", "super-light-blue"), strict=True),
+            ),
+            desc="Drains refused, by reason. paused: an operator's pause holds them (they drain when it "
+            "ends). maintenance, down, drained_by_other, opted_out (blue): people hold the node, "
+            "nothing to do. storm: many nodes at once, look for a shared cause. budget: the drain budget "
+            "is spent. job: the job already has a drained node. unknown_node: not in the census. "
+            "adapter:<outcome>: the Slurm adapter refused or failed it (adapter:resumed_by_hand: an "
+            "operator resumed the node, its findings drain it no more). Any but the blue ones and "
+            "paused leaves a node that should be drained in service: drain it by hand if it must go.",
+        ),
+        ts(
+            "Resumes: validated and by hand",
+            targets(
+                (
+                    f"sum by (outcome) (increase(fleetwatch_act_validations_total{{{C}}}[{RATE}]))",
+                    "validation {{outcome}}",
+                ),
+                (f"sum(increase(fleetwatch_act_resumed_by_hand_total{{{C}}}[{RATE}]))", "resumed by hand"),
+            ),
+            w=8,
+            bars=True,
+            overrides=fixed_colors(
+                ("validation passed", "green"), ("validation failed", "red"), ("resumed by hand", "yellow")
+            ),
+            desc="How drained nodes come back, per interval: validated by the Slurm adapter before "
+            "fleetwatch's drain is lifted (passed: resumed; failed: drained again, "
+            "FleetwatchValidationFailed), or resumed by an operator by hand (no validation).",
+        ),
+        ts(
+            "Nodes held by people",
+            targets((f"max by (cluster) (fleetwatch_act_nodes_held{{{C}}})", "{{cluster}}")),
+            w=8,
+            desc="Nodes in a Slurm maintenance reservation, down, drained by someone else or opted out: "
+            "never drained by fleetwatch, not in the fleet the budget is sized on. A step up is a "
+            "maintenance window or an outage.",
+        ),
+        ts(
+            "Control and Slurm-node records refused",
+            targets(
+                (
+                    f"sum by (reason) (increase(fleetwatch_act_control_refused_total{{{C}}}[{RATE}]))",
+                    "control: {{reason}}",
+                ),
+                (
+                    f"sum by (reason) (increase(fleetwatch_act_slurm_nodes_refused_total{{{C}}}[{RATE}]))",
+                    "slurm_node: {{reason}}",
+                ),
+            ),
+            w=8,
+            bars=True,
+            stack=True,
+            desc="control/1 (a pause or resume-drains, fleet.control.v1) and slurm_node/1 "
+            "(scheduler.nodes.v1) records act refused: malformed, or bad_signature (not signed with the "
+            "drain key). None changed anything, but bad_signature means someone without the key is "
+            "writing to those topics: find out who.",
         ),
         ts(
             "Census: warm and new nodes",

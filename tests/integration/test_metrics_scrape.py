@@ -181,6 +181,9 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
 
     try:
         detect_group, act_group = f"scrape-detect-{run}", f"scrape-act-{run}"
+        # act's operator switches and Slurm's view of the nodes on private topics: another test's pause
+        # or maintenance on the shared ones must not hold this act's drains
+        control, slurm_nodes = f"scrape.control.{run}", f"scrape.slurmnodes.{run}"
         commit_at_end(kafka_bootstrap, detect_group, DETECT_INPUTS)
         commit_at_end(kafka_bootstrap, act_group, (topics.FINDINGS,))
         for job, port in (
@@ -198,7 +201,8 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
         spawn("act", "act", "--bootstrap", b, "--metrics-port", str(ports["act"]), "--group", act_group,
               "--alertmanager", f"http://127.0.0.1:{free_port()}", "--cluster", CLUSTER, "--fleet-size", "8",
               "--budget-min-nodes", "1", "--resend-interval", "1", "--instance-id", f"scrape-{run}",
-              "--snapshot-every", "2")  # fmt: skip
+              "--snapshot-every", "2", "--control-topic", control,
+              "--slurm-nodes-topic", slurm_nodes)  # fmt: skip
         # The agent on this (GPU-less) machine: host and net sources work, NVML does not.
         spawn("agent", "collect", "--bootstrap", b, "--metrics-port", str(ports["agent"]),
               "--source", "nvml,host,net", "--interval", "0.5", "--node", f"{prefix}agent",
@@ -222,6 +226,10 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
         assert sim.returncode == 0, sim.stderr[-2000:]
         # One malformed telemetry message: the dead-letter and reject series exist only once one happened.
         send(b, topics.TELEMETRY, [(f"{prefix}0001".encode(), b'{"schema": "telemetry/1"}')], timeout_s=10)
+        # ... and one on each of act's control and Slurm-node topics (act made them at start): the
+        # refused-records series of the dashboard exist only once act refused one.
+        send(b, control, [(b"drain_pause", b'{"schema": "control/1"}')], timeout_s=10)
+        send(b, slurm_nodes, [(f"{prefix}0001".encode(), b'{"schema": "slurm_node/1"}')], timeout_s=10)
 
         needed = set(names_needed()) - set(NOT_PROVABLE_HERE)
         deadline = time.monotonic() + SCRAPE_DEADLINE_S
@@ -295,6 +303,29 @@ def test_every_panel_query_runs(stack: Stack) -> None:
     ):
         res = stack.query(expr)
         assert res["status"] == "success" and res["data"]["result"], f"no data for {expr}"
+
+
+def test_oncall_controls_read_as_this_act_runs(stack: Stack) -> None:
+    # The fleet overview's on-call stats read a live, unpaused act with nobody holding a node as
+    # LIVE / ACTIVE / 0 (value mappings 0 -> LIVE, ACTIVE), and the records this test forged show
+    # as refused `malformed` on the control and Slurm-node panel.
+    c = f'cluster="{CLUSTER}"'
+    for expr, want in (
+        (f"max(fleetwatch_act_dry_run{{{c}}})", 0.0),
+        (f"max(fleetwatch_act_drains_paused{{{c}}})", 0.0),
+        (f"max(fleetwatch_act_drains_paused_until_seconds{{{c}}})", 0.0),
+        (f"sum(fleetwatch_act_nodes_held{{{c}}})", 0.0),
+        (f"sum(fleetwatch_act_resumed_by_hand_total{{{c}}})", 0.0),
+        (f'sum(fleetwatch_act_validations_total{{{c}, outcome=~"passed|failed"}})', 0.0),
+        (f'sum(fleetwatch_act_control_refused_total{{{c}, reason="malformed"}})', 1.0),
+        (f'sum(fleetwatch_act_slurm_nodes_refused_total{{{c}, reason="malformed"}})', 1.0),
+    ):
+        res = stack.query(expr)
+        assert res["status"] == "success" and res["data"]["result"], f"no data for {expr}"
+        assert float(res["data"]["result"][0]["value"][1]) == want, (expr, res["data"]["result"])
+    # both outcomes are exported from the start, so increase() sees the first validation
+    res = stack.query(f"fleetwatch_act_validations_total{{{c}}}")
+    assert {s["metric"]["outcome"] for s in res["data"]["result"]} == {"passed", "failed"}
 
 
 def test_template_variables_resolve(stack: Stack) -> None:

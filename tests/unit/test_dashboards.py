@@ -170,3 +170,66 @@ def test_provisioning_points_at_the_dashboards() -> None:
     mounts = compose["services"]["grafana"]["volumes"]
     assert f"./dashboards/json:{provider['options']['path']}:ro" in mounts, mounts
     assert "./dashboards/provisioning:/etc/grafana/provisioning:ro" in mounts, mounts
+
+
+# issue 26's on-call controls, as act exports them (alerts/act_metrics.py, docs/contract.md 5.1)
+ONCALL_METRICS = {
+    "fleetwatch_act_drains_paused",
+    "fleetwatch_act_drains_paused_until_seconds",
+    "fleetwatch_act_dry_run",
+    "fleetwatch_act_control_refused_total",
+    "fleetwatch_act_nodes_held",
+    "fleetwatch_act_slurm_nodes_refused_total",
+    "fleetwatch_act_validations_total",
+    "fleetwatch_act_resumed_by_hand_total",
+    "fleetwatch_act_drains_refused_total",
+}
+
+
+def _mapped(p: dict[str, Any]) -> dict[str, str]:
+    """value -> text of a panel's value mappings."""
+    return {
+        v: o["text"]
+        for m in p["fieldConfig"]["defaults"].get("mappings", [])
+        if m["type"] == "value"
+        for v, o in m["options"].items()
+    }
+
+
+def test_oncall_controls_are_on_the_fleet_overview(dashboards: dict[str, dict[str, Any]]) -> None:
+    # A pause or a dry-run must not go unnoticed: both are stats in the first line of the dashboard
+    # on-call opens, in words, and every on-call metric of issue 26 is on that dashboard.
+    d = dashboards["fleet-overview.json"]
+    panels = {p["title"]: p for p in all_panels(d)}
+    missing = ONCALL_METRICS - set(dashboard_metric_names({"fleet-overview.json": d}))
+    assert not missing, f"not on the fleet overview: {sorted(missing)}"
+    first = [p for p in d["panels"] if p["type"] != "row" and p["gridPos"]["y"] <= 1]
+    for title, metric, words in (
+        ("Automatic drains", "fleetwatch_act_drains_paused", {"0": "ACTIVE", "1": "PAUSED"}),
+        ("act mode", "fleetwatch_act_dry_run", {"0": "LIVE", "1": "DRY-RUN"}),
+    ):
+        p = panels[title]
+        assert p in first and p["type"] == "stat", f"{title!r} is not a stat at the top: {p['gridPos']}"
+        assert metric in metric_names(p["targets"][0]["expr"]), p["targets"][0]["expr"]
+        assert _mapped(p) == words, title
+        assert p["description"], title
+    # the pause's end as a time, shown only while a pause is in force (0 means none)
+    until = panels["Automatic drains"]["targets"][1]
+    assert "fleetwatch_act_drains_paused_until_seconds" in until["expr"] and until["expr"].endswith("> 0")
+    (o,) = panels["Automatic drains"]["fieldConfig"]["overrides"]
+    assert o["matcher"]["options"] == until["legendFormat"]
+    assert {"id": "unit", "value": "dateTimeAsIso"} in o["properties"]
+    # refusals by reason show every reason, the new ones (pause, nodes people hold) included
+    refused = panels["Drains refused by reason"]
+    assert (
+        "sum by (reason)" in refused["targets"][0]["expr"]
+        and refused["targets"][0]["legendFormat"] == "{{reason}}"
+    )
+    for reason in ("paused", "maintenance", "down", "drained_by_other", "opted_out"):
+        assert reason in refused["description"], reason
+    # would-be requests of a dry-run act are shown apart from executed ones
+    requests = panels["Drain and resume requests"]["targets"]
+    assert [("fleetwatch_act_dry_run" in t["expr"], t["legendFormat"]) for t in requests] == [
+        (True, "{{action}}"),
+        (True, "{{action}} (dry-run, not executed)"),
+    ]
