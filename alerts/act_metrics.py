@@ -119,6 +119,21 @@ class ActMetrics:
             ["reason"],
             registry=r,
         )
+        # Series of known labels from the start, at 0: the panels' increase() sees a first refusal
+        for why in ("malformed", "bad_signature"):
+            self.control_refused.labels(why)
+            self.slurm_nodes_refused.labels(why)
+        for why in (
+            "paused",
+            "maintenance",
+            "down",
+            "drained_by_other",
+            "opted_out",
+            "storm",
+            "budget",
+            "job",
+        ):
+            self.refused.labels(why)
         self.alerts = AlertMetrics(r)
         self.census = CensusMetrics(r)
 

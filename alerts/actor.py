@@ -288,6 +288,8 @@ class Actor:
             )
             if self.dry_run and st.drained:
                 st.confirmed = True  # a would-be drain has no result to wait for
+                if st.resuming:  # nor a would-be resume
+                    st.drained = st.confirmed = st.resuming = False
         for t in new:
             t.reconciled = True
         if adopted:
@@ -410,8 +412,11 @@ class Actor:
             st = nodes[a.node]
             st.request_id = msg["request_id"]
             st.request_sig = msg["signature"]  # the adapter's answer must name it
-            if self.dry_run and a.action == "drain":
-                st.confirmed = True  # would-be: nothing will answer it
+            if self.dry_run:  # would-be: nothing will answer it, so it counts as done at once
+                if a.action == "drain":
+                    st.confirmed = True
+                else:
+                    st.drained = st.confirmed = st.resuming = False
             out.append((self.drain_topic, a.node, msg))
             self.metrics.drains.labels(a.action).inc()
             log.info(

@@ -40,6 +40,8 @@ adapter refused is not issued again for the same findings (refused `adapter:<out
 `adapter:rejected_stale`).
 "Drained" counts for the budget from the moment a drain is requested: `pending` until the adapter's
 drain_result/1 says `executed` (`confirmed`), so waiting for the adapter never lets more through;
+and it keeps counting after a resume is requested (`resuming`) until the adapter says the resume
+was executed, which it does only once the node passed its validation (alerts/validation.py);
 a refused or failed drain frees its slot (`apply_result`; only the adapter's answer to the very
 request issued, bound to it by the request's signature, since request ids are predictable).
 Hysteresis: a drained node is resumed only after it has had no open warning/critical finding for
@@ -199,6 +201,9 @@ class NodeState:
     rejected: dict[str, str] = field(default_factory=dict)  # request id -> the adapter's outcome
     # the failed validation that keeps the node drained (the adapter's detail: test and GPU); "" none
     validation: str = ""
+    # a resume was requested and the adapter has not answered: the node is validated now and stays
+    # drained (and counted) until the adapter says the resume was executed
+    resuming: bool = False
 
     def worthy(self) -> list[OpenFinding]:
         return sorted((f for f in self.open.values() if f.drain), key=lambda f: (f.ts, f.id))
@@ -345,6 +350,7 @@ class Policy:
                 paused
                 or node in people
                 or not st.drained
+                or st.resuming
                 or st.worthy()
                 or st.blocking()
                 or not c.auto_resume
@@ -361,8 +367,11 @@ class Policy:
             ev.actions.append(
                 Action(node, "resume", f"healthy for {wait:.0f} s", "info", tuple(st.drain_findings))
             )
-            st.drained, st.last_resume_at, st.refused = False, now, None
-            st.request_id, st.request_sig, st.confirmed = rid, "", False  # signed by the caller
+            # Still drained, and counted, until the adapter has validated the node and lifted the
+            # drain (apply_result): a node that fails its test is drained again, and its slot must
+            # not have gone to another node meanwhile.
+            st.resuming, st.last_resume_at, st.refused = True, now, None
+            st.request_id, st.request_sig = rid, ""  # signed by the caller
 
         drained = {n for n, st in nodes.items() if st.drained}
         pending = sorted(
@@ -463,10 +472,12 @@ class Policy:
             if st.healthy_since is None and not st.blocking():
                 st.healthy_since = issued_at  # no finding left to wait for: the resume clock runs
             return True
-        if not st.drained:
+        if not st.drained or (st.resuming and st.request_id == request_id):
             return False
-        st.drained, st.last_resume_at = False, issued_at
-        st.request_id, st.request_sig, st.confirmed = request_id, signature, False
+        if request_id and request_id in st.rejected:
+            return False  # the adapter refused it: our drain stayed
+        st.resuming, st.last_resume_at = True, issued_at
+        st.request_id, st.request_sig = request_id, signature
         return True
 
     @staticmethod
@@ -489,6 +500,8 @@ class Policy:
         if outcome == "executed":
             st.rejected.pop(request_id, None)
             st.validation = ""
+            if action == "resume":  # validated and lifted: the slot is free now
+                st.drained = st.confirmed = st.resuming = False
             if action == "drain":
                 st.drained = st.confirmed = True
                 if st.refused and st.refused.startswith("adapter:"):
@@ -500,7 +513,10 @@ class Policy:
         while len(st.rejected) > REJECTED_MEMORY:
             del st.rejected[next(iter(st.rejected))]
         if action == "resume":
-            if outcome not in NOT_OURS and not st.drained:
+            st.resuming = False
+            if outcome in NOT_OURS:
+                st.drained = st.confirmed = False  # someone else holds the node: not ours to count
+            else:
                 st.drained = st.confirmed = True  # our drain is still in place in Slurm: it counts
             if outcome == VALIDATION_FAILED:  # the node failed its test: drained again, a human decides
                 st.validation = detail
@@ -515,8 +531,8 @@ class Policy:
     def released_by_hand(st: NodeState, now: float) -> bool:
         """Slurm shows our drained node back in service (an operator resumed it): it no longer
         counts against the budget, and a new drain of it within the cooldown is flapping."""
-        if not (st.drained and st.confirmed):
-            return False
+        if not (st.drained and st.confirmed) or st.resuming:
+            return False  # (while it is validated, the node is in service inside its reservation)
         # the same findings never drain it again (that would overrule the operator); new ones do
         st.rejected[st.request_id] = RESUMED_BY_HAND
         st.drained = st.confirmed = False
@@ -533,6 +549,7 @@ class Policy:
             st.refused, st.refused_detail = "request_error", detail
         else:
             st.drained = st.confirmed = True  # the drain it was to lift is still in place
+            st.resuming = False
 
     @staticmethod
     def _refuse(ev: Evaluation, node: str, st: NodeState, why: str, detail: str) -> None:

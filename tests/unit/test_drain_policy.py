@@ -38,6 +38,12 @@ class Fleet:
             self.nodes[a.node].request_sig = sig(self.nodes[a.node].request_id)
         return [(a.action, a.node) for a in ev.actions]
 
+    def executed(self, node: str, action: str) -> None:
+        """The adapter's answer `executed` to the node's latest request (a resume: the node passed
+        its validation and the drain is lifted)."""
+        st = self.nodes[node]
+        self.policy.apply_result(st, st.request_id, action, "executed", "", request_sig=st.request_sig)
+
     def job(self, name: str, nodes: list[str], state: str = "running") -> None:
         self.jobs.apply({"schema": "job/1", "job": name, "nodes": nodes, "state": state, "ts": T0})
 
@@ -126,7 +132,13 @@ def test_budget_never_exceeded_and_freed_by_a_resume() -> None:
     assert fl.step(T0 + 301) == [] and fl.last.newly_refused == []  # refused once, not every tick
     fl.feed(resolve(a, T0 + 310))
     assert fl.step(T0 + 330) == []  # not healthy long enough yet
-    assert fl.step(T0 + 371) == [("resume", "n1"), ("drain", "n3")]
+    # A resume frees the slot only once the adapter has lifted the drain (after the node passed its
+    # validation): a node that fails its test is drained again, and its slot must still be there.
+    assert fl.step(T0 + 371) == [("resume", "n1")]
+    assert fl.nodes["n1"].drained and fl.nodes["n1"].resuming and fl.nodes["n3"].refused == "budget"
+    assert fl.step(T0 + 400) == []  # asked once, not on every decision
+    fl.executed("n1", "resume")
+    assert fl.step(T0 + 401) == [("drain", "n3")]
     assert fl.nodes["n3"].refused is None
 
 
@@ -272,6 +284,7 @@ def test_flapping_node_waits_the_cooldown_before_the_next_resume() -> None:
     fl.step(T0)
     fl.feed(resolve(f1, T0 + 10))
     assert fl.step(T0 + 100) == [("resume", "n1")]
+    fl.executed("n1", "resume")
     f2 = finding("n1", "ecc", "critical", "ecc_dbe", ts=T0 + 200)
     fl.feed(f2)
     assert fl.step(T0 + 200) == [("drain", "n1")]  # broken again: drain it, safety first
@@ -323,10 +336,13 @@ def test_adopting_issued_requests_makes_a_replay_continue_from_them() -> None:
     assert fl.step(T0 + 10) == []  # n1 is refused: the budget is already spent on n2 and n3
     assert fl.nodes["n1"].refused == "budget" and fl.nodes["n3"].drain_reason == "GPU lost"
     # n3 has no open finding: its resume clock started at the drain, so it is resumed in time.
-    assert fl.step(T0 + 63) == [("resume", "n3"), ("drain", "n1")]
+    assert fl.step(T0 + 63) == [("resume", "n3")]
     assert fl.last.actions[0].findings == ("f3",)  # the same resume request as before the crash
+    fl.executed("n3", "resume")
+    assert fl.step(T0 + 64) == [("drain", "n1")]  # n3's slot, once its resume was carried out
     assert fl.policy.adopt(fl.nodes["n1"], "resume", [a["id"]], "healthy", T0 + 70)
-    assert not fl.nodes["n1"].drained and fl.nodes["n1"].last_resume_at == T0 + 70
+    n1 = fl.nodes["n1"]
+    assert n1.drained and n1.resuming and n1.last_resume_at == T0 + 70  # counted until it is done
 
 
 # ---------------------------------------------------------------- issue 15: census, adapter results
@@ -407,7 +423,7 @@ def test_a_refused_resume_keeps_our_drain_counted_and_is_not_asked_again() -> No
     st = fl.nodes["n1"]
     fl.policy.apply_result(st, st.request_id, "drain", "executed", "", request_sig=st.request_sig)
     fl.feed(resolve(f, T0 + 1))
-    assert fl.step(T0 + 100) == [("resume", "n1")] and not st.drained
+    assert fl.step(T0 + 100) == [("resume", "n1")] and st.drained and st.resuming
     fl.policy.apply_result(
         st, st.request_id, "resume", "rejected_stale", "issued 700 s ago", request_sig=st.request_sig
     )
