@@ -44,7 +44,6 @@ from fleetwatch.alerts.alertmanager import AlertSink
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.drain_pause import Pause
 from fleetwatch.alerts.policy import (
-    RESUMED_BY_HAND,
     VALIDATION_FAILED,
     Evaluation,
     JobLookup,
@@ -63,7 +62,7 @@ STORM_SOURCE = "storm"
 PAUSE_SOURCE = "paused"
 # refusals reported once for the whole fleet (one alert), not by a refusal alert per node, and
 # refusals of nodes people hold (alerts/slurm_nodes.py): nobody is paged for what they chose
-FLEET_WIDE = frozenset({"storm", "paused", f"adapter:{RESUMED_BY_HAND}", *HELD_REASONS})
+FLEET_WIDE = frozenset({"storm", "paused", *HELD_REASONS})
 UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a drain pending too long
 # how much newer than our drain request a slurm_node/1 record must be before it can show that an
 # operator resumed the node: the adapter publishes every 30 s, and executes a drain within seconds

@@ -27,13 +27,17 @@ CREATE TABLE IF NOT EXISTS requests (
     received_at REAL NOT NULL,
     done_at REAL,
     source TEXT NOT NULL DEFAULT '',  -- topic:partition:offset it came from
-    comment_before TEXT               -- the node's Slurm Comment before the command (NULL: unknown)
+    comment_before TEXT,              -- the node's Slurm Comment before the command (NULL: unknown)
+    request_signature TEXT            -- a validated resume's: to answer it after a restart
 );
 CREATE INDEX IF NOT EXISTS requests_node ON requests (node, received_at);
 """
 # Journals written before comment_before existed gain the column (NULL in their old rows).
-MIGRATIONS = {"comment_before": "ALTER TABLE requests ADD COLUMN comment_before TEXT"}
-_COLUMNS = "request_id, node, action, status, detail, comment_before"
+MIGRATIONS = {
+    "comment_before": "ALTER TABLE requests ADD COLUMN comment_before TEXT",
+    "request_signature": "ALTER TABLE requests ADD COLUMN request_signature TEXT",
+}
+_COLUMNS = "request_id, node, action, status, detail, comment_before, request_signature"
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,12 @@ class Entry:
     status: str
     detail: str
     comment_before: str | None = None
+    request_signature: str | None = None
 
 
 class Journal:
     def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path), isolation_level=None)  # autocommit; we commit per row
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -72,12 +78,12 @@ class Journal:
         issued_at: float | None,
         source: str,
         comment_before: str | None = None,
+        request_signature: str | None = None,
     ) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO requests"
-            " (request_id, node, action, status, issued_at, received_at, source, comment_before)"
-            " VALUES (?, ?, ?, 'executing', ?, ?, ?, ?)",
-            (request_id, node, action, issued_at, time.time(), source, comment_before),
+            "INSERT OR REPLACE INTO requests (request_id, node, action, status, issued_at, received_at,"
+            " source, comment_before, request_signature) VALUES (?, ?, ?, 'executing', ?, ?, ?, ?, ?)",
+            (request_id, node, action, issued_at, time.time(), source, comment_before, request_signature),
         )
 
     def finish(self, request_id: str, status: str, detail: str = "") -> None:

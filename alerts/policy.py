@@ -81,7 +81,6 @@ REJECTED_MEMORY = 16  # request ids the adapter refused, remembered per node so 
 NOT_OURS = frozenset({"rejected_not_ours", "rejected_unknown_node"})
 # The adapter's answer to a resume whose node failed its test (alerts/validation.py): drained again.
 VALIDATION_FAILED = "rejected_validation"
-RESUMED_BY_HAND = "resumed_by_hand"  # an operator lifted our drain: its findings drain nothing again
 
 
 def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str | None:
@@ -373,7 +372,9 @@ class Policy:
             st.resuming, st.last_resume_at, st.refused = True, now, None
             st.request_id, st.request_sig = rid, ""  # signed by the caller
 
-        drained = {n for n, st in nodes.items() if st.drained}
+        # Nodes people hold now are out of the fleet the budget is a fraction of (the caller's
+        # fleet_size): one we drained before they took it over does not take a slot either.
+        drained = {n for n, st in nodes.items() if st.drained and n not in people}
         pending = sorted(
             ((st.onset or 0.0, n) for n, st in nodes.items() if not st.drained and st.worthy()),
         )
@@ -533,9 +534,13 @@ class Policy:
         counts against the budget, and a new drain of it within the cooldown is flapping."""
         if not (st.drained and st.confirmed) or st.resuming:
             return False  # (while it is validated, the node is in service inside its reservation)
-        # the same findings never drain it again (that would overrule the operator); new ones do
-        st.rejected[st.request_id] = RESUMED_BY_HAND
+        # The findings open now never drain it again (that would overrule the operator), even as
+        # some of them resolve; they still alert. New evidence (a new or updated finding) does.
+        for f in st.open.values():
+            f.drain = None
+        st.onset = None
         st.drained = st.confirmed = False
+        st.request_id = st.request_sig = ""  # its executed result must not be applied again
         st.last_resume_at, st.validation = now, ""
         st.refused, st.refused_detail = None, ""
         return True

@@ -218,6 +218,13 @@ class SlurmClient:
                 texts.append(f.read(MAX_OUTPUT_BYTES + 1).decode("utf-8", "replace"))
         return subprocess.CompletedProcess(cmd, rc, texts[0], texts[1])
 
+    def cancel_reservation_jobs(self, reservation: str) -> None:
+        """scancel every job of `reservation` (a validation cut short by a stop); best effort."""
+        try:
+            self._run(["scancel", f"--reservation={reservation}"])
+        except SlurmError as e:
+            log.warning("could not cancel the jobs of %s: %s", reservation, e)
+
     def drain(self, node: str, reason: str, comment: str | None = None) -> None:
         self.update(node, "DRAIN", reason, comment)
 

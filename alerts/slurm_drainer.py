@@ -39,9 +39,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import re
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +82,13 @@ RESULT_OUTCOME = {
     "failed": "failed",
     "undetermined": "undetermined",
     "validation_failed": "rejected_validation",
+}
+# the journal's status for a validation's outcome
+JOURNAL_STATUS = {
+    "executed": "executed",
+    "validation_failed": "rejected",
+    "not_ours": "rejected",
+    "failed": "failed",
 }
 _TOKEN = re.compile(r"\s*\[fw:[0-9a-f]{32}\]")
 
@@ -143,6 +152,10 @@ class Drainer:
         # the test a node passes before a resume lifts our drain (alerts/validation.py); None: none
         self.validator = validator if validator is not None and validator.settings.enabled else None
         self._attempts: dict[str, int] = {}
+        # validations running on their own threads, by request id; their ends, for the main loop
+        self._running: dict[str, tuple[str, threading.Thread]] = {}
+        self._finished: queue.Queue[tuple[Target, str, str]] = queue.Queue()
+        self._stopping = threading.Event()
 
     # ------------------------------------------------------------ outcomes
 
@@ -214,6 +227,8 @@ class Drainer:
             # up): never executed, and not answered (that act waits for no result)
             return self._reject(raw, None, "dry_run", "a dry-run request is never executed", source, topic)
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
+        if rid in self._running:
+            return "validating"  # a redelivery of a request whose validation is running
         prior = self.journal.get(rid)
         if prior is not None and prior.status != "executing":
             log.info("request %s (%s %s) already %s; skipping", rid, action, node, prior.status)
@@ -270,7 +285,7 @@ class Drainer:
         if action == "drain" and info.drained and not ours:
             return self._refuse(msg, prior, source, f"already drained: {info.reason}")
         if action == "resume" and info.drained and self.validator is not None:
-            self.journal.begin(rid, node, action, msg["issued_at"], source, None)
+            self.journal.begin(rid, node, action, msg["issued_at"], source, None, msg["signature"])
             return self._validated_resume(raw, msg, info, source, topic, interrupted=False)
         self.journal.begin(
             rid, node, action, msg["issued_at"], source, comment if action == "drain" else None
@@ -288,9 +303,11 @@ class Drainer:
         self, raw: bytes, msg: dict[str, Any], info: NodeInfo, source: str, topic: str, interrupted: bool
     ) -> str:
         """Lift our drain only once the node passes its test (alerts/validation.py); a node that
-        fails is drained again, its Reason naming the test and the GPU. Journalled `executing`
-        before the first step: after a crash this runs again from the start (every step is
-        idempotent), unless Slurm shows how it ended."""
+        fails is drained again, its Reason naming the test and the GPU. The test runs on a thread
+        of its own (it may take minutes): requests behind it are not held up, and this one's
+        result is sent when it ends (deliver_finished). Journalled `executing` before the first
+        step: after a crash it runs again from the start (every step is idempotent), unless Slurm
+        shows how it ended."""
         assert self.validator is not None
         rid, node = msg["request_id"], msg["node"]
         if interrupted:
@@ -305,27 +322,134 @@ class Drainer:
                 self.journal.finish(rid, "rejected", why)
                 return self._done(msg, "validation_failed", why)
             if info.drained and not info.reason.startswith(TAG):
-                return self._refuse(
-                    msg,
-                    Entry(rid, node, "resume", "executing", "", None),
-                    source,
-                    f"drained by someone else: {info.reason}",
-                )
+                prior = Entry(rid, node, "resume", "executing", "", None)
+                return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
+        self._submit(target_of(msg))
+        return "validating"
+
+    # ------------------------------------------------------------ validations on their own threads
+
+    def _submit(self, target: Target) -> None:
+        rid, node = target[0], target[1]
+        if rid in self._running:
+            return  # a redelivery of the request whose test is running now
+        t = threading.Thread(
+            target=self._validation_job, args=(target,), name=f"validate-{node}", daemon=True
+        )
+        self._running[rid] = (node, t)
+        t.start()
+        log.info("validating %s before its resume (request %s): %s", node, rid, self.validator_label())
+
+    @property
+    def busy(self) -> bool:
+        """A validation is running or waits to be answered."""
+        return bool(self._running)
+
+    def validator_label(self) -> str:
+        return self.validator.label() if self.validator is not None else "no validation"
+
+    def _validation_job(self, target: Target) -> None:
+        """On the validation's thread: Slurm only (the journal and the results are the main loop's,
+        in deliver_finished). Slurm not answering is retried with backoff, the whole validation
+        again (its steps are idempotent)."""
+        node = target[1]
+        backoff = 1.0
+        try:
+            for _attempt in range(MAX_ATTEMPTS):
+                try:
+                    outcome, detail = self._validate(node, target[0])
+                    break
+                except SlurmError as e:
+                    log.warning("validating %s: Slurm unavailable (%s); again in %.0f s", node, e, backoff)
+                    outcome, detail = "failed", str(e)
+                    if self._stopping.wait(backoff):
+                        return
+                    backoff = min(backoff * 2, 30.0)
+            if self._stopping.is_set():
+                return  # cut short by a stop: left `executing`, run again after the restart
+            self._finished.put((target, outcome, detail))
+        except Exception:
+            log.exception("the validation of %s failed; it runs again after a restart", node)
+
+    def _validate(self, node: str, rid: str) -> tuple[str, str]:
+        """The validation itself: (outcome, detail)."""
+        assert self.validator is not None
+        info = self.slurm.node(node)
+        if info.drained and not info.reason.startswith(TAG):
+            return "not_ours", f"drained by someone else: {info.reason}"
         self.validator.prepare(node, drained=info.drained)
         outcome, label = self.validator.run(node)
         line = self.validator.reason(outcome, label)
+        if self._stopping.is_set():
+            return "failed", "stopped"  # not reported (see _validation_job)
         if outcome.passed:
             self.validator.release(node)
-            self.journal.finish(rid, "executed", line)
             log.info("resume %s done after validation (request %s): %s", node, rid, line)
-            return self._done(msg, "executed", f"validated: {line}")
+            return "executed", f"validated: {line}"
         # Drained again before the reservation goes: no job can start on a node that failed.
         reason = f"{TAG}: validation failed: {line}"
         self.slurm.drain(node, f"{reason} [fw:{rid[:12]}]", with_token(self.slurm.comment(node), rid))
         self.validator.release(node)
-        self.journal.finish(rid, "rejected", line)
         log.warning("not resuming %s (request %s): %s", node, rid, line)
-        return self._done(msg, "validation_failed", line)
+        return "validation_failed", line
+
+    def deliver_finished(self) -> list[str]:
+        """Journal and answer the validations that ended (the main loop calls it each round, before
+        its flush); their outcomes."""
+        done: list[str] = []
+        while True:
+            try:
+                target, outcome, detail = self._finished.get_nowait()
+            except queue.Empty:
+                return done
+            rid = target[0]
+            self._running.pop(rid, None)
+            self.journal.finish(rid, JOURNAL_STATUS[outcome], detail)
+            REQUESTS.labels(outcome).inc()
+            self._result(target, outcome, detail)
+            done.append(outcome)
+
+    def settle(self, timeout_s: float = 120.0) -> list[str]:
+        """Wait for every running validation and deliver them (tests; a clean stop does not wait)."""
+        deadline = time.monotonic() + timeout_s
+        done: list[str] = []
+        while True:
+            done += self.deliver_finished()
+            if not self._running or time.monotonic() > deadline:
+                return done
+            time.sleep(0.05)
+
+    def recover(self) -> int:
+        """At start: the validations a crash or a stop interrupted (journal `executing` resumes)
+        run again, or are reported from what Slurm shows. Returns how many were taken up."""
+        if self.validator is None:
+            return 0
+        n = 0
+        for e in self.journal.entries():
+            if e.action != "resume" or e.status != "executing" or not e.request_signature:
+                continue
+            msg = {
+                "request_id": e.request_id,
+                "node": e.node,
+                "action": "resume",
+                "signature": e.request_signature,
+            }
+            try:
+                self._validated_resume(
+                    b"", msg, self.slurm.node(e.node), "journal", topics.DRAIN, interrupted=True
+                )
+                n += 1
+            except SlurmError as err:
+                log.warning("interrupted validation of %s not taken up yet: %s", e.node, err)
+        return n
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Cancel the running tests (their jobs); they stay `executing` and run again after a restart."""
+        self._stopping.set()
+        for node, _t in list(self._running.values()):
+            self.slurm.cancel_reservation_jobs(reservation_name(node))
+        for _node, t in list(self._running.values()):
+            t.join(timeout_s)
 
     def _refuse(self, msg: dict[str, Any], prior: Entry | None, source: str, why: str) -> str:
         self._settle(msg, prior, "rejected", why, source)
@@ -390,6 +514,9 @@ def run(args: argparse.Namespace) -> int:
         if args.node_states_every
         else None
     )
+    taken_up = drainer.recover()
+    if taken_up:
+        log.warning("%d validations interrupted before this start taken up again", taken_up)
     log.info(
         "slurm-drainer up: %d Slurm nodes, journal %s, group %s; before a resume: %s",
         len(known),
@@ -405,6 +532,8 @@ def run(args: argparse.Namespace) -> int:
             polled = consumer.poll(100, 0.2)
             if polled:
                 idle_since = time.monotonic()
+            elif drainer.busy:
+                idle_since = time.monotonic()  # a validation running is not idle
             elif args.idle_exit is not None and idle_for(idle_since, last_assigned) > args.idle_exit:
                 break
             done: dict[TopicPart, int] = {}
@@ -420,6 +549,7 @@ def run(args: argparse.Namespace) -> int:
                         retry_at[tp] = offset
                         break
                     done[tp] = offset + 1
+            drainer.deliver_finished()  # validations that ended on their threads: journal, results
             if states is not None and states.due():
                 states.publish()
             # Results and dead letters first, then the commit that forgets the input.
@@ -444,6 +574,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 backoff = 1.0
     finally:
+        drainer.stop()
         consumer.close()
         producer.close(10)
         journal.close()

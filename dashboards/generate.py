@@ -629,8 +629,7 @@ def fleet_overview() -> dict:
             "ends). maintenance, down, drained_by_other, opted_out (blue): people hold the node, "
             "nothing to do. storm: many nodes at once, look for a shared cause. budget: the drain budget "
             "is spent. job: the job already has a drained node. unknown_node: not in the census. "
-            "adapter:<outcome>: the Slurm adapter refused or failed it (adapter:resumed_by_hand: an "
-            "operator resumed the node, its findings drain it no more). Any but the blue ones and "
+            "adapter:<outcome>: the Slurm adapter refused or failed it. Any but the blue ones and "
             "paused leaves a node that should be drained in service: drain it by hand if it must go.",
         ),
         ts(

@@ -56,7 +56,8 @@ def test_a_drained_node_returns_only_after_it_passes_its_validation(
         assert slurm.state(good) == ("idle", "none")
         state, reason = slurm.state(bad)
         assert state.startswith("drain") and "validation failed" in reason and "GPU 3" in reason
-        assert metric(port, "fleetwatch_act_drain_budget_used") == 1  # the failed node still counts
+        # the good node's slot is free once its resume was executed; the failed node still counts
+        assert wait_for_metric(port, "fleetwatch_act_drain_budget_used", 1), rig.logs()
         paged = rig.am.wait_for(
             lambda a: ("FleetwatchValidationFailed", bad) in names(a), cluster=rig.cluster, timeout_s=30
         )

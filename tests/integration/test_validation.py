@@ -102,21 +102,23 @@ def test_a_node_that_passes_dcgmi_diag_on_the_node_is_resumed(rig: Rig) -> None:
     d = rig.drainer()
     findings = rig.drained_by_us(d)
     rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json"})
-    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "executed"
+    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"  # on its own thread
+    assert d.settle() == ["executed"]
     state, reason = rig.slurm.state(NODE)
     assert state.rstrip("*") == "idle" and reason == "none"
     assert not rig.client.reservation_exists(reservation_name(NODE))  # back in service for all
     (call,) = rig.calls()  # the test ran once, as a job on that very node, as dcgmi is run
     assert call["node"] == NODE and call["argv"] == ["diag", "-r", "1", "-j"]
     (entry,) = [e for e in rig.journal.entries(NODE) if e.action == "resume"]
-    assert entry.status == "executed" and entry.detail == "dcgmi diag -r 1: passed"
+    assert entry.status == "executed" and entry.detail == "validated: dcgmi diag -r 1: passed"
 
 
 def test_a_node_that_fails_stays_drained_naming_the_test_and_gpu_and_its_job_failed(rig: Rig) -> None:
     d = rig.drainer()
     findings = rig.drained_by_us(d)
     rig.planned({"fixture": "dcgm4_fail_memory_gpu3.json"})  # exits 205, as dcgmi does for it
-    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validation_failed"
+    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
+    assert d.settle() == ["validation_failed"]
     state, reason = rig.slurm.state(NODE)
     assert state.startswith("drain")
     assert reason.startswith("fleetwatch: validation failed: dcgmi diag -r 1: ") and "GPU 3" in reason
@@ -131,7 +133,8 @@ def test_a_test_that_runs_too_long_is_cancelled_and_fails(rig: Rig) -> None:
     findings = rig.drained_by_us(d)
     rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json", "sleep_s": 60})
     t0 = time.monotonic()
-    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validation_failed"
+    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
+    assert d.settle() == ["validation_failed"]
     assert time.monotonic() - t0 < 30
     state, reason = rig.slurm.state(NODE)
     assert state.startswith("drain") and "did not finish in 5 s" in reason
@@ -140,11 +143,13 @@ def test_a_test_that_runs_too_long_is_cancelled_and_fails(rig: Rig) -> None:
 def test_without_dcgmi_on_the_node_the_sites_command_decides_and_with_neither_it_fails(rig: Rig) -> None:
     d = rig.drainer(dcgmi="/nonexistent/dcgmi")
     findings = rig.drained_by_us(d)
-    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validation_failed"
+    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
+    assert d.settle() == ["validation_failed"]
     assert "not installed" in rig.slurm.state(NODE)[1]  # never returned untested
     d = rig.drainer(dcgmi="/nonexistent/dcgmi", command=("sh", "-c", 'test -n "$SLURM_JOB_ID"'))
     findings = rig.drained_by_us(d)
-    assert d.handle(req(NODE, "resume", findings), "t:0:2") == "executed"  # ran inside a job: passed
+    assert d.handle(req(NODE, "resume", findings), "t:0:2") == "validating"
+    assert d.settle() == ["executed"]  # the command ran inside a job: passed
     assert rig.slurm.state(NODE)[0].rstrip("*") == "idle"
 
 
@@ -166,15 +171,34 @@ def test_a_validation_a_crash_interrupted_is_finished_not_skipped(rig: Rig) -> N
     findings = rig.drained_by_us(d)
     rig.planned({"fixture": "dcgm3_fail_memory_gpu1.json"})
     resume = req(NODE, "resume", findings)
-    rid = orjson.loads(resume)["request_id"]
+    msg = orjson.loads(resume)
     # The crash came after the journal and the first two steps: reserved, drain lifted, no test yet.
-    d.journal.begin(rid, NODE, "resume", time.time(), "t:0:1", None)
+    d.journal.begin(msg["request_id"], NODE, "resume", time.time(), "t:0:1", None, msg["signature"])
     assert d.validator is not None
     d.validator.prepare(NODE, drained=True)
     assert rig.slurm.state(NODE)[0].rstrip("*") in ("idle", "maint", "reserved")
-    again = rig.drainer()  # the restarted adapter, on the same journal
-    assert again.handle(resume, "t:0:1") == "validation_failed"
+    again = rig.drainer()  # the restarted adapter, on the same journal, takes it up at start
+    assert again.recover() == 1
+    assert again.settle() == ["validation_failed"]
+    assert again.handle(resume, "t:0:1") == "duplicate"  # the request redelivered: answered once
     state, reason = rig.slurm.state(NODE)
     assert state.startswith("drain") and "GPU 1" in reason
     assert not rig.client.reservation_exists(reservation_name(NODE))
     assert len(rig.calls()) == 1
+
+
+def test_requests_behind_a_long_validation_are_not_held_up(rig: Rig) -> None:
+    d = rig.drainer()
+    findings = rig.drained_by_us(d)
+    rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json", "sleep_s": 8})
+    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
+    other = "gpu-node-04"
+    rig.slurm.reset(other)
+    try:
+        t0 = time.monotonic()
+        assert d.handle(req(other, "drain", (uuid.uuid4().hex,)), "t:0:2") == "executed"
+        assert time.monotonic() - t0 < 5 and d.busy  # drained while the test still runs
+        assert rig.slurm.state(other)[0].startswith("drain")
+        assert d.settle() == ["executed"]
+    finally:
+        rig.slurm.reset(other)
