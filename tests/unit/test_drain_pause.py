@@ -5,9 +5,12 @@ and ends by itself or when lifted; forged, malformed and replayed control record
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request
@@ -172,3 +175,35 @@ def test_the_adapter_dead_letters_a_dry_run_request_and_never_answers_it(tmp_pat
     )
     assert drainer.handle(schemas.encode(req), "test:0:0", key=b"gpu-node-01") == "dry_run"
     assert [t for t, _k, _v in producer.sent] == ["fleet.deadletter.v1"]  # no drain_result/1
+
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.none() | st.binary(max_size=20) | st.just(b"drain_pause"),
+    raw=st.binary(max_size=300),
+    field=st.sampled_from(
+        ["schema", "control", "paused", "reason", "by", "issued_at", "until", "signature", "x"]
+    ),
+    value=_JSONISH,
+)
+def test_no_control_record_raises_and_only_a_signed_one_switches(
+    key: bytes | None, raw: bytes, field: str, value: Any
+) -> None:
+    """Hostile bytes, and a real record with any field set to anything after signing: refused and
+    counted, never an exception in the follower's thread, never a pause."""
+    refused: list[str] = []
+    book = PauseBook(KEY, refused.append)
+    book.apply(key, raw)
+    msg = schemas.decode(control(True, T0))
+    assume(field not in msg or type(msg[field]) is not type(value) or msg[field] != value)  # a change
+    msg[field] = value
+    book.apply(b"drain_pause", json.dumps(msg).encode())
+    assert book.active(T0 + 1) is None
+    assert len(refused) == 2

@@ -6,9 +6,12 @@ node; the adapter's publisher sends what changed."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from fleetwatch import schemas
 from fleetwatch.alerts.slurm import NodeInfo, SlurmError
@@ -228,3 +231,32 @@ def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it()
         )
     )
     assert again["action"] == "drain"
+
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.none() | st.binary(max_size=20) | st.just(b"gpu-node-01"),
+    raw=st.binary(max_size=300),
+    field=st.sampled_from(
+        ["schema", "node", "state", "reason", "features", "maintenance", "ours", "ts", "signature", "x"]
+    ),
+    value=_JSONISH,
+)
+def test_no_slurm_node_record_raises_and_only_a_signed_one_holds_a_node(
+    key: bytes | None, raw: bytes, field: str, value: Any
+) -> None:
+    refused: list[str] = []
+    book = SlurmNodeBook(KEY, on_refused=refused.append)
+    book.apply(key, raw)
+    msg = schemas.decode(record("gpu-node-01", maint=True))
+    assume(field not in msg or type(msg[field]) is not type(value) or msg[field] != value)
+    msg[field] = value
+    book.apply(b"gpu-node-01", json.dumps(msg).encode())
+    assert book.held_nodes(T0) == {} and len(refused) == 2
