@@ -683,7 +683,7 @@ def build_parser() -> _Parser:
         "--validate-level",
         type=_positive_int,
         default=1,
-        help="dcgmi diag -r LEVEL (1: ~1 min, 2: ~2, 3: ~15)",
+        help="dcgmi diag -r LEVEL (NVIDIA: 1 quick checks, seconds; 2 about 2 min; 3 about 15 min)",
     )
     p.add_argument(
         "--validate-command",
