@@ -9,6 +9,7 @@ operator drained is never touched, and a validation a crash interrupted is finis
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -26,7 +27,7 @@ from fleetwatch.alerts.slurm_drainer import Drainer
 from fleetwatch.alerts.validation import ValidationSettings, Validator, reservation_name
 from fleetwatch.bus.kafka import KafkaBus
 from tests.helpers.paths import REPO
-from tests.integration.services import Slurm
+from tests.integration.services import Jobs, Slurm
 
 KEY = b"test-drain-key-0123456789abcdef"
 FAKE_DCGMI = str(REPO / "tests" / "fakes" / "dcgmi")
@@ -48,7 +49,7 @@ def req(node: str, action: str, findings: tuple[str, ...]) -> bytes:
 
 class Rig:
     def __init__(self, slurm: Slurm, bootstrap: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.slurm, self.tmp = slurm, tmp
+        self.slurm, self.tmp, self.bootstrap = slurm, tmp, bootstrap
         self.plan = tmp / "plan.json"
         # srun hands the job this process's environment: the fake dcgmi finds its plan there
         monkeypatch.setenv("FLEETWATCH_FAKE_DCGMI_PLAN", str(self.plan))
@@ -126,6 +127,17 @@ def test_a_node_that_fails_stays_drained_naming_the_test_and_gpu_and_its_job_fai
     log = jobcomp(rig.slurm)  # the failed test is a failed job on the node, for the lemon history
     ends = [line for line in log.splitlines() if f"Name={reservation_name(NODE)} " in line]
     assert ends and "JobState=FAILED" in ends[-1] and f"NodeList={NODE}" in ends[-1]
+    # ... which slurm-jobs publishes as a failed job/1 on that node: the lemon detector counts it
+    job = re.search(r"JobId=(\d+)", ends[-1])
+    assert job is not None
+    jobs = Jobs(rig.slurm, rig.bootstrap, rig.tmp)
+    jobs.start("--once")
+    try:
+        jobs.wait(jobs.ended(job.group(1)))
+    finally:
+        jobs.stop()
+    (end,) = [m for m in jobs.messages(job.group(1)) if m["state"] in ("finished", "failed")]
+    assert end["state"] == "failed" and end["nodes"] == [NODE] and end["end_state"] == "FAILED"
 
 
 def test_a_test_that_runs_too_long_is_cancelled_and_fails(rig: Rig) -> None:
