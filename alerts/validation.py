@@ -11,10 +11,11 @@ who can write Kafka run commands on every node. The steps, on a node fleetwatch 
 2. the node is resumed (scontrol RESUME), so a job can start on it, inside the reservation only;
 3. the test runs as a job on the whole node with all its GPUs (`srun --reservation ... --exclusive
    --gres=gpu:N`): by default `dcgmi diag -r <level> -j` (NVIDIA's levels: 1 quick deployment
-   checks, seconds; 2 about two minutes; 3 about fifteen), read by alerts/dcgm_diag.py; or a
-   site's own command (an NCCL all-reduce), where its exit status decides. A job that does not
-   finish within the timeout is cancelled and fails. Where dcgmi is not installed on the node and a command is configured, the command runs;
-   with neither, the validation fails: a node is never returned untested;
+   checks, seconds; 2 about two minutes; 3 about fifteen), read by alerts/dcgm_diag.py; or a site's
+   own command (an NCCL all-reduce), where its exit status decides. A job that does not finish
+   within the timeout is cancelled and fails. Where dcgmi is not installed on the node and a command
+   is configured, the command runs; with neither, the validation fails: a node is never returned
+   untested;
 4. pass: the reservation is deleted and the node is back in service. Fail: the adapter drains the
    node again, naming the failing test and GPU in its Reason, then deletes the reservation.
 
