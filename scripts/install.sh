@@ -6,7 +6,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
-debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge prometheus openssl)
+debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge prometheus openssl curl)
 # journalctl, and systemd-journal-remote to write the journal files of the kernel source's journal
 # tests (tests/unit/test_kernel_journal.py)
 debian_packages+=(systemd systemd-journal-remote)
