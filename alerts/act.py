@@ -34,7 +34,7 @@ from fleetwatch.alerts.actor import Actor, ActTask
 from fleetwatch.alerts.alert_model import AlertBuilder
 from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertSender, dead_letter_alert
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
-from fleetwatch.alerts.drain_pause import PauseBook
+from fleetwatch.alerts.drain_pause import PauseBook, load_control_key
 from fleetwatch.alerts.policy import Policy, PolicyConfig
 from fleetwatch.alerts.slurm_nodes import SlurmNodeBook
 from fleetwatch.bus import Bus
@@ -197,6 +197,10 @@ def mode_defaults(args: argparse.Namespace) -> tuple[bool, str, str]:
     drain_topic = args.drain_topic or (topics.DRAIN_DRY_RUN if dry_run else topics.DRAIN)
     if dry_run and drain_topic == topics.DRAIN:
         raise ValueError(f"--dry-run publishes would-be requests: not to the adapter's {topics.DRAIN}")
+    if dry_run and group == topics.ACT_GROUP:
+        # it would take the live act's partitions (those nodes never drained) and share its
+        # snapshots, so a restarted live act could restore would-be drains as done
+        raise ValueError(f"--dry-run runs in a group of its own, not the live {topics.ACT_GROUP}")
     return dry_run, group, drain_topic
 
 
@@ -229,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
     census = Census(census_key, census_config(args), metrics.census)
     export_metrics(census, time.time)
     results = ResultBook(key, metrics)
-    pause = PauseBook(key, lambda why: metrics.control_refused.labels(why).inc())
+    control_key = load_control_key(args.control_key_file, args.drain_key_file)
+    pause = PauseBook(control_key, lambda why: metrics.control_refused.labels(why).inc())
     policy = policy_config(args)
     slurm_nodes = SlurmNodeBook(
         key,
@@ -254,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     owner = Ownership()
 
     def issued() -> dict[str, dict[str, Any]]:
-        return latest_requests(bus, drain_topic, key)
+        return latest_requests(bus, drain_topic, key, dry_run=dry_run)
 
     def dead_letter(raw: bytes, reason: str, detail: str) -> None:
         # Answers are applied from the worker's loop (or after it, at close): the worker exists.

@@ -90,7 +90,7 @@ class ActMetrics:
         )
         self.control_refused = Counter(
             "fleetwatch_act_control_refused_total",
-            "control/1 records refused: malformed, bad_signature",
+            "control/1 records refused: malformed, bad_signature, clock_skew",
             ["reason"],
             registry=r,
         )

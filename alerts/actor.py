@@ -352,6 +352,8 @@ class Actor:
             why = self.policy.apply_result(
                 st, r.request_id, r.action, r.outcome, r.detail, request_sig=r.request_signature
             )
+            if r.action == "drain" and r.outcome == "executed" and st.drained and st.confirmed:
+                st.confirmed_at = r.ts
             if r.request_id not in self._counted:  # results are re-applied every decision: count once
                 self._counted.add(r.request_id)
                 self.metrics.results.labels(r.action, r.outcome).inc()
@@ -377,7 +379,10 @@ class Actor:
             if not (st.drained and st.confirmed):
                 continue
             rec = self.slurm_record(node)
-            if rec is None or rec["ts"] < (st.drained_at or now) + RELEASE_GRACE_S:
+            # A view taken after the drain was executed (the adapter's own clock on both); where
+            # that time is not known (an older snapshot), well after the request
+            after = st.confirmed_at if st.confirmed_at else (st.drained_at or now) + RELEASE_GRACE_S
+            if rec is None or rec["ts"] <= after:
                 continue
             if str(rec["state"]).startswith(("drain", "down", "fail", "maint")) or rec["maintenance"]:
                 continue

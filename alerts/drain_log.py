@@ -36,8 +36,12 @@ from fleetwatch.bus import Bus, TopicPart
 log = logging.getLogger(__name__)
 
 
-def latest_requests(bus: Bus, topic: str, key: bytes, timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:
-    """node -> its latest request that carries a valid signature (anything else is ignored)."""
+def latest_requests(
+    bus: Bus, topic: str, key: bytes, timeout_s: float = 30.0, dry_run: bool = False
+) -> dict[str, dict[str, Any]]:
+    """node -> its latest request that carries a valid signature (anything else is ignored), of
+    this act's mode: a live act never adopts a would-be request of `act --dry-run`, nor the other
+    way round."""
     reader = bus.reader()
     latest: dict[str, dict[str, Any]] = {}
     try:
@@ -58,6 +62,8 @@ def latest_requests(bus: Bus, topic: str, key: bytes, timeout_s: float = 30.0) -
                     msg = schemas.decode(r.value, drain_request.DRAIN)
                 except schemas.MessageError:
                     continue
+                if bool(msg.get(schemas.DRY_RUN)) != dry_run:
+                    continue
                 if drain_request.verify(msg, key):
                     latest[msg["node"]] = msg
     finally:
@@ -73,6 +79,7 @@ class Result:
     outcome: str
     detail: str
     request_signature: str  # the signature of the request this answers
+    ts: float = 0.0  # the adapter's clock when it answered
 
 
 MAX_ANSWERS = 8  # answers kept per request id (one per copy of the request act issued)
@@ -113,7 +120,7 @@ class ResultBook:
                 m["request_id"],
             )
             return
-        r = Result(m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig)
+        r = Result(m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig, float(m["ts"]))
         with self._lock:
             answers = self._by_id.setdefault(r.request_id, {})
             if r.outcome == drain_result.DUPLICATE:
@@ -123,7 +130,7 @@ class ResultBook:
                 first = next((a for a in answers.values() if a.outcome != drain_result.DUPLICATE), None)
                 if first is None or sig in answers:
                     return
-                r = Result(r.request_id, first.node, first.action, first.outcome, first.detail, sig)
+                r = Result(r.request_id, first.node, first.action, first.outcome, first.detail, sig, first.ts)
             old = answers.get(sig)
             if old is None or old.outcome != drain_result.EXECUTED:  # done is done
                 answers[sig] = r

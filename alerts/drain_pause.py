@@ -3,7 +3,9 @@
 
 An operator's switch, not a detector's: while a pause is in force every `fleetwatch act` holds its
 automatic drains AND resumes (fleetwatch changes nothing in Slurm), and goes on alerting. The
-switch is one signed control/1 record on the compacted topic fleet.control.v1 (key `drain_pause`):
+switch is one signed control/1 record on fleet.control.v1 (key `drain_pause`; kept 8 days, not
+compacted: compaction would keep only the switch's last offset, which could be a replayed old pause
+written after the lift):
 
     {"schema": "control/1", "control": "drain_pause", "paused": true|false, "reason": one line,
      "by": "user@host", "issued_at": unix s, "until": unix s, "signature": HMAC-SHA256 hex}
@@ -13,10 +15,16 @@ switch is one signed control/1 record on the compacted topic fleet.control.v1 (k
   decides anything: the pause survives restarts.
 - It ends by itself at `until` (at most MAX_PAUSE_S after it was issued: a pause somebody forgot
   must not switch the safety net off for good), or at a `paused: false` record (resume-drains).
-- Signed with the drain key (act's and the adapter's: whoever may ask for drains may hold them).
+- Signed with the control key (FLEETWATCH_CONTROL_KEY or --control-key-file; the drain key where
+  none is set). A site gives on-call a control key of its own, so that the hosts that may pause
+  drains cannot sign a drain/1 (HMAC keys cannot separate signing from verifying).
   Unsigned or forged records are refused and counted: a forged pause would switch fleetwatch off,
   a forged lift would drain during a human's freeze. A replayed older record changes nothing: the
   record with the latest `issued_at` is the switch's state, whatever order records arrive in.
+  Operators' clocks differ, so `fleetwatch pause` / `resume-drains` read the switch first and
+  issue after its latest record (`next_issued_at`); a record issued more than MAX_AHEAD_S ahead of
+  the reader's clock is refused (a wrong clock must not make a pause nobody can lift), and a pause
+  never lasts past MAX_PAUSE_S after it was first read.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,9 +46,25 @@ log = logging.getLogger(__name__)
 CONTROL = schemas.CONTROL
 SWITCH = "drain_pause"
 MAX_PAUSE_S = schemas.MAX_PAUSE_S
+MAX_AHEAD_S = 60.0
 validate_control = schemas.validate_control
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+CONTROL_KEY_ENV = "FLEETWATCH_CONTROL_KEY"
+
+
+def load_control_key(control_key_file: str | None, drain_key_file: str | None) -> bytes:
+    """The control key: its file, else $FLEETWATCH_CONTROL_KEY, else the drain key (a site without a
+    separate control key)."""
+    import os
+
+    from fleetwatch.alerts import drain_request
+
+    if control_key_file or os.environ.get(CONTROL_KEY_ENV, "").strip():
+        return signing.load_key("control", CONTROL_KEY_ENV, control_key_file, os.environ)
+    return drain_request.load_key(drain_key_file)
 
 
 def parse_duration(text: str) -> float:
@@ -107,7 +132,9 @@ class PauseBook:
         self._lock = threading.Lock()
         self._latest: dict[str, Any] | None = None
 
-    def apply(self, key: bytes | None, value: bytes | None) -> None:
+    def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
+        """One record of the control topic (a follower's callback), read at wall time `now`."""
+        now = time.time() if now is None else now
         if value is None:
             return  # a tombstone unsigned: it lifts nothing (an operator lifts with resume-drains)
         try:
@@ -116,18 +143,26 @@ class PauseBook:
             self._refuse("malformed", str(e))
             return
         if not signing.verify(msg, self._key, "signature"):
-            self._refuse("bad_signature", "signature does not match the drain key")
+            self._refuse("bad_signature", "signature does not match the control key")
+            return
+        if msg["issued_at"] > now + MAX_AHEAD_S:
+            self._refuse("clock_skew", f"issued {msg['issued_at'] - now:.0f} s ahead of this clock")
             return
         with self._lock:
             if self._latest is not None and msg["issued_at"] <= self._latest["issued_at"]:
                 return  # a replay of an older record: the latest switch stands
-            self._latest = msg
+            # never longer than a week from when it was first read, whatever its `until` says
+            self._latest = {**msg, "until": min(msg["until"], now + MAX_PAUSE_S)}
         what = "paused" if msg["paused"] else "lifted"
         log.warning("drains %s by %s: %s", what, msg["by"], msg["reason"])
 
     def _refuse(self, why: str, detail: str) -> None:
         log.warning("control record refused (%s): %s", why, detail[:200])
         self._on_refused(why)
+
+    def latest_issued_at(self) -> float:
+        with self._lock:
+            return self._latest["issued_at"] if self._latest is not None else 0.0
 
     def active(self, now: float) -> Pause | None:
         """The pause in force at wall time `now`, or None."""

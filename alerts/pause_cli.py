@@ -1,9 +1,10 @@
 """`fleetwatch pause` and `fleetwatch resume-drains`: the operator's switch (alerts/drain_pause.py).
 
-Each writes one signed control/1 record to fleet.control.v1 and waits until the broker has it:
-every running act obeys within about a second, and one that starts later reads it back. The
-command prints what it set, and exits 3 when the broker does not take the record (nothing is
-paused then: the operator must know).
+Each reads the switch's records, then writes one signed control/1 record to fleet.control.v1,
+issued after the latest one (operators' clocks differ: the latest `issued_at` is the switch's
+state), and waits until the broker has it: every running act obeys within about a second, and one
+that starts later reads it back. The command prints what it set, and exits 3 when the broker does
+not take the record (nothing changed then: the operator must know).
 """
 
 from __future__ import annotations
@@ -13,16 +14,36 @@ import sys
 import time
 
 from fleetwatch import schemas
-from fleetwatch.alerts import drain_request
 from fleetwatch.alerts.alert_model import event_time
-from fleetwatch.alerts.drain_pause import SWITCH, make_control, operator, parse_duration
+from fleetwatch.alerts.drain_pause import (
+    SWITCH,
+    PauseBook,
+    load_control_key,
+    make_control,
+    operator,
+    parse_duration,
+)
 from fleetwatch.bus.kafka import KafkaBus
 
 
-def _publish(args: argparse.Namespace, msg: dict[str, object]) -> int:
+def next_issued_at(bus: KafkaBus, topic: str, key: bytes, now: float) -> float:
+    """`now`, or just after the switch's latest verified record where that is later (a
+    resume-drains from a host whose clock is behind the pausing host's would otherwise be
+    ignored by every act)."""
+    book = PauseBook(key)
+    parts = range(bus.partition_count(topic))
+    bus.read_to_end(topic, parts, lambda _p, k, v: book.apply(k, v, now=now), timeout_s=30)
+    return max(now, book.latest_issued_at() + 0.001)
+
+
+def _bus(args: argparse.Namespace) -> KafkaBus:
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker(timeout_s=30)
     bus.ensure_topics([args.control_topic])
+    return bus
+
+
+def _publish(args: argparse.Namespace, bus: KafkaBus, msg: dict[str, object]) -> int:
     producer = bus.producer(linger_ms=0)
     try:
         producer.send(args.control_topic, key=SWITCH.encode(), value=schemas.encode(msg))
@@ -38,26 +59,28 @@ def _publish(args: argparse.Namespace, msg: dict[str, object]) -> int:
 
 
 def pause(args: argparse.Namespace) -> int:
-    key = drain_request.load_key(args.drain_key_file)
+    key = load_control_key(args.control_key_file, args.drain_key_file)
     seconds = parse_duration(args.duration)
-    now = time.time()
+    bus = _bus(args)
+    now = next_issued_at(bus, args.control_topic, key, time.time())
     msg = make_control(
         paused=True, reason=args.reason, by=args.by or operator(), issued_at=now, until=now + seconds, key=key
     )
-    rc = _publish(args, msg)
+    rc = _publish(args, bus, msg)
     if rc == 0:
-        until = event_time(float(msg["until"]))  # type: ignore[arg-type]
+        until = event_time(float(msg["until"]))
         print(f"automatic drains and resumes paused until {until} ({args.duration}): {msg['reason']}")
     return rc
 
 
 def resume_drains(args: argparse.Namespace) -> int:
-    key = drain_request.load_key(args.drain_key_file)
-    now = time.time()
+    key = load_control_key(args.control_key_file, args.drain_key_file)
+    bus = _bus(args)
+    now = next_issued_at(bus, args.control_topic, key, time.time())
     msg = make_control(
         paused=False, reason=args.reason, by=args.by or operator(), issued_at=now, until=now, key=key
     )
-    rc = _publish(args, msg)
+    rc = _publish(args, bus, msg)
     if rc == 0:
         print("drain pause lifted: automatic drains and resumes go on")
     return rc

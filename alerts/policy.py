@@ -203,6 +203,12 @@ class NodeState:
     # a resume was requested and the adapter has not answered: the node is validated now and stays
     # drained (and counted) until the adapter says the resume was executed
     resuming: bool = False
+    # findings an operator overruled by resuming the node by hand (id -> severity rank then): they
+    # drain it no more, even re-sent by a replaying detect; a rise in severity does
+    waived: dict[str, int] = field(default_factory=dict)
+    # when the adapter executed our drain, on the adapter's clock (its view of the node, also on
+    # that clock, shows an operator's resume only if it was taken after): None = not known
+    confirmed_at: float | None = None
 
     def worthy(self) -> list[OpenFinding]:
         return sorted((f for f in self.open.values() if f.drain), key=lambda f: (f.ts, f.id))
@@ -269,15 +275,10 @@ class Policy:
                 for old in sorted(st.resolved_ids, key=st.resolved_ids.__getitem__)[:-RESOLVED_MEMORY]:
                     del st.resolved_ids[old]
         elif fid not in st.resolved_ids:  # a late duplicate of an opening must not reopen it
-            st.open[fid] = OpenFinding(
-                fid,
-                f["kind"],
-                f["severity"],
-                ts,
-                drain_reason(f, self.cfg.gpu_reset_automated),
-                f.get("job"),
-                f.get("gpu"),
-            )
+            drain = drain_reason(f, self.cfg.gpu_reset_automated)
+            if fid in st.waived and SEVERITY_RANK.get(f["severity"], 0) <= st.waived[fid]:
+                drain = None  # an operator returned the node despite it
+            st.open[fid] = OpenFinding(fid, f["kind"], f["severity"], ts, drain, f.get("job"), f.get("gpu"))
         if st.worthy() and not was_worthy:
             st.onset = ts
         if was_blocking and not st.blocking():
@@ -417,6 +418,7 @@ class Policy:
             st.flapping = st.last_resume_at is not None and now - st.last_resume_at < c.cooldown_s
             st.drained, st.drained_at, st.refused, st.refused_detail = True, now, None, ""
             st.request_id, st.request_sig, st.confirmed = rid, "", False  # signed by the caller
+            st.confirmed_at = None
             st.drain_findings = [f.id for f in worthy]
             st.drain_reason = ", ".join(reasons)
             st.drain_severity = severity
@@ -468,6 +470,8 @@ class Policy:
                 return False  # the adapter refused it: it never drained the node
             st.drained, st.drained_at, st.drain_findings = True, issued_at, ids
             st.request_id, st.request_sig, st.confirmed = request_id, signature, False
+            st.resuming, st.validation = False, ""  # a drain issued after any resume before it
+            st.confirmed_at = None
             st.drain_reason = reason.removeprefix("fleetwatch: ")
             st.refused, st.refused_detail = None, ""
             if st.healthy_since is None and not st.blocking():
@@ -505,6 +509,7 @@ class Policy:
                 st.drained = st.confirmed = st.resuming = False
             if action == "drain":
                 st.drained = st.confirmed = True
+                st.resuming = False
                 if st.refused and st.refused.startswith("adapter:"):
                     st.refused, st.refused_detail = None, ""
             return None
@@ -538,9 +543,13 @@ class Policy:
         # some of them resolve; they still alert. New evidence (a new or updated finding) does.
         for f in st.open.values():
             f.drain = None
+            st.waived[f.id] = SEVERITY_RANK.get(f.severity, 0)
+        while len(st.waived) > RESOLVED_MEMORY:
+            del st.waived[next(iter(st.waived))]
         st.onset = None
         st.drained = st.confirmed = False
         st.request_id = st.request_sig = ""  # its executed result must not be applied again
+        st.confirmed_at = None
         st.last_resume_at, st.validation = now, ""
         st.refused, st.refused_detail = None, ""
         return True

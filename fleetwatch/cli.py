@@ -535,6 +535,11 @@ def build_parser() -> _Parser:
     )
     p.add_argument("--control-topic", default="fleet.control.v1", help="operators' switches (control/1)")
     p.add_argument(
+        "--control-key-file",
+        default=None,
+        help="verifies the operators' switches (default: $FLEETWATCH_CONTROL_KEY, else the drain key)",
+    )
+    p.add_argument(
         "--slurm-nodes-topic",
         default="scheduler.nodes.v1",
         help="nodes as Slurm shows them (slurm_node/1, from slurm-drainer): held nodes are left alone",
@@ -635,6 +640,11 @@ def build_parser() -> _Parser:
             "--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)"
         )
         p.add_argument("--control-topic", default="fleet.control.v1", help="control topic (control/1)")
+        p.add_argument(
+            "--control-key-file",
+            default=None,
+            help="control key file (default: $FLEETWATCH_CONTROL_KEY, else the drain key)",
+        )
         p.set_defaults(handler=f"fleetwatch.alerts.pause_cli:{handler}")
 
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")

@@ -11,8 +11,11 @@ DRAIN = "scheduler.drain.v1"  # key = node
 DRAIN_RESULTS = "scheduler.drain.results.v1"  # key = node; drain_result/1 from the Slurm adapter
 NODES = "fleet.nodes.v1"  # key = node; compacted census of reporting nodes (node/1, null = forgotten)
 DEADLETTER = "fleet.deadletter.v1"
-# key = switch name; compacted: operators' fleet-wide switches (control/1: the drain pause)
+# key = switch name: operators' fleet-wide switches (control/1: the drain pause). NOT compacted:
+# compaction would keep only a switch's last offset, so a replayed old pause (signed, but older)
+# written after its lift would be all that a restarted act reads. Kept CONTROL_RETENTION_S instead.
 CONTROL = "fleet.control.v1"
+CONTROL_RETENTION_S = 8 * 86400.0  # longer than any pause (7 days at most)
 # key = node; `act --dry-run`'s would-be drain/1 requests: no adapter reads this topic
 DRAIN_DRY_RUN = "scheduler.drain.dryrun.v1"
 # key = node; compacted: each node as Slurm shows it (slurm_node/1, from slurm-drainer)
@@ -38,7 +41,7 @@ ALL = (
     DRAIN_DRY_RUN,
     SLURM_NODES,
 )
-COMPACTED = frozenset({STATE, NODES, JOBS, CONTROL, SLURM_NODES})
+COMPACTED = frozenset({STATE, NODES, JOBS, SLURM_NODES})
 # How long an ended job stays on fleet.jobs.v1: the lemon detector's window of failed jobs
 # (pipeline/job_table.py keeps failures this long). The job publisher tombstones a job (key = job,
 # value null) once its end is older than this, and compaction then drops all its records, so the

@@ -202,6 +202,9 @@ def topic_configs(name: str) -> dict[str, str]:
         cfg["cleanup.policy"] = "compact"
     if name in topics.BROKER_TIMED:
         cfg["message.timestamp.type"] = "LogAppendTime"
+    if name == topics.CONTROL:  # every record of a pause's life, for as long as a pause can last
+        cfg["cleanup.policy"] = "delete"
+        cfg["retention.ms"] = str(int(topics.CONTROL_RETENTION_S * 1000))
     return cfg
 
 
@@ -214,6 +217,8 @@ def kept_configs(name: str) -> dict[str, str]:
     cfg = {k: v for k, v in topic_configs(name).items() if k == "message.timestamp.type"}
     if name == topics.JOBS:
         cfg["cleanup.policy"] = "compact"
+    if name == topics.CONTROL:  # a shorter retention would forget a pause still in force
+        cfg.update(topic_configs(name))
     return cfg
 
 

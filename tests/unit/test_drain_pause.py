@@ -20,6 +20,7 @@ from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding, resolve
 
 NODES = {f"gpu-node-{i:02d}" for i in range(1, 11)}
+NOW = T0 + 10_000  # when the follower reads the records (after every record the tests issue)
 
 
 def control(paused: bool, at: float, for_s: float = 7200.0, key: bytes = KEY, **over: Any) -> bytes:
@@ -51,7 +52,7 @@ def test_a_duration_that_is_not_one_or_longer_than_a_week_is_refused(text: str) 
 def test_a_signed_pause_holds_drains_alerts_go_on_and_say_so_and_it_expires_by_itself() -> None:
     book = PauseBook(KEY)
     rig = Rig(NODES, pause=book, budget_min_nodes=3)
-    book.apply(b"drain_pause", control(True, T0, for_s=3600))
+    book.apply(b"drain_pause", control(True, T0, for_s=3600), now=NOW)
     out = rig.feed(finding("gpu-node-01", ts=T0 + 10), finding("gpu-node-02", ts=T0 + 11))
     assert out == [] and rig.decide(T0 + 60) == []
     assert {n: st.refused for n, st in rig.task.nodes.items()} == {
@@ -89,10 +90,10 @@ def test_a_pause_holds_resumes_too_and_resume_drains_lifts_it() -> None:
     (req,) = rig.feed(f)
     rig.result(req, "executed")
     rig.feed(resolve(f, T0 + 10))
-    book.apply(b"drain_pause", control(True, T0 + 20))
+    book.apply(b"drain_pause", control(True, T0 + 20), now=NOW)
     assert rig.decide(T0 + 500) == []  # healthy long enough, but paused: no resume
     assert rig.task.nodes["gpu-node-01"].drained
-    book.apply(b"drain_pause", control(False, T0 + 600))
+    book.apply(b"drain_pause", control(False, T0 + 600), now=NOW)
     (resume,) = rig.decide(T0 + 601)
     assert resume["action"] == "resume" and rig.alerts("FleetwatchDrainsPaused") == []
 
@@ -100,9 +101,9 @@ def test_a_pause_holds_resumes_too_and_resume_drains_lifts_it() -> None:
 def test_forged_malformed_and_replayed_control_records_change_nothing() -> None:
     refused: list[str] = []
     book = PauseBook(KEY, refused.append)
-    book.apply(b"drain_pause", control(True, T0, key=b"someone-elses-key-0123456789"))
-    book.apply(b"drain_pause", control(True, T0, reason="edited after signing"))
-    book.apply(b"drain_pause", b'{"schema": "control/1", "control": "drain_pause"}')
+    book.apply(b"drain_pause", control(True, T0, key=b"someone-elses-key-0123456789"), now=NOW)
+    book.apply(b"drain_pause", control(True, T0, reason="edited after signing"), now=NOW)
+    book.apply(b"drain_pause", b'{"schema": "control/1", "control": "drain_pause"}', now=NOW)
     book.apply(b"drain_pause", control(True, T0, until=T0 + 30 * 86400.0))  # past the week
     book.apply(b"other", control(True, T0))  # the key must name the switch
     book.apply(b"drain_pause", None)  # a tombstone is unsigned: it neither pauses nor lifts
@@ -110,11 +111,11 @@ def test_forged_malformed_and_replayed_control_records_change_nothing() -> None:
     assert refused == ["bad_signature", "bad_signature", "malformed", "malformed", "malformed"]
     # a real pause, then a replay of an older (real, signed) lift: the pause stands
     older_lift = control(False, T0 + 5)
-    book.apply(b"drain_pause", control(True, T0 + 10))
-    book.apply(b"drain_pause", older_lift)
+    book.apply(b"drain_pause", control(True, T0 + 10), now=NOW)
+    book.apply(b"drain_pause", older_lift, now=NOW)
     pause = book.active(T0 + 20)
     assert pause is not None and pause.until == T0 + 10 + 7200
-    book.apply(b"drain_pause", control(False, T0 + 30))
+    book.apply(b"drain_pause", control(False, T0 + 30), now=NOW)
     assert book.active(T0 + 31) is None
 
 
@@ -200,10 +201,20 @@ def test_no_control_record_raises_and_only_a_signed_one_switches(
     counted, never an exception in the follower's thread, never a pause."""
     refused: list[str] = []
     book = PauseBook(KEY, refused.append)
-    book.apply(key, raw)
+    book.apply(key, raw, now=NOW)
     msg = schemas.decode(control(True, T0))
     assume(field not in msg or type(msg[field]) is not type(value) or msg[field] != value)  # a change
     msg[field] = value
-    book.apply(b"drain_pause", json.dumps(msg).encode())
+    book.apply(b"drain_pause", json.dumps(msg).encode(), now=NOW)
     assert book.active(T0 + 1) is None
     assert len(refused) == 2
+
+
+def test_a_record_from_a_clock_ahead_is_refused_and_no_pause_outlives_a_week_from_its_reading() -> None:
+    refused: list[str] = []
+    book = PauseBook(KEY, refused.append)
+    book.apply(b"drain_pause", control(True, T0 + 3600), now=T0)  # an hour ahead of this reader
+    assert book.active(T0 + 1) is None and refused == ["clock_skew"]
+    book.apply(b"drain_pause", control(True, T0 + 30, for_s=7 * 86400.0), now=T0)
+    pause = book.active(T0 + 31)
+    assert pause is not None and pause.until == T0 + 7 * 86400.0  # read at T0: a week from then

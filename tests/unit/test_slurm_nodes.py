@@ -210,11 +210,12 @@ def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it()
     book = SlurmNodeBook(KEY)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1)
     (drain,) = rig.feed(finding("gpu-node-05", ts=T0))
+    rig.now = T0 + 40  # the adapter executes the drain late (it was restarting)
     rig.result(drain, "executed")
-    rig.decide(T0 + 1)
-    # the adapter's view from before our drain had taken effect: not evidence of a resume
+    rig.decide(T0 + 41)
+    # the adapter's view from before it executed our drain: not evidence of a resume
     book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 30))
-    rig.decide(T0 + 31)
+    rig.decide(T0 + 42)
     assert rig.task.nodes["gpu-node-05"].drained
     book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 600))
     rig.decide(T0 + 601)
@@ -224,7 +225,10 @@ def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it()
     assert rig.metric("fleetwatch_act_drain_budget_used") == 0
     assert rig.alerts("FleetwatchNodeDrained") == []
     assert rig.task.nodes["gpu-node-05"].refused is None and rig.refusals() == {}
-    assert rig.decide(T0 + 650) == []  # the same open finding never drains it again; new evidence does
+    assert rig.decide(T0 + 650) == []  # the same open finding never drains it again ...
+    rig.feed(finding("gpu-node-05", ts=T0))  # ... not even re-sent by a replaying detect
+    assert rig.decide(T0 + 660) == []
+    # new evidence does
     (again,) = rig.feed(
         finding(
             "gpu-node-05", ts=T0 + 700, rule="xid_burst", xids={"48": 1}, worst_xid=48, action="drain_node"
