@@ -67,6 +67,8 @@ UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a dra
 # how much newer than our drain request a slurm_node/1 record must be before it can show that an
 # operator resumed the node: the adapter publishes every 30 s, and executes a drain within seconds
 RELEASE_GRACE_S = 120.0
+# a resume's answer comes once the node's validation ended: a level-3 dcgmi run takes ~15 minutes
+RESUME_TIMEOUT_S = 3600.0
 LOG_EVERY = 1000  # a refused finding is logged the first time for its reason and every 1000th after
 
 
@@ -504,11 +506,16 @@ class Actor:
         """A drain with no result past --pending-timeout: the adapter may be down, and the node may
         still be in service though it counts against the budget; a human should look."""
         src = f"unconfirmed:{node}"
-        if not self._overdue(st, now):
+        resume_overdue = (
+            st.resuming and st.last_resume_at is not None and now - st.last_resume_at > RESUME_TIMEOUT_S
+        )
+        if not self._overdue(st, now) and not resume_overdue:
             task.book.end(src, now)
             return
-        waited = now - (st.drained_at or now)
-        detail = f"request {st.request_id} has had no result from the Slurm adapter for {waited:.0f} s"
+        since = st.last_resume_at if resume_overdue else st.drained_at
+        waited = now - (since or now)
+        what = "resume (its validation)" if resume_overdue else "request"
+        detail = f"{what} {st.request_id} has had no result from the Slurm adapter for {waited:.0f} s"
         a = self.builder.drain_refused(node, UNCONFIRMED_REASON, detail, list(st.drain_findings))
         task.book.fire(src, a["labels"], a["annotations"], now)
 

@@ -110,6 +110,14 @@ class Journal:
             (request_id, node, action, status, detail[:500], issued_at, time.time(), time.time(), source),
         )
 
+    def executing(self, action: str) -> list[Entry]:
+        """The requests of `action` begun and not finished."""
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS} FROM requests WHERE status = 'executing' AND action = ? ORDER BY received_at",
+            (action,),
+        )
+        return [Entry(*r) for r in rows]
+
     def entries(self, node: str | None = None) -> list[Entry]:
         q = f"SELECT {_COLUMNS} FROM requests"
         rows = (

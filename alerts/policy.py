@@ -375,7 +375,8 @@ class Policy:
 
         # Nodes people hold now are out of the fleet the budget is a fraction of (the caller's
         # fleet_size): one we drained before they took it over does not take a slot either.
-        drained = {n for n, st in nodes.items() if st.drained and n not in people}
+        # A node being validated (resuming) always counts: its own reservation is no one's hold.
+        drained = {n for n, st in nodes.items() if st.drained and (n not in people or st.resuming)}
         pending = sorted(
             ((st.onset or 0.0, n) for n, st in nodes.items() if not st.drained and st.worthy()),
         )

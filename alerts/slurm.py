@@ -121,8 +121,9 @@ class SlurmClient:
             out[name] = (NodeInfo(name, state, "" if reason == "none" else reason), feats)
         return list(out.values())
 
-    def maintenance_nodes(self) -> set[str]:
-        """Nodes of the ACTIVE reservations flagged MAINT (scontrol show reservation, one per line)."""
+    def maintenance_nodes(self, except_prefix: str = "") -> set[str]:
+        """Nodes of the ACTIVE reservations flagged MAINT (scontrol show reservation, one per line),
+        but those named `except_prefix...` (the adapter's own validations)."""
         r = self._run(["scontrol", "show", "reservation", "-o"])
         if r.returncode != 0:
             if "No reservations" in r.stdout + r.stderr:
@@ -134,8 +135,10 @@ class SlurmClient:
         for line in r.stdout.splitlines():
             fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
             flags = set(fields.get("Flags", "").split(","))
+            ours = bool(except_prefix) and fields.get("ReservationName", "").startswith(except_prefix)
             if (
-                fields.get("State") == "ACTIVE"
+                not ours
+                and fields.get("State") == "ACTIVE"
                 and "MAINT" in flags
                 and fields.get("Nodes", "(null)") != "(null)"
             ):
@@ -156,13 +159,23 @@ class SlurmClient:
                 total += int(parts[-1])
         return total
 
+    def partition(self, node: str) -> str | None:
+        """A partition the node is in (its first in sinfo), for a job that must land on it."""
+        r = self._run(["sinfo", "-h", "-N", "-n", node, "-o", "%P"])
+        if r.returncode != 0:
+            raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+        first = r.stdout.split()[0].rstrip("*") if r.stdout.split() else ""
+        return first or None
+
     def reservation_exists(self, name: str) -> bool:
         r = self._run(["scontrol", "show", "reservation", name, "-o"])
         return r.returncode == 0 and f"ReservationName={name} " in r.stdout
 
-    def create_reservation(self, name: str, node: str, minutes: int, user: str) -> None:
-        """A MAINT reservation of `node` for `user` from now: no job but that user's can start there.
-        IGNORE_JOBS: it is made while the node is drained, whatever jobs are still ending on it."""
+    def create_reservation(self, name: str, node: str, user: str) -> None:
+        """A MAINT reservation of `node` for `user` from now, with no end: no job but that user's can
+        start there until it is deleted (an adapter that dies in the middle leaves the node held,
+        never open untested). IGNORE_JOBS: it is made while the node is drained, whatever jobs are
+        still ending on it."""
         argv = [
             "scontrol",
             "create",
@@ -170,7 +183,7 @@ class SlurmClient:
             f"ReservationName={name}",
             f"Nodes={node}",
             "StartTime=now",
-            f"Duration={minutes}",
+            "Duration=UNLIMITED",
             f"Users={user}",
             "Flags=MAINT,IGNORE_JOBS",
         ]
@@ -184,7 +197,13 @@ class SlurmClient:
             raise SlurmError(f"scontrol delete reservation {name} failed: {r.stderr.strip()[:300]}")
 
     def run_on(
-        self, node: str, reservation: str, argv: list[str], timeout_s: float, gpus: int = 0
+        self,
+        node: str,
+        reservation: str,
+        argv: list[str],
+        timeout_s: float,
+        gpus: int = 0,
+        partition: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run `argv` as a one-task job on `node` inside `reservation` (srun: its output and exit
         status come back here); the whole node and all its GPUs, so the test sees every GPU and
@@ -203,6 +222,8 @@ class SlurmClient:
         ]
         if gpus:
             cmd.append(f"--gres=gpu:{gpus}")
+        if partition:
+            cmd.append(f"--partition={partition}")
         # Output to files, read back bounded: whatever the node prints cannot fill this process.
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:

@@ -83,6 +83,8 @@ RESULT_OUTCOME = {
     "undetermined": "undetermined",
     "validation_failed": "rejected_validation",
 }
+DRAINING_POLL_S = 30.0  # how often a validation waiting for a draining node's jobs looks again
+RECOVER_EVERY_S = 60.0  # how often the main loop takes up validations left without an answer
 # the journal's status for a validation's outcome
 JOURNAL_STATUS = {
     "executed": "executed",
@@ -155,6 +157,7 @@ class Drainer:
         # validations running on their own threads, by request id; their ends, for the main loop
         self._running: dict[str, tuple[str, threading.Thread]] = {}
         self._finished: queue.Queue[tuple[Target, str, str]] = queue.Queue()
+        self._unacked: list[tuple[Target, str, str]] = []  # answers sent, not yet acknowledged
         self._stopping = threading.Event()
 
     # ------------------------------------------------------------ outcomes
@@ -350,43 +353,81 @@ class Drainer:
 
     def _validation_job(self, target: Target) -> None:
         """On the validation's thread: Slurm only (the journal and the results are the main loop's,
-        in deliver_finished). Slurm not answering is retried with backoff, the whole validation
-        again (its steps are idempotent)."""
-        node = target[1]
-        backoff = 1.0
+        in deliver_finished). The test runs once: Slurm not answering before it has a verdict is
+        retried with backoff (those steps are idempotent), and after it only the steps that carry
+        the verdict out are retried, never the test (a flaky GPU must not pass on a second try).
+        Whatever ends without an answer (Slurm down for good, a stop, an error) stays `executing`
+        in the journal and is taken up again by recover(); the node meanwhile is drained or held in
+        its reservation, which has no end, so no job lands on it untested."""
+        rid, node = target[0], target[1]
+        answered = False
         try:
-            for _attempt in range(MAX_ATTEMPTS):
-                try:
-                    outcome, detail = self._validate(node, target[0])
-                    break
-                except SlurmError as e:
-                    log.warning("validating %s: Slurm unavailable (%s); again in %.0f s", node, e, backoff)
-                    outcome, detail = "failed", str(e)
-                    if self._stopping.wait(backoff):
-                        return
-                    backoff = min(backoff * 2, 30.0)
-            if self._stopping.is_set():
-                return  # cut short by a stop: left `executing`, run again after the restart
-            self._finished.put((target, outcome, detail))
+            verdict = self._retrying(node, "its test", lambda: self._test(node))
+            if verdict is None:
+                return
+            passed, line = verdict
+            done = self._retrying(node, "the verdict", lambda: self._carry_out(node, rid, passed, line))
+            if done is None:
+                return
+            self._finished.put((target, *done))
+            answered = True
         except Exception:
-            log.exception("the validation of %s failed; it runs again after a restart", node)
+            log.exception("the validation of %s failed; it is taken up again later", node)
+        finally:
+            if not answered:
+                self._running.pop(rid, None)  # recover() finds it `executing` and submits it again
 
-    def _validate(self, node: str, rid: str) -> tuple[str, str]:
-        """The validation itself: (outcome, detail)."""
+    def _retrying(self, node: str, what: str, step: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any] | None:
+        """step() until it answers without a SlurmError (MAX_ATTEMPTS, with backoff); None when
+        Slurm stays away or the adapter is stopping."""
+        backoff = 1.0
+        for _attempt in range(MAX_ATTEMPTS):
+            if self._stopping.is_set():
+                return None
+            try:
+                return step()
+            except SlurmError as e:
+                log.warning(
+                    "validating %s (%s): Slurm unavailable (%s); again in %.0f s", node, what, e, backoff
+                )
+                if self._stopping.wait(backoff):
+                    return None
+                backoff = min(backoff * 2, 30.0)
+        log.error("validating %s: Slurm did not answer for %s; taken up again later", node, what)
+        return None
+
+    def _test(self, node: str) -> tuple[bool, str] | None:
+        """Steps 1-3: (passed, the summary line); None when the node is not ours any more (the
+        caller answers not_ours) or the adapter stops."""
         assert self.validator is not None
         info = self.slurm.node(node)
+        while info.state.startswith("draining"):  # jobs still running: the test waits for them
+            if self._stopping.wait(DRAINING_POLL_S):
+                return None
+            info = self.slurm.node(node)
         if info.drained and not info.reason.startswith(TAG):
-            return "not_ours", f"drained by someone else: {info.reason}"
+            return None
         self.validator.prepare(node, drained=info.drained)
         outcome, label = self.validator.run(node)
-        line = self.validator.reason(outcome, label)
         if self._stopping.is_set():
-            return "failed", "stopped"  # not reported (see _validation_job)
-        if outcome.passed:
+            return None  # cut short by the stop's scancel: no verdict
+        return outcome.passed, self.validator.reason(outcome, label)
+
+    def _carry_out(self, node: str, rid: str, passed: bool, line: str) -> tuple[str, str]:
+        """Step 4: pass, the reservation goes; fail, the node is drained again first. Someone who
+        took the node over meanwhile (drained it with a reason of their own, or removed our
+        reservation) keeps it: not_ours."""
+        assert self.validator is not None
+        if passed:
             self.validator.release(node)
             log.info("resume %s done after validation (request %s): %s", node, rid, line)
             return "executed", f"validated: {line}"
-        # Drained again before the reservation goes: no job can start on a node that failed.
+        info = self.slurm.node(node)
+        if info.drained and not info.reason.startswith(TAG):
+            self.validator.release(node)
+            return "not_ours", f"taken over during the validation: {info.reason}"
+        if not info.drained and not self.slurm.reservation_exists(reservation_name(node)):
+            return "not_ours", "the validation's reservation was removed during the test"
         reason = f"{TAG}: validation failed: {line}"
         self.slurm.drain(node, f"{reason} [fw:{rid[:12]}]", with_token(self.slurm.comment(node), rid))
         self.validator.release(node)
@@ -394,20 +435,29 @@ class Drainer:
         return "validation_failed", line
 
     def deliver_finished(self) -> list[str]:
-        """Journal and answer the validations that ended (the main loop calls it each round, before
-        its flush); their outcomes."""
+        """Send the answers of the validations that ended (the main loop, before its flush); the
+        journal records them once Kafka has them (acknowledged). Their outcomes."""
         done: list[str] = []
         while True:
             try:
                 target, outcome, detail = self._finished.get_nowait()
             except queue.Empty:
                 return done
+            self._result(target, outcome, detail)
+            self._unacked.append((target, outcome, detail))
+            done.append(outcome)
+
+    def acknowledged(self, ok: bool) -> None:
+        """After the main loop's flush: journal the answers Kafka took; send the others again."""
+        unacked, self._unacked = self._unacked, []
+        for target, outcome, detail in unacked:
+            if not ok:
+                self._finished.put((target, outcome, detail))
+                continue
             rid = target[0]
             self._running.pop(rid, None)
             self.journal.finish(rid, JOURNAL_STATUS[outcome], detail)
             REQUESTS.labels(outcome).inc()
-            self._result(target, outcome, detail)
-            done.append(outcome)
 
     def settle(self, timeout_s: float = 120.0) -> list[str]:
         """Wait for every running validation and deliver them (tests; a clean stop does not wait)."""
@@ -415,18 +465,20 @@ class Drainer:
         done: list[str] = []
         while True:
             done += self.deliver_finished()
+            self.acknowledged(not self.producer.flush(10))
             if not self._running or time.monotonic() > deadline:
                 return done
             time.sleep(0.05)
 
     def recover(self) -> int:
-        """At start: the validations a crash or a stop interrupted (journal `executing` resumes)
-        run again, or are reported from what Slurm shows. Returns how many were taken up."""
+        """The validations journalled `executing` that no thread runs (interrupted by a crash or a
+        stop, or given up while Slurm was away) are run again, or answered from what Slurm shows.
+        At start, and every RECOVER_EVERY_S from the main loop. Returns how many were taken up."""
         if self.validator is None:
             return 0
         n = 0
-        for e in self.journal.entries():
-            if e.action != "resume" or e.status != "executing" or not e.request_signature:
+        for e in self.journal.executing("resume"):
+            if e.request_id in self._running or not e.request_signature:
                 continue
             msg = {
                 "request_id": e.request_id,
@@ -526,6 +578,7 @@ def run(args: argparse.Namespace) -> int:
     )
     stop = StopFlag()
     backoff = 1.0
+    recover_at = time.monotonic() + RECOVER_EVERY_S
     idle_since = time.monotonic()
     try:
         while not stop:
@@ -554,6 +607,10 @@ def run(args: argparse.Namespace) -> int:
                 states.publish()
             # Results and dead letters first, then the commit that forgets the input.
             unsent = producer.flush(30)
+            drainer.acknowledged(not unsent)  # validations' answers: journalled once Kafka has them
+            if time.monotonic() >= recover_at:
+                recover_at = time.monotonic() + RECOVER_EVERY_S
+                drainer.recover()
             if unsent:
                 # Not committed: the batch is read again once Kafka answers, and its requests,
                 # journalled now, are answered from the journal (a signed `duplicate` result).

@@ -32,6 +32,7 @@ import hostlist
 
 from fleetwatch import schemas, signing
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
+from fleetwatch.alerts.validation import RESERVATION_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,9 @@ def held_by(rec: dict[str, Any], opt_out_feature: str = "") -> str | None:
         return MAINTENANCE
     if opt_out_feature and opt_out_feature in rec["features"]:
         return OPTED_OUT
+    # (sinfo's `maint` state is not used: the adapter's own validation reservations set it too;
+    # `maintenance` is computed from the reservations, without those)
     base = rec["state"].rstrip(_FLAGS)
-    if base.startswith(("maint",)):
-        return MAINTENANCE
     if base.startswith(("down", "fail")):
         return DOWN
     if base.startswith("drain") and not rec["ours"]:
@@ -190,7 +191,8 @@ class NodeStatePublisher:
         self._next = time.monotonic() + self.every_s
         try:
             states = self.slurm.node_states()
-            maint = self.slurm.maintenance_nodes()
+            # the adapter's own validation reservations are fleetwatch's, not people's maintenance
+            maint = self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX)
         except SlurmError as e:
             log.warning("node states not published: %s", e)
             return 0

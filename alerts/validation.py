@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 RESERVATION_PREFIX = "fleetwatch-validate-"
 MODES = ("dcgmi", "command", "none")
+# the shortest timeout that lets each long level finish (NVIDIA: level 3 about 15 minutes, 4 longer)
+MIN_TIMEOUT_S = {3: 1200.0, 4: 3600.0}
 # srun's exit status and message when the program is not on the node (slurmstepd's execve error)
 _NOT_FOUND = "No such file or directory"
 
@@ -61,6 +63,11 @@ class ValidationSettings:
             raise ValueError("--validate command needs --validate-command")
         if not 1 <= level <= 4:
             raise ValueError("--validate-level is 1 to 4 (dcgmi diag -r)")
+        if mode == "dcgmi" and level >= 3 and timeout_s < MIN_TIMEOUT_S[level]:
+            raise ValueError(
+                f"dcgmi diag -r {level} takes {MIN_TIMEOUT_S[level] // 60:.0f} minutes or more: "
+                f"--validate-timeout {MIN_TIMEOUT_S[level]:.0f} at least"
+            )
         return cls(mode, level, argv, timeout_s, dcgmi, getpass.getuser())
 
     @property
@@ -92,8 +99,7 @@ class Validator:
         no other job can land between them)."""
         name = reservation_name(node)
         if not self.slurm.reservation_exists(name):  # it may be left from an interrupted run
-            minutes = int(self.settings.timeout_s // 60) + 10
-            self.slurm.create_reservation(name, node, minutes, self.settings.user or getpass.getuser())
+            self.slurm.create_reservation(name, node, self.settings.user or getpass.getuser())
         if drained:
             self.slurm.resume(node)
 
@@ -117,8 +123,11 @@ class Validator:
         return self._run(node, list(s.command), gpus, diag=False), self.label(command=True)
 
     def _run(self, node: str, argv: list[str], gpus: int, diag: bool) -> DiagOutcome:
+        partition = self.slurm.partition(node)
         try:
-            r = self.slurm.run_on(node, reservation_name(node), argv, self.settings.timeout_s, gpus)
+            r = self.slurm.run_on(
+                node, reservation_name(node), argv, self.settings.timeout_s, gpus, partition
+            )
         except JobTimeout as e:
             return _failed("timeout", str(e))
         if r.returncode != 0 and _NOT_FOUND in r.stderr and "execve" in r.stderr:

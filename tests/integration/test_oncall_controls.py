@@ -77,7 +77,7 @@ def test_a_pause_during_a_fault_storm_drains_nothing_says_so_and_drains_go_on_af
     slurm.reset(*SLURM_NODES)
     drains = topic_tail(rig.drains)
     rig.census(*SLURM_NODES)
-    r = rig.control_command("pause", "--reason", "switch firmware rollout", "--for", "25s")
+    r = rig.control_command("pause", "--reason", "switch firmware rollout", "--for", "12s")
     assert r.returncode == 0 and "paused until" in r.stdout, r.stderr
     port = free_port()
     # the storm guard is set above these three nodes: the pause alone must hold them
@@ -147,9 +147,9 @@ def test_resume_drains_lifts_a_pause_and_a_forged_pause_holds_nothing(
     port = free_port()
     act = rig.act("--budget-min-nodes", "1", "--metrics-port", str(port))
     try:
-        assert wait_for_metric(port, "fleetwatch_act_control_refused_total", 1) or wait_for_metric(
-            port, 'fleetwatch_act_control_refused_total{reason="bad_signature"}', 1
-        ), rig.logs()
+        assert wait_for_metric(port, 'fleetwatch_act_control_refused_total{reason="bad_signature"}', 1), (
+            rig.logs()
+        )
         assert wait_for_metric(port, "fleetwatch_act_drains_paused", 1)  # the real one holds
         assert rig.control_command("resume-drains", "--reason", "done").returncode == 0
         assert wait_for_metric(port, "fleetwatch_act_drains_paused", 0), rig.logs()

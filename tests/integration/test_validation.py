@@ -202,7 +202,7 @@ def test_a_validation_a_crash_interrupted_is_finished_not_skipped(rig: Rig) -> N
 def test_requests_behind_a_long_validation_are_not_held_up(rig: Rig) -> None:
     d = rig.drainer()
     findings = rig.drained_by_us(d)
-    rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json", "sleep_s": 8})
+    rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json", "sleep_s": 4})
     assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
     other = "gpu-node-04"
     rig.slurm.reset(other)

@@ -36,7 +36,7 @@ def record(
         ("idle", "", False, (), None),
         ("mixed", "", False, ("a100",), None),
         ("idle", "", True, (), "maintenance"),
-        ("maint", "", False, (), "maintenance"),
+        ("maint", "", False, (), None),  # sinfo's maint alone: the adapter's own validation sets it
         ("down*", "Not responding", False, (), "down"),
         ("down", "hardware swap", False, (), "down"),
         ("fail", "bad DIMM", False, (), "down"),
@@ -143,6 +143,7 @@ class FakeSlurm:
             (NodeInfo("gpu-node-02", "mixed", ""), ("a100",)),
         ]
         self.maint: set[str] = set()
+        self.validating = ""  # a node in the adapter's own validation reservation
         self.down = False
 
     def node_states(self) -> list[tuple[NodeInfo, tuple[str, ...]]]:
@@ -150,8 +151,8 @@ class FakeSlurm:
             raise SlurmError("sinfo did not answer in 30 s")
         return list(self.states)
 
-    def maintenance_nodes(self) -> set[str]:
-        return set(self.maint)
+    def maintenance_nodes(self, except_prefix: str = "") -> set[str]:
+        return {n for n in self.maint if not except_prefix or n != self.validating}
 
 
 class Producer:
@@ -264,3 +265,43 @@ def test_no_slurm_node_record_raises_and_only_a_signed_one_holds_a_node(
     msg[field] = value
     book.apply(b"gpu-node-01", json.dumps(msg).encode())
     assert book.held_nodes(T0) == {} and len(refused) == 2
+
+
+def test_the_adapters_own_validation_reservation_is_no_maintenance_and_a_validated_node_keeps_its_slot() -> (
+    None
+):
+    slurm, producer = FakeSlurm(), Producer()
+    pub = NodeStatePublisher(slurm, producer, KEY, "scheduler.nodes.v1", every_s=0.0, clock=lambda: T0)  # type: ignore[arg-type]
+    slurm.maint, slurm.validating = {"gpu-node-01"}, "gpu-node-01"
+    slurm.states[0] = (NodeInfo("gpu-node-01", "maint", ""), ())  # sinfo shows our reservation's flag
+    pub.publish()
+    rec = next(m for m in producer.sent if m["node"] == "gpu-node-01")
+    assert rec["maintenance"] is False and held_by(rec) is None
+    # and act: a node resuming (being validated) counts against the budget whoever holds it
+    book = SlurmNodeBook(KEY)
+    rig = Rig(NODES, held_book=book, budget_min_nodes=1, resume_after_s=10.0)
+    f = finding("gpu-node-05", ts=T0)
+    (drain,) = rig.feed(f)
+    rig.result(drain, "executed")
+    rig.feed(resolve(f, T0 + 1))
+    ((_, resume),) = [(m["node"], m["action"]) for m in rig.decide(T0 + 100)]
+    assert resume == "resume"
+    book.apply(
+        b"gpu-node-05", record("gpu-node-05", "idle", maint=True, ts=T0 + 101)
+    )  # (a site's reservation)
+    assert rig.feed(finding("gpu-node-06", ts=T0 + 102)) == []  # the slot is still taken
+    assert rig.task.nodes["gpu-node-06"].refused == "budget"
+
+
+def test_a_resume_with_no_answer_for_an_hour_pages() -> None:
+    rig = Rig(NODES, budget_min_nodes=1, resume_after_s=10.0)
+    f = finding("gpu-node-05", ts=T0)
+    (drain,) = rig.feed(f)
+    rig.result(drain, "executed")
+    rig.feed(resolve(f, T0 + 1))
+    ((_, resume),) = [(m["node"], m["action"]) for m in rig.decide(T0 + 100)]
+    assert resume == "resume"
+    rig.decide(T0 + 100 + 3000)
+    assert rig.refusals() == {}
+    rig.decide(T0 + 100 + 3601)
+    assert rig.refusals() == {"gpu-node-05": "adapter:no_result"}
