@@ -28,7 +28,9 @@ python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
 # Compile the telemetry scanner and the counter and statistical kernels once (numba caches them
 # beside their source: ~1 min on a fresh clone, ~1 s after), rather than in the first test. (A
 # detect worker does not need this: it starts without the scanner and loads it on a thread.)
-python3 -c "from fleetwatch.pipeline.node_stage import NodeTask; NodeTask.warm_up()"
+# Beside the downloads below, which mostly wait on the network.
+python3 -c "from fleetwatch.pipeline.node_stage import NodeTask; NodeTask.warm_up()" &
+warm_pid=$!
 bash services/kafka/kafka.sh fetch
 # Dashboard and compose checks (tests/integration/test_dashboards.py, test_compose.py): Node.js for
 # the @grafana/schema type check (dashboards/package-lock.json), and the static Compose v2 binary
@@ -46,3 +48,4 @@ spec = importlib.util.find_spec("compose")
 ok = spec is not None and any((pathlib.Path(p) / "docker-compose").is_file() for p in spec.submodule_search_locations or [])
 sys.exit(0 if ok else 1)
 PY
+wait "$warm_pid"  # its failure fails the install

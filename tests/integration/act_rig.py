@@ -127,7 +127,7 @@ class ActRig:
         argv += ["--results-topic", self.results, "--slurm-nodes-topic", self.slurm_nodes]
         argv += ["--dcgmi", str(REPO / "tests" / "fakes" / "dcgmi"), "--validate-timeout", "60"]
         r = subprocess.run(
-            [*argv, "--slurm-conf", slurm_conf, "--idle-exit", "2"],
+            [*argv, "--slurm-conf", slurm_conf, "--idle-exit", "1.5"],
             env=self.env,
             cwd=REPO,
             capture_output=True,

@@ -64,7 +64,7 @@ def test_a_drained_node_returns_only_after_it_passes_its_validation(
         (page,) = [a for a in paged if a["labels"]["alertname"] == "FleetwatchValidationFailed"]
         assert page["labels"]["severity"] == "critical" and "GPU 3" in page["annotations"]["summary"]
         assert page["annotations"]["runbook_url"].endswith("/runbooks/validation.md")
-        assert drains.collect(lambda rs: False, timeout_s=3) == []  # it is not asked again
+        assert drains.collect(lambda rs: False, timeout_s=1.5) == []  # it is not asked again
     finally:
         act.terminate()
         act.wait(30)
@@ -77,7 +77,7 @@ def test_a_pause_during_a_fault_storm_drains_nothing_says_so_and_drains_go_on_af
     slurm.reset(*SLURM_NODES)
     drains = topic_tail(rig.drains)
     rig.census(*SLURM_NODES)
-    r = rig.control_command("pause", "--reason", "switch firmware rollout", "--for", "12s")
+    r = rig.control_command("pause", "--reason", "switch firmware rollout", "--for", "9s")
     assert r.returncode == 0 and "paused until" in r.stdout, r.stderr
     port = free_port()
     # the storm guard is set above these three nodes: the pause alone must hold them
@@ -247,7 +247,7 @@ def test_a_node_in_maintenance_is_neither_paged_for_silence_nor_drained_and_an_o
         assert held == {maint: "maintenance", operator: "drained_by_other", free: None}
         assert ("FleetwatchHost", maint) not in names(alerts)  # its silence pages nobody
         assert not any(n == "FleetwatchDrainRefused" for n, _ in names(alerts))
-        assert drains.collect(lambda rs: False, timeout_s=3) == []
+        assert drains.collect(lambda rs: False, timeout_s=1.5) == []
         rig.drainer(slurm.conf)
         assert slurm.state(operator) == ("drained", "bad fan (alice)")  # the operator's, untouched
         act.terminate()
