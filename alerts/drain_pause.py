@@ -137,13 +137,9 @@ class PauseBook:
         now = time.time() if now is None else now
         if value is None:
             return  # a tombstone unsigned: it lifts nothing (an operator lifts with resume-drains)
-        try:
-            msg = schemas.decode(value, CONTROL, key=key)
-        except schemas.MessageError as e:
-            self._refuse("malformed", str(e))
-            return
-        if not signing.verify(msg, self._key, "signature"):
-            self._refuse("bad_signature", "signature does not match the control key")
+        msg, why, detail = signing.decode_verified(value, CONTROL, key, self._key)
+        if msg is None:
+            self._refuse(why, detail)
             return
         if msg["issued_at"] > now + MAX_AHEAD_S:
             self._refuse("clock_skew", f"issued {msg['issued_at'] - now:.0f} s ahead of this clock")

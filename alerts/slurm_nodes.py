@@ -119,13 +119,9 @@ class SlurmNodeBook:
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:
             return  # unsigned: a tombstone cannot end a hold (records age out instead)
-        try:
-            msg = schemas.decode(value, SLURM_NODE, key=key)
-        except schemas.MessageError as e:
-            self._refuse("malformed", str(e))
-            return
-        if not signing.verify(msg, self._key, "signature"):
-            self._refuse("bad_signature", f"record for {msg['node'][:64]!r}")
+        msg, why, detail = signing.decode_verified(value, SLURM_NODE, key, self._key)
+        if msg is None:
+            self._refuse(why, detail)
             return
         with self._lock:
             old = self._latest.get(msg["node"])

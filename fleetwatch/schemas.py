@@ -877,6 +877,17 @@ def validate_result(m: Mapping[str, Any]) -> None:
     _number("drain_result.ts", m["ts"], 0)
 
 
+def _exact_fields(m: Mapping[str, Any], what: str, fields: tuple[str, ...]) -> None:
+    """Every one of `fields` and a `signature`, and nothing else (an unknown field would be signed
+    but unchecked by an older reader: refused outright)."""
+    for f in (*fields, "signature"):
+        if f not in m:
+            raise MessageError("missing_field", f"{what}.{f} is required")
+    extra = set(m) - set(fields) - {"signature"}
+    if extra:
+        raise MessageError("out_of_range", f"{what} has unknown fields {sorted(extra)[:5]}")
+
+
 def _one_line(where: str, v: Any, max_len: int) -> None:
     _string(where, v)
     if not v or len(v) > max_len or any(c in v for c in "\r\n\0"):
@@ -886,12 +897,7 @@ def _one_line(where: str, v: Any, max_len: int) -> None:
 def validate_control(m: Mapping[str, Any]) -> None:
     """Shape check of an operator's switch; the signature is checked with the drain key
     (alerts/drain_pause.verify)."""
-    for f in (*CONTROL_FIELDS, "signature"):
-        if f not in m:
-            raise MessageError("missing_field", f"control.{f} is required")
-    extra = set(m) - set(CONTROL_FIELDS) - {"signature"}
-    if extra:
-        raise MessageError("out_of_range", f"control has unknown fields {sorted(extra)[:5]}")
+    _exact_fields(m, "control", CONTROL_FIELDS)
     _string("control.control", m["control"])
     if m["control"] not in CONTROLS:
         raise MessageError("out_of_range", f"control.control must be one of {sorted(CONTROLS)}")
@@ -910,12 +916,7 @@ def validate_control(m: Mapping[str, Any]) -> None:
 
 def validate_slurm_node(m: Mapping[str, Any]) -> None:
     """Shape check; the signature (drain key) is checked by act (alerts/slurm_nodes.py)."""
-    for f in (*SLURM_NODE_FIELDS, "signature"):
-        if f not in m:
-            raise MessageError("missing_field", f"slurm_node.{f} is required")
-    extra = set(m) - set(SLURM_NODE_FIELDS) - {"signature"}
-    if extra:
-        raise MessageError("out_of_range", f"slurm_node has unknown fields {sorted(extra)[:5]}")
+    _exact_fields(m, "slurm_node", SLURM_NODE_FIELDS)
     _name("slurm_node.node", m["node"])
     _string("slurm_node.state", m["state"], 64)
     if not SLURM_STATE_TEXT_RE.match(m["state"]):

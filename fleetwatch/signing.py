@@ -79,6 +79,21 @@ def verify(msg: Mapping[str, Any], key: bytes, field: str = "sig") -> bool:
     return hmac.compare_digest(sig, mac(msg, key, field))
 
 
+def decode_verified(
+    value: bytes, schema: str, kafka_key: bytes | None, key: bytes, field: str = "signature"
+) -> tuple[dict[str, Any] | None, str, str]:
+    """A record of a signed topic: (the message, "", "") when it decodes as `schema` and its
+    `field` verifies under `key`; else (None, reason, detail), the reason `malformed` or
+    `bad_signature`, for the reader to count."""
+    try:
+        msg = schemas.decode(value, schema, key=kafka_key)
+    except schemas.MessageError as e:
+        return None, "malformed", str(e)
+    if not verify(msg, key, field):
+        return None, "bad_signature", f"{schema} that does not verify"
+    return msg, "", ""
+
+
 def signed(msg: Mapping[str, Any], key: bytes) -> dict[str, Any]:
     """The message with its `sig`, signed over its JSON values (a numpy scalar in a finding's
     evidence becomes the plain number a reader decodes and verifies)."""

@@ -262,3 +262,11 @@ def sample(node: str, ts: float, seq: int, gpus: list[dict[str, Any]] | None = N
     return orjson.dumps(
         {"schema": "telemetry/1", "node": node, "ts": ts, "seq": seq, "gpus": gpus or [gpu(0)], **kw}
     )
+
+
+# Any JSON value, small: what a hostile writer may put in any field of a signed record
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
+    max_leaves=12,
+)

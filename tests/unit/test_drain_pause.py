@@ -18,6 +18,7 @@ from fleetwatch.alerts.drain_pause import PauseBook, make_control, parse_duratio
 from fleetwatch.alerts.slurm_drainer import Drainer
 from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding, resolve
+from tests.helpers.messages import JSONISH
 
 NODES = {f"gpu-node-{i:02d}" for i in range(1, 11)}
 NOW = T0 + 10_000  # when the follower reads the records (after every record the tests issue)
@@ -178,13 +179,6 @@ def test_the_adapter_dead_letters_a_dry_run_request_and_never_answers_it(tmp_pat
     assert [t for t, _k, _v in producer.sent] == ["fleet.deadletter.v1"]  # no drain_result/1
 
 
-_JSONISH = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
-    max_leaves=12,
-)
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     key=st.none() | st.binary(max_size=20) | st.just(b"drain_pause"),
@@ -192,7 +186,7 @@ _JSONISH = st.recursive(
     field=st.sampled_from(
         ["schema", "control", "paused", "reason", "by", "issued_at", "until", "signature", "x"]
     ),
-    value=_JSONISH,
+    value=JSONISH,
 )
 def test_no_control_record_raises_and_only_a_signed_one_switches(
     key: bytes | None, raw: bytes, field: str, value: Any

@@ -18,6 +18,7 @@ from fleetwatch.alerts.slurm import NodeInfo, SlurmError
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher, SlurmNodeBook, held_by, make_record
 from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding, resolve
+from tests.helpers.messages import JSONISH
 
 NODES = {f"gpu-node-{i:02d}" for i in range(1, 51)}
 
@@ -28,6 +29,14 @@ def record(
     msg = make_record(NodeInfo(node, state, reason), kw.pop("features", ()), maint, ts, kw.pop("key", KEY))
     msg.update(kw)
     return schemas.encode(msg)
+
+
+def drained_then_healthy(rig: Rig, node: str, healthy_at: float) -> None:
+    """An XID drains `node` (the adapter executes it), and its finding resolves at `healthy_at`."""
+    f = finding(node, ts=T0)
+    (req,) = rig.feed(f)
+    rig.result(req, "executed")
+    rig.feed(resolve(f, healthy_at))
 
 
 @pytest.mark.parametrize(
@@ -122,10 +131,7 @@ def test_held_nodes_make_no_storm() -> None:
 def test_a_node_we_drained_that_people_took_over_is_not_resumed() -> None:
     book = SlurmNodeBook(KEY)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1, resume_after_s=100.0)
-    f = finding("gpu-node-05", ts=T0)
-    (req,) = rig.feed(f)
-    rig.result(req, "executed")
-    rig.feed(resolve(f, T0 + 10))
+    drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 10)
     book.apply(b"gpu-node-05", record("gpu-node-05", "down", "swapping the GPU board (bob)", ts=T0 + 200))
     assert rig.decide(T0 + 500) == []  # healthy, but down for repair: not ours to resume
     book.apply(b"gpu-node-05", record("gpu-node-05", "drained", "fleetwatch: XID 79", ts=T0 + 600))
@@ -189,10 +195,7 @@ def test_the_publisher_sends_what_changed_and_everything_at_a_refresh() -> None:
 
 def test_a_node_that_fails_its_validation_stays_drained_is_alerted_and_not_asked_again() -> None:
     rig = Rig(NODES, budget_min_nodes=1, resume_after_s=100.0)
-    f = finding("gpu-node-05", ts=T0)
-    (drain,) = rig.feed(f)
-    rig.result(drain, "executed")
-    rig.feed(resolve(f, T0 + 10))
+    drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 10)
     (resume,) = rig.decide(T0 + 200)
     assert resume["action"] == "resume"
     why = "dcgmi diag -r 1: memory failed on GPU 3"
@@ -238,13 +241,6 @@ def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it()
     assert again["action"] == "drain"
 
 
-_JSONISH = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
-    max_leaves=12,
-)
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     key=st.none() | st.binary(max_size=20) | st.just(b"gpu-node-01"),
@@ -252,7 +248,7 @@ _JSONISH = st.recursive(
     field=st.sampled_from(
         ["schema", "node", "state", "reason", "features", "maintenance", "ours", "ts", "signature", "x"]
     ),
-    value=_JSONISH,
+    value=JSONISH,
 )
 def test_no_slurm_node_record_raises_and_only_a_signed_one_holds_a_node(
     key: bytes | None, raw: bytes, field: str, value: Any
@@ -280,10 +276,7 @@ def test_the_adapters_own_validation_reservation_is_no_maintenance_and_a_validat
     # and act: a node resuming (being validated) counts against the budget whoever holds it
     book = SlurmNodeBook(KEY)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1, resume_after_s=10.0)
-    f = finding("gpu-node-05", ts=T0)
-    (drain,) = rig.feed(f)
-    rig.result(drain, "executed")
-    rig.feed(resolve(f, T0 + 1))
+    drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 1)
     ((_, resume),) = [(m["node"], m["action"]) for m in rig.decide(T0 + 100)]
     assert resume == "resume"
     book.apply(
@@ -295,10 +288,7 @@ def test_the_adapters_own_validation_reservation_is_no_maintenance_and_a_validat
 
 def test_a_resume_with_no_answer_for_an_hour_pages() -> None:
     rig = Rig(NODES, budget_min_nodes=1, resume_after_s=10.0)
-    f = finding("gpu-node-05", ts=T0)
-    (drain,) = rig.feed(f)
-    rig.result(drain, "executed")
-    rig.feed(resolve(f, T0 + 1))
+    drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 1)
     ((_, resume),) = [(m["node"], m["action"]) for m in rig.decide(T0 + 100)]
     assert resume == "resume"
     rig.decide(T0 + 100 + 3000)
