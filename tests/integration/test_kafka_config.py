@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,21 @@ def test_every_client_is_built_with_them(kafka_bootstrap: str, monkeypatch: pyte
     """Producer, group consumer, reader and admin all take rdkafka_config(): the local broker speaks
     PLAINTEXT, so each of them reaches it as configured and fails once SSL is asked for (nothing
     falls back)."""
-    fast = 2.0
-    makers = (
-        lambda: Admin(kafka_bootstrap, timeout_s=fast),
-        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast).group_consumer("cfg", client_id="cfg"),
-        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast).producer(),
-        lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=fast).reader(),
-    )
-    for make in makers:
+
+    def makers(wait_s: float) -> tuple[Callable[[], Any], ...]:
+        return (
+            lambda: Admin(kafka_bootstrap, timeout_s=wait_s),
+            lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=wait_s).group_consumer(
+                "cfg", client_id="cfg"
+            ),
+            lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=wait_s).producer(),
+            lambda: KafkaBus(kafka_bootstrap, connect_timeout_s=wait_s).reader(),
+        )
+
+    for make in makers(10.0):  # connects at once; the wait only bounds a slow machine
         make().close()
     monkeypatch.setenv("FLEETWATCH_KAFKA_SECURITY_PROTOCOL", "SSL")
-    for make in makers:
+    for make in makers(1.0):  # never connects: the wait is all it costs
         with pytest.raises(BrokerUnavailable):
             make()
 
@@ -125,10 +130,12 @@ def _round_trip(bootstrap: str, env: dict[str, str], tmp_path: Path, secret: str
 
 
 def _refused(bootstrap: str, secret: str | None = None) -> None:
-    """No client connects, and the one-line error says where to look without showing `secret`."""
-    bus = KafkaBus(bootstrap, connect_timeout_s=3)
+    """No client connects, and the one-line error says where to look without showing `secret`.
+    (A short wait: nothing can make a refused client connect later, and 4 clients x 3 s each, in
+    three such checks, cost half a minute of the suite.)"""
+    bus = KafkaBus(bootstrap, connect_timeout_s=1)
     for make in (
-        lambda: Admin(bootstrap, timeout_s=3),
+        lambda: Admin(bootstrap, timeout_s=1),
         lambda: bus.group_consumer("refused", client_id="refused"),
         bus.producer,
         bus.reader,
