@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import threading
 import time
 from typing import Any
 
@@ -253,6 +254,16 @@ def run(args: argparse.Namespace) -> int:
         f.start()
     for f in followers:
         f.caught_up.wait(CATCH_UP_S)  # do not start deciding blind
+    # The pause switch fails closed: drains are held until the control topic has been read once.
+    control_follower = followers[3]
+
+    def control_read() -> None:
+        control_follower.caught_up.wait()
+        pause.read_up()
+
+    threading.Thread(target=control_read, name="control-read", daemon=True).start()
+    if not control_follower.caught_up.is_set():
+        log.error("the control topic %s is not read yet: drains are held until it is", args.control_topic)
     if not len(census):
         log.warning("no node in the census (%s): nothing is drained until nodes report", args.nodes_topic)
 

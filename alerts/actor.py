@@ -261,8 +261,10 @@ class Actor:
         the census that is not warm yet is still known (drainable) but does not enlarge the budget
         or the storm threshold."""
         held = len(self._held) if self.census is None else sum(1 for n in self._held if n in self.census)
+        # only held nodes that report count off the fleet: an opt-out list may name login or CPU
+        # nodes that were never part of it
         if self.fixed_fleet:
-            return max(0, self.fixed_fleet - len(self._held))
+            return max(0, self.fixed_fleet - held)
         if isinstance(self.census, Census):
             return max(0, self.census.fleet_size() - held)
         return max(0, len(self.census) - held) if self.census is not None else 0

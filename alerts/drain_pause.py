@@ -47,6 +47,7 @@ CONTROL = schemas.CONTROL
 SWITCH = "drain_pause"
 MAX_PAUSE_S = schemas.MAX_PAUSE_S
 MAX_AHEAD_S = 60.0
+NOT_READ = "the control topic has not been read yet (fleetwatch.control.v1 unreachable, or its ACL missing)"
 validate_control = schemas.validate_control
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -131,6 +132,7 @@ class PauseBook:
         self._on_refused = on_refused
         self._lock = threading.Lock()
         self._latest: dict[str, Any] | None = None
+        self._ready = threading.Event()
 
     def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
         """One record of the control topic (a follower's callback), read at wall time `now`."""
@@ -160,8 +162,17 @@ class PauseBook:
         with self._lock:
             return self._latest["issued_at"] if self._latest is not None else 0.0
 
+    def read_up(self) -> None:
+        """The control topic has been read to its end once (the follower caught up): from now on
+        an absent record means no pause."""
+        self._ready.set()
+
     def active(self, now: float) -> Pause | None:
-        """The pause in force at wall time `now`, or None."""
+        """The pause in force at wall time `now`, or None. Until the topic has been read to its
+        end once, drains are held (fail closed): an act that cannot read the switch yet must not
+        drain during a pause it has not seen."""
+        if not self._ready.is_set():
+            return Pause(NOT_READ, "fleetwatch", now, now + MAX_AHEAD_S)
         with self._lock:
             m = self._latest
         if m is None or not m["paused"] or now >= m["until"]:

@@ -52,6 +52,7 @@ def test_a_duration_that_is_not_one_or_longer_than_a_week_is_refused(text: str) 
 
 def test_a_signed_pause_holds_drains_alerts_go_on_and_say_so_and_it_expires_by_itself() -> None:
     book = PauseBook(KEY)
+    book.read_up()  # the follower read the topic to its end
     rig = Rig(NODES, pause=book, budget_min_nodes=3)
     book.apply(b"drain_pause", control(True, T0, for_s=3600), now=NOW)
     out = rig.feed(finding("gpu-node-01", ts=T0 + 10), finding("gpu-node-02", ts=T0 + 11))
@@ -86,6 +87,7 @@ def test_a_signed_pause_holds_drains_alerts_go_on_and_say_so_and_it_expires_by_i
 
 def test_a_pause_holds_resumes_too_and_resume_drains_lifts_it() -> None:
     book = PauseBook(KEY)
+    book.read_up()  # the follower read the topic to its end
     rig = Rig(NODES, pause=book, budget_min_nodes=3, resume_after_s=100.0)
     f = finding("gpu-node-01", ts=T0)
     (req,) = rig.feed(f)
@@ -102,6 +104,7 @@ def test_a_pause_holds_resumes_too_and_resume_drains_lifts_it() -> None:
 def test_forged_malformed_and_replayed_control_records_change_nothing() -> None:
     refused: list[str] = []
     book = PauseBook(KEY, refused.append)
+    book.read_up()  # the follower read the topic to its end
     book.apply(b"drain_pause", control(True, T0, key=b"someone-elses-key-0123456789"), now=NOW)
     book.apply(b"drain_pause", control(True, T0, reason="edited after signing"), now=NOW)
     book.apply(b"drain_pause", b'{"schema": "control/1", "control": "drain_pause"}', now=NOW)
@@ -195,6 +198,7 @@ def test_no_control_record_raises_and_only_a_signed_one_switches(
     counted, never an exception in the follower's thread, never a pause."""
     refused: list[str] = []
     book = PauseBook(KEY, refused.append)
+    book.read_up()  # the follower read the topic to its end
     book.apply(key, raw, now=NOW)
     msg = schemas.decode(control(True, T0))
     assume(field not in msg or type(msg[field]) is not type(value) or msg[field] != value)  # a change
@@ -207,8 +211,23 @@ def test_no_control_record_raises_and_only_a_signed_one_switches(
 def test_a_record_from_a_clock_ahead_is_refused_and_no_pause_outlives_a_week_from_its_reading() -> None:
     refused: list[str] = []
     book = PauseBook(KEY, refused.append)
+    book.read_up()  # the follower read the topic to its end
     book.apply(b"drain_pause", control(True, T0 + 3600), now=T0)  # an hour ahead of this reader
     assert book.active(T0 + 1) is None and refused == ["clock_skew"]
     book.apply(b"drain_pause", control(True, T0 + 30, for_s=7 * 86400.0), now=T0)
     pause = book.active(T0 + 31)
     assert pause is not None and pause.until == T0 + 7 * 86400.0  # read at T0: a week from then
+
+
+def test_until_the_control_topic_is_read_drains_are_held() -> None:
+    """Fail closed: an act that has not read the switch yet (the topic unreachable, an ACL
+    missing) must not drain during a pause it has not seen; once read, no record means no pause."""
+    book = PauseBook(KEY)
+    rig = Rig(NODES, pause=book, budget_min_nodes=1)
+    assert rig.feed(finding("gpu-node-01", ts=T0)) == []
+    assert rig.task.nodes["gpu-node-01"].refused == "paused"
+    (paused,) = rig.alerts("FleetwatchDrainsPaused")
+    assert "not been read yet" in paused.annotations["summary"]
+    book.read_up()
+    (req,) = rig.decide(T0 + 1)
+    assert req["node"] == "gpu-node-01" and rig.alerts("FleetwatchDrainsPaused") == []
