@@ -79,20 +79,21 @@ class SlurmClient:
     def knows(self, node: str) -> bool:
         return node in self.nodes() or node in self.nodes(refresh=True)
 
-    def node(self, node: str) -> NodeInfo:
-        r = self._run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"])
+    def _node_line(self, node: str, *fmt: str) -> str:
+        """sinfo's first line for one node in the format `fmt` (one line per partition it is in)."""
+        r = self._run(["sinfo", "-h", "-N", "-n", node, *fmt])
         if r.returncode != 0 or not r.stdout.strip():
             raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
-        state, _, reason = r.stdout.splitlines()[0].partition("|")
+        return r.stdout.splitlines()[0]
+
+    def node(self, node: str) -> NodeInfo:
+        state, _, reason = self._node_line(node, "-o", "%T|%E").partition("|")
         return NodeInfo(node, state.strip(), reason.strip())
 
     def comment(self, node: str) -> str:
         """The node's Comment ("" when unset). Slurm keeps it across a RESUME (checked on 22.05),
         which is why the drainer records its request id there (alerts/slurm_drainer.py)."""
-        r = self._run(["sinfo", "-h", "-N", "-n", node, "-O", "Comment:0"])  # :0 = unpadded
-        if r.returncode != 0 or not r.stdout.strip():
-            raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
-        text = r.stdout.splitlines()[0].strip()  # one line per partition the node is in
+        text = self._node_line(node, "-O", "Comment:0").strip()  # :0 = unpadded
         return "" if text == "(null)" else text
 
     def update(self, node: str, state: str, reason: str | None = None, comment: str | None = None) -> None:
@@ -147,25 +148,18 @@ class SlurmClient:
 
     # ------------------------------------------------------------ validation (alerts/validation.py)
 
-    def gpus(self, node: str) -> int:
-        """The node's configured GPU count (sinfo %G: gpu:8, gpu:a100:8(S:0-1), ...); 0 for none."""
-        r = self._run(["sinfo", "-h", "-N", "-n", node, "-o", "%G"])
-        if r.returncode != 0:
-            raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+    def placement(self, node: str) -> tuple[int, str | None]:
+        """(the node's configured GPU count, a partition it is in): what a job that must take the
+        whole node needs. sinfo %G is gpu:8, gpu:a100:8(S:0-1), ... (0 for none); %P its first
+        partition (the default one marked *)."""
+        gres, _, partitions = self._node_line(node, "-o", "%G|%P").partition("|")
         total = 0
-        for gres in r.stdout.splitlines()[0].split(",") if r.stdout.strip() else []:
-            parts = gres.split("(")[0].split(":")
+        for entry in gres.split(","):
+            parts = entry.strip().split("(")[0].split(":")
             if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
                 total += int(parts[-1])
-        return total
-
-    def partition(self, node: str) -> str | None:
-        """A partition the node is in (its first in sinfo), for a job that must land on it."""
-        r = self._run(["sinfo", "-h", "-N", "-n", node, "-o", "%P"])
-        if r.returncode != 0:
-            raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
-        first = r.stdout.split()[0].rstrip("*") if r.stdout.split() else ""
-        return first or None
+        first = partitions.split()[0].rstrip("*") if partitions.split() else ""
+        return total, first or None
 
     def reservation_exists(self, name: str) -> bool:
         r = self._run(["scontrol", "show", "reservation", name, "-o"])
@@ -207,7 +201,7 @@ class SlurmClient:
     ) -> subprocess.CompletedProcess[str]:
         """Run `argv` as a one-task job on `node` inside `reservation` (srun: its output and exit
         status come back here); the whole node and all its GPUs, so the test sees every GPU and
-        nothing else runs beside it. Past timeout_s the job is cancelled and SlurmError says so."""
+        nothing else runs beside it. Past timeout_s the job is cancelled and JobTimeout says so."""
         minutes = max(1, int(timeout_s // 60) + 1)
         cmd = [
             "srun",
@@ -231,7 +225,7 @@ class SlurmClient:
                     [*cmd, *argv], env=self.env, stdout=out, stderr=err, timeout=timeout_s, check=False
                 ).returncode
             except subprocess.TimeoutExpired:
-                self._run(["scancel", f"--reservation={reservation}"])  # srun is killed; its job too
+                self.cancel_reservation_jobs(reservation)  # srun is killed; its job too
                 raise JobTimeout(f"the validation on {node} did not finish in {timeout_s:.0f} s") from None
             texts = []
             for f in (out, err):

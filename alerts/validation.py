@@ -107,11 +107,10 @@ class Validator:
         """Step 3: (the outcome, the label of what ran). SlurmError (Slurm unreachable) is the
         caller's to retry; a test that fails or times out is an outcome."""
         s = self.settings
-        gpus = self.slurm.gpus(node)
-        use_command = s.mode == "command"
-        if not use_command:
+        gpus, partition = self.slurm.placement(node)
+        if s.mode != "command":
             argv = [s.dcgmi, "diag", "-r", str(s.level), "-j"]
-            outcome = self._run(node, argv, gpus, diag=True)
+            outcome = self._run(node, argv, gpus, partition, diag=True)
             missing = not outcome.passed and _NOT_FOUND in outcome.detail
             if not missing:
                 return outcome, self.label()
@@ -119,11 +118,9 @@ class Validator:
                 return _failed(
                     "dcgmi", f"{s.dcgmi} is not installed on {node} and no --validate-command is set"
                 ), self.label()
-            use_command = True
-        return self._run(node, list(s.command), gpus, diag=False), self.label(command=True)
+        return self._run(node, list(s.command), gpus, partition, diag=False), self.label(command=True)
 
-    def _run(self, node: str, argv: list[str], gpus: int, diag: bool) -> DiagOutcome:
-        partition = self.slurm.partition(node)
+    def _run(self, node: str, argv: list[str], gpus: int, partition: str | None, diag: bool) -> DiagOutcome:
         try:
             r = self.slurm.run_on(
                 node, reservation_name(node), argv, self.settings.timeout_s, gpus, partition
