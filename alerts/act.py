@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
-import threading
 import time
 from typing import Any
 
@@ -235,7 +234,13 @@ def run(args: argparse.Namespace) -> int:
     export_metrics(census, time.time)
     results = ResultBook(key, metrics)
     control_key = load_control_key(args.control_key_file, args.drain_key_file)
-    pause = PauseBook(control_key, lambda why: metrics.control_refused.labels(why).inc())
+    # The pause switch fails closed: drains are held until the control topic has been read once.
+    pause = PauseBook(
+        control_key,
+        lambda why: metrics.control_refused.labels(why).inc(),
+        read=lambda: control.caught_up.is_set(),
+    )
+    control = TopicFollower(args.control_topic, pause.apply, bus)  # an operator's pause
     policy = policy_config(args)
     slurm_nodes = SlurmNodeBook(
         key,
@@ -247,22 +252,14 @@ def run(args: argparse.Namespace) -> int:
         JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
         TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
         TopicFollower(args.results_topic, results.apply, bus),  # what the adapter did
-        TopicFollower(args.control_topic, pause.apply, bus),  # an operator's pause
+        control,
         TopicFollower(args.slurm_nodes_topic, slurm_nodes.apply, bus),  # nodes people hold
     ]
     for f in followers:
         f.start()
     for f in followers:
         f.caught_up.wait(CATCH_UP_S)  # do not start deciding blind
-    # The pause switch fails closed: drains are held until the control topic has been read once.
-    control_follower = followers[3]
-
-    def control_read() -> None:
-        control_follower.caught_up.wait()
-        pause.read_up()
-
-    threading.Thread(target=control_read, name="control-read", daemon=True).start()
-    if not control_follower.caught_up.is_set():
+    if not control.caught_up.is_set():
         log.error("the control topic %s is not read yet: drains are held until it is", args.control_topic)
     if not len(census):
         log.warning("no node in the census (%s): nothing is drained until nodes report", args.nodes_topic)

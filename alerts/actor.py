@@ -72,6 +72,14 @@ RESUME_TIMEOUT_S = 3600.0
 LOG_EVERY = 1000  # a refused finding is logged the first time for its reason and every 1000th after
 
 
+def _done_at_once(st: NodeState, action: str) -> None:
+    """A would-be request of --dry-run: nothing will answer it, so it counts as carried out."""
+    if action == "drain":
+        st.confirmed = True
+    else:
+        st.drained = st.confirmed = st.resuming = False
+
+
 class ActTask:
     def __init__(
         self,
@@ -290,9 +298,7 @@ class Actor:
                 msg["signature"],
             )
             if self.dry_run and st.drained:
-                st.confirmed = True  # a would-be drain has no result to wait for
-                if st.resuming:  # nor a would-be resume
-                    st.drained = st.confirmed = st.resuming = False
+                _done_at_once(st, "resume" if st.resuming else "drain")
         for t in new:
             t.reconciled = True
         if adopted:
@@ -420,11 +426,8 @@ class Actor:
             st = nodes[a.node]
             st.request_id = msg["request_id"]
             st.request_sig = msg["signature"]  # the adapter's answer must name it
-            if self.dry_run:  # would-be: nothing will answer it, so it counts as done at once
-                if a.action == "drain":
-                    st.confirmed = True
-                else:
-                    st.drained = st.confirmed = st.resuming = False
+            if self.dry_run:
+                _done_at_once(st, a.action)
             out.append((self.drain_topic, a.node, msg))
             self.metrics.drains.labels(a.action).inc()
             log.info(

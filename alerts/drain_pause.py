@@ -127,12 +127,20 @@ class PauseBook:
     """The switch's state as read from fleet.control.v1: `apply` is a TopicFollower's callback
     (a background thread), `active(now)` is asked by the decision step."""
 
-    def __init__(self, key: bytes, on_refused: Callable[[str], None] = lambda _why: None) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        on_refused: Callable[[str], None] = lambda _why: None,
+        read: Callable[[], bool] | None = None,
+    ) -> None:
+        """`read`: whether the control topic has been read to its end once (act: its follower's
+        caught_up); by default, whether read_up() was called."""
         self._key = key
         self._on_refused = on_refused
         self._lock = threading.Lock()
         self._latest: dict[str, Any] | None = None
         self._ready = threading.Event()
+        self._read = read or self._ready.is_set
 
     def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
         """One record of the control topic (a follower's callback), read at wall time `now`."""
@@ -171,7 +179,7 @@ class PauseBook:
         """The pause in force at wall time `now`, or None. Until the topic has been read to its
         end once, drains are held (fail closed): an act that cannot read the switch yet must not
         drain during a pause it has not seen."""
-        if not self._ready.is_set():
+        if not self._read():
             return Pause(NOT_READ, "fleetwatch", now, now + MAX_AHEAD_S)
         with self._lock:
             m = self._latest
