@@ -193,29 +193,36 @@ class AlertBuilder:
             return f"drain node ({drain}): held, drains are paused"
         return f"would drain node ({drain}): dry-run" if self.dry_run else f"drain node ({drain})"
 
+    def _node_alert(
+        self, alertname: str, node: str, severity: str, kind: str, summary: str, findings: list[str]
+    ) -> dict[str, Any]:
+        """One of act's alerts about a node: its summary, the findings behind it, its runbook."""
+        annotations = {
+            "summary": summary,
+            "findings": ",".join(findings),
+            "runbook_url": self.runbook_base + ACT_PAGES[alertname],
+        }
+        return {
+            "labels": self._base(alertname, node, severity, kind),
+            "annotations": self._marked(annotations),
+        }
+
     def node_drained(self, node: str, reason: str, findings: list[str], flapping: bool) -> dict[str, Any]:
-        labels = self._base(NODE_DRAINED, node, "warning", "drain")
         note = (
             " Flapping: it was resumed recently, so the next resume waits the cooldown." if flapping else ""
         )
-        annotations = {
-            "summary": f"fleetwatch requested a drain of {node}: {reason}.{note}",
-            "findings": ",".join(findings),
-            "runbook_url": self.runbook_base + ACT_PAGES[NODE_DRAINED],
-        }
-        return {"labels": labels, "annotations": self._marked(annotations)}
+        summary = f"fleetwatch requested a drain of {node}: {reason}.{note}"
+        return self._node_alert(NODE_DRAINED, node, "warning", "drain", summary, findings)
 
     def drain_refused(self, node: str, why: str, detail: str, findings: list[str]) -> dict[str, Any]:
         # critical: a node that should be out of service is still taking jobs; a human decides.
-        labels = self._base(DRAIN_REFUSED, node, "critical", "drain")
-        labels["reason"] = why
-        annotations = {
-            "summary": f"{node} needs draining but fleetwatch refused ({why}: {detail}); "
-            f"drain by hand if it is broken: scontrol update NodeName={node} State=DRAIN Reason=...",
-            "findings": ",".join(findings),
-            "runbook_url": self.runbook_base + ACT_PAGES[DRAIN_REFUSED],
-        }
-        return {"labels": labels, "annotations": self._marked(annotations)}
+        summary = (
+            f"{node} needs draining but fleetwatch refused ({why}: {detail}); "
+            f"drain by hand if it is broken: scontrol update NodeName={node} State=DRAIN Reason=..."
+        )
+        a = self._node_alert(DRAIN_REFUSED, node, "critical", "drain", summary, findings)
+        a["labels"]["reason"] = why
+        return a
 
     def storm(self, nodes: tuple[str, ...], threshold: int, window_s: float, held: int) -> dict[str, Any]:
         """The one storm alert. Its annotations also carry the numbers apart (node_count, threshold,
@@ -238,14 +245,8 @@ class AlertBuilder:
     def validation_failed(self, node: str, detail: str, findings: list[str]) -> dict[str, Any]:
         """A drained node whose findings had cleared failed its test before the resume (critical: it
         stays drained until a human decides; the test and GPU are in the summary)."""
-        labels = self._base(VALIDATION_FAILED, node, "critical", "validation")
-        annotations = {
-            "summary": f"{node} failed its validation before returning to service and stays drained: "
-            f"{detail}",
-            "findings": ",".join(findings),
-            "runbook_url": self.runbook_base + ACT_PAGES[VALIDATION_FAILED],
-        }
-        return {"labels": labels, "annotations": self._marked(annotations)}
+        summary = f"{node} failed its validation before returning to service and stays drained: {detail}"
+        return self._node_alert(VALIDATION_FAILED, node, "critical", "validation", summary, findings)
 
     def drains_paused(self, note: str, held: int) -> dict[str, Any]:
         """The one alert while an operator's pause is in force (a warning: a human chose it, but

@@ -53,7 +53,6 @@ class Entry:
 
 class Journal:
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path), isolation_level=None)  # autocommit; we commit per row
         self.db.execute("PRAGMA journal_mode=WAL")

@@ -349,7 +349,7 @@ class Drainer:
         return bool(self._running)
 
     def validator_label(self) -> str:
-        return self.validator.label() if self.validator is not None else "no validation"
+        return self.validator.label() if self.validator is not None else "no validation (--validate none)"
 
     def _validation_job(self, target: Target) -> None:
         """On the validation's thread: Slurm only (the journal and the results are the main loop's,
@@ -574,7 +574,7 @@ def run(args: argparse.Namespace) -> int:
         len(known),
         state_dir,
         args.group,
-        drainer.validator.label() if drainer.validator else "no validation (--validate none)",
+        drainer.validator_label(),
     )
     stop = StopFlag()
     backoff = 1.0
