@@ -137,27 +137,25 @@ class SlurmNodeBook:
         with self._lock:
             return self._latest.get(node)
 
-    def held(self, node: str, now: float) -> str | None:
-        """Why `node` is not fleetwatch's to act on at wall time `now`, or None."""
+    def _why(self, node: str, rec: dict[str, Any] | None, now: float) -> str | None:
+        """Why `node` (whose latest record is `rec`) is held at `now`: the opt-out list first, then
+        a record young enough to trust; None when it is fleetwatch's to act on."""
         if node in self.opt_out:
             return OPTED_OUT
-        with self._lock:
-            rec = self._latest.get(node)
         if rec is None or now - rec["ts"] > self.max_age_s:
             return None
         return held_by(rec, self.opt_out_feature)
 
+    def held(self, node: str, now: float) -> str | None:
+        """Why `node` is not fleetwatch's to act on at wall time `now`, or None."""
+        return self._why(node, self.latest(node), now)
+
     def held_nodes(self, now: float) -> dict[str, str]:
         """Every node held now, with why (opted-out names included)."""
         with self._lock:
-            recs = list(self._latest.values())
-        out = {n: OPTED_OUT for n in self.opt_out.nodes}
-        for rec in recs:
-            if now - rec["ts"] <= self.max_age_s and rec["node"] not in out:
-                why = held_by(rec, self.opt_out_feature)
-                if why is not None:
-                    out[rec["node"]] = why
-        return out
+            recs = dict(self._latest)
+        held = ((n, self._why(n, recs.get(n), now)) for n in recs.keys() | self.opt_out.nodes)
+        return {n: why for n, why in held if why is not None}
 
 
 @dataclass
