@@ -214,3 +214,28 @@ def test_requests_behind_a_long_validation_are_not_held_up(rig: Rig) -> None:
         assert d.settle() == ["executed"]
     finally:
         rig.slurm.reset(other)
+
+
+@pytest.mark.parametrize(
+    ("stdout", "why"),
+    [
+        ("{" * 5 + "x" * (6 * 1024 * 1024), "too big"),  # 6 MiB of garbage, exit 0
+        ('{"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [', "truncated"),
+        ("\x1b[31mOK\x00\u202e all tests passed\n", "not JSON, with control characters"),
+    ],
+)
+def test_hostile_output_from_the_node_fails_the_validation_and_nothing_dies(
+    rig: Rig, stdout: str, why: str
+) -> None:
+    """Whatever the node prints through the real srun (huge, truncated, escape codes) with exit 0,
+    the adapter reads at most its bound, fails the validation with a one-line reason and goes on."""
+    d = rig.drainer()
+    findings = rig.drained_by_us(d)
+    rig.planned({"stdout": stdout, "rc": 0})
+    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
+    assert d.settle() == ["validation_failed"], why
+    state, reason = rig.slurm.state(NODE)
+    assert state.startswith("drain") and reason.startswith("fleetwatch: validation failed: ")
+    assert "\x1b" not in reason and "\x00" not in reason and len(reason) < 400
+    assert not rig.client.reservation_exists(reservation_name(NODE))
+    assert d.handle(req(NODE, "drain", (uuid.uuid4().hex,)), "t:0:2") == "executed"  # and it goes on
