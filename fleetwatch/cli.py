@@ -647,6 +647,58 @@ def build_parser() -> _Parser:
         )
         p.set_defaults(handler=f"fleetwatch.alerts.pause_cli:{handler}")
 
+    p = sub.add_parser(
+        "account", help="reliability accounting: keep job, finding and drain history in a store"
+    )
+    _add_bootstrap(p)
+    from fleetwatch.pipeline.reliability import args as reliability
+
+    reliability.add_window_args(p)
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    _add_metrics_addr(p)
+    p.add_argument(
+        "--census-key-file",
+        default=None,
+        help="census key file: findings and node/1 (default: $FLEETWATCH_CENSUS_KEY)",
+    )
+    p.add_argument(
+        "--drain-key-file",
+        default=None,
+        help="drain key file, to read drain results (default: $FLEETWATCH_DRAIN_KEY; none: no drained time)",
+    )
+    p.add_argument(
+        "--live-window",
+        type=reliability.span_s,
+        default=28 * 86400.0,
+        help="trailing window of the live figures on /metrics (default 28d)",
+    )
+    p.add_argument(
+        "--refresh-every",
+        type=reliability.span_s,
+        default=300.0,
+        help="how often the live figures are computed (default 5m)",
+    )
+    p.add_argument("--jobs-topic", default="fleet.jobs.v1", help="job/1")
+    p.add_argument("--steps-topic", default="fleet.steps.v1", help="step/1, with the checkpoint marks")
+    p.add_argument("--findings-topic", default="fleet.findings.v1", help="finding/1")
+    _add_results_topic(p)
+    p.add_argument("--nodes-topic", default="fleet.nodes.v1", help="node/1: the census")
+    p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
+    p.set_defaults(handler="fleetwatch.pipeline.reliability.cli:account_command")
+
+    p = sub.add_parser("report", help="the reliability report (r_f, MTTF, ETTR, lemons, lost GPU-hours)")
+    reliability.add_window_args(p)
+    p.add_argument(
+        "--since",
+        type=reliability.when,
+        default=None,
+        help="start: now, a span back (28d), an ISO date or unix seconds (default: --until - 28d)",
+    )
+    p.add_argument("--until", type=reliability.when, default="now", help="end (default now)")
+    p.add_argument("--out", default=None, help="write report.md, report.html and the plots (SVG) here")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(handler="fleetwatch.pipeline.reliability.cli:report_command")
+
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
     _add_bootstrap(p)
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")

@@ -634,6 +634,15 @@ def validate_step(m: Mapping[str, Any]) -> None:
     if "wait_time_s" in m:  # optional: time spent waiting for peers (collective wait), see simulator
         _number("step.wait_time_s", m["wait_time_s"], 0)
     _ts("step.ts", m["ts"])
+    # Optional (issue 27, StepReporter.checkpoint()): the job's latest checkpoint, carried by the
+    # next step report: the step it saved, when it was saved, and how long the write blocked
+    if "checkpoint_step" in m:
+        _integer("step.checkpoint_step", m["checkpoint_step"])
+        _required(m, "step", ("checkpoint_ts",))
+    if "checkpoint_ts" in m:
+        _ts("step.checkpoint_ts", m["checkpoint_ts"])
+    if "checkpoint_write_s" in m:
+        _number("step.checkpoint_write_s", m["checkpoint_write_s"], 0, 86400.0)
 
 
 def validate_truth(m: Mapping[str, Any]) -> None:

@@ -74,7 +74,9 @@ _perf = time.perf_counter
 _now = time.time
 
 # A buffered step: (step, step_time_s, ts, wait_time_s or None).
-Record = tuple[int, float, float, float | None]
+# a checkpoint mark: (the step it saved, when, how long the write blocked or None)
+Checkpoint = tuple[int, float, float | None]
+Record = tuple[int, float, float, float | None, Checkpoint | None]
 
 # Every open reporter, for the fork hook below (weak: the hook must not keep one alive).
 _REPORTERS: weakref.WeakSet[StepReporter] = weakref.WeakSet()
@@ -237,6 +239,8 @@ class StepReporter:
         self._accepted = 0
         self._rejected = 0
         self._warned = False
+        self._last_step = 0
+        self._checkpoint: Checkpoint | None = None  # the mark the next step() report carries
 
         # The sender thread's side.
         self._producer: Any = None
@@ -279,12 +283,28 @@ class StepReporter:
                 step_time_s = _as_seconds("step_time_s", step_time_s)
             if wait_time_s is not None:
                 wait_time_s = _as_seconds("wait_time_s", wait_time_s)
-            self._buf.append((step, step_time_s, _now(), wait_time_s))
+            mark, self._checkpoint = self._checkpoint, None
+            self._buf.append((step, step_time_s, _now(), wait_time_s, mark))
+            self._last_step = step
             self._accepted += 1
             if self._thread is None:  # the first step in a forked child: its own sender
                 self._start_sender()
         except Exception as e:
             self._reject(step, step_time_s, e)
+
+    def checkpoint(self, step: int | None = None, write_time_s: float | None = None) -> None:
+        """Record that a checkpoint of `step` (default: the last step reported) was saved now;
+        write_time_s: how long the save blocked training, if known. The mark travels with the next
+        step() report (fields checkpoint_step, checkpoint_ts, checkpoint_write_s of step/1), so the
+        accounting stage knows how much work a failure loses. Call it from any one rank (rank 0).
+        Never blocks, never raises."""
+        try:
+            saved = self._last_step if step is None else _as_step(step)
+            write = None if write_time_s is None else _as_seconds("write_time_s", write_time_s)
+            self._checkpoint = (saved, _now(), write)
+            self._last = None  # the save is no step: the next step() without a time starts the clock
+        except Exception as e:
+            self._reject(step, write_time_s, e)
 
     def reset_clock(self) -> None:
         """Forget the previous call's time: the next step() without a time only starts the clock
@@ -518,7 +538,7 @@ class StepReporter:
         self._retire()
 
     def _encode(self, rec: Record) -> bytes:
-        step, step_time_s, ts, wait_time_s = rec
+        step, step_time_s, ts, wait_time_s, mark = rec
         m: dict[str, Any] = {
             "schema": schemas.STEP,
             "job": self.job,
@@ -530,6 +550,10 @@ class StepReporter:
         }
         if wait_time_s is not None:
             m["wait_time_s"] = wait_time_s
+        if mark is not None:
+            m["checkpoint_step"], m["checkpoint_ts"] = mark[0], mark[1]
+            if mark[2] is not None:
+                m["checkpoint_write_s"] = mark[2]
         return orjson.dumps(m)
 
     def _send(self, rec: Record) -> bool:

@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
-from fleetwatch import steps
+from fleetwatch import schemas, steps
 from fleetwatch.steps import StepReporter, resolve_identity
 from tests.helpers.paths import REPO
 from tests.helpers.steps import EXIT_SCRIPT, new_job
@@ -137,11 +138,29 @@ def test_measured_step_time_between_calls(dead_reporter: Any, monkeypatch: pytes
     r.reset_clock()  # a pause (evaluation, checkpoint) that is not a step
     r.step(5)  # 104.0: starts the clock again
     r.step(6, wait_time_s=0.125)  # 104.5
-    got = [(s, t, w) for s, t, _, w in _buffered(r)]
+    got = [(s, t, w) for s, t, _, w, _ in _buffered(r)]
     assert got == [(1, 0.25, None), (2, 0.5, None), (3, 9.5, None), (4, 2.0, None), (6, 0.5, 0.125)]
     assert r.accepted == 5 and r.rejected == 0
-    ts = [ts for _, _, ts, _ in _buffered(r)]  # wall-clock time of each call, for the message
+    ts = [ts for _, _, ts, _, _ in _buffered(r)]  # wall-clock time of each call, for the message
     assert ts == sorted(ts) and time.time() - 5 < ts[0] and ts[-1] <= time.time()
+
+
+def test_a_checkpoint_mark_travels_with_the_next_step_report(dead_reporter: Any) -> None:
+    r = dead_reporter()
+    r.step(1, 0.5)
+    r.checkpoint(write_time_s=2.5)  # of the last step reported
+    r.step(2, 0.5)
+    r.step(3, 0.5)
+    r.checkpoint(3)
+    r.checkpoint("bad")  # counted as a rejection, never raised; the mark before it stands
+    r.step(4, 0.5)
+    msgs = [orjson.loads(r._encode(rec)) for rec in _buffered(r)]
+    for m in msgs:
+        schemas.validate_step(m)
+    marks = [(m["step"], m.get("checkpoint_step"), m.get("checkpoint_write_s")) for m in msgs]
+    assert marks == [(1, None, None), (2, 1, 2.5), (3, None, None), (4, 3, None)]
+    assert msgs[1]["checkpoint_ts"] <= msgs[1]["ts"]
+    assert r.rejected == 1
 
 
 def test_numbers_of_other_types_are_converted(dead_reporter: Any) -> None:
@@ -149,7 +168,7 @@ def test_numbers_of_other_types_are_converted(dead_reporter: Any) -> None:
     r.step(np.int64(3), np.float32(0.5))
     r.step(4, 2)  # an int time
     r.step(5, fractions.Fraction(1, 4), wait_time_s=np.float64(0.0))
-    got = [(s, t, w) for s, t, _, w in _buffered(r)]
+    got = [(s, t, w) for s, t, _, w, _ in _buffered(r)]
     assert got == [(3, 0.5, None), (4, 2.0, None), (5, 0.25, 0.0)]
     assert all(type(s) is int and type(t) is float for s, t, _ in got)
     assert r.rejected == 0

@@ -1,0 +1,355 @@
+"""The accounting history: an embedded SQLite database (one file), so that the history outlives
+Kafka's retention (fleet.jobs.v1 forgets a job a week after its end).
+
+SQLite, not DuckDB: on the 30-day report of a 2,000-node cluster both are far inside the minute
+the report may take, and SQLite's load and query time there is within a small factor of DuckDB's
+(benchmarks/accounting_store.py measures both; figures in benchmarks/README.md), while SQLite
+ships with Python and takes many small transactions (the stage commits every poll) well.
+
+The tables hold what the figures need, not the raw messages:
+- runs: one row per run of a job (a requeued job runs again under the same id, with a new start),
+  its end, size and progress marks (first and last step, last checkpoint); `bad` names why a run
+  is kept out of the figures (an end before its start, no end seen) and is NULL otherwise;
+- run_nodes: the nodes of each run (for the attribution's join with the findings);
+- findings: one row per finding id, with its window of being open and the cause it names;
+- drains: the Slurm adapter's results (drain and resume, executed or not);
+- nodes: the census of reporting nodes (a job naming a node never seen is a data-quality line);
+- pending_steps: progress of jobs whose run has not been seen yet (steps can overtake job/1);
+- quality: data-quality counts per kind and day, with a few examples;
+- offsets: the next offset of every partition read, written in the same transaction as the data
+  it produced, so that a restarted stage resumes exactly where its last commit left it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+QUALITY_EXAMPLES = 5  # examples kept per data-quality kind and day: a flood adds to a count, not rows
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    job TEXT NOT NULL,
+    start_ts REAL NOT NULL,
+    end_ts REAL,
+    state TEXT NOT NULL,
+    end_state TEXT,
+    exit_code INTEGER,
+    n_nodes INTEGER NOT NULL,
+    gpus INTEGER NOT NULL,
+    gpus_known INTEGER NOT NULL,
+    first_step_ts REAL,
+    last_step_ts REAL,
+    ckpt_ts REAL,
+    ckpt_step INTEGER,
+    ckpt_write_s REAL,
+    bad TEXT,
+    UNIQUE (job, start_ts)
+);
+CREATE INDEX IF NOT EXISTS runs_end ON runs (end_ts);
+CREATE INDEX IF NOT EXISTS runs_open ON runs (job) WHERE end_ts IS NULL;
+CREATE TABLE IF NOT EXISTS run_nodes (run INTEGER NOT NULL, node TEXT NOT NULL, PRIMARY KEY (run, node))
+    WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS run_nodes_node ON run_nodes (node);
+CREATE TABLE IF NOT EXISTS findings (
+    id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    gpu INTEGER,
+    kind TEXT NOT NULL,
+    rule TEXT,
+    severity TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    last_ts REAL NOT NULL,
+    resolved_ts REAL,
+    domain TEXT,
+    component TEXT,
+    priority INTEGER
+);
+CREATE INDEX IF NOT EXISTS findings_node ON findings (node, first_seen);
+CREATE TABLE IF NOT EXISTS drains (
+    request_id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    action TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    ts REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS drains_node ON drains (node, ts);
+CREATE TABLE IF NOT EXISTS nodes (node TEXT PRIMARY KEY, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS pending_steps (
+    job TEXT PRIMARY KEY,
+    first_ts REAL NOT NULL,
+    last_ts REAL NOT NULL,
+    ckpt_ts REAL,
+    ckpt_step INTEGER,
+    ckpt_write_s REAL
+);
+CREATE TABLE IF NOT EXISTS quality (
+    what TEXT NOT NULL, day INTEGER NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (what, day)
+);
+CREATE TABLE IF NOT EXISTS quality_examples (what TEXT NOT NULL, day INTEGER NOT NULL, example TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS offsets (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used (another schema version, a file that is not SQLite)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Step and checkpoint marks of one job, merged by min/max so that applying them twice is
+    applying them once (a re-read topic counts nothing twice)."""
+
+    first_ts: float
+    last_ts: float
+    ckpt_ts: float | None = None
+    ckpt_step: int | None = None
+    ckpt_write_s: float | None = None
+
+    def merge(self, other: Progress) -> Progress:
+        later = other if (other.ckpt_ts or -1.0) > (self.ckpt_ts or -1.0) else self
+        return Progress(
+            min(self.first_ts, other.first_ts),
+            max(self.last_ts, other.last_ts),
+            later.ckpt_ts,
+            later.ckpt_step,
+            later.ckpt_write_s,
+        )
+
+
+class Store:
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(DDL)
+            version = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path} is not a usable accounting database: {e}") from e
+        if version is None:
+            self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif version[0] != str(SCHEMA_VERSION):
+            raise StoreError(
+                f"{self.path} holds accounting schema {version[0]}; this release reads {SCHEMA_VERSION}"
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ offsets
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        rows = self.db.execute("SELECT topic, partition, next_offset FROM offsets").fetchall()
+        return {(t, p): o for t, p, o in rows}
+
+    def save_offsets(self, db: sqlite3.Connection, offsets: Mapping[tuple[str, int], int]) -> None:
+        db.executemany(
+            "INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition) DO UPDATE SET "
+            "next_offset = max(next_offset, excluded.next_offset)",
+            [(t, p, o) for (t, p), o in offsets.items()],
+        )
+
+    # ------------------------------------------------------------------ runs
+
+    def open_run(self, db: sqlite3.Connection, job: str) -> tuple[int, float] | None:
+        """The job's latest run without an end: (id, start_ts)."""
+        row = db.execute(
+            "SELECT id, start_ts FROM runs WHERE job = ? AND end_ts IS NULL ORDER BY start_ts DESC LIMIT 1",
+            (job,),
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def run(self, db: sqlite3.Connection, job: str, start_ts: float) -> dict[str, Any] | None:
+        cur = db.execute("SELECT * FROM runs WHERE job = ? AND start_ts = ?", (job, start_ts))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return dict(zip([d[0] for d in cur.description], row, strict=True))
+
+    def latest_ended(self, db: sqlite3.Connection, job: str) -> dict[str, Any] | None:
+        cur = db.execute(
+            "SELECT * FROM runs WHERE job = ? AND end_ts IS NOT NULL ORDER BY start_ts DESC LIMIT 1", (job,)
+        )
+        row = cur.fetchone()
+        return None if row is None else dict(zip([d[0] for d in cur.description], row, strict=True))
+
+    def insert_run(
+        self,
+        db: sqlite3.Connection,
+        job: str,
+        start_ts: float,
+        state: str,
+        nodes: Sequence[str],
+        gpus: int,
+        gpus_known: bool,
+    ) -> int:
+        cur = db.execute(
+            "INSERT INTO runs (job, start_ts, state, n_nodes, gpus, gpus_known) VALUES (?, ?, ?, ?, ?, ?)",
+            (job, start_ts, state, len(nodes), gpus, int(gpus_known)),
+        )
+        run_id = int(cur.lastrowid or 0)
+        db.executemany("INSERT OR IGNORE INTO run_nodes VALUES (?, ?)", [(run_id, n) for n in nodes])
+        pending = db.execute(
+            "SELECT first_ts, last_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM pending_steps WHERE job = ?",
+            (job,),
+        ).fetchone()
+        if pending is not None and pending[1] >= start_ts:
+            db.execute("DELETE FROM pending_steps WHERE job = ?", (job,))
+            self.add_progress(db, run_id, Progress(max(pending[0], start_ts), *pending[1:]))
+        return run_id
+
+    def end_run(
+        self,
+        db: sqlite3.Connection,
+        run_id: int,
+        end_ts: float,
+        state: str,
+        end_state: str,
+        exit_code: int | None,
+        bad: str | None,
+    ) -> None:
+        db.execute(
+            "UPDATE runs SET end_ts = ?, state = ?, end_state = ?, exit_code = ?, bad = ? WHERE id = ?",
+            (end_ts, state, end_state, exit_code, bad, run_id),
+        )
+
+    def run_for_progress(self, db: sqlite3.Connection, job: str, ts: float) -> int | None:
+        """The run of `job` that a step at `ts` belongs to: the latest run started by then."""
+        row = db.execute(
+            "SELECT id FROM runs WHERE job = ? AND start_ts <= ? ORDER BY start_ts DESC LIMIT 1", (job, ts)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def add_progress(self, db: sqlite3.Connection, run_id: int, p: Progress) -> None:
+        db.execute(
+            """UPDATE runs SET
+                first_step_ts = min(coalesce(first_step_ts, :first), :first),
+                last_step_ts = max(coalesce(last_step_ts, :last), :last),
+                ckpt_step = CASE WHEN :ckpt > coalesce(ckpt_ts, -1) THEN :step ELSE ckpt_step END,
+                ckpt_write_s = CASE WHEN :ckpt > coalesce(ckpt_ts, -1) THEN :write ELSE ckpt_write_s END,
+                ckpt_ts = max(coalesce(ckpt_ts, -1), coalesce(:ckpt, -1))
+            WHERE id = :id""",
+            {
+                "first": p.first_ts,
+                "last": p.last_ts,
+                "ckpt": p.ckpt_ts if p.ckpt_ts is not None else -1.0,
+                "step": p.ckpt_step,
+                "write": p.ckpt_write_s,
+                "id": run_id,
+            },
+        )
+
+    def park_progress(self, db: sqlite3.Connection, job: str, p: Progress) -> None:
+        row = db.execute(
+            "SELECT first_ts, last_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM pending_steps WHERE job = ?",
+            (job,),
+        ).fetchone()
+        if row is not None:
+            p = Progress(*row).merge(p)
+        db.execute(
+            "INSERT OR REPLACE INTO pending_steps VALUES (?, ?, ?, ?, ?, ?)",
+            (job, p.first_ts, p.last_ts, p.ckpt_ts, p.ckpt_step, p.ckpt_write_s),
+        )
+
+    def expire_pending(self, db: sqlite3.Connection, older_than: float) -> int:
+        return db.execute("DELETE FROM pending_steps WHERE last_ts < ?", (older_than,)).rowcount
+
+    # ------------------------------------------------------------------ findings, drains, nodes
+
+    def upsert_finding(self, db: sqlite3.Connection, f: Mapping[str, Any]) -> None:
+        """One emission of a finding; the row keeps its first opening, latest time and, once it
+        resolves, when; the most severe level it reached."""
+        db.execute(
+            """INSERT INTO findings VALUES (:id, :node, :gpu, :kind, :rule, :severity, :summary,
+                   :first_seen, :ts, :resolved_ts, :domain, :component, :priority)
+               ON CONFLICT (id) DO UPDATE SET
+                   first_seen = min(first_seen, excluded.first_seen),
+                   last_ts = max(last_ts, excluded.last_ts),
+                   resolved_ts = CASE WHEN excluded.resolved_ts IS NOT NULL
+                       THEN max(coalesce(resolved_ts, 0), excluded.resolved_ts) ELSE resolved_ts END,
+                   severity = CASE WHEN (excluded.severity = 'critical')
+                       OR (excluded.severity = 'warning' AND severity = 'info')
+                       THEN excluded.severity ELSE severity END,
+                   summary = CASE WHEN excluded.last_ts >= last_ts THEN excluded.summary ELSE summary END""",
+            dict(f),
+        )
+
+    def upsert_drain(
+        self, db: sqlite3.Connection, request_id: str, node: str, action: str, outcome: str, ts: float
+    ) -> None:
+        db.execute(
+            "INSERT INTO drains VALUES (?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET "
+            "outcome = CASE WHEN excluded.outcome = 'duplicate' THEN outcome ELSE excluded.outcome END, "
+            "ts = CASE WHEN excluded.outcome = 'duplicate' THEN ts ELSE excluded.ts END",
+            (request_id, node, action, outcome, ts),
+        )
+
+    def upsert_node(self, db: sqlite3.Connection, node: str, first_seen: float, last_seen: float) -> None:
+        db.execute(
+            "INSERT INTO nodes VALUES (?, ?, ?) ON CONFLICT (node) DO UPDATE SET "
+            "first_seen = min(first_seen, excluded.first_seen), "
+            "last_seen = max(last_seen, excluded.last_seen)",
+            (node, first_seen, last_seen),
+        )
+
+    # ------------------------------------------------------------------ data quality
+
+    def count_quality(self, db: sqlite3.Connection, what: str, ts: float, example: str) -> None:
+        day = int(ts // 86400) if ts == ts and abs(ts) < 1e15 else 0
+        db.execute(
+            "INSERT INTO quality VALUES (?, ?, 1) ON CONFLICT (what, day) DO UPDATE SET count = count + 1",
+            (what, day),
+        )
+        n = db.execute(
+            "SELECT count(*) FROM quality_examples WHERE what = ? AND day = ?", (what, day)
+        ).fetchone()
+        if n[0] < QUALITY_EXAMPLES:
+            db.execute("INSERT INTO quality_examples VALUES (?, ?, ?)", (what, day, example[:300]))
+
+    # ------------------------------------------------------------------ reading for the figures
+
+    def rows(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        """A query's rows (the report's only way in: benchmarks/accounting_store.py runs the same
+        report on another engine through this one method)."""
+        return self.db.execute(sql, tuple(params)).fetchall()
+
+    def columns(self, sql: str, params: Iterable[Any] = ()) -> dict[str, np.ndarray]:
+        """A query's result as numpy columns (object arrays for text)."""
+        cur = self.db.execute(sql, tuple(params))
+        names = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+        if not rows:
+            return {n: np.array([]) for n in names}
+        cols = list(zip(*rows, strict=True))
+        out: dict[str, np.ndarray] = {}
+        for n, col in zip(names, cols, strict=True):
+            if all(isinstance(v, (int, float)) or v is None for v in col) and any(v is not None for v in col):
+                out[n] = np.array([np.nan if v is None else v for v in col], dtype=np.float64)
+            else:
+                out[n] = np.array(col, dtype=object)
+        return out

@@ -1,0 +1,201 @@
+"""What each message does to the accounting history (pipeline/reliability/ingest.py, store.py):
+runs and requeues, idempotence, progress marks, and the data-quality lines for bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetwatch.pipeline.reliability import report
+from fleetwatch.pipeline.reliability.ingest import Ingest
+from fleetwatch.pipeline.reliability.store import Progress, Store, StoreError
+from tests.helpers.reliability import T0, finding, job
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "a.sqlite")
+    yield s
+    s.close()
+
+
+def feed(store, *messages, broker_ts=None):
+    ing = Ingest(store)
+    with store.transaction() as db:
+        for m in messages:
+            if m["schema"] == "job/1":
+                ing.job(db, m, broker_ts)
+            else:
+                ing.finding(db, m, broker_ts)
+
+
+def runs(store):
+    return store.db.execute(
+        "SELECT job, start_ts, end_ts, end_state, n_nodes, gpus, bad FROM runs ORDER BY id"
+    ).fetchall()
+
+
+def quality(store):
+    return {
+        line["what"]: line["count"]
+        for line in report.data_quality(store, _empty(store), T0 - 10 * 86400, T0 + 10 * 86400)
+    }
+
+
+def _empty(store):
+    from fleetwatch.pipeline.reliability.attribution import Window
+    from fleetwatch.pipeline.reliability.history import load
+
+    return load(store, 0, 1, Window())
+
+
+def test_a_start_and_an_end_make_one_run(store):
+    feed(
+        store, job("j", ["n1", "n2"], "started", T0, gpus=[8, 4]), job("j", ["n1", "n2"], "finished", T0 + 60)
+    )
+    assert runs(store) == [("j", T0, T0 + 60, "COMPLETED", 2, 12, None)]
+
+
+def test_a_requeued_job_is_two_runs_of_one_id(store):
+    feed(
+        store,
+        job("j", ["n1"], "started", T0, start_ts=T0),
+        job("j", ["n1"], "failed", T0 + 60, end_state="NODE_FAIL", start_ts=T0),
+        job("j", ["n2"], "started", T0 + 120, start_ts=T0 + 120),
+        job("j", ["n2"], "finished", T0 + 300, end_state="COMPLETED", start_ts=T0 + 120),
+    )
+    assert [(r[1], r[3]) for r in runs(store)] == [(T0, "NODE_FAIL"), (T0 + 120, "COMPLETED")]
+
+
+def test_reading_everything_again_counts_nothing_twice(store):
+    msgs = [
+        job("j", ["n1"], "started", T0),
+        job("j", ["n1"], "running", T0 + 30),
+        job("j", ["n1"], "failed", T0 + 60, end_state="FAILED"),
+        finding("n1", "ecc", T0 + 50),
+    ]
+    feed(store, *msgs)
+    before = (runs(store), store.db.execute("SELECT * FROM findings").fetchall())
+    feed(store, *msgs)
+    feed(store, *msgs)
+    assert (runs(store), store.db.execute("SELECT * FROM findings").fetchall()) == before
+    assert quality(store) == {}
+
+
+def test_an_end_without_a_start_time_closes_the_open_run(store):
+    feed(store, job("j", ["n1"], "started", T0), job("j", ["n1"], "failed", T0 + 60))
+    assert runs(store) == [("j", T0, T0 + 60, "FAILED", 1, 8, None)]
+
+
+def test_a_second_different_end_is_a_quality_line_and_the_first_stands(store):
+    feed(
+        store,
+        job("j", ["n1"], "started", T0, start_ts=T0),
+        job("j", ["n1"], "finished", T0 + 60, end_state="COMPLETED", start_ts=T0),
+        job("j", ["n1"], "failed", T0 + 90, end_state="NODE_FAIL", start_ts=T0),
+    )
+    assert runs(store)[0][2:4] == (T0 + 60, "COMPLETED")
+    assert quality(store) == {"duplicate_end": 1}
+
+
+def test_an_end_before_its_start_is_kept_out_of_the_figures(store):
+    feed(store, job("j", ["n1"], "failed", T0 - 60, end_state="NODE_FAIL", start_ts=T0))
+    assert runs(store)[0][-1] == "end_before_start"
+    r = report.build(store, T0 - 86400, T0 + 86400)
+    assert r["taxonomy"]["runs"] == 0
+    assert {q["what"] for q in r["data_quality"]} == {"end_before_start"}
+
+
+def test_ends_of_jobs_never_started_or_never_seen_are_counted_not_run(store):
+    feed(
+        store,
+        job("pending", [], "finished", T0, end_state="CANCELLED"),
+        job("ghost", ["n1"], "failed", T0, end_state="FAILED"),
+    )
+    assert runs(store) == []
+    assert quality(store) == {"never_started": 1, "end_without_start": 1}
+
+
+def test_a_clock_ahead_of_the_broker_is_clamped_to_the_brokers_time_and_counted(store):
+    feed(store, job("j", ["n1"], "started", T0), broker_ts=T0)
+    feed(store, job("j", ["n1"], "finished", T0 + 10 * 86400), broker_ts=T0 + 60)
+    assert runs(store)[0][2] == T0 + 60
+    assert quality(store) == {"clock_ahead": 1}
+
+
+def test_a_run_open_longer_than_any_job_may_run_is_a_quality_line(store):
+    # in the range its end was due (7 days after its start), not before
+    feed(store, job("j", ["n1"], "started", T0 - 7.5 * 86400))
+    lines = report.build(store, T0 - 86400, T0)["data_quality"]
+    assert [(q["what"], q["count"], q["examples"]) for q in lines] == [("no_end", 1, ["j"])]
+    assert report.build(store, T0 - 3 * 86400, T0 - 86400)["data_quality"] == []
+
+
+def test_nodes_the_census_never_saw_are_a_quality_line(store):
+    feed(store, job("j", ["n1", "nX"], "started", T0), job("j", ["n1", "nX"], "finished", T0 + 60))
+    with store.transaction() as db:
+        store.upsert_node(db, "n1", T0, T0)
+    lines = {q["what"]: q["count"] for q in report.build(store, T0 - 60, T0 + 3600)["data_quality"]}
+    assert lines == {"unknown_nodes": 1}
+
+
+def test_progress_before_its_job_waits_and_joins_the_run(store):
+    ing = Ingest(store)
+    with store.transaction() as db:
+        ing.progress(db, "j", Progress(T0 + 10, T0 + 500, T0 + 400, 40, 12.0), T0 + 500)
+    feed(store, job("j", ["n1"], "started", T0))
+    row = store.db.execute(
+        "SELECT first_step_ts, last_step_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM runs"
+    ).fetchone()
+    assert row == (T0 + 10, T0 + 500, T0 + 400, 40, 12.0)
+    assert store.db.execute("SELECT count(*) FROM pending_steps").fetchone()[0] == 0
+
+
+def test_progress_of_a_job_never_seen_is_dropped_after_an_hour_and_counted(store):
+    ing = Ingest(store)
+    with store.transaction() as db:
+        ing.progress(db, "ghost", Progress(T0, T0, None, None, None), T0)
+    with store.transaction() as db:
+        ing.expire(db, T0 + 3601)
+    assert store.db.execute("SELECT count(*) FROM pending_steps").fetchone()[0] == 0
+    assert quality(store) == {"steps_of_unknown_job": 1}
+
+
+def test_progress_merges_by_min_and_max_so_a_repeat_changes_nothing(store):
+    feed(store, job("j", ["n1"], "started", T0))
+    ing = Ingest(store)
+    for _ in range(2):
+        with store.transaction() as db:
+            ing.progress(db, "j", Progress(T0 + 5, T0 + 100, T0 + 90, 9, 1.5), T0 + 100)
+            ing.progress(
+                db, "j", Progress(T0 + 50, T0 + 60, T0 + 30, 3, 9.0), T0 + 100
+            )  # an older checkpoint
+    row = store.db.execute(
+        "SELECT first_step_ts, last_step_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM runs"
+    ).fetchone()
+    assert row == (T0 + 5, T0 + 100, T0 + 90, 9, 1.5)
+
+
+def test_a_finding_row_keeps_its_opening_its_worst_level_and_its_resolution(store):
+    f1 = finding("n1", "ecc", T0, severity="warning")
+    f2 = finding("n1", "ecc", T0 + 60, severity="critical", first_seen=T0)
+    f3 = finding("n1", "ecc", T0 + 120, severity="warning", first_seen=T0, resolved=True)
+    feed(store, f3, f1, f2)  # in any order
+    row = store.db.execute("SELECT first_seen, last_ts, resolved_ts, severity FROM findings").fetchall()
+    assert row == [(T0, T0 + 120, T0 + 120, "critical")]
+
+
+def test_a_store_of_another_schema_version_or_not_sqlite_is_refused(tmp_path):
+    s = Store(tmp_path / "a.sqlite")
+    s.db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    s.close()
+    with pytest.raises(StoreError, match="schema 99"):
+        Store(tmp_path / "a.sqlite")
+    (tmp_path / "junk").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(StoreError, match="not a usable"):
+        Store(tmp_path / "junk")
+
+
+def test_a_flood_of_one_bad_kind_adds_to_a_count_not_to_rows(store):
+    feed(store, *[job(f"p{i}", [], "finished", T0 + i, end_state="CANCELLED") for i in range(500)])
+    assert quality(store) == {"never_started": 500}
+    assert store.db.execute("SELECT count(*) FROM quality_examples").fetchone()[0] == 5

@@ -1,0 +1,190 @@
+"""The accounting stage (pipeline/reliability/stage.py) on the in-memory bus: what it applies,
+what it refuses (dead letter, count, no change), and that a restart or a re-read counts nothing
+twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetwatch import topics
+from fleetwatch.bus.memory import MemoryBus
+from fleetwatch.pipeline.reliability import report
+from fleetwatch.pipeline.reliability.ingest import Ingest
+from fleetwatch.pipeline.reliability.stage import Accounting, partitions, run_loop
+from fleetwatch.pipeline.reliability.store import Store
+from tests.helpers.reliability import CENSUS_KEY, DRAIN_KEY, T0, census, finding, job, result, step
+
+
+def enc(m) -> bytes:
+    return orjson.dumps(m)
+
+
+def stage(bus: MemoryBus, path) -> Accounting:
+    store = Store(path)
+    return Accounting(store, Ingest(store), CENSUS_KEY, DRAIN_KEY, bus.producer())
+
+
+def new_bus() -> MemoryBus:
+    """A bus whose broker clock is past every event of these histories (the stage bounds a
+    message's time by the broker's)."""
+    return MemoryBus(clock_ms=lambda: int((T0 + 7200) * 1000))
+
+
+def drain(bus: MemoryBus, acc: Accounting) -> None:
+    """Run the stage's loop until every record on the bus is applied."""
+    run_loop(bus, acc, threading.Event(), idle_exit_s=0.0)
+
+
+def apply_all(bus: MemoryBus, acc: Accounting) -> None:
+    """Every record in one batch, as one poll would hand them over (no loop: fast)."""
+    reader = bus.reader()
+    tps = partitions(reader, acc.t.all())
+    reader.assign(tps, "beginning")
+    acc.apply(reader.poll(0.0, max_records=10_000), T0 + 7200)
+
+
+def history(bus: MemoryBus) -> None:
+    nodes = ["n1", "n2"]
+    bus.append(topics.NODES, b"n1", enc(census("n1", T0)))
+    bus.append(topics.NODES, b"n2", enc(census("n2", T0)))
+    bus.append(topics.JOBS, b"j", enc(job("j", nodes, "started", T0, start_ts=T0, gpus=[8, 8])))
+    bus.append(topics.STEPS, b"j", enc(step("j", "n1", T0 + 60, 1)))
+    bus.append(
+        topics.STEPS, b"j", enc(step("j", "n1", T0 + 3000, 50, checkpoint_step=49, checkpoint_ts=T0 + 2990))
+    )
+    bus.append(topics.FINDINGS, b"n2", enc(finding("n2", "ecc", T0 + 3500)))
+    bus.append(topics.JOBS, b"j", enc(job("j", nodes, "failed", T0 + 3600, end_state="FAILED", start_ts=T0)))
+    bus.append(topics.DRAIN_RESULTS, b"n2", enc(result("n2", "drain", T0 + 3700, "a" * 32)))
+
+
+UNTIL = time.time() + 86400
+
+
+def figures(acc: Accounting) -> dict:
+    # to now: a refused record's data-quality line is dated when it was read
+    r = report.build(acc.store, T0 - 86400, UNTIL)
+    r.pop("compute_s")
+    return r
+
+
+def test_the_stage_turns_the_topics_into_attributed_history(tmp_path):
+    bus = new_bus()
+    history(bus)
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    r = figures(acc)
+    assert r["taxonomy"]["by_category"] == {"hardware": 1}
+    (row,) = r["failures"]
+    assert (row["component"], row["node"], len(row["evidence"])) == ("gpu_memory", "n2", 1)
+    # 610 s since the checkpoint, on 16 GPUs
+    assert r["lost_gpu_hours_by_cause"]["lost_progress"] == {
+        "hardware:gpu_memory": pytest.approx(610 * 16 / 3600, abs=1e-3)
+    }
+    assert r["lost_gpu_hours_by_cause"]["drained"] > 0
+    assert r["data_quality"] == []
+
+
+def test_a_restart_resumes_after_its_last_commit_and_a_full_reread_changes_nothing(tmp_path):
+    bus = new_bus()
+    history(bus)
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    before = figures(acc)
+    stored = acc.store.offsets()
+    assert sum(stored.values()) == 8
+    acc.store.close()
+    again = stage(bus, tmp_path / "a.sqlite")  # a restart: reads nothing new
+    drain(bus, again)
+    assert figures(again) == before
+    # an operator resets the offsets: everything is read again, nothing counted twice
+    again.store.db.execute("DELETE FROM offsets")
+    drain(bus, again)
+    assert figures(again) == before
+
+
+BAD = [
+    (topics.JOBS, b"j", b"{not json"),
+    (topics.JOBS, b"other", enc(job("j", ["n1"], "started", T0))),  # key is not the job
+    (topics.JOBS, b"j", enc({"schema": "job/1", "job": "j", "nodes": ["n1"], "state": "exploded", "ts": T0})),
+    (
+        topics.STEPS,
+        b"j",
+        enc(
+            {"schema": "step/1", "job": "j", "node": "n1", "rank": 0, "step": 1, "step_time_s": -1, "ts": T0}
+        ),
+    ),
+    (topics.STEPS, b"j", enc({**step("j", "n1", T0, 1), "checkpoint_step": 3})),  # a mark without its time
+    (topics.FINDINGS, b"n1", enc({**finding("n1", "ecc", T0), "sig": "0" * 64})),  # forged
+    (topics.FINDINGS, b"n1", enc(finding("n1", "ecc", T0, key=b"x" * 32))),  # another key
+    (topics.DRAIN_RESULTS, b"n1", enc(result("n1", "drain", T0, "b" * 32, key=b"x" * 32))),
+    (topics.NODES, b"n9", enc(census("n9", T0, key=b"x" * 32))),
+    (topics.JOBS, b"j", b"x" * (2 << 20)),
+]
+
+
+def test_bad_records_go_to_the_dead_letter_topic_are_counted_and_change_nothing(tmp_path):
+    clean = new_bus()
+    history(clean)
+    ref = stage(clean, tmp_path / "ref.sqlite")
+    drain(clean, ref)
+
+    bus = new_bus()
+    for topic, key, value in BAD:  # before, between and after the good records
+        bus.append(topic, key, value)
+    history(bus)
+    for topic, key, value in BAD:
+        bus.append(topic, key, value)
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    got, want = figures(acc), figures(ref)
+    refused = {q["what"]: q["count"] for q in got.pop("data_quality")}
+    want.pop("data_quality")
+    assert got == want
+    assert sum(refused.values()) == 2 * len(BAD)
+    assert all(what.startswith("refused:") for what in refused)
+    dead = bus.records(topics.DEADLETTER)
+    assert len(dead) == 2 * len(BAD)
+    assert all(dict(d.headers)["source"].startswith(b"account:") for d in dead)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([topics.JOBS, topics.STEPS, topics.FINDINGS, topics.DRAIN_RESULTS, topics.NODES]),
+            st.one_of(st.none(), st.binary(max_size=8)),
+            st.one_of(
+                st.binary(max_size=200),
+                st.builds(
+                    lambda m: enc(m),
+                    st.dictionaries(
+                        st.sampled_from(["schema", "job", "nodes", "state", "ts", "id", "node"]),
+                        st.one_of(
+                            st.integers(-(2**63), 2**63 - 1),
+                            st.text(max_size=5),
+                            st.floats(),
+                            st.lists(st.text(max_size=3), max_size=3),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        max_size=20,
+    )
+)
+def test_any_bytes_on_any_topic_never_stop_the_stage_nor_touch_the_figures(tmp_path_factory, hostile):
+    bus = new_bus()
+    for topic, key, value in hostile:
+        bus.append(topic, key, value)
+    history(bus)
+    acc = stage(bus, tmp_path_factory.mktemp("h") / "a.sqlite")
+    apply_all(bus, acc)
+    r = figures(acc)
+    assert r["taxonomy"]["by_category"] == {"hardware": 1}
+    assert r["failures"][0]["component"] == "gpu_memory"
