@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real services: installs what is missing, starts the local
 # Kafka broker (idempotent), lints, then pytest: the unit tier in two processes (pytest-xdist: it
-# needs no service, so its tests can run side by side), then the integration tier in one (its tests
-# share the real services). Extra arguments go to a single pytest run instead (e.g. -k, a file).
+# needs no service, so its tests can run side by side), then the integration tier as two pytest
+# processes (below). Extra arguments go to a single pytest run instead (e.g. -k, a file).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -23,4 +23,19 @@ if [[ $# -gt 0 ]]; then
 fi
 wait "$warm_pid"
 python3 -m pytest -q -n 2 tests/unit
-python3 -m pytest -q tests/integration
+# The integration tier mostly waits on its services, so it runs as two pytest processes side by
+# side: the files that use the one Slurm cluster (marker `slurm`), one after the other, and the
+# rest; each with a private broker of its own (tests/integration/conftest.py). Not pytest-xdist's
+# groups: with pytest 9 its --dist loadgroup no longer keeps a group in one process.
+slurm_log="$(mktemp)"
+trap 'rm -f "$slurm_log"' EXIT
+FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m slurm tests/integration \
+  >"$slurm_log" 2>&1 &
+slurm_pid=$!
+rest=0
+python3 -m pytest -q -m "not slurm" tests/integration || rest=$?
+slurm=0
+wait "$slurm_pid" || slurm=$?
+echo "--- tests/integration, the files that use Slurm (run beside the above) ---"
+cat "$slurm_log"
+((rest == 0 && slurm == 0))

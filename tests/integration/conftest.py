@@ -26,6 +26,7 @@ from tests.integration.services import (
     PrivateBroker,
     Slurm,
     TopicTail,
+    one_at_a_time,
     service,
 )
 from tests.integration.workers import Detect
@@ -43,7 +44,8 @@ def census_key() -> str:
 def kafka_bootstrap() -> str:
     bootstrap = os.environ.get("FLEETWATCH_TEST_BOOTSTRAP", "127.0.0.1:19092")
     if "FLEETWATCH_TEST_BOOTSTRAP" not in os.environ:
-        r = subprocess.run(["bash", str(KAFKA_SH), "start"], capture_output=True, text=True, timeout=300)
+        with one_at_a_time("kafka-shared"):
+            r = subprocess.run(["bash", str(KAFKA_SH), "start"], capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             pytest.fail(f"could not start the local Kafka broker: {r.stderr.strip()[-2000:]}")
     wait_for_broker(bootstrap, timeout_s=60)
@@ -65,8 +67,24 @@ def topic_tail(kafka_bootstrap: str) -> Iterator[Callable[[str], TopicTail]]:
         t.close()
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """scripts/test.sh runs the tier as two pytest processes side by side (it mostly waits on the
+    services): the files that use the one Slurm cluster (`pytestmark = USES_SLURM`, marker
+    `slurm`), one after the other, since each resets the nodes and expects them idle; and the
+    rest. What the two share is safe side by side: the broker and Alertmanager by each test's
+    own topics, groups and cluster labels; the private broker that tests stop and restart is one
+    per process (FLEETWATCH_TEST_PRIVATE_PORT). A test that uses the Slurm cluster without the
+    mark would run beside the others: refused here."""
+    if "slurm" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
+        raise pytest.UsageError(
+            f"{item.nodeid} uses the slurm fixture: its file needs pytestmark = USES_SLURM"
+        )
+
+
 @pytest.fixture(scope="session")
 def private_broker(kafka_bootstrap: str) -> Iterator[PrivateBroker]:
+    # one per pytest process (scripts/test.sh gives each its port): a test stops and restarts it,
+    # which must not cut the other process's tests off
     broker = PrivateBroker(int(os.environ.get("FLEETWATCH_TEST_PRIVATE_PORT", "19192")))
     broker.start()
     ensure_topics(broker.bootstrap)

@@ -8,6 +8,8 @@ service cannot start: these tests are about the real thing, so there is nothing 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -18,7 +20,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,10 @@ KAFKA_SH = REPO / "services" / "kafka" / "kafka.sh"
 AM_SH = REPO / "services" / "alertmanager" / "alertmanager.sh"
 SLURM_SH = REPO / "services" / "slurm" / "slurm.sh"
 AM_PORT = int(os.environ.get("FLEETWATCH_TEST_AM_PORT", "19094"))
+# `pytestmark = USES_SLURM` in every file whose tests use the one Slurm cluster: scripts/test.sh runs
+# them in a pytest of their own, one after the other, beside the rest of the tier
+# (tests/integration/conftest.py)
+USES_SLURM = pytest.mark.slurm
 SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 5)]
 
 
@@ -185,10 +191,25 @@ class PrivateBroker:
         self._sh("stop")
 
 
+@contextlib.contextmanager
+def one_at_a_time(name: str) -> Iterator[None]:
+    """Held by one test process at a time (the tier runs in two, scripts/test.sh): two `start`s
+    of one service at once would both find it down and both launch it."""
+    lock_dir = Path(os.environ.get("FLEETWATCH_HOME", REPO / ".fleetwatch"))
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{name}.test-lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def service(script: Path, verb: str, **env: str) -> str:
-    r = subprocess.run(
-        ["bash", str(script), verb], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
-    )
+    with one_at_a_time(f"{script.stem}-{'-'.join(env.values())}"):
+        r = subprocess.run(
+            ["bash", str(script), verb], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+        )
     if r.returncode != 0:
         pytest.fail(f"{script.name} {verb} failed (rc {r.returncode}): {r.stderr.strip()[-2000:]}")
     return r.stdout

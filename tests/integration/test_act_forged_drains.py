@@ -20,7 +20,9 @@ from fleetwatch.alerts import drain_request, drain_result
 from tests.helpers.findings import finding
 from tests.helpers.paths import REPO
 from tests.integration.act_rig import KEY, ActRig, free_port, metric, wait_for_metric
-from tests.integration.services import SLURM_NODES, Slurm, TopicTail
+from tests.integration.services import SLURM_NODES, USES_SLURM, Slurm, TopicTail
+
+pytestmark = USES_SLURM
 
 ATTACKER_KEY = b"attacker-key-attacker-key-123456"
 

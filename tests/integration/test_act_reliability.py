@@ -18,7 +18,9 @@ from fleetwatch.alerts.journal import Journal
 from fleetwatch.signing import signed as sign
 from tests.helpers.findings import finding, resolve, signed
 from tests.integration.act_rig import CENSUS_KEY, ActRig, free_port, metric, wait_for_metric
-from tests.integration.services import SLURM_NODES, Slurm, TopicTail
+from tests.integration.services import SLURM_NODES, USES_SLURM, Slurm, TopicTail
+
+pytestmark = USES_SLURM
 
 
 def labels_of(alerts: list[dict[str, Any]]) -> set[tuple[str, str, str]]:

@@ -5,7 +5,9 @@ The classes the fixtures return are in tests/integration/services.py."""
 
 from __future__ import annotations
 
-from tests.integration.services import AM_SH, SLURM_NODES, SLURM_SH, Alertmanager, Slurm, service
+from tests.integration.services import AM_SH, SLURM_NODES, SLURM_SH, USES_SLURM, Alertmanager, Slurm, service
+
+pytestmark = USES_SLURM
 
 
 def test_service_scripts_are_idempotent(alertmanager: Alertmanager, slurm: Slurm) -> None:

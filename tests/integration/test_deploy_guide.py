@@ -53,8 +53,10 @@ from fleetwatch import topics
 from fleetwatch.bus.admin import Admin, ensure_topics, topic_configs
 from fleetwatch.cli import build_parser
 from tests.helpers.paths import REPO
-from tests.integration.services import SLURM_NODES, Alertmanager, Slurm
+from tests.integration.services import SLURM_NODES, USES_SLURM, Alertmanager, Slurm
 from tests.unit.test_systemd_units import parse_unit
+
+pytestmark = USES_SLURM
 
 GUIDE = REPO / "docs" / "deploy.md"
 CONTRACT = REPO / "docs" / "contract.md"

@@ -21,7 +21,9 @@ from typing import Any
 from fleetwatch.bus.admin import ensure_topics
 from tests.helpers.findings import finding, resolve
 from tests.integration.act_rig import ActRig, free_port, metric, wait_for_metric
-from tests.integration.services import SLURM_NODES, Slurm, TopicTail
+from tests.integration.services import SLURM_NODES, USES_SLURM, Slurm, TopicTail
+
+pytestmark = USES_SLURM
 
 
 def names(alerts: list[dict[str, Any]]) -> set[tuple[str, str]]:

@@ -26,7 +26,9 @@ from fleetwatch.bus.admin import Admin, ensure_topics
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.bus.partitioner import partition_for
 from tests.helpers.paths import REPO
-from tests.integration.services import Slurm, TopicTail
+from tests.integration.services import USES_SLURM, Slurm, TopicTail
+
+pytestmark = USES_SLURM
 
 KEY = b"test-drain-key-0123456789abcdef"
 

@@ -24,8 +24,10 @@ from fleetwatch.pipeline.job_table import JobTableFollower
 from tests.helpers.act import Rig
 from tests.helpers.findings import T0, finding
 from tests.helpers.paths import REPO
-from tests.integration.services import Jobs, Slurm, TopicTail
+from tests.integration.services import USES_SLURM, Jobs, Slurm, TopicTail
 from tests.integration.workers import Detect
+
+pytestmark = USES_SLURM
 
 TRAIN = REPO / "tests" / "jobs" / "train_steps.py"
 

@@ -28,7 +28,9 @@ from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from tests.helpers.messages import gpu
-from tests.integration.services import SLURM_SH, Jobs, PrivateBroker, Slurm, TopicTail
+from tests.integration.services import SLURM_SH, USES_SLURM, Jobs, PrivateBroker, Slurm, TopicTail
+
+pytestmark = USES_SLURM
 
 START_WITHIN_S = 10.0  # issue 16: a job start is on the topic within 10 s of Slurm starting it
 

@@ -9,7 +9,9 @@ import subprocess
 import pytest
 
 from fleetwatch.collectors.slurm_jobs.model import expand_nodes
-from tests.integration.services import Slurm
+from tests.integration.services import USES_SLURM, Slurm
+
+pytestmark = USES_SLURM
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,9 @@ from fleetwatch.alerts.slurm_drainer import Drainer
 from fleetwatch.alerts.validation import ValidationSettings, Validator, reservation_name
 from fleetwatch.bus.kafka import KafkaBus
 from tests.helpers.paths import REPO
-from tests.integration.services import Jobs, Slurm
+from tests.integration.services import USES_SLURM, Jobs, Slurm
+
+pytestmark = USES_SLURM
 
 KEY = b"test-drain-key-0123456789abcdef"
 FAKE_DCGMI = str(REPO / "tests" / "fakes" / "dcgmi")
