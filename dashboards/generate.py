@@ -1149,11 +1149,159 @@ def pipeline() -> dict:
     )
 
 
+# ----------------------------------------------------------------------------- (e) reliability
+
+
+def reliability() -> dict:
+    """The reliability accounting's live figures (`fleetwatch account`, docs/reliability.md): what
+    SRE leads read; `fleetwatch report` has the same figures over any range, with plots."""
+    r = "fleetwatch_reliability"
+    window = f"max(fleetwatch_reliability_window_seconds{{{C}}}) / 86400"
+    panels = [
+        row("The cluster's reliability over the trailing window"),
+        stat(
+            "Failure rate r_f (per 1000 node-days)",
+            targets(
+                (f'max({r}_failure_rate_per_1000_node_days{{{C}, scope="large", component="all"}})', "r_f")
+            ),
+            w=6,
+            decimals=2,
+            thr=thresholds((None, "green"), (2.34, "yellow"), (6.5, "red")),
+            desc="Infrastructure failures of jobs of more than 128 GPUs per 1000 node-days of their runtime "
+            "(the paper's r_f; RSC-2 2.34, RSC-1 6.50). docs/reliability.md.",
+        ),
+        stat(
+            "r_f 95% interval",
+            targets(
+                (f'max({r}_failure_rate_ci_per_1000_node_days{{{C}, bound="low"}})', "low"),
+                (f'max({r}_failure_rate_ci_per_1000_node_days{{{C}, bound="high"}})', "high"),
+            ),
+            w=4,
+            decimals=2,
+            desc="Exact Poisson interval: a wide one means too few failures to say much yet.",
+        ),
+        stat(
+            "Median ETTR (long jobs)",
+            targets((f'max({r}_ettr{{{C}, quantile="0.5"}})', "median")),
+            w=4,
+            unit="percentunit",
+            thr=thresholds((None, "red"), (0.8, "yellow"), (0.9, "green")),
+            desc="Productive time over the time jobs of 24 h or more held their allocations.",
+        ),
+        stat(
+            "Lemon nodes",
+            targets((f"max({r}_lemon_nodes{{{C}}})", "lemons")),
+            w=3,
+            thr=thresholds((None, "green"), (1, "orange")),
+        ),
+        stat(
+            "GPU-hours lost",
+            targets((f"sum({r}_lost_gpu_hours{{{C}}})", "lost")),
+            w=4,
+            decimals=0,
+            desc="Progress lost since the last checkpoint, restart overhead, and time nodes spent drained.",
+        ),
+        stat(
+            "Window (days)",
+            targets((window, "days")),
+            w=3,
+            decimals=0,
+        ),
+        row("Failures"),
+        ts(
+            "r_f by component",
+            targets(
+                (
+                    f'max by (component) ({r}_failure_rate_per_1000_node_days{{{C}, scope="large"}})',
+                    "{{component}}",
+                )
+            ),
+            desc="Each component's share of r_f, as it evolved (each point: the trailing window then).",
+        ),
+        bargauge(
+            "Infrastructure failures by component",
+            targets((f"sum by (component) ({r}_infra_failures{{{C}}})", "{{component}}"), instant=True),
+        ),
+        bargauge(
+            "Job ends by category",
+            targets((f"sum by (category) ({r}_job_ends{{{C}}})", "{{category}}"), instant=True),
+            desc="completed; user: the application's own failure; hardware and system_software: the "
+            "infrastructure's (NODE_FAIL, or FAILED with a critical finding within 10 min before to 5 min "
+            "after the end); other: cancelled, preempted, timed out.",
+        ),
+        row("Job mean time to failure by size"),
+        bargauge(
+            "Measured MTTF (hours) by GPUs",
+            targets((f"max by (gpus) ({r}_mttf_hours{{{C}}})", "{{gpus}} GPUs"), instant=True),
+            unit="h",
+        ),
+        bargauge(
+            "Projected MTTF (hours): 1 / (nodes x r_f)",
+            targets((f"max by (gpus) ({r}_projected_mttf_hours{{{C}}})", "{{gpus}} GPUs"), instant=True),
+            unit="h",
+        ),
+        row("What failures cost"),
+        bargauge(
+            "GPU-hours lost by kind and cause",
+            targets(
+                (f"sum by (kind, cause) ({r}_lost_gpu_hours{{{C}}})", "{{kind}}: {{cause}}"), instant=True
+            ),
+            h=10,
+        ),
+        ts(
+            "ETTR of long jobs (quantiles)",
+            targets((f"max by (quantile) ({r}_ettr{{{C}}})", "q{{quantile}}")),
+            unit="percentunit",
+            h=10,
+        ),
+        row("The accounting stage"),
+        ts(
+            "Records applied and refused",
+            targets(
+                (
+                    f"sum by (topic, outcome) (rate(fleetwatch_accounting_records_total{{{C}}}[{RATE}]))",
+                    "{{topic}} {{outcome}}",
+                )
+            ),
+            unit="reqps",
+        ),
+        ts(
+            "Records behind, data quality",
+            targets(
+                (f"sum by (topic) (fleetwatch_accounting_behind_records{{{C}}})", "behind: {{topic}}"),
+                (f"sum by (what) ({r}_data_quality{{{C}}})", "quality: {{what}}"),
+            ),
+        ),
+        stat(
+            "Figures age",
+            targets((f"time() - max({r}_refreshed_timestamp_seconds{{{C}}})", "age")),
+            w=6,
+            unit="s",
+            thr=thresholds((None, "green"), (900, "orange")),
+            desc="Seconds since the live figures were computed (every 5 minutes by default).",
+        ),
+        stat(
+            "Compute time",
+            targets((f"max({r}_refresh_seconds{{{C}}})", "seconds")),
+            w=6,
+            unit="s",
+        ),
+    ]
+    return dashboard(
+        "fleetwatch-reliability",
+        "fleetwatch / Reliability",
+        "The cluster's failure rate, job MTTF by size, ETTR, lemons and lost GPU-hours (Kokolis et al.).",
+        panels,
+        [CLUSTER],
+    )
+
+
 DASHBOARDS = {
     "fleet-overview.json": fleet_overview,
     "node-gpu.json": node_gpu,
     "jobs-stragglers.json": jobs,
     "pipeline-health.json": pipeline,
+    "reliability.json": reliability,
 }
 
 

@@ -95,14 +95,14 @@ def test_compose_config_rejects_a_broken_file(tmp_path: Path, breakage: str, rep
 def test_stack_has_every_service(config: dict[str, Any]) -> None:
     services = config["services"]
     assert set(services) == {
-        "kafka", "prometheus", "alertmanager", "grafana", "simulate", "detect", "act", "drain-log",
+        "kafka", "prometheus", "alertmanager", "grafana", "simulate", "detect", "act", "drain-log", "account",
     }  # fmt: skip
     kafka = services["kafka"]
     assert kafka["image"].startswith("apache/kafka:")
     assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft combined mode
     assert kafka["healthcheck"]["test"]
     assert services["detect"]["deploy"]["replicas"] == 2
-    for name, cmd in (("simulate", "simulate"), ("detect", "detect"), ("act", "act")):
+    for name, cmd in (("simulate", "simulate"), ("detect", "detect"), ("act", "act"), ("account", "account")):
         svc = services[name]
         assert svc["build"]["dockerfile"] == "services/docker/Dockerfile", name
         assert svc["command"][0] == cmd, name
@@ -145,7 +145,11 @@ def test_mounted_files_and_build_inputs_exist(config: dict[str, Any]) -> None:
 def test_prometheus_in_compose_scrapes_the_workers(config: dict[str, Any]) -> None:
     prom = yaml.safe_load((REPO / "services" / "prometheus" / "prometheus-compose.yml").read_text())
     by_job = {j["job_name"]: j for j in prom["scrape_configs"]}
-    for job, service in (("fleetwatch-detect", "detect"), ("fleetwatch-act", "act")):
+    for job, service in (
+        ("fleetwatch-detect", "detect"),
+        ("fleetwatch-act", "act"),
+        ("fleetwatch-account", "account"),
+    ):
         (sd,) = by_job[job]["dns_sd_configs"]
         assert sd["names"] == [service]
         cmd = config["services"][service]["command"]

@@ -34,7 +34,7 @@ def _typecheck(src: Path) -> subprocess.CompletedProcess[str]:
 def test_dashboards_typecheck_against_grafana_schema(tmp_path: Path) -> None:
     r = _typecheck(JSON_DIR)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "4 dashboards" in r.stdout
+    assert f"{len(list(JSON_DIR.glob('*.json')))} dashboards" in r.stdout
     # ... and the check bites: a wrong type, a misspelt field and a bad enum value are all errors.
     d = json.loads((JSON_DIR / "pipeline-health.json").read_text())
     d["panels"][1]["gridPos"]["w"] = "8"

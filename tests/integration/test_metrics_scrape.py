@@ -29,10 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
 import pytest
 import yaml
 
 from fleetwatch import topics
+from fleetwatch.bus.admin import ensure_topics
+from fleetwatch.detectors.findings import make_finding
+from fleetwatch.signing import encode_signed
 from tests.helpers.paths import REPO
 from tests.helpers.promql import (
     PROMETHEUS_BUILTINS,
@@ -41,7 +45,9 @@ from tests.helpers.promql import (
     load_dashboards,
     metric_names,
 )
-from tests.integration.services import Slurm, commit_offsets, end_offsets, send
+from tests.integration.services import USES_SLURM, Slurm, commit_offsets, end_offsets, send
+
+pytestmark = USES_SLURM
 
 PROMETHEUS_SH = REPO / "services" / "prometheus" / "prometheus.sh"
 RULES = REPO / "services" / "prometheus" / "rules" / "fleetwatch-pipeline.yml"
@@ -107,6 +113,27 @@ def scenario(path: Path, prefix: str) -> Path:
     return path
 
 
+def accounting_history(
+    prefix: str, census_key: str, findings_topic: str, bootstrap: str
+) -> list[tuple[bytes, bytes]]:
+    """job/1 records for the accounting stage (the finding goes to its own topic here)."""
+    now = time.time()
+    start = now - 7200
+    f = make_finding(node=f"{prefix}acc1", kind="ecc", rule="dbe", severity="critical", score=1.0,
+                     summary="double-bit ECC", evidence={}, first_seen=now - 100, ts=now - 100)  # fmt: skip
+    send(bootstrap, findings_topic, [(f["node"].encode(), encode_signed(f, census_key.encode()))])
+    out = []
+    for job, node, state, end_state in (
+        ("acc-a", "acc1", "failed", "FAILED"),
+        ("acc-b", "acc2", "finished", "COMPLETED"),
+    ):
+        base = {"schema": "job/1", "job": job, "nodes": [f"{prefix}{node}"], "gpus": [8], "start_ts": start}
+        out.append((job.encode(), orjson.dumps({**base, "state": "started", "ts": start})))
+        out.append((job.encode(), orjson.dumps({**base, "state": state, "ts": now, "end_state": end_state})))
+    out.append((b"acc-c", b"{not json"))  # a data-quality line
+    return out
+
+
 @dataclass
 class Stack:
     prom_url: str
@@ -149,7 +176,7 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
     tmp = tmp_path_factory.mktemp("scrape")
     run = uuid.uuid4().hex[:6]
     prefix = f"scr{run}-"
-    ports = {name: free_port() for name in ("prometheus", "detect", "act", "agent", "slurm-jobs")}
+    ports = {name: free_port() for name in ("prometheus", "detect", "act", "agent", "slurm-jobs", "account")}
     env = {
         **os.environ,
         "FLEETWATCH_HOME": str(tmp / "home"),  # Prometheus data and target files: private to this test
@@ -191,6 +218,7 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
             ("fleetwatch-act", "act"),
             ("fleetwatch-agent", "agent"),
             ("fleetwatch-slurm-jobs", "slurm-jobs"),
+            ("fleetwatch-account", "account"),
         ):
             r = prometheus_sh(env, "target", job, f"127.0.0.1:{ports[port]}")
             assert r.returncode == 0, r.stderr
@@ -210,6 +238,17 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
         # The job publisher beside the local slurmctld, on a topic of its own.
         spawn("slurm-jobs", "slurm-jobs", "--bootstrap", b, "--metrics-port", str(ports["slurm-jobs"]),
               "--slurm-conf", slurm.conf, "--topic", f"scrape.jobs.{run}", "--interval", "1")  # fmt: skip
+        # The accounting stage, on topics of its own with a history that makes every figure (a
+        # hardware failure with its finding, a completed job, one refused record), so that the
+        # Reliability dashboard's series exist: every job counts for r_f and ETTR here.
+        acc = {name: f"scrape.acc.{run}.{name}" for name in ("jobs", "steps", "findings", "results", "nodes")}
+        ensure_topics(b, list(acc.values()))
+        send(b, acc["jobs"], accounting_history(prefix, env["FLEETWATCH_CENSUS_KEY"], acc["findings"], b))
+        spawn("account", "account", "--bootstrap", b, "--metrics-port", str(ports["account"]),
+              "--db", str(tmp / "accounting.sqlite"), "--refresh-every", "1s", "--large-gpus", "0",
+              "--ettr-min", "1s", "--jobs-topic", acc["jobs"], "--steps-topic", acc["steps"],
+              "--findings-topic", acc["findings"], "--results-topic", acc["results"],
+              "--nodes-topic", acc["nodes"])  # fmt: skip
         # Both groups hold their partitions before anything is produced: a worker that is still
         # joining when the findings arrive would make this test slow, not wrong, but one that never
         # gets partitions is a bug to report, not to wait out.
@@ -377,13 +416,14 @@ def test_alert_rules_load_and_evaluate(stack: Stack) -> None:
         mine = [
             a
             for a in alerts
-            if a["labels"]["alertname"] == "FleetwatchDeadLetters" and a["labels"]["cluster"] == CLUSTER
+            if a["labels"]["alertname"] == "FleetwatchDeadLetters"
+            and a["labels"]["cluster"] == CLUSTER
+            and a["labels"]["source_topic"] == topics.TELEMETRY  # the accounting stage's too
         ]
         if mine or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert mine and mine[0]["state"] == "firing", alerts
-    assert mine[0]["labels"]["source_topic"] == topics.TELEMETRY
 
 
 def test_prometheus_sh_is_idempotent(stack: Stack) -> None:

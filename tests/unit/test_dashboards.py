@@ -35,7 +35,13 @@ from tests.helpers.promql import (
 
 PROVISIONING = DASH_DIR / "provisioning"
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
-EXPECTED = {"fleet-overview.json", "node-gpu.json", "jobs-stragglers.json", "pipeline-health.json"}
+EXPECTED = {
+    "fleet-overview.json",
+    "node-gpu.json",
+    "jobs-stragglers.json",
+    "pipeline-health.json",
+    "reliability.json",
+}
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__all"}
 
 # ----------------------------------------------------------------------------- tests
@@ -122,6 +128,7 @@ def test_template_variables_are_defined_and_used(dashboards: dict[str, dict[str,
         "fleet-overview.json": {"cluster", "node"},
         "node-gpu.json": {"cluster", "node", "gpu", "signal"},
         "jobs-stragglers.json": {"cluster", "job", "node"},
+        "reliability.json": {"cluster"},
         "pipeline-health.json": {"cluster"},
     }
     ref = re.compile(r"\$\{?(\w+)|\[\[(\w+)\]\]")
