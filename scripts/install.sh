@@ -10,6 +10,8 @@ debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge pro
 # journalctl, and systemd-journal-remote to write the journal files of the kernel source's journal
 # tests (tests/unit/test_kernel_journal.py)
 debian_packages+=(systemd systemd-journal-remote)
+# a real browser for the reliability report's page (tests/integration/test_report_page.py)
+debian_packages+=(chromium)
 # A JDK or Maven from elsewhere (e.g. the image's own) also does; only install them when absent.
 command -v java >/dev/null || debian_packages+=(default-jre-headless)
 command -v mvn >/dev/null || debian_packages+=(maven)

@@ -61,3 +61,47 @@ def kind_mix() -> dict[str, float]:
 def per_node_second(failures_per_1000_node_days: float) -> float:
     """Convert a rate in failures per 1000 node-days into failures per node-second."""
     return failures_per_1000_node_days / 1000.0 / SECONDS_PER_DAY
+
+
+# The job-size mix of an RSC-1-like cluster (docs/reliability-definitions.md, section 6): GPUs per
+# job -> (share of jobs, mean runtime in hours). OURS: an illustrative mix that meets every
+# constraint the paper states (more than 40% of jobs use 1 GPU; more than 90% fit in a server yet
+# use under 10% of GPU time; jobs of 256+ GPUs use 66% of it; 4k-GPU jobs are under 1% of jobs and
+# 12% of GPU time; 7.2k jobs a day fill 83% of 16,384 GPUs). The paper's own per-size fractions
+# exist only in its Fig. 6.
+RSC1_JOB_MIX: dict[int, tuple[float, float]] = {
+    1: (0.422, 1.6),
+    2: (0.12, 1.9),
+    4: (0.12, 1.9),
+    8: (0.265, 1.2),
+    16: (0.025, 3.4),
+    32: (0.018, 3.1),
+    64: (0.012, 4.1),
+    128: (0.0085, 4.2),
+    256: (0.0055, 4.8),
+    512: (0.0025, 5.0),
+    1024: (0.0012, 4.4),
+    2048: (0.00055, 5.2),
+    4096: (0.00015, 8.9),
+}
+RSC1_JOBS_PER_DAY = 7200.0  # on 2048 nodes
+
+# How an infrastructure failure splits by component. OURS: the paper ranks IB links, filesystem
+# mounts, GPU memory and PCIe errors first (its Fig. 4 has no numbers in the text); `node` is a
+# NODE_FAIL with nothing else seen.
+RSC1_COMPONENT_MIX: dict[str, float] = {
+    "ib_link": 0.24,
+    "filesystem_mount": 0.20,
+    "gpu_memory": 0.18,
+    "pcie": 0.14,
+    "gpu": 0.10,
+    "nvlink": 0.05,
+    "node": 0.06,
+    "driver": 0.03,
+}
+
+# Ends that are not the infrastructure's, per run (RSC-1's Slurm end states, Fig. 3: FAILED 24%
+# of jobs, nearly all of them the application's; CANCELLED about 3%; TIMEOUT 0.6%).
+RSC1_USER_FAILURE = 0.24
+RSC1_CANCELLED = 0.03
+RSC1_TIMEOUT = 0.006

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from fleetwatch.pipeline.reliability import figures
 from fleetwatch.pipeline.reliability.attribution import Window
 from fleetwatch.pipeline.reliability.figures import FigureConfig
@@ -115,7 +117,7 @@ def _nodes_seen(store: Store) -> int:
 def _failure_rows(store: Store, h: History, limit: int = 200) -> list[dict[str, Any]]:
     """The latest infrastructure failures with their evidence (finding ids and summaries)."""
     rows = []
-    idx = [i for i in range(len(h)) if h.infra_failure[i]][-limit:]
+    idx = np.flatnonzero(h.infra_failure)[-limit:].tolist()
     for i in reversed(idx):
         ev = h.evidence[i]
         summaries = (

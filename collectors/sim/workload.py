@@ -1,0 +1,161 @@
+"""A cluster's workload over weeks, with its failures and their truth, drawn in one go (no
+wall-clock time, no telemetry): the input of the reliability benchmarks.
+
+Jobs arrive uniformly over the period with the RSC-1-like size mix (rates.RSC1_JOB_MIX) and
+exponential planned runtimes. While it runs, a job on n nodes meets infrastructure failures at
+n x r_f (plus the excess of any lemon node among them), the application's own failure, a
+cancellation or a timeout, whichever comes first. A job the infrastructure ended is requeued
+under the same id after a short queue, for the rest of its planned time (as Slurm requeues a job
+a health check ended), up to `max_requeues` times. Nodes are contiguous blocks (a job of fewer
+GPUs than a node takes one node); jobs may overlap on a node, which changes no rate here: every
+failure is a per-node-time event.
+
+Every run carries its truth: the component of an infrastructure failure and the node it came
+from, when the fault showed (a little before the end, as a health check sees it), its first
+training step and last checkpoint (the training jobs, of 8 GPUs or more, report them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetwatch.collectors.sim import rates
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    nodes: int = 2000
+    days: float = 30.0
+    gpus_per_node: int = 8
+    r_f: float = rates.RSC1_FAILURES_PER_1000_NODE_DAYS  # per 1000 node-days
+    jobs_per_day: float | None = None  # default: RSC-1's 7,200 a day scaled to `nodes`
+    lemon_fraction: float = 0.0
+    lemon_multiplier: float = 20.0
+    max_requeues: int = 5
+    queue_s: float = 300.0  # mean wait before a requeued run starts
+    checkpoint_s: float = 3600.0
+    checkpoint_write_s: float = 60.0
+    seed: int = 0
+    start: float = 1_780_000_000.0
+
+
+@dataclass
+class Workload:
+    """One row per run; node blocks are [first_node, first_node + n_nodes)."""
+
+    cfg: WorkloadConfig
+    job: np.ndarray  # int: the job id
+    start: np.ndarray
+    end: np.ndarray
+    gpus: np.ndarray
+    first_node: np.ndarray
+    n_nodes: np.ndarray
+    end_state: np.ndarray  # object: Slurm end state
+    component: np.ndarray  # object: the infrastructure failure's component, else None
+    failed_node: np.ndarray  # int: node the failure came from, else -1
+    fault_ts: np.ndarray  # when the fault showed (NaN: none)
+    first_step: np.ndarray  # NaN: the job reports no steps
+    ckpt_ts: np.ndarray  # NaN: no checkpoint in this run
+    lemons: np.ndarray  # node indices of the lemon nodes
+
+    def __len__(self) -> int:
+        return len(self.job)
+
+    def nodes_of(self, i: int) -> list[int]:
+        first, n = int(self.first_node[i]), int(self.n_nodes[i])
+        return [(first + k) % self.cfg.nodes for k in range(n)]
+
+    @property
+    def true_r_f(self) -> float:
+        """The failure rate every node-day of a job meets, lemons included (per 1000 node-days)."""
+        c = self.cfg
+        return c.r_f * (1 + (c.lemon_multiplier - 1) * len(self.lemons) / c.nodes)
+
+
+def draw(cfg: WorkloadConfig) -> Workload:
+    rng = np.random.default_rng(cfg.seed)
+    per_day = cfg.jobs_per_day or rates.RSC1_JOBS_PER_DAY * cfg.nodes / 2048
+    n = rng.poisson(per_day * cfg.days)
+    sizes = np.array(list(rates.RSC1_JOB_MIX))
+    share = np.array([v[0] for v in rates.RSC1_JOB_MIX.values()])
+    mean_h = np.array([v[1] for v in rates.RSC1_JOB_MIX.values()])
+    which = rng.choice(len(sizes), n, p=share / share.sum())
+    gpus = np.minimum(sizes[which], cfg.nodes * cfg.gpus_per_node)
+    n_nodes = np.maximum(gpus // cfg.gpus_per_node, 1)
+    planned = rng.exponential(mean_h[which] * 3600)
+    start = cfg.start + np.sort(rng.uniform(0, cfg.days * DAY, n))
+    first_node = rng.integers(0, cfg.nodes, n)
+    lemons = np.sort(rng.choice(cfg.nodes, round(cfg.lemon_fraction * cfg.nodes), replace=False))
+    is_lemon = np.zeros(cfg.nodes, dtype=bool)
+    is_lemon[lemons] = True
+    lemon_prefix = np.concatenate([[0], np.cumsum(np.concatenate([is_lemon, is_lemon]))])
+
+    comps = np.array(list(rates.RSC1_COMPONENT_MIX), dtype=object)
+    comp_p = np.array(list(rates.RSC1_COMPONENT_MIX.values()))
+    rate_s = cfg.r_f / 1000 / DAY  # per node-second
+
+    rows: list[dict[str, np.ndarray]] = []
+    job = np.arange(n)
+    remaining = planned
+    for generation in range(cfg.max_requeues + 1):
+        k = len(job)
+        if k == 0:
+            break
+        lemon_nodes = lemon_prefix[first_node + n_nodes] - lemon_prefix[first_node]
+        base = rate_s * n_nodes
+        extra = rate_s * (cfg.lemon_multiplier - 1) * lemon_nodes
+        to_fail = rng.exponential(1 / (base + extra))
+        from_lemon = rng.uniform(0, base + extra) >= base  # which part of the rate struck
+        user_at = np.where(rng.uniform(size=k) < rates.RSC1_USER_FAILURE, rng.uniform(0, remaining), np.inf)
+        cancel_at = np.where(rng.uniform(size=k) < rates.RSC1_CANCELLED, rng.uniform(0, remaining), np.inf)
+        timeout = rng.uniform(size=k) < rates.RSC1_TIMEOUT
+        first_at = np.minimum.reduce([to_fail, user_at, cancel_at, remaining])
+        infra = to_fail == first_at
+        comp = np.where(infra, comps[rng.choice(len(comps), k, p=comp_p)], None)
+        # the node the failure came from: a lemon of the job when the lemon's excess struck
+        offset = rng.integers(0, np.maximum(n_nodes, 1))
+        failed = np.where(infra, (first_node + offset) % cfg.nodes, -1)
+        lemon_hit = infra & from_lemon & (lemon_nodes > 0)
+        for i in np.flatnonzero(lemon_hit):  # few: failures that struck a lemon node
+            block = (first_node[i] + np.arange(n_nodes[i])) % cfg.nodes
+            failed[i] = rng.choice(block[is_lemon[block]])
+        state = np.full(k, "COMPLETED", dtype=object)
+        state[timeout & ~infra & (first_at == remaining)] = "TIMEOUT"
+        state[cancel_at == first_at] = "CANCELLED"
+        state[user_at == first_at] = "FAILED"
+        state[infra] = np.where(comp[infra] == "node", "NODE_FAIL", "FAILED")
+        end = start + first_at
+        fault_ts = np.where(infra, end - rng.uniform(0, 300, k), np.nan)
+        trains = gpus >= cfg.gpus_per_node
+        first_step = np.where(trains, start + np.minimum(rng.uniform(60, 300, k), first_at), np.nan)
+        done_ckpts = np.floor((end - first_step) / cfg.checkpoint_s)
+        ckpt = np.where(trains & (done_ckpts >= 1), first_step + done_ckpts * cfg.checkpoint_s, np.nan)
+        rows.append(
+            {
+                "job": job,
+                "start": start,
+                "end": end,
+                "gpus": gpus,
+                "first_node": first_node,
+                "n_nodes": n_nodes,
+                "end_state": state,
+                "component": comp,
+                "failed_node": failed,
+                "fault_ts": fault_ts,
+                "first_step": first_step,
+                "ckpt_ts": ckpt,
+            }
+        )
+        # the infrastructure's failures run again, for the rest of their planned time
+        again = infra & (remaining - first_at > 60) & (generation < cfg.max_requeues)
+        job, gpus, n_nodes = job[again], gpus[again], n_nodes[again]
+        remaining = (remaining - first_at)[again]
+        start = end[again] + rng.exponential(cfg.queue_s, int(again.sum()))
+        first_node = rng.integers(0, cfg.nodes, len(job))
+    cols = {key: np.concatenate([r[key] for r in rows]) for key in rows[0]}
+    order = np.argsort(cols["start"], kind="stable")
+    return Workload(cfg=cfg, lemons=lemons, **{key: v[order] for key, v in cols.items()})
