@@ -45,7 +45,6 @@ FINDING_OF = {  # the finding a failure of each component shows as (detect's kin
     "filesystem_mount": ("mount", {}),
     "gpu_memory": ("ecc", {}),
     "pcie": ("pcie", {}),
-    "gpu": ("xid", {"cause": "hardware", "worst_xid": 74}),
     "nvlink": ("nvlink", {}),
     "driver": ("xid", {"cause": "driver", "worst_xid": 119}),
 }

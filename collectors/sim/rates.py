@@ -93,10 +93,9 @@ RSC1_COMPONENT_MIX: dict[str, float] = {
     "ib_link": 0.24,
     "filesystem_mount": 0.20,
     "gpu_memory": 0.18,
-    "pcie": 0.14,
-    "gpu": 0.10,
-    "nvlink": 0.05,
-    "node": 0.06,
+    "pcie": 0.20,  # PCIe errors and GPUs fallen off the bus (XID 79), which the paper finds together
+    "nvlink": 0.07,
+    "node": 0.08,
     "driver": 0.03,
 }
 

@@ -2,13 +2,14 @@
 wall-clock time, no telemetry): the input of the reliability benchmarks.
 
 Jobs arrive uniformly over the period with the RSC-1-like size mix (rates.RSC1_JOB_MIX) and
-exponential planned runtimes. While it runs, a job on n nodes meets infrastructure failures at
-n x r_f (plus the excess of any lemon node among them), the application's own failure, a
-cancellation or a timeout, whichever comes first. A job the infrastructure ended is requeued
-under the same id after a short queue, for the rest of its planned time (as Slurm requeues a job
-a health check ended), up to `max_requeues` times. Nodes are contiguous blocks (a job of fewer
-GPUs than a node takes one node); jobs may overlap on a node, which changes no rate here: every
-failure is a per-node-time event.
+exponential planned runtimes. Every node has faults at r_f (a lemon `lemon_multiplier` times as
+often), each of one component (rates.RSC1_COMPONENT_MIX); a fault ends every job running on its
+node a few minutes after it shows, so a job on n nodes meets them at n x r_f. A job ends at its
+first fault, its application's own failure, a cancellation or a timeout, whichever comes first.
+A job the infrastructure ended is requeued under the same id after a short queue, for the rest of
+its planned time (as Slurm requeues a job a health check ended), up to `max_requeues` times.
+Nodes are contiguous blocks (a job of fewer GPUs than a node takes one node); jobs may overlap on
+a node, which changes no rate here: every fault is a per-node-time event.
 
 Every run carries its truth: the component of an infrastructure failure and the node it came
 from, when the fault showed (a little before the end, as a health check sees it), its first
@@ -24,6 +25,7 @@ import numpy as np
 from fleetwatch.collectors.sim import rates
 
 DAY = 86400.0
+MARGIN_DAYS = 30.0  # faults are drawn this long past the period: runs started in it may end after it
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class WorkloadConfig:
     jobs_per_day: float | None = None  # default: RSC-1's 7,200 a day scaled to `nodes`
     lemon_fraction: float = 0.0
     lemon_multiplier: float = 20.0
+    lemons_fixed_at: float | None = None  # from then on the lemons fail as often as any node
     max_requeues: int = 5
     queue_s: float = 300.0  # mean wait before a requeued run starts
     checkpoint_s: float = 3600.0
@@ -61,6 +64,10 @@ class Workload:
     first_step: np.ndarray  # NaN: the job reports no steps
     ckpt_ts: np.ndarray  # NaN: no checkpoint in this run
     lemons: np.ndarray  # node indices of the lemon nodes
+    # every node fault in the period, whether a job was on the node or not
+    fault_node: np.ndarray
+    fault_time: np.ndarray
+    fault_component: np.ndarray
 
     def __len__(self) -> int:
         return len(self.job)
@@ -71,9 +78,13 @@ class Workload:
 
     @property
     def true_r_f(self) -> float:
-        """The failure rate every node-day of a job meets, lemons included (per 1000 node-days)."""
+        """The failure rate a node-day of a job meets, on average over the period's nodes and
+        lemons included (per 1000 node-days)."""
         c = self.cfg
-        return c.r_f * (1 + (c.lemon_multiplier - 1) * len(self.lemons) / c.nodes)
+        end = c.start + c.days * DAY
+        fixed = min(c.lemons_fixed_at, end) if c.lemons_fixed_at is not None else end
+        share = (fixed - c.start) / (end - c.start)
+        return c.r_f * (1 + (c.lemon_multiplier - 1) * len(self.lemons) / c.nodes * share)
 
 
 def draw(cfg: WorkloadConfig) -> Workload:
@@ -92,11 +103,27 @@ def draw(cfg: WorkloadConfig) -> Workload:
     lemons = np.sort(rng.choice(cfg.nodes, round(cfg.lemon_fraction * cfg.nodes), replace=False))
     is_lemon = np.zeros(cfg.nodes, dtype=bool)
     is_lemon[lemons] = True
-    lemon_prefix = np.concatenate([[0], np.cumsum(np.concatenate([is_lemon, is_lemon]))])
 
     comps = np.array(list(rates.RSC1_COMPONENT_MIX), dtype=object)
     comp_p = np.array(list(rates.RSC1_COMPONENT_MIX.values()))
     rate_s = cfg.r_f / 1000 / DAY  # per node-second
+
+    # Node faults: a Poisson process on every node (a lemon's `lemon_multiplier` times faster),
+    # over the period and a margin for runs that end after it. A fault ends every job running on
+    # its node, a few minutes after it shows.
+    horizon = (cfg.days + MARGIN_DAYS) * DAY
+    per_node = rng.poisson(rate_s * horizon, cfg.nodes)
+    ev_node = np.repeat(np.arange(cfg.nodes), per_node)
+    ev_time = cfg.start + rng.uniform(0, horizon, len(ev_node))
+    # a lemon's excess, until it is repaired (`lemons_fixed_at`: an operator drained it)
+    lemon_span = (cfg.lemons_fixed_at - cfg.start) if cfg.lemons_fixed_at is not None else horizon
+    extra = rng.poisson(rate_s * (cfg.lemon_multiplier - 1) * lemon_span, len(lemons))
+    ev_node = np.concatenate([ev_node, np.repeat(lemons, extra)])
+    ev_time = np.concatenate([ev_time, cfg.start + rng.uniform(0, lemon_span, int(extra.sum()))])
+    order = np.lexsort((ev_time, ev_node))
+    ev_node, ev_time = ev_node[order], ev_time[order]
+    ev_comp = comps[rng.choice(len(comps), len(ev_node), p=comp_p)]
+    ev_key = ev_node * horizon + (ev_time - cfg.start)  # sorted: node, then time
 
     rows: list[dict[str, np.ndarray]] = []
     job = np.arange(n)
@@ -105,31 +132,33 @@ def draw(cfg: WorkloadConfig) -> Workload:
         k = len(job)
         if k == 0:
             break
-        lemon_nodes = lemon_prefix[first_node + n_nodes] - lemon_prefix[first_node]
-        base = rate_s * n_nodes
-        extra = rate_s * (cfg.lemon_multiplier - 1) * lemon_nodes
-        to_fail = rng.exponential(1 / (base + extra))
-        from_lemon = rng.uniform(0, base + extra) >= base  # which part of the rate struck
+        # the first fault on any of the run's nodes after its start: one row per (run, node)
+        run_of = np.repeat(np.arange(k), n_nodes)
+        offset = np.arange(len(run_of)) - np.repeat(np.cumsum(n_nodes) - n_nodes, n_nodes)
+        node_of = (first_node[run_of] + offset) % cfg.nodes
+        pos = np.searchsorted(ev_key, node_of * horizon + (start[run_of] - cfg.start))
+        hit = pos < len(ev_key)
+        hit[hit] = ev_node[pos[hit]] == node_of[hit]
+        at = np.where(hit, ev_time[np.minimum(pos, len(ev_key) - 1)], np.inf)
+        by_time = np.lexsort((at, run_of))
+        first_row = by_time[np.unique(run_of[by_time], return_index=True)[1]]  # each run's earliest
+        fault_at = at[first_row]
+        fault_event = np.where(np.isfinite(fault_at), pos[first_row], -1)
+        to_fail = fault_at - start + rng.uniform(0, 300, k)  # the job dies minutes after the fault shows
         user_at = np.where(rng.uniform(size=k) < rates.RSC1_USER_FAILURE, rng.uniform(0, remaining), np.inf)
         cancel_at = np.where(rng.uniform(size=k) < rates.RSC1_CANCELLED, rng.uniform(0, remaining), np.inf)
         timeout = rng.uniform(size=k) < rates.RSC1_TIMEOUT
         first_at = np.minimum.reduce([to_fail, user_at, cancel_at, remaining])
         infra = to_fail == first_at
-        comp = np.where(infra, comps[rng.choice(len(comps), k, p=comp_p)], None)
-        # the node the failure came from: a lemon of the job when the lemon's excess struck
-        offset = rng.integers(0, np.maximum(n_nodes, 1))
-        failed = np.where(infra, (first_node + offset) % cfg.nodes, -1)
-        lemon_hit = infra & from_lemon & (lemon_nodes > 0)
-        for i in np.flatnonzero(lemon_hit):  # few: failures that struck a lemon node
-            block = (first_node[i] + np.arange(n_nodes[i])) % cfg.nodes
-            failed[i] = rng.choice(block[is_lemon[block]])
+        comp = np.where(infra, ev_comp[np.maximum(fault_event, 0)], None)
+        failed = np.where(infra, ev_node[np.maximum(fault_event, 0)], -1)
         state = np.full(k, "COMPLETED", dtype=object)
         state[timeout & ~infra & (first_at == remaining)] = "TIMEOUT"
         state[cancel_at == first_at] = "CANCELLED"
         state[user_at == first_at] = "FAILED"
         state[infra] = np.where(comp[infra] == "node", "NODE_FAIL", "FAILED")
         end = start + first_at
-        fault_ts = np.where(infra, end - rng.uniform(0, 300, k), np.nan)
+        fault_ts = np.where(infra, fault_at, np.nan)
         trains = gpus >= cfg.gpus_per_node
         first_step = np.where(trains, start + np.minimum(rng.uniform(60, 300, k), first_at), np.nan)
         done_ckpts = np.floor((end - first_step) / cfg.checkpoint_s)
@@ -158,4 +187,12 @@ def draw(cfg: WorkloadConfig) -> Workload:
         first_node = rng.integers(0, cfg.nodes, len(job))
     cols = {key: np.concatenate([r[key] for r in rows]) for key in rows[0]}
     order = np.argsort(cols["start"], kind="stable")
-    return Workload(cfg=cfg, lemons=lemons, **{key: v[order] for key, v in cols.items()})
+    in_period = ev_time < cfg.start + cfg.days * DAY
+    return Workload(
+        cfg=cfg,
+        lemons=lemons,
+        fault_node=ev_node[in_period],
+        fault_time=ev_time[in_period],
+        fault_component=ev_comp[in_period],
+        **{key: v[order] for key, v in cols.items()},
+    )

@@ -36,7 +36,8 @@ class FigureConfig:
     # the chance that a fleet of healthy nodes shows even one lemon (family-wise: each node is tested
     # at lemon_fwer / nodes, so a larger fleet does not raise more false lemons)
     lemon_fwer: float = 0.01
-    lemon_min_events: int = 3
+    lemon_min_events: int = 3  # episodes
+    lemon_episode_gap_s: float = 600.0  # a node's failures and drains this close are one episode
     large_job_gpus: int = 512  # "large jobs" of the lemon before/after comparison (the paper's 512+)
     confidence: float = 0.95
 
@@ -374,10 +375,11 @@ def lemons(
     nodes_seen: int,
     cfg: FigureConfig,
 ) -> dict[str, Any]:
-    """Nodes whose count of failures blamed on them (single- and multi-node job failures, and
-    drains) is improbable at the fleet's rate (Poisson tail below `lemon_fwer` / nodes, at least
-    `lemon_min_events`), plus those detect's lemon detector named. The fleet rate leaves out the
-    top 2% of nodes, so the lemons do not raise it."""
+    """Nodes whose count of episodes blamed on them (single- and multi-node job failures, and
+    drains, those within `lemon_episode_gap_s` of each other as one) is improbable at the fleet's
+    rate (Poisson tail below `lemon_fwer` / nodes, at least `lemon_min_events`), plus those
+    detect's lemon detector named. The fleet rate leaves out the top 2% of nodes, so the lemons
+    do not raise it."""
     fail = h.infra_failure & (h.blamed_node != None)  # noqa: E711
     single = fail & (h.n_nodes == 1)
     multi = fail & (h.n_nodes > 1)
@@ -386,8 +388,17 @@ def lemons(
     sf = _count(h.blamed_node[single])
     mf = _count(h.blamed_node[multi])
     outs = {n: len(v) for n, v in drains_executed.items()}
+    # the test counts episodes: one fault often ends several jobs on its node and is drained
+    # minutes later, which is one piece of evidence against the node, not three
+    drain_nodes = [n for n, v in drains_executed.items() for _ in v]
+    drain_times = [t for v in drains_executed.values() for t in v]
+    episodes = _episodes(
+        np.concatenate([h.blamed_node[fail].astype(str), np.array(drain_nodes, dtype=str)]),
+        np.concatenate([h.end[fail], np.array(drain_times, dtype=np.float64)]),
+        cfg.lemon_episode_gap_s,
+    )
     names = sorted(set(sf) | set(mf) | set(outs) | set(lemon_findings))
-    events = np.array([sf.get(n, 0) + mf.get(n, 0) + outs.get(n, 0) for n in names], dtype=np.float64)
+    events = np.array([episodes.get(n, 0) for n in names], dtype=np.float64)
     population = max(nodes_seen, len(names), 1)
     # the fleet's per-node count without the top 2% (zeros included for the nodes with none)
     everyone = np.concatenate([events, np.zeros(population - len(names))])
@@ -409,6 +420,7 @@ def lemons(
                 else None,
                 "multi_node_fails": mf.get(n, 0),
                 "out_count": outs.get(n, 0),
+                "episodes": int(events[i]),
                 "xid_count": int(xid_counts.get(n, 0)),
                 "tail_p": float(tail[i]),
                 "by": "statistics" if by_stats else "detector",
@@ -423,6 +435,18 @@ def lemons(
         "lemons": out,
         "before_after": before_after(h, [r["drained_at"] for r in out if r["drained_at"]], cfg),
     }
+
+
+def _episodes(nodes: np.ndarray, times: np.ndarray, gap_s: float) -> dict[str, int]:
+    """Per node, its events grouped into episodes: times closer than `gap_s` are one."""
+    if not len(nodes):
+        return {}
+    order = np.lexsort((times, nodes))
+    n, t = nodes[order], times[order]
+    new = np.ones(len(n), dtype=bool)
+    new[1:] = (n[1:] != n[:-1]) | (np.diff(t) > gap_s)
+    names, counts = np.unique(n[new], return_counts=True)
+    return dict(zip(names.tolist(), (int(c) for c in counts), strict=True))
 
 
 def _count(values: np.ndarray) -> dict[str, int]:

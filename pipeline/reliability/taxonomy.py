@@ -80,6 +80,8 @@ def finding_cause(kind: str, rule: str | None, evidence: Mapping[str, Any]) -> C
     """The cause a finding names, or None when it names none (see KIND_CAUSE)."""
     if kind == "host" and rule not in (None, "silent"):
         return None  # the host kind's other rules (a clock off) fail no job
+    if kind == "device_count" and rule == "hca_count":
+        return Cause("hardware", "ib_link", 0)  # an InfiniBand adapter gone, not a GPU
     cause = KIND_CAUSE.get(kind)
     if cause is None or kind != "xid":
         return cause

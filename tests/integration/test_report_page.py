@@ -91,7 +91,9 @@ def page(tmp_path: Path) -> Any:
         port_file = tmp_path / "profile" / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while not (port_file.exists() and port_file.read_text().strip()):
-            assert proc.poll() is None and time.monotonic() < deadline, "chromium did not open its DevTools port"
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "chromium did not open its DevTools port"
+            )
             time.sleep(0.1)
         port = int(port_file.read_text().split()[0])
         ws = None
@@ -145,7 +147,10 @@ def test_every_plot_loads_and_the_page_logs_no_error(page: Page, page_file: Path
         e
         for e in page.events
         if e.get("method") in ("Runtime.exceptionThrown", "Network.loadingFailed")
-        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "warning", "assert"))
+        or (
+            e.get("method") == "Runtime.consoleAPICalled"
+            and e["params"]["type"] in ("error", "warning", "assert")
+        )
         or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] in ("error", "warning"))
     ]
     assert errors == [], errors

@@ -142,6 +142,13 @@ def test_an_xid_blames_what_its_catalogued_cause_names(evidence, expected):
     assert (cause.domain, cause.component) == expected
 
 
+def test_a_missing_adapter_blames_what_is_missing():
+    gpu = finding_cause("device_count", "gpu_count", {})
+    hca = finding_cause("device_count", "hca_count", {})
+    assert gpu is not None and (gpu.domain, gpu.component) == ("hardware", "gpu")
+    assert hca is not None and (hca.domain, hca.component) == ("hardware", "ib_link")
+
+
 def test_hostile_evidence_never_raises():
     for ev in ({"cause": ["x"], "worst_xid": "79"}, {"worst_xid": 10**30}, {"cause": None}):
         assert finding_cause("xid", None, ev) is not None

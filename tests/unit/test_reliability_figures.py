@@ -193,7 +193,17 @@ def _fleet(n_nodes: int, rate: float, seed: int, lemon_fails: int = 0) -> Histor
         per_node[0] = lemon_fails
     nodes = np.repeat(np.array([f"n{i:04d}" for i in range(n_nodes)], dtype=object), per_node)
     k = len(nodes)
-    return history(k, category=["hardware"] * k, component=["gpu"] * k, blamed_node=nodes, single_node=nodes)
+    # a day apart: each failure its own episode
+    end = np.arange(k) * 86400.0 + 3600.0
+    return history(
+        k,
+        end=end,
+        start=end - 3600,
+        category=["hardware"] * k,
+        component=["gpu"] * k,
+        blamed_node=nodes,
+        single_node=nodes,
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -211,6 +221,19 @@ def test_a_uniformly_failing_fleet_has_no_lemons():
         len(figures.lemons(_fleet(2000, 0.5, seed), {}, {}, {}, 2000, CFG)["lemons"]) for seed in range(50)
     )
     assert false <= 2
+
+
+def test_one_fault_that_ended_several_jobs_and_its_drain_are_one_episode():
+    """Five jobs on one node ended by one fault, and the node's drain minutes later: one piece of
+    evidence, no lemon; the same five failures days apart are a lemon."""
+    nodes = np.array(["n0001"] * 5, dtype=object)
+    together = history(5, end=[3600.0 + 10 * i for i in range(5)], category=["hardware"] * 5,
+                       component=["gpu"] * 5, blamed_node=nodes, single_node=nodes)  # fmt: skip
+    assert figures.lemons(together, {}, {"n0001": [3900.0]}, {}, 2000, CFG)["lemons"] == []
+    apart = history(5, end=[3600.0 + 86400 * i for i in range(5)], category=["hardware"] * 5,
+                    component=["gpu"] * 5, blamed_node=nodes, single_node=nodes)  # fmt: skip
+    (lemon,) = figures.lemons(apart, {}, {}, {}, 2000, CFG)["lemons"]
+    assert (lemon["node"], lemon["episodes"]) == ("n0001", 5)
 
 
 def test_lemons_named_by_the_detector_are_listed_with_their_findings():
