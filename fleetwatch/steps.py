@@ -283,8 +283,9 @@ class StepReporter:
                 step_time_s = _as_seconds("step_time_s", step_time_s)
             if wait_time_s is not None:
                 wait_time_s = _as_seconds("wait_time_s", wait_time_s)
-            mark, self._checkpoint = self._checkpoint, None
-            self._buf.append((step, step_time_s, _now(), wait_time_s, mark))
+            # the latest mark rides on every later report (the stage keeps the latest): a report
+            # lost to an outage or a full buffer does not lose it
+            self._buf.append((step, step_time_s, _now(), wait_time_s, self._checkpoint))
             self._last_step = step
             self._accepted += 1
             if self._thread is None:  # the first step in a forked child: its own sender
@@ -295,9 +296,10 @@ class StepReporter:
     def checkpoint(self, step: int | None = None, write_time_s: float | None = None) -> None:
         """Record that a checkpoint of `step` (default: the last step reported) was saved now;
         write_time_s: how long the save blocked training, if known. The mark travels with the next
-        step() report (fields checkpoint_step, checkpoint_ts, checkpoint_write_s of step/1), so the
-        accounting stage knows how much work a failure loses. Call it from any one rank (rank 0).
-        Never blocks, never raises."""
+        step() report and every later one (fields checkpoint_step, checkpoint_ts,
+        checkpoint_write_s of step/1), so the accounting stage knows how much work a failure
+        loses. Call it from the training thread of any one rank (rank 0). Never blocks, never
+        raises."""
         try:
             saved = self._last_step if step is None else _as_step(step)
             write = None if write_time_s is None else _as_seconds("write_time_s", write_time_s)

@@ -123,7 +123,10 @@ def draw(cfg: WorkloadConfig) -> Workload:
     order = np.lexsort((ev_time, ev_node))
     ev_node, ev_time = ev_node[order], ev_time[order]
     ev_comp = comps[rng.choice(len(comps), len(ev_node), p=comp_p)]
-    ev_key = ev_node * horizon + (ev_time - cfg.start)  # sorted: node, then time
+    # sorted by node, then time; the stride leaves room for runs starting past the horizon (long
+    # requeue chains), which then find no fault on their node rather than the next node's
+    stride = 4 * horizon
+    ev_key = ev_node * stride + (ev_time - cfg.start)
 
     rows: list[dict[str, np.ndarray]] = []
     job = np.arange(n)
@@ -136,7 +139,7 @@ def draw(cfg: WorkloadConfig) -> Workload:
         run_of = np.repeat(np.arange(k), n_nodes)
         offset = np.arange(len(run_of)) - np.repeat(np.cumsum(n_nodes) - n_nodes, n_nodes)
         node_of = (first_node[run_of] + offset) % cfg.nodes
-        pos = np.searchsorted(ev_key, node_of * horizon + (start[run_of] - cfg.start))
+        pos = np.searchsorted(ev_key, node_of * stride + (start[run_of] - cfg.start))
         hit = pos < len(ev_key)
         hit[hit] = ev_node[pos[hit]] == node_of[hit]
         at = np.where(hit, ev_time[np.minimum(pos, len(ev_key) - 1)], np.inf)

@@ -100,12 +100,14 @@ def attribute(
     # finding id breaks the last ties so that the same inputs always give the same answer
     ids = np.array([c.finding for c in kept])
     order = np.lexsort((ids, first, prio, -sev, run))
+    seen: set[tuple[int, str]] = set()
     for j in order:  # per candidate, not per value: a window holds a handful of findings
         c = kept[j]
         a = out[c.run]
         if not a.evidence:
             a.category = "hardware" if c.domain == "hardware" else "system_software"
             a.component = c.component
-        if c.finding not in a.evidence:
+        if (c.run, c.finding) not in seen:
+            seen.add((c.run, c.finding))
             a.evidence.append(c.finding)
     return out

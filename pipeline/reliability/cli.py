@@ -42,7 +42,8 @@ def report_command(args: argparse.Namespace) -> int:
     window, cfg = window_config(args)
     try:
         with _progress(until - since > 7 * 86400 and not args.json) as step:
-            r = report.build(store, since, until, window, cfg, step)
+            with store.reading():
+                r = report.build(store, since, until, window, cfg, step)
             if args.out:
                 step("writing the report")
                 paths = render.write(r, Path(args.out))

@@ -330,13 +330,9 @@ def drained_node_seconds(
 
 
 def lost_gpu_hours(h: History, loss: Loss, drained: Mapping[str, float], cfg: FigureConfig) -> dict[str, Any]:
-    cause = (
-        np.array(
-            [f"{c}:{p}" if p else str(c) for c, p in zip(h.category, h.component, strict=True)], dtype=object
-        )
-        if len(h)
-        else np.array([], dtype=object)
-    )
+    cause = h.category.astype(object).copy()
+    named = np.flatnonzero(h.component != None)  # noqa: E711 (elementwise): the failures, a few
+    cause[named] = [f"{h.category[i]}:{h.component[i]}" for i in named]
 
     def by_cause(seconds: np.ndarray, charged_to: np.ndarray) -> dict[str, float]:
         gh = seconds * h.gpus / HOUR

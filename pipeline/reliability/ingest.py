@@ -21,14 +21,17 @@ silent skew of the figures):
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from fleetwatch.pipeline.reliability.store import Progress, Store
 from fleetwatch.pipeline.reliability.taxonomy import end_state_of, finding_cause
 
 ENDED = frozenset({"finished", "failed"})
+STEP_SLACK_S = 60.0  # a step reported this long after its run's end still belongs to it
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,15 @@ class Ingest:
     # ------------------------------------------------------------------ job/1
 
     def job(self, db: sqlite3.Connection, m: Mapping[str, Any], broker_ts: float | None) -> None:
-        job, state, nodes = m["job"], m["state"], list(m["nodes"])
+        job, state = m["job"], m["state"]
+        nodes, gpus = _unique_nodes(m["nodes"], m.get("gpus"))
+        m = {**m, "nodes": nodes, **({"gpus": gpus} if gpus is not None else {})}
         ts = self._time(db, "job", float(m["ts"]), broker_ts, job)
+        # not bounded by this record's broker time: a run's start and end come in records the
+        # broker took at different times, and must name the same run
         start = m.get("start_ts")
         if start is not None:
-            start = self._time(db, "job", float(start), broker_ts, job)
+            start = float(start)
         if state in ENDED:
             self._end(db, m, job, nodes, ts, start)
             return
@@ -134,18 +141,37 @@ class Ingest:
 
     # ------------------------------------------------------------------ step/1
 
-    def progress(self, db: sqlite3.Connection, job: str, p: Progress, now: float) -> None:
-        """A job's steps of one batch, merged (stage.py aggregates them per job first)."""
-        run_id = self.store.run_for_progress(db, job, p.last_ts)
-        if run_id is None:
-            self.store.park_progress(db, job, p)
-            return
-        self.store.add_progress(db, run_id, p)
+    def progress(self, db: sqlite3.Connection, job: str, steps: list[Progress]) -> None:
+        """A job's step reports of one batch (one Progress each): each goes to the run it belongs
+        to, the latest that started by its time and had not ended a minute before it; reports
+        that belong to no run seen yet wait (pending_steps), merged."""
+        runs = self.store.runs_of(db, job)
+        per_run: dict[int, Progress] = {}
+        waiting: Progress | None = None
+        starts = np.array([r[1] for r in runs], dtype=np.float64)
+        ts = np.array([p.last_ts for p in steps], dtype=np.float64)
+        at = np.searchsorted(starts, ts, side="right") - 1  # vectorised: a batch holds many reports
+        for p, i in zip(steps, at.tolist(), strict=True):
+            if i >= 0 and (runs[i][2] is None or p.last_ts <= runs[i][2] + STEP_SLACK_S):
+                run_id, start = runs[i][0], runs[i][1]
+                p = Progress(max(p.first_ts, start), p.last_ts, p.ckpt_ts, p.ckpt_step, p.ckpt_write_s)
+                old = per_run.get(run_id)
+                per_run[run_id] = p if old is None else old.merge(p)
+            else:
+                waiting = p if waiting is None else waiting.merge(p)
+        for run_id, p in per_run.items():
+            self.store.add_progress(db, run_id, p)
+        if waiting is not None:
+            self.store.park_progress(db, job, waiting)
 
-    def expire(self, db: sqlite3.Connection, now: float) -> None:
-        gone = self.store.expire_pending(db, now - self.cfg.pending_s)
-        for _ in range(min(gone, 1)):
-            self.store.count_quality(db, "steps_of_unknown_job", now, f"{gone} jobs' steps with no run seen")
+    def expire(self, db: sqlite3.Connection, data_now: float) -> None:
+        """Drop the parked progress of jobs no run appeared for within `pending_s` of the data's
+        own time (not the wall clock: a stage catching up reads days-old steps)."""
+        gone = self.store.expire_pending(db, data_now - self.cfg.pending_s)
+        if gone:
+            self.store.count_quality(
+                db, "steps_of_unknown_job", data_now, f"{gone} jobs' steps with no run seen", gone
+            )
 
     # ------------------------------------------------------------------ finding/1, drain_result/1, node/1
 
@@ -178,3 +204,14 @@ class Ingest:
 
     def node(self, db: sqlite3.Connection, n: Mapping[str, Any]) -> None:
         self.store.upsert_node(db, n["node"], float(n["first_seen"]), float(n["last_seen"]))
+
+
+def _unique_nodes(nodes: Sequence[str], gpus: Sequence[int] | None) -> tuple[list[str], list[int] | None]:
+    """A job's nodes once each (a node listed twice would count its node-days twice), their GPUs
+    summed."""
+    if len(set(nodes)) == len(nodes):
+        return list(nodes), None if gpus is None else list(gpus)
+    out: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        out[n] = out.get(n, 0) + (gpus[i] if gpus is not None else 0)
+    return list(out), None if gpus is None else list(out.values())

@@ -52,12 +52,16 @@ def _figure() -> tuple[Any, Any]:
 
 def plot_mttf(r: dict[str, Any]) -> Any:
     fig, ax = _figure()
-    rows = [x for x in r["mttf_by_gpus"] if x["mttf_h"] is not None]
+    rows = [
+        x
+        for x in r["mttf_by_gpus"]
+        if x["mttf_h"] and x["ci_low_h"] is not None and x["ci_high_h"] is not None
+    ]
     if rows:
         g = np.array([x["gpus"] for x in rows], dtype=float)
         m = np.array([x["mttf_h"] for x in rows])
         lo = np.array([x["ci_low_h"] for x in rows])
-        hi = np.array([x["ci_high_h"] if x["ci_high_h"] is not None else x["mttf_h"] for x in rows])
+        hi = np.array([x["ci_high_h"] for x in rows])
         ax.errorbar(g, m, yerr=[m - lo, hi - m], fmt="o", capsize=3, label="measured (95% CI)")
     rf = r["r_f_per_1000_node_days"]
     sizes = np.array([x["gpus"] for x in r["mttf_by_gpus"]] or [8], dtype=float)

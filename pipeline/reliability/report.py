@@ -7,6 +7,7 @@ ettr, lemons, lost_gpu_hours_by_cause, data_quality; and taxonomy, failures_by_d
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -142,7 +143,7 @@ def _failure_rows(store: Store, h: History, limit: int = 200) -> list[dict[str, 
 
 def data_quality(store: Store, h: History, since: float, until: float) -> list[dict[str, Any]]:
     lines: dict[str, dict[str, Any]] = {}
-    day0, day1 = int(since // 86400), int(until // 86400)
+    day0, day1 = int(since // 86400), math.ceil(until / 86400) - 1  # the days the range touches
     for what, count in store.rows(
         "SELECT what, sum(count) FROM quality WHERE day >= ? AND day <= ? GROUP BY what", (day0, day1)
     ):

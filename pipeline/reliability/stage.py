@@ -96,8 +96,9 @@ class Accounting:
 
     def apply(self, records: Sequence[Record], now: float) -> None:
         offsets: dict[tuple[str, int], int] = {}
+        data_now = max((r.timestamp_ms / 1000 for r in records if r.timestamp_ms >= 0), default=now)
         with self.store.transaction() as db:
-            progress: dict[str, Progress] = {}
+            progress: dict[str, list[Progress]] = {}
             for r in records:
                 offsets[(r.topic, r.partition)] = r.offset + 1
                 try:
@@ -106,12 +107,12 @@ class Accounting:
                     self._refuse(
                         db, r, e.reason, str(e), r.timestamp_ms / 1000 if r.timestamp_ms >= 0 else now
                     )
-            for job, p in progress.items():
-                self.ingest.progress(db, job, p, now)
-            self.ingest.expire(db, now)
+            for job, steps in progress.items():
+                self.ingest.progress(db, job, steps)
+            self.ingest.expire(db, data_now)
             self.store.save_offsets(db, offsets)
 
-    def _one(self, db: Any, r: Record, progress: dict[str, Progress]) -> None:
+    def _one(self, db: Any, r: Record, progress: dict[str, list[Progress]]) -> None:
         broker_ts = r.timestamp_ms / 1000 if r.log_append and r.timestamp_ms >= 0 else None
         if r.value is None:
             RECORDS.labels(r.topic, "tombstone").inc()
@@ -167,16 +168,16 @@ def _census_ok(m: dict[str, Any], key: bytes) -> bool:
     return "sig" in m and signing.verify(m, key)
 
 
-def _add_step(progress: dict[str, Progress], m: dict[str, Any], broker_ts: float | None) -> None:
+def _add_step(progress: dict[str, list[Progress]], m: dict[str, Any], broker_ts: float | None) -> None:
     ts = float(m["ts"])
     if broker_ts is not None:
         ts = min(ts, broker_ts + 300.0)  # a rank's clock ahead: the broker's time bounds it
     ckpt_ts = m.get("checkpoint_ts")
     if ckpt_ts is not None:
         ckpt_ts = min(float(ckpt_ts), ts)
-    p = Progress(ts, ts, ckpt_ts, m.get("checkpoint_step"), m.get("checkpoint_write_s"))
-    old = progress.get(m["job"])
-    progress[m["job"]] = p if old is None else old.merge(p)
+    progress.setdefault(m["job"], []).append(
+        Progress(ts, ts, ckpt_ts, m.get("checkpoint_step"), m.get("checkpoint_write_s"))
+    )
 
 
 # ---------------------------------------------------------------------- the live figures
@@ -238,9 +239,9 @@ class LiveFigures(threading.Thread):
             while not self._stopping.is_set():
                 now = time.time()
                 try:
-                    export(
-                        report.build(store, now - self.window_s, now, self.window, self.cfg), self.window_s
-                    )
+                    with store.reading():
+                        figs = report.build(store, now - self.window_s, now, self.window, self.cfg)
+                    export(figs, self.window_s)
                 except Exception:
                     log.exception("computing the live reliability figures failed; the last ones stand")
                 self._stopping.wait(self.every_s)

@@ -33,6 +33,7 @@ import numpy as np
 
 SCHEMA_VERSION = 1
 QUALITY_EXAMPLES = 5  # examples kept per data-quality kind and day: a flood adds to a count, not rows
+SAME_RUN_S = 1.0  # start times this close are one run (collectors/slurm_jobs: SAME_RUN_S)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -97,6 +98,7 @@ CREATE TABLE IF NOT EXISTS quality (
     what TEXT NOT NULL, day INTEGER NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (what, day)
 );
 CREATE TABLE IF NOT EXISTS quality_examples (what TEXT NOT NULL, day INTEGER NOT NULL, example TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS quality_examples_what ON quality_examples (what, day);
 CREATE TABLE IF NOT EXISTS offsets (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
     PRIMARY KEY (topic, partition)
@@ -161,6 +163,17 @@ class Store:
             raise
         self.db.execute("COMMIT")
 
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """One snapshot for a whole report (a deferred read transaction in WAL): the stage may
+        commit meanwhile, and a run ending between two of the report's queries must not be in
+        one and not the other."""
+        self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.db.execute("COMMIT")
+
     # ------------------------------------------------------------------ offsets
 
     def offsets(self) -> dict[tuple[str, int], int]:
@@ -185,7 +198,13 @@ class Store:
         return None if row is None else (row[0], row[1])
 
     def run(self, db: sqlite3.Connection, job: str, start_ts: float) -> dict[str, Any] | None:
-        cur = db.execute("SELECT * FROM runs WHERE job = ? AND start_ts = ?", (job, start_ts))
+        """The job's run that started at `start_ts`, within SAME_RUN_S (slurm-jobs' ledger treats
+        start times that close as one run: Slurm's are whole seconds)."""
+        cur = db.execute(
+            "SELECT * FROM runs WHERE job = ? AND start_ts BETWEEN ? AND ? "
+            "ORDER BY abs(start_ts - ?) LIMIT 1",
+            (job, start_ts - SAME_RUN_S, start_ts + SAME_RUN_S, start_ts),
+        )
         row = cur.fetchone()
         if row is None:
             return None
@@ -238,12 +257,14 @@ class Store:
             (end_ts, state, end_state, exit_code, bad, run_id),
         )
 
-    def run_for_progress(self, db: sqlite3.Connection, job: str, ts: float) -> int | None:
-        """The run of `job` that a step at `ts` belongs to: the latest run started by then."""
-        row = db.execute(
-            "SELECT id FROM runs WHERE job = ? AND start_ts <= ? ORDER BY start_ts DESC LIMIT 1", (job, ts)
-        ).fetchone()
-        return None if row is None else int(row[0])
+    def runs_of(self, db: sqlite3.Connection, job: str) -> list[tuple[int, float, float | None]]:
+        """The job's runs: (id, start, end or None), by start."""
+        return db.execute(
+            "SELECT id, start_ts, end_ts FROM runs WHERE job = ? ORDER BY start_ts", (job,)
+        ).fetchall()
+
+    def set_first_step_floor(self, db: sqlite3.Connection, run_id: int, start_ts: float) -> None:
+        db.execute("UPDATE runs SET first_step_ts = max(first_step_ts, ?) WHERE id = ?", (start_ts, run_id))
 
     def add_progress(self, db: sqlite3.Connection, run_id: int, p: Progress) -> None:
         db.execute(
@@ -252,7 +273,7 @@ class Store:
                 last_step_ts = max(coalesce(last_step_ts, :last), :last),
                 ckpt_step = CASE WHEN :ckpt > coalesce(ckpt_ts, -1) THEN :step ELSE ckpt_step END,
                 ckpt_write_s = CASE WHEN :ckpt > coalesce(ckpt_ts, -1) THEN :write ELSE ckpt_write_s END,
-                ckpt_ts = max(coalesce(ckpt_ts, -1), coalesce(:ckpt, -1))
+                ckpt_ts = CASE WHEN :ckpt > coalesce(ckpt_ts, -1) THEN :ckpt ELSE ckpt_ts END
             WHERE id = :id""",
             {
                 "first": p.first_ts,
@@ -295,7 +316,18 @@ class Store:
                    severity = CASE WHEN (excluded.severity = 'critical')
                        OR (excluded.severity = 'warning' AND severity = 'info')
                        THEN excluded.severity ELSE severity END,
-                   summary = CASE WHEN excluded.last_ts >= last_ts THEN excluded.summary ELSE summary END""",
+                   summary = CASE WHEN excluded.last_ts >= last_ts THEN excluded.summary ELSE summary END,
+                   -- the cause follows the emissions: an XID burst keeps its id while a worse code
+                   -- joins it (an application's XID 13, then XID 79)
+                   domain = CASE WHEN excluded.domain IS NOT NULL
+                       AND (domain IS NULL OR excluded.priority < priority) THEN excluded.domain
+                       ELSE domain END,
+                   component = CASE WHEN excluded.domain IS NOT NULL
+                       AND (domain IS NULL OR excluded.priority < priority) THEN excluded.component
+                       ELSE component END,
+                   priority = CASE WHEN excluded.domain IS NOT NULL
+                       AND (domain IS NULL OR excluded.priority < priority) THEN excluded.priority
+                       ELSE priority END""",
             dict(f),
         )
 
@@ -319,11 +351,12 @@ class Store:
 
     # ------------------------------------------------------------------ data quality
 
-    def count_quality(self, db: sqlite3.Connection, what: str, ts: float, example: str) -> None:
+    def count_quality(self, db: sqlite3.Connection, what: str, ts: float, example: str, n: int = 1) -> None:
         day = int(ts // 86400) if ts == ts and abs(ts) < 1e15 else 0
         db.execute(
-            "INSERT INTO quality VALUES (?, ?, 1) ON CONFLICT (what, day) DO UPDATE SET count = count + 1",
-            (what, day),
+            "INSERT INTO quality VALUES (?, ?, ?) "
+            "ON CONFLICT (what, day) DO UPDATE SET count = count + excluded.count",
+            (what, day, n),
         )
         n = db.execute(
             "SELECT count(*) FROM quality_examples WHERE what = ? AND day = ?", (what, day)

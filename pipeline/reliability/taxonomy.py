@@ -52,23 +52,47 @@ class Cause:
 # diagnosis), `straggler` (slow, not failed), `lemon` (derived from the failures themselves: it
 # would attribute every failure on a lemon to itself), `kernel_log` (records missed: a gap in the
 # evidence, not a fault).
+# Priorities follow docs/reliability.md's order of components (lower wins), the most specific
+# diagnosis first: a driver or firmware XID (a GSP timeout) before the bus, whose lost GPU is its
+# symptom; a silent node and hung tasks last.
+ORDER = (
+    "gpu",
+    "gpu_memory",
+    "driver",
+    "nvlink",
+    "pcie",
+    "ib_link",
+    "network",
+    "filesystem_mount",
+    "storage",
+    "thermal",
+    "node",
+    "kernel",
+)
+PRIORITY = {c: i for i, c in enumerate(ORDER)}
+
+
+def _cause(domain: Domain, component: str) -> Cause:
+    return Cause(domain, component, PRIORITY[component])
+
+
 KIND_CAUSE: Mapping[str, Cause] = {
-    "device_count": Cause("hardware", "gpu", 0),  # a GPU gone from the bus
-    "ecc": Cause("hardware", "gpu_memory", 1),
-    "row_remap": Cause("hardware", "gpu_memory", 1),
-    "xid": Cause("hardware", "gpu", 2),  # refined by the XID's catalogued cause: xid_cause()
-    "nvlink": Cause("hardware", "nvlink", 3),
-    "nvswitch": Cause("hardware", "nvlink", 3),
-    "pcie": Cause("hardware", "pcie", 4),
-    "pcie_link": Cause("hardware", "pcie", 4),
-    "ib_link": Cause("hardware", "ib_link", 5),
-    "eth_link": Cause("hardware", "network", 6),
-    "mount": Cause("hardware", "filesystem_mount", 7),
-    "block_device": Cause("hardware", "storage", 8),
-    "disk": Cause("hardware", "storage", 8),
-    "thermal": Cause("hardware", "thermal", 9),
-    "hung_tasks": Cause("system_software", "kernel", 10),
-    "host": Cause("hardware", "node", 11),  # a silent node (detectors/silence.py)
+    "device_count": _cause("hardware", "gpu"),  # a GPU gone from the bus
+    "ecc": _cause("hardware", "gpu_memory"),
+    "row_remap": _cause("hardware", "gpu_memory"),
+    "xid": _cause("hardware", "gpu"),  # refined by the XID's catalogued cause: xid_cause()
+    "nvlink": _cause("hardware", "nvlink"),
+    "nvswitch": _cause("hardware", "nvlink"),
+    "pcie": _cause("hardware", "pcie"),
+    "pcie_link": _cause("hardware", "pcie"),
+    "ib_link": _cause("hardware", "ib_link"),
+    "eth_link": _cause("hardware", "network"),
+    "mount": _cause("hardware", "filesystem_mount"),
+    "block_device": _cause("hardware", "storage"),
+    "disk": _cause("hardware", "storage"),
+    "thermal": _cause("hardware", "thermal"),
+    "host": _cause("hardware", "node"),  # a silent node (detectors/silence.py)
+    "hung_tasks": _cause("system_software", "kernel"),
 }
 # XIDs whose catalogued failure is GPU memory (double-bit ECC, row-remap failures, contained and
 # uncontained memory errors) and the one that is the bus (fell off the bus)
@@ -81,7 +105,7 @@ def finding_cause(kind: str, rule: str | None, evidence: Mapping[str, Any]) -> C
     if kind == "host" and rule not in (None, "silent"):
         return None  # the host kind's other rules (a clock off) fail no job
     if kind == "device_count" and rule == "hca_count":
-        return Cause("hardware", "ib_link", 0)  # an InfiniBand adapter gone, not a GPU
+        return _cause("hardware", "ib_link")  # an InfiniBand adapter gone, not a GPU
     cause = KIND_CAUSE.get(kind)
     if cause is None or kind != "xid":
         return cause
@@ -94,20 +118,15 @@ def xid_cause(evidence: Mapping[str, Any], default: Cause) -> Cause | None:
     if why == "application":
         return None  # the application's own error: the failure stays the user's
     if why == "driver":
-        return Cause("system_software", "driver", default.priority)
+        return _cause("system_software", "driver")
     worst = evidence.get("worst_xid")
     if isinstance(worst, int) and worst in MEMORY_XIDS:
-        return Cause("hardware", "gpu_memory", 1)
+        return _cause("hardware", "gpu_memory")
     if isinstance(worst, int) and worst in BUS_XIDS:
-        return Cause("hardware", "pcie", default.priority)
+        return _cause("hardware", "pcie")
     return default
 
 
 def components() -> list[str]:
     """Every component name a cause can carry, in priority order (the report's row order)."""
-    seen: dict[str, None] = {}
-    for c in sorted(KIND_CAUSE.values(), key=lambda c: c.priority):
-        seen.setdefault(c.component, None)
-    for extra in ("driver", "node"):
-        seen.setdefault(extra, None)
-    return list(seen)
+    return list(PRIORITY)

@@ -15,8 +15,10 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,13 @@ from typing import Any
 import pytest
 
 from fleetwatch import schemas
+from fleetwatch.bus.admin import ensure_topics
 from fleetwatch.detectors.batch import TelemetryBatch
 from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from tests.helpers.messages import gpu
-from tests.integration.services import SLURM_SH, USES_SLURM, Jobs, PrivateBroker, Slurm, TopicTail
+from tests.helpers.paths import REPO
+from tests.integration.services import SLURM_SH, USES_SLURM, Jobs, PrivateBroker, Slurm, TopicTail, send
 
 pytestmark = USES_SLURM
 
@@ -93,6 +97,16 @@ def test_real_jobs_start_and_end_with_their_nodes_gpus_and_slurms_end_state(jobs
         assert end["start_ts"] == time.mktime(time.strptime(info["StartTime"], "%Y-%m-%dT%H:%M:%S"))
     assert _end(jobs.messages(pair))["gpus"] == [4, 4]  # the start's GPUs: Slurm forgets them at the end
 
+    # the accounting stage on what slurm-jobs published: each real end in its category
+    r = account_report(jobs, pair, sharing, four, failing, cancelled)
+    runs = {f["job"]: f for f in r["failures"]}
+    assert r["taxonomy"]["by_end_state"] == {"COMPLETED": 3, "FAILED": 1, "CANCELLED": 1}
+    assert r["taxonomy"]["by_category"] == {"completed": 3, "user": 1, "other": 1}
+    assert runs == {}  # the application's own failure is no infrastructure failure
+    sizes = {row["gpus"]: row["jobs"] for row in r["mttf_by_gpus"]}
+    # pair: 4 + 4 GPUs; sharing: 2; four (no GPUs asked): its 4 nodes' 8 each; failing, cancelled: 8
+    assert sizes == {8: 3, 2: 1, 32: 1}, sizes
+
     # how long a start took to reach the broker (the producer's timestamp; Slurm's are whole seconds)
     lags = [
         r.timestamp_ms / 1000 - start[j]["ts"]
@@ -138,6 +152,34 @@ def test_a_killed_slurmd_ends_its_job_node_fail_and_the_lemon_history_counts_it(
     counted = dict(zip(nodes, events.tolist(), strict=True))
     assert counted["gpu-node-04"] > 0 and counted["gpu-node-03"] > 0
     assert job in task.failed_jobs_seen
+
+    # the accounting stage: a real NODE_FAIL is the hardware's, never the user's
+    (failure,) = account_report(jobs, job)["failures"]
+    assert (failure["job"], failure["end_state"], failure["category"], failure["component"]) == (
+        job, "NODE_FAIL", "hardware", "node",
+    )  # fmt: skip
+
+
+def account_report(jobs: Jobs, *job_ids: str) -> dict[str, Any]:
+    """`fleetwatch account` on the records slurm-jobs published for these jobs (copied as they
+    are to a topic of their own: the publisher's topic is the shared one, with other tests' jobs),
+    until idle; then `fleetwatch report --json` over the last day."""
+    db = jobs.tmp / f"acc-{uuid.uuid4().hex[:6]}.sqlite"
+    run = uuid.uuid4().hex[:8]
+    topic = f"test.acc.{run}.jobs"
+    ensure_topics(jobs.bootstrap, [topic])
+    ours = [(r.key, r.value) for r in jobs.records if r.key is not None and r.key.decode() in job_ids]
+    send(jobs.bootstrap, topic, ours)
+    argv = [sys.executable, "-m", "fleetwatch.cli", "account", "--bootstrap", jobs.bootstrap, "--db", str(db),
+            "--jobs-topic", topic, "--idle-exit", "2", "--steps-topic", f"test.acc.{run}.steps",
+            "--findings-topic", f"test.acc.{run}.findings", "--results-topic", f"test.acc.{run}.results",
+            "--nodes-topic", f"test.acc.{run}.nodes"]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True, timeout=60, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetwatch.cli", "report", "--db", str(db), "--since", "1d", "--json"],
+        check=True, capture_output=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    return json.loads(out.stdout)
 
 
 def test_a_killed_publisher_loses_no_start_or_end_and_invents_none(jobs: Jobs) -> None:

@@ -141,7 +141,7 @@ def test_nodes_the_census_never_saw_are_a_quality_line(store):
 def test_progress_before_its_job_waits_and_joins_the_run(store):
     ing = Ingest(store)
     with store.transaction() as db:
-        ing.progress(db, "j", Progress(T0 + 10, T0 + 500, T0 + 400, 40, 12.0), T0 + 500)
+        ing.progress(db, "j", [Progress(T0 + 10, T0 + 10), Progress(T0 + 500, T0 + 500, T0 + 400, 40, 12.0)])
     feed(store, job("j", ["n1"], "started", T0))
     row = store.db.execute(
         "SELECT first_step_ts, last_step_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM runs"
@@ -150,14 +150,18 @@ def test_progress_before_its_job_waits_and_joins_the_run(store):
     assert store.db.execute("SELECT count(*) FROM pending_steps").fetchone()[0] == 0
 
 
-def test_progress_of_a_job_never_seen_is_dropped_after_an_hour_and_counted(store):
+def test_progress_of_a_job_never_seen_is_dropped_an_hour_later_in_the_datas_time_and_counted(store):
     ing = Ingest(store)
     with store.transaction() as db:
-        ing.progress(db, "ghost", Progress(T0, T0, None, None, None), T0)
+        ing.progress(db, "ghost", [Progress(T0, T0)])
+        ing.progress(db, "ghost2", [Progress(T0, T0)])
+    with store.transaction() as db:
+        ing.expire(db, T0 + 3000)  # the data's own time (days old): not yet
+    assert store.db.execute("SELECT count(*) FROM pending_steps").fetchone()[0] == 2
     with store.transaction() as db:
         ing.expire(db, T0 + 3601)
     assert store.db.execute("SELECT count(*) FROM pending_steps").fetchone()[0] == 0
-    assert quality(store) == {"steps_of_unknown_job": 1}
+    assert quality(store) == {"steps_of_unknown_job": 2}
 
 
 def test_progress_merges_by_min_and_max_so_a_repeat_changes_nothing(store):
@@ -165,14 +169,65 @@ def test_progress_merges_by_min_and_max_so_a_repeat_changes_nothing(store):
     ing = Ingest(store)
     for _ in range(2):
         with store.transaction() as db:
-            ing.progress(db, "j", Progress(T0 + 5, T0 + 100, T0 + 90, 9, 1.5), T0 + 100)
             ing.progress(
-                db, "j", Progress(T0 + 50, T0 + 60, T0 + 30, 3, 9.0), T0 + 100
-            )  # an older checkpoint
+                db,
+                "j",
+                [Progress(T0 + 5, T0 + 100, T0 + 90, 9, 1.5), Progress(T0 + 50, T0 + 60, T0 + 30, 3, 9.0)],
+            )
     row = store.db.execute(
         "SELECT first_step_ts, last_step_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM runs"
     ).fetchone()
     assert row == (T0 + 5, T0 + 100, T0 + 90, 9, 1.5)
+
+
+def test_a_requeued_jobs_steps_go_each_to_its_own_run(store):
+    """Steps of run 2 read before run 2's job/1 wait for it; they never land on run 1, which has
+    ended, nor move run 1's checkpoint past its end; a batch holding both runs' steps splits."""
+    feed(
+        store,
+        job("j", ["n1"], "started", T0, start_ts=T0),
+        job("j", ["n1"], "failed", T0 + 3600, end_state="NODE_FAIL", start_ts=T0),
+    )
+    ing = Ingest(store)
+    with store.transaction() as db:
+        ing.progress(db, "j", [
+            Progress(T0 + 100, T0 + 100), Progress(T0 + 1800, T0 + 1800, T0 + 1790, 5, None),  # run 1
+            Progress(T0 + 4000, T0 + 4000), Progress(T0 + 5000, T0 + 5000, T0 + 4990, 9, None),  # run 2
+        ])  # fmt: skip
+    feed(store, job("j", ["n2"], "started", T0 + 3900, start_ts=T0 + 3900))
+    rows = store.db.execute(
+        "SELECT start_ts, first_step_ts, last_step_ts, ckpt_ts FROM runs ORDER BY start_ts"
+    ).fetchall()
+    assert rows == [(T0, T0 + 100, T0 + 1800, T0 + 1790), (T0 + 3900, T0 + 4000, T0 + 5000, T0 + 4990)]
+
+
+def test_a_start_given_a_second_apart_is_the_same_run(store):
+    feed(
+        store,
+        job("j", ["n1"], "started", T0, start_ts=T0),
+        job("j", ["n1"], "finished", T0 + 60, end_state="COMPLETED", start_ts=T0 + 0.5),
+    )
+    assert runs(store) == [("j", T0, T0 + 60, "COMPLETED", 1, 8, None)]
+
+
+def test_a_node_listed_twice_counts_once(store):
+    feed(
+        store,
+        job("j", ["n1", "n1", "n2"], "started", T0, gpus=[4, 4, 8]),
+        job("j", ["n1", "n1", "n2"], "finished", T0 + 60, gpus=[4, 4, 8]),
+    )
+    assert runs(store) == [("j", T0, T0 + 60, "COMPLETED", 2, 16, None)]
+
+
+def test_a_finding_takes_the_cause_of_a_worse_emission_of_its_burst(store):
+    """An XID burst keeps its id while a worse code joins: first the application's XID 13 (no
+    cause), then XID 79 (the bus): the row names the bus."""
+    first = finding("n1", "xid", T0, severity="warning", evidence={"cause": "application", "worst_xid": 13})
+    worse = finding("n1", "xid", T0 + 30, first_seen=T0, evidence={"cause": "hardware", "worst_xid": 79})
+    assert first["id"] == worse["id"]
+    feed(store, first, worse)
+    row = store.db.execute("SELECT severity, domain, component FROM findings").fetchall()
+    assert row == [("critical", "hardware", "pcie")]
 
 
 def test_a_finding_row_keeps_its_opening_its_worst_level_and_its_resolution(store):
