@@ -50,6 +50,11 @@ def _figure() -> tuple[Any, Any]:
     return fig, ax
 
 
+def _nothing(ax: Any, what: str) -> None:
+    """An empty plot says why it is empty."""
+    ax.text(0.5, 0.5, what, ha="center", transform=ax.transAxes)
+
+
 def plot_mttf(r: dict[str, Any]) -> Any:
     fig, ax = _figure()
     rows = [
@@ -99,7 +104,7 @@ def plot_failures_over_time(r: dict[str, Any]) -> Any:
             bottom += np.array(counts)
         ax.legend(fontsize="small", ncol=2)
     else:
-        ax.text(0.5, 0.5, "no infrastructure failures in this range", ha="center", transform=ax.transAxes)
+        _nothing(ax, "no infrastructure failures in this range")
     ax.set_ylabel("infrastructure failures per day")
     ax.set_title("Failures by component over time")
     fig.autofmt_xdate()
@@ -150,7 +155,7 @@ def plot_lost(r: dict[str, Any]) -> Any:
         names = sorted(bars, key=bars.__getitem__)
         ax.barh(names, [bars[n] for n in names])
     else:
-        ax.text(0.5, 0.5, "no GPU-hours lost in this range", ha="center", transform=ax.transAxes)
+        _nothing(ax, "no GPU-hours lost in this range")
     ax.set_xlabel("GPU-hours")
     ax.set_title("GPU-hours lost by cause")
     fig.tight_layout()
@@ -175,7 +180,7 @@ def plot_lemons(r: dict[str, Any]) -> Any:
         ax.set_yticks(y, names)
         ax.legend()
     else:
-        ax.text(0.5, 0.5, "no lemon nodes in this range", ha="center", transform=ax.transAxes)
+        _nothing(ax, "no lemon nodes in this range")
     ax.set_xlabel("events blamed on the node")
     ax.set_title("Lemon nodes")
     fig.tight_layout()

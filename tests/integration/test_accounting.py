@@ -21,10 +21,9 @@ import pytest
 from fleetwatch import schemas, signing, topics
 from fleetwatch.bus.admin import ensure_topics
 from fleetwatch.census import node_message
-from fleetwatch.detectors.findings import make_finding
 from fleetwatch.steps import StepReporter
 from tests.helpers.paths import REPO
-from tests.helpers.reliability import result
+from tests.helpers.reliability import finding, result
 from tests.integration.act_rig import free_port
 from tests.integration.services import TopicTail, send
 
@@ -65,18 +64,8 @@ class Rig:
         self.send("jobs", job, orjson.dumps(m))
 
     def finding(self, node: str, kind: str, ts: float) -> str:
-        f = make_finding(
-            node=node,
-            kind=kind,
-            rule="t",
-            severity="critical",
-            score=1.0,
-            summary=f"{kind} on {node}",
-            evidence={},
-            first_seen=ts,
-            ts=ts,
-        )
-        self.send("findings", node, orjson.dumps(signing.signed(f, CENSUS.encode())))
+        f = finding(node, kind, ts, rule="t", key=CENSUS.encode())  # signed as detect signs it
+        self.send("findings", node, orjson.dumps(f))
         return f["id"]
 
     def start(self) -> None:
