@@ -422,6 +422,7 @@ def lemons(
                 "by": "statistics" if by_stats else "detector",
                 "lemon_findings": lemon_findings.get(n, []),
                 "drained_at": min(drains_executed[n]) if drains_executed.get(n) else None,
+                **_around_drain(h, fail, n, min(drains_executed[n]) if drains_executed.get(n) else None),
             }
         )
     out.sort(key=lambda r: (r["tail_p"], r["node"]))
@@ -430,6 +431,25 @@ def lemons(
         "nodes": population,
         "lemons": out,
         "before_after": before_after(h, [r["drained_at"] for r in out if r["drained_at"]], cfg),
+    }
+
+
+def _around_drain(h: History, fail: np.ndarray, node: str, drained_at: float | None) -> dict[str, Any]:
+    """The node's own failures per node-day before its first drain in the range and after it
+    (None where it was not drained, or no time is left on a side)."""
+    if drained_at is None:
+        return {"failures_per_day_before_drain": None, "failures_per_day_after_drain": None}
+    mine = fail & (h.blamed_node == node)
+    ends = h.end[mine]
+    before_days = (drained_at - h.since) / DAY
+    after_days = (h.until - drained_at) / DAY
+    return {
+        "failures_per_day_before_drain": _num(np.sum(ends < drained_at) / before_days)
+        if before_days > 0
+        else None,
+        "failures_per_day_after_drain": _num(np.sum(ends >= drained_at) / after_days)
+        if after_days > 0
+        else None,
     }
 
 

@@ -327,6 +327,7 @@ def sections(r: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], s
                 "multi-node fails",
                 "drains",
                 "XIDs",
+                "failures/day before, after its drain",
                 "tail p",
                 "by",
             ],
@@ -338,6 +339,10 @@ def sections(r: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], s
                     _fmt(x["multi_node_fails"]),
                     _fmt(x["out_count"]),
                     _fmt(x["xid_count"]),
+                    ", ".join(
+                        _fmt(x[k], 3)
+                        for k in ("failures_per_day_before_drain", "failures_per_day_after_drain")
+                    ),
                     f"{x['tail_p']:.2g}",
                     x["by"],
                 ]

@@ -236,6 +236,16 @@ def test_one_fault_that_ended_several_jobs_and_its_drain_are_one_episode():
     assert (lemon["node"], lemon["episodes"]) == ("n0001", 5)
 
 
+def test_each_lemon_shows_its_failure_rate_before_and_after_its_drain():
+    nodes = np.array(["n0001"] * 6, dtype=object)
+    h = history(6, end=[86400.0 * i + 3600 for i in range(6)], category=["hardware"] * 6,
+                component=["gpu"] * 6, blamed_node=nodes, single_node=nodes)  # fmt: skip
+    h.since, h.until = 0.0, 10 * 86400.0
+    (lemon,) = figures.lemons(h, {}, {"n0001": [4 * 86400.0]}, {}, 2000, CFG)["lemons"]
+    assert lemon["failures_per_day_before_drain"] == pytest.approx(4 / 4)  # 4 failures in 4 days
+    assert lemon["failures_per_day_after_drain"] == pytest.approx(2 / 6)
+
+
 def test_lemons_named_by_the_detector_are_listed_with_their_findings():
     h = _fleet(100, 0.0, 0)
     got = figures.lemons(h, {}, {}, {"n7": ["f1"]}, 100, CFG)
