@@ -359,9 +359,17 @@ def test_oncall_controls_read_as_this_act_runs(stack: Stack) -> None:
         (f'sum(fleetwatch_act_control_refused_total{{{c}, reason="malformed"}})', 1.0),
         (f'sum(fleetwatch_act_slurm_nodes_refused_total{{{c}, reason="malformed"}})', 1.0),
     ):
-        res = stack.query(expr)
-        assert res["status"] == "success" and res["data"]["result"], f"no data for {expr}"
-        assert float(res["data"]["result"][0]["value"][1]) == want, (expr, res["data"]["result"])
+        # act refuses the fixture's malformed records a moment after they are sent, and Prometheus
+        # scrapes every second: wait for it (the series themselves exist from the start)
+        deadline = time.monotonic() + 20
+        while True:
+            res = stack.query(expr)
+            assert res["status"] == "success" and res["data"]["result"], f"no data for {expr}"
+            got = float(res["data"]["result"][0]["value"][1])
+            if got == want or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert got == want, (expr, res["data"]["result"])
     # both outcomes are exported from the start, so increase() sees the first validation
     res = stack.query(f"fleetwatch_act_validations_total{{{c}}}")
     assert {s["metric"]["outcome"] for s in res["data"]["result"]} == {"passed", "failed"}
