@@ -138,6 +138,9 @@ HOSTILE = [
     ),
     ("findings", "n1", orjson.dumps({"schema": "finding/1", "id": "f", "node": "n1"})),
     ("steps", "j", b"\xff\xfe" * 100),
+    # forged: a critical finding on b1 in b's window, signed with another key, must blame nothing
+    ("findings", "b1", orjson.dumps(finding("b1", "nvlink", time.time() - 4 * 3600 + 7100, key=b"f" * 32))),
+    ("jobs", "big", b"[" * 64 + b"1" * 900_000),  # as large as the broker takes, nested, not JSON
 ]
 
 
