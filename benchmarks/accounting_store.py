@@ -30,7 +30,7 @@ import orjson
 
 from fleetwatch import schemas, signing, topics
 from fleetwatch.bus import Record
-from fleetwatch.collectors.sim.workload import Workload, WorkloadConfig, draw
+from fleetwatch.collectors.sim.workload import Workload, WorkloadConfig, draw, node_name
 from fleetwatch.detectors.findings import make_finding
 from fleetwatch.pipeline.reliability import report
 from fleetwatch.pipeline.reliability.ingest import Ingest
@@ -50,26 +50,11 @@ FINDING_OF = {  # the finding a failure of each component shows as (detect's kin
 }
 
 
-def node_name(i: int) -> str:
-    return f"gpu{i:05d}"
-
-
 def messages(w: Workload, warnings_per_node_day: float = 0.5) -> Iterator[tuple[float, str, bytes, bytes]]:
     """(time, topic, key, value) of the history, in time order."""
-    out: list[tuple[float, str, bytes, bytes]] = []
+    out = [(ts, topics.JOBS, job.encode(), orjson.dumps(m)) for ts, job, m in w.job_messages()]
     rng = np.random.default_rng(w.cfg.seed + 1)
     for i in range(len(w)):
-        job = f"j{int(w.job[i])}"
-        nodes = [node_name(n) for n in w.nodes_of(i)]
-        gpus = [int(min(w.gpus[i], w.cfg.gpus_per_node))] * len(nodes)
-        start, end = float(w.start[i]), float(w.end[i])
-        base = {"schema": schemas.JOB, "job": job, "nodes": nodes, "gpus": gpus, "start_ts": start}
-        out.append(
-            (start, topics.JOBS, job.encode(), orjson.dumps({**base, "state": "started", "ts": start}))
-        )
-        state = "finished" if w.end_state[i] in ("COMPLETED", "CANCELLED", "TIMEOUT") else "failed"
-        end_msg = {**base, "state": state, "ts": end, "end_state": str(w.end_state[i])}
-        out.append((end, topics.JOBS, job.encode(), orjson.dumps(end_msg)))
         comp = w.component[i]
         if comp in FINDING_OF:
             kind, ev = FINDING_OF[comp]

@@ -46,11 +46,12 @@ import orjson
 
 from benchmarks.fault_latency import private_broker
 from fleetwatch import schemas, topics
+from fleetwatch.alerts import drain_result
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.bus.partitioner import partition_for
 from fleetwatch.collectors.sim import Simulation, rates
 from fleetwatch.collectors.sim.scenario import parse_scenario
-from fleetwatch.collectors.sim.workload import Workload, WorkloadConfig, draw
+from fleetwatch.collectors.sim.workload import Workload, WorkloadConfig, draw, node_name
 from fleetwatch.pipeline.reliability import report
 from fleetwatch.pipeline.reliability.store import Store
 
@@ -79,10 +80,6 @@ forget_after_s = 1800.0
 [detect.node.silence]
 silent_after_s = 1.0e12
 """
-
-
-def node_name(i: int) -> str:
-    return f"gpu{i:05d}"
 
 
 def fault_telemetry(kind: str, node: str, fault_ts: float, seed: int) -> list[dict[str, Any]]:
@@ -128,33 +125,20 @@ def clock_nodes(per_partition: int = 2) -> list[str]:
 
 def history(w: Workload) -> list[tuple[float, str, bytes, bytes]]:
     """(time, topic, key, value) of everything the cluster sends, in time order."""
-    out: list[tuple[float, str, bytes, bytes]] = []
-    for i in range(len(w)):
-        job = f"j{int(w.job[i])}"
-        nodes = [node_name(n) for n in w.nodes_of(i)]
-        start, end = float(w.start[i]), float(w.end[i])
-        base = {"schema": schemas.JOB, "job": job, "nodes": nodes, "start_ts": start, "source": "slurm",
-                "gpus": [int(min(w.gpus[i], w.cfg.gpus_per_node))] * len(nodes)}  # fmt: skip
-        out.append(
-            (start, topics.JOBS, job.encode(), orjson.dumps({**base, "state": "started", "ts": start}))
-        )
-        state = "finished" if w.end_state[i] in ("COMPLETED", "CANCELLED", "TIMEOUT") else "failed"
-        end_msg = {**base, "state": state, "ts": end, "end_state": str(w.end_state[i])}
-        out.append((end, topics.JOBS, job.encode(), orjson.dumps(end_msg)))
-        if np.isfinite(w.first_step[i]) and w.gpus[i] >= 64:  # the large training jobs report steps
-            first = float(w.first_step[i])
-            marks = [(first, 1, {})]
-            if np.isfinite(w.ckpt_ts[i]):
-                ck = float(w.ckpt_ts[i])
-                marks.append(
-                    (ck + 1, 2, {"checkpoint_step": 1, "checkpoint_ts": ck, "checkpoint_write_s": 60.0})
-                )
-            if end - 1 > marks[-1][0]:
-                marks.append((end - 1, 3, {}))
-            for ts, n, extra in marks:
-                m = {"schema": schemas.STEP, "job": job, "node": nodes[0], "rank": 0, "step": n,
-                     "step_time_s": 1.0, "ts": ts, **extra}  # fmt: skip
-                out.append((ts, topics.STEPS, job.encode(), orjson.dumps(m)))
+    out = [(ts, topics.JOBS, job.encode(), orjson.dumps(m)) for ts, job, m in w.job_messages()]
+    for i in np.flatnonzero(np.isfinite(w.first_step) & (w.gpus >= 64)):  # large training jobs report steps
+        job, end, rank0 = f"j{int(w.job[i])}", float(w.end[i]), node_name(int(w.first_node[i]))
+        first = float(w.first_step[i])
+        marks = [(first, 1, {})]
+        if np.isfinite(w.ckpt_ts[i]):
+            ck = float(w.ckpt_ts[i])
+            marks.append((ck + 1, 2, {"checkpoint_step": 1, "checkpoint_ts": ck, "checkpoint_write_s": 60.0}))
+        if end - 1 > marks[-1][0]:
+            marks.append((end - 1, 3, {}))
+        for ts, n, extra in marks:
+            m = {"schema": schemas.STEP, "job": job, "node": rank0, "rank": 0, "step": n,
+                 "step_time_s": 1.0, "ts": ts, **extra}  # fmt: skip
+            out.append((ts, topics.STEPS, job.encode(), orjson.dumps(m)))
     for i in range(len(w.fault_node)):  # every node fault, whether a job was on the node or not
         comp = str(w.fault_component[i])
         if comp not in FAULT_OF:
@@ -179,16 +163,13 @@ def history(w: Workload) -> list[tuple[float, str, bytes, bytes]]:
 
 def drained_results(drained: dict[int, float], key: bytes) -> list[tuple[float, str, bytes, bytes]]:
     """The Slurm adapter's answers for the lemons drained (an operator acting on a report)."""
-    from fleetwatch.signing import mac
-
     out = []
     for n, ts in drained.items():
-        node = node_name(n)
-        r = {"schema": schemas.DRAIN_RESULT, "request_id": f"{n:032x}", "node": node, "action": "drain",
-             "outcome": "executed", "detail": "drained: lemon (benchmark)", "ts": ts,
-             "request_signature": "0" * 64}  # fmt: skip
-        r["signature"] = mac(r, key, "signature")
-        out.append((ts, topics.DRAIN_RESULTS, node.encode(), orjson.dumps(r)))
+        r = drain_result.make_result(
+            request_id=f"{n:032x}", node=node_name(n), action="drain", outcome="executed",
+            detail="drained: lemon (benchmark)", ts=ts, request_signature="0" * 64, key=key,
+        )  # fmt: skip
+        out.append((ts, topics.DRAIN_RESULTS, r["node"].encode(), orjson.dumps(r)))
     return out
 
 

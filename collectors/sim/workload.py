@@ -19,9 +19,11 @@ training step and last checkpoint (the training jobs, of 8 GPUs or more, report 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from fleetwatch import schemas
 from fleetwatch.collectors.sim import rates
 
 DAY = 86400.0
@@ -76,6 +78,27 @@ class Workload:
         first, n = int(self.first_node[i]), int(self.n_nodes[i])
         return [(first + k) % self.cfg.nodes for k in range(n)]
 
+    def job_messages(self) -> list[tuple[float, str, dict[str, Any]]]:
+        """(time, job, job/1) of every run's start and end, as `fleetwatch slurm-jobs` publishes
+        them (start time, GPUs per node, Slurm's end state)."""
+        out = []
+        for i in range(len(self)):
+            job = f"j{int(self.job[i])}"
+            nodes = [node_name(n) for n in self.nodes_of(i)]
+            start, end = float(self.start[i]), float(self.end[i])
+            base = {
+                "schema": schemas.JOB,
+                "job": job,
+                "nodes": nodes,
+                "gpus": [int(min(self.gpus[i], self.cfg.gpus_per_node))] * len(nodes),
+                "start_ts": start,
+                "source": "slurm",
+            }
+            out.append((start, job, {**base, "state": "started", "ts": start}))
+            state = "finished" if self.end_state[i] in ("COMPLETED", "CANCELLED", "TIMEOUT") else "failed"
+            out.append((end, job, {**base, "state": state, "ts": end, "end_state": str(self.end_state[i])}))
+        return out
+
     @property
     def true_r_f(self) -> float:
         """The failure rate a node-day of a job meets, on average over the period's nodes and
@@ -85,6 +108,11 @@ class Workload:
         fixed = min(c.lemons_fixed_at, end) if c.lemons_fixed_at is not None else end
         share = (fixed - c.start) / (end - c.start)
         return c.r_f * (1 + (c.lemon_multiplier - 1) * len(self.lemons) / c.nodes * share)
+
+
+def node_name(i: int) -> str:
+    """Node `i`'s name in the workload's messages."""
+    return f"gpu{i:05d}"
 
 
 def draw(cfg: WorkloadConfig) -> Workload:

@@ -20,7 +20,7 @@ from fleetwatch.pipeline.reliability.figures import FigureConfig
 from fleetwatch.pipeline.reliability.history import History, load
 from fleetwatch.pipeline.reliability.store import Store
 
-Progress = Callable[[str], None]
+StepNamed = Callable[[str], None]  # told what the report computes next (the progress bar)
 MAX_RUN_S = 7 * 86400.0  # Slurm's longest job here (the paper's clusters: 7 days); open longer = no end seen
 
 
@@ -30,7 +30,7 @@ def build(
     until: float,
     window: Window | None = None,
     cfg: FigureConfig | None = None,
-    progress: Progress | None = None,
+    progress: StepNamed | None = None,
 ) -> dict[str, Any]:
     window = window or Window()
     cfg = cfg or FigureConfig()

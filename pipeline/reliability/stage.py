@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -92,7 +92,6 @@ class Accounting:
         self.drain_key = drain_key
         self.dead_letters = dead_letters
         self.t = names or StageTopics()
-        self._handlers: dict[str, Callable[[Any, Record], None]] = {}
 
     def apply(self, records: Sequence[Record], now: float) -> None:
         offsets: dict[tuple[str, int], int] = {}
@@ -122,7 +121,7 @@ class Accounting:
             self.ingest.job(db, m, broker_ts)
         elif r.topic == self.t.steps:
             m = schemas.decode(r.value, schemas.STEP, key=r.key)
-            _add_step(progress, m, broker_ts)
+            _add_step(progress, m, broker_ts, self.ingest.cfg.max_ahead_s)
         elif r.topic == self.t.findings:
             m = schemas.decode(r.value, schemas.FINDING, key=r.key)
             why = finding_sig.signature_error(m, self.census_key)
@@ -142,7 +141,7 @@ class Accounting:
             self.ingest.drain_result(db, m)
         elif r.topic == self.t.nodes:
             m = schemas.decode(r.value, schemas.NODE, key=r.key)
-            if not _census_ok(m, self.census_key):
+            if not signing.verify(m, self.census_key):  # False without a `sig`
                 raise schemas.MessageError("bad_signature", "node/1 does not verify under the census key")
             if not m.get("gone"):  # a node forgotten by the census stays in the history
                 self.ingest.node(db, m)
@@ -164,14 +163,12 @@ class Accounting:
             )
 
 
-def _census_ok(m: dict[str, Any], key: bytes) -> bool:
-    return "sig" in m and signing.verify(m, key)
-
-
-def _add_step(progress: dict[str, list[Progress]], m: dict[str, Any], broker_ts: float | None) -> None:
+def _add_step(
+    progress: dict[str, list[Progress]], m: dict[str, Any], broker_ts: float | None, max_ahead_s: float
+) -> None:
     ts = float(m["ts"])
     if broker_ts is not None:
-        ts = min(ts, broker_ts + 300.0)  # a rank's clock ahead: the broker's time bounds it
+        ts = min(ts, broker_ts + max_ahead_s)  # a rank's clock ahead: the broker's time bounds it
     ckpt_ts = m.get("checkpoint_ts")
     if ckpt_ts is not None:
         ckpt_ts = min(float(ckpt_ts), ts)

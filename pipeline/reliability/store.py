@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 SCHEMA_VERSION = 1
 QUALITY_EXAMPLES = 5  # examples kept per data-quality kind and day: a flood adds to a count, not rows
 SAME_RUN_S = 1.0  # start times this close are one run (collectors/slurm_jobs: SAME_RUN_S)
@@ -263,9 +261,6 @@ class Store:
             "SELECT id, start_ts, end_ts FROM runs WHERE job = ? ORDER BY start_ts", (job,)
         ).fetchall()
 
-    def set_first_step_floor(self, db: sqlite3.Connection, run_id: int, start_ts: float) -> None:
-        db.execute("UPDATE runs SET first_step_ts = max(first_step_ts, ?) WHERE id = ?", (start_ts, run_id))
-
     def add_progress(self, db: sqlite3.Connection, run_id: int, p: Progress) -> None:
         db.execute(
             """UPDATE runs SET
@@ -370,19 +365,3 @@ class Store:
         """A query's rows (the report's only way in: benchmarks/accounting_store.py runs the same
         report on another engine through this one method)."""
         return self.db.execute(sql, tuple(params)).fetchall()
-
-    def columns(self, sql: str, params: Iterable[Any] = ()) -> dict[str, np.ndarray]:
-        """A query's result as numpy columns (object arrays for text)."""
-        cur = self.db.execute(sql, tuple(params))
-        names = [d[0] for d in cur.description]
-        rows = cur.fetchall()
-        if not rows:
-            return {n: np.array([]) for n in names}
-        cols = list(zip(*rows, strict=True))
-        out: dict[str, np.ndarray] = {}
-        for n, col in zip(names, cols, strict=True):
-            if all(isinstance(v, (int, float)) or v is None for v in col) and any(v is not None for v in col):
-                out[n] = np.array([np.nan if v is None else v for v in col], dtype=np.float64)
-            else:
-                out[n] = np.array(col, dtype=object)
-        return out

@@ -125,8 +125,3 @@ def xid_cause(evidence: Mapping[str, Any], default: Cause) -> Cause | None:
     if isinstance(worst, int) and worst in BUS_XIDS:
         return _cause("hardware", "pcie")
     return default
-
-
-def components() -> list[str]:
-    """Every component name a cause can carry, in priority order (the report's row order)."""
-    return list(PRIORITY)
