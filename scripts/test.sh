@@ -28,14 +28,24 @@ python3 -m pytest -q -n 2 tests/unit
 # rest; each with a private broker of its own (tests/integration/conftest.py). Not pytest-xdist's
 # groups: with pytest 9 its --dist loadgroup no longer keeps a group in one process.
 slurm_log="$(mktemp)"
-trap 'rm -f "$slurm_log"' EXIT
-FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m slurm tests/integration \
+# each failure as it happens (tests/integration/conftest.py): shown if a process dies before its summary
+rest_failures="$(mktemp)" slurm_failures="$(mktemp)"
+trap 'rm -f "$slurm_log" "$rest_failures" "$slurm_failures"' EXIT
+FLEETWATCH_TEST_FAILURE_LOG="$slurm_failures" FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m slurm tests/integration \
   >"$slurm_log" 2>&1 &
 slurm_pid=$!
 rest=0
-python3 -m pytest -q -m "not slurm" tests/integration || rest=$?
+FLEETWATCH_TEST_FAILURE_LOG="$rest_failures" python3 -m pytest -q -m "not slurm" tests/integration || rest=$?
+if ((rest > 5)); then  # not one of pytest's own exit codes: the process died
+  echo "--- the integration process died (exit $rest); its failures until then:"
+  cat "$rest_failures"
+fi
 slurm=0
 wait "$slurm_pid" || slurm=$?
 echo "--- tests/integration, the files that use Slurm (run beside the above) ---"
 cat "$slurm_log"
+if ((slurm > 5)); then
+  echo "--- the Slurm integration process died (exit $slurm); its failures until then:"
+  cat "$slurm_failures"
+fi
 ((rest == 0 && slurm == 0))

@@ -81,6 +81,16 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         )
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each failure written as it happens to $FLEETWATCH_TEST_FAILURE_LOG (scripts/test.sh sets
+    it): pytest prints its failures only at the end, so a test process that dies (a native crash
+    in a client library) would take the reports of every earlier failure with it."""
+    path = os.environ.get("FLEETWATCH_TEST_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"=== FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")
+
+
 @pytest.fixture(scope="session")
 def private_broker(kafka_bootstrap: str) -> Iterator[PrivateBroker]:
     # one per pytest process (scripts/test.sh gives each its port): a test stops and restarts it,

@@ -74,7 +74,7 @@ def test_steps_for_a_node_outside_the_job_are_dead_lettered_and_never_judged(
 
     # job 1: its job/1 first (the worker's job table has it), then 450 s of steps for a, b, c and d
     produce(kafka_bootstrap, topics.JOBS, _job(j1, [a, b, c], now - 600))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while not d.jobs.nodes_of(j1) and time.monotonic() < deadline:
         time.sleep(0.1)
     produce(kafka_bootstrap, topics.STEPS, _steps(j1, [a, b, c, x], now - 560, 450, {c: 0.3, x: 0.3}))
@@ -85,8 +85,8 @@ def test_steps_for_a_node_outside_the_job_are_dead_lettered_and_never_judged(
     def opened(recs: list[Any]) -> list[dict[str, Any]]:
         return [m for m in mine(recs) if not m["resolved"]]
 
-    got = opened(findings.collect(lambda rs: any(m["severity"] == "critical" for m in opened(rs)), 60))
-    letters = dlq.collect(lambda rs: len([r for r in rs if x.encode() in r.value]) >= 450, 30)
+    got = opened(findings.collect(lambda rs: any(m["severity"] == "critical" for m in opened(rs)), 120))
+    letters = dlq.collect(lambda rs: len([r for r in rs if x.encode() in r.value]) >= 450, 90)
     assert d.thread.is_alive(), "the worker died"
     assert {(m["node"], m["job"]) for m in got} == {(c, j1)}, [m["summary"] for m in got]
     assert any(m["severity"] == "critical" for m in got)  # a, b, c are judged: c is found
@@ -98,13 +98,13 @@ def test_steps_for_a_node_outside_the_job_are_dead_lettered_and_never_judged(
     # job 2, later in event time (a job held is refused once its partition's records are 2 x 60 s
     # newer): 30 s of steps before its job/1 (held), then the job/1, then the rest
     produce(kafka_bootstrap, topics.STEPS, _steps(j2, [e, f, g], now - 100, 30, {g: 0.3}))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while _held(d, j2) < 90 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _held(d, j2) == 90, "job 2's early steps were not held for its job/1"
     produce(kafka_bootstrap, topics.JOBS, _job(j2, [e, f, g], now - 110))
     produce(kafka_bootstrap, topics.STEPS, _steps(j2, [e, f, g], now - 100, 70, {g: 0.3}, start=30))
-    got = opened(findings.collect(lambda rs: any(m["node"] == g for m in opened(rs)), 60))
+    got = opened(findings.collect(lambda rs: any(m["node"] == g for m in opened(rs)), 120))
     assert {(m["node"], m["job"]) for m in got} == {(g, j2)}, [m["summary"] for m in got]
     # the held steps were judged: the straggler was found before the first step after the job/1
     assert min(m["first_seen"] for m in got) < now - 100 + 30

@@ -196,7 +196,9 @@ def test_killed_worker_loses_no_finding(kafka_bootstrap: str, tmp_path: Path) ->
         produce(kafka_bootstrap, ticks[:kill_s], pace_s=0.05)
         # the pipeline is live: the early XIDs of every partition are out before the kill
         early = {sc.node_name(f.node) for f in sc.faults if f.kind == "xid79"}
-        records += tail.collect(lambda rs: {f["node"] for f in mine(rs, prefix)} >= early, 30)
+        # generous deadlines: each returns as soon as its condition holds; a loaded CI machine
+        # (two pytest processes beside their brokers) took longer than 30-40 s here
+        records += tail.collect(lambda rs: {f["node"] for f in mine(rs, prefix)} >= early, 90)
         assert {f["node"] for f in mine(records, prefix)} >= early, describe(
             first_by_id(mine(records, prefix))
         )
@@ -209,7 +211,7 @@ def test_killed_worker_loses_no_finding(kafka_bootstrap: str, tmp_path: Path) ->
         produce(kafka_bootstrap, ticks[kill_s : kill_s + SILENT_PACE_TICKS], pace_s=1.0)
         produce(kafka_bootstrap, ticks[kill_s + SILENT_PACE_TICKS :], pace_s=0.02)
         # the survivor gets the dead member's partitions when its session expires
-        _wait_stable(kafka_bootstrap, group, 1, [survivor], 40)
+        _wait_stable(kafka_bootstrap, group, 1, [survivor], 90)
         wait_drained(kafka_bootstrap, group, 60)
         assert survivor.poll() is None, "the surviving detect process exited"
         records += drain_tail(tail)
