@@ -1,0 +1,343 @@
+"""The compiled pass of the multivariate scorer (detectors/multivariate.py): one call per batch of
+samples, each a vector of M metrics of one group (a node, a machine).
+
+Per sample, in the group's order (state carried across batches):
+1. per metric, a robust baseline as RobustScorer's (EW level and mean absolute deviation, a
+   plain running mean and MAD during warm-up, updates clipped to `clip` scales) and its z;
+2. four statistics per metric, each a deviation >= 0:
+   - point  |z|                                  (one sample far out)
+   - short  |mean of the last 3 z|               (a short event: 3 samples of a moderate shift
+                                                  stand out as one sample of sqrt(3) x the shift)
+   - drift  two-sided CUSUM of the clipped z     (a sustained shift or ramp)
+   - relation |(P y)_i| / sqrt(P_ii)             (the metric against what the others predict)
+   where y is each metric's level against its slow EW mean (~1 / cov_alpha samples) in EW
+   standard deviations (clipped at 2 x clip), P the inverse of the group's shrunk EW correlation
+   of those levels (refreshed every `refresh` complete samples): (P y)_i / sqrt(P_ii) is the
+   standardised residual of regressing metric i on all the others (the levels, as a PCA fitted
+   on history models them, not the fast baseline's deviations), so it is large when a metric
+   leaves its usual relationship even while every metric stays in its range;
+3. each statistic turned into a p-value against its calibration row (pool, metric, statistic):
+   the decayed histogram's conformal tail, extrapolated beyond the row's top `q_tail` by an
+   exponential tail fitted to the weight above it (tail_model, tail_p), so a far-out value is not
+   capped at 1 / (history + 1) (the saturation that kept one strong metric from speaking);
+4. the p-values present combined by Cauchy's combination (Liu and Xie, JASA 2020; each p taken
+   at most 0.5, cauchy_term): valid under arbitrary dependence between the metrics for small p,
+   and led by the smallest p (one strong metric speaks, several moderate ones add up);
+5. that combination's -ln p calibrated again, per pool, in the same way: the output p.
+
+Every statistic is scored against the histograms as they were before the batch, then all are
+added (one decay per present row): a batch never sees its own samples (no look-ahead).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+TPM_TAU = 0.05  # the truncated product's truncation (Zaykin et al.'s usual choice)
+N_STATS = 4  # point, short, drift, relation (the last axis of the histograms and of stat_p)
+STAT_NAMES = ("point", "short", "drift", "relation")
+
+
+@njit(cache=True, inline="always")
+def _column(d: float, lo: float, width: float, bins: int) -> tuple[int, float]:
+    """(column, u): column 0 underflow (d == 0 too), 1..bins regular, bins + 1 overflow; u the
+    position in bins of ln d from lo."""
+    u = (math.log(d) - lo) / width if d > 0.0 else -np.inf
+    f = np.floor(u)
+    return int(min(max(f, -1.0), float(bins))) + 1, u
+
+
+@njit(cache=True)
+def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_tail: float,
+               min_tail: float, model: np.ndarray) -> None:  # fmt: skip
+    """Per row of hist (R, cols): suffix (R, cols + 1) the weight at or above each column, and
+    model (R, 3): (u, weight at or above u, mean excess over u) of the row's exponential tail,
+    the mean excess 0 where the tail holds less than min_tail weight (no extrapolation).
+
+    u is the lower edge of the highest regular column with at least q_tail of the row's weight at
+    or above it; the mean excess is the weighted mean of d - u over that weight, each column at
+    its geometric centre (the overflow at one bin above the range: a longer tail, larger p).
+    Exponential (a generalised Pareto tail of shape 0): the tail of every statistic here, a
+    |z| of noise, a CUSUM, a -ln p, is that or lighter, so beyond the history it errs towards
+    larger p; a Pareto tail was tried first and was ten times too conservative at 0.999."""
+    rows, cols = hist.shape
+    bins = cols - 2
+    for r in range(rows):
+        acc = 0.0
+        for c in range(cols - 1, -1, -1):
+            acc += hist[r, c]
+            suffix[r, c] = acc
+        suffix[r, cols] = 0.0
+        total = suffix[r, 0]
+        model[r, 0] = 0.0
+        model[r, 1] = 0.0
+        model[r, 2] = 0.0
+        if not total > 0.0:
+            continue
+        cu = 0
+        for c in range(bins, 0, -1):
+            if suffix[r, c] >= q_tail * total:
+                cu = c
+                break
+        if cu == 0 or suffix[r, cu] < min_tail:
+            continue
+        u = math.exp(lo + (cu - 1) * width)
+        s = 0.0
+        for c in range(cu, cols):
+            s += hist[r, c] * (math.exp(lo + (c - 0.5) * width) - u)
+        model[r, 0] = u
+        model[r, 1] = suffix[r, cu]
+        model[r, 2] = s / suffix[r, cu]
+
+
+@njit(cache=True, inline="always")
+def tail_p(hist_row: np.ndarray, suffix_row: np.ndarray, model_row: np.ndarray, d: float, lo: float,
+           width: float, min_weight: float) -> float:  # fmt: skip
+    """The p-value of deviation d >= 0 against one calibration row; NaN with too little history.
+
+    Below the tail threshold u: the conformal tail (W(D >= d) + 1) / (W + 1), as TailCalibrator.
+    Above it: the fitted tail p_u exp(-(d - u) / mean excess), never below the weight actually
+    seen at or above d (W(D >= d) / (W + 1)) and never above the conformal value, so it only
+    resolves what the finite history cannot (p below 1 / (W + 1)) and can flag no more of a
+    history like the past than the conformal p would, give or take one point."""
+    total = suffix_row[0]
+    if not (d >= 0.0 and total >= min_weight):
+        return np.nan
+    bins = len(hist_row) - 2
+    col, u = _column(d, lo, width, bins)
+    h = hist_row[col]
+    tail = suffix_row[col + 1] + (h * (1.0 - (u - (col - 1))) if 1 <= col <= bins else h)
+    p = (tail + 1.0) / (total + 1.0)
+    excess = model_row[2]
+    if excess > 0.0 and d > model_row[0]:
+        p_ext = (model_row[1] + 1.0) / (total + 1.0) * math.exp(-(d - model_row[0]) / excess)
+        p_seen = tail / (total + 1.0)
+        p = min(p, max(p_ext, p_seen))
+    return p
+
+
+@njit(cache=True, inline="always")
+def cauchy_term(p: float) -> float:
+    """tan((0.5 - p) pi), written as cot(p pi) so that a tiny p keeps its precision, with p taken
+    at most 0.5 (a term >= 0): the conformal p of a quantised metric is 1 at every tie with its
+    past, and tan(-pi / 2) would let one such metric outvote any evidence. What it costs (the
+    combination no longer exactly Cauchy) the calibration of the combination gives back."""
+    p = min(max(p, 1e-300), 0.5)
+    if p < 1e-8:
+        return 1.0 / (p * math.pi)  # cot(x) = 1/x - x/3 ...: exact to 1e-16 here
+    return 1.0 / math.tan(p * math.pi)
+
+
+@njit(cache=True, inline="always")
+def cauchy_p(t: float) -> float:
+    """The upper tail of a standard Cauchy at t: 0.5 - atan(t) / pi, accurate for large t."""
+    if t > 1.0:
+        return math.atan(1.0 / t) / math.pi
+    return 0.5 - math.atan(t) / math.pi
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def multivariate_pass(  # state and histograms updated in place; outputs NaN-filled by the caller
+    rows: np.ndarray,  # (n,) each sample's group
+    x: np.ndarray,  # (n, M) its metrics, NaN = absent
+    pools: np.ndarray,  # (K,) each group's calibration pool
+    floor: np.ndarray,  # (M,) the least scale of each metric (its resolution)
+    state: tuple,  # (count (K, M), level, scale, cusum_pos, cusum_neg, z1, z2 (K, M), complete (K,))
+    rel: tuple,  # (mean (K, M), cov (K, M, M), prec (K, M, M))
+    params: tuple,  # (warmup, alpha, beta, clip, cusum_k, cov_alpha, shrink, refresh, min_complete)
+    # (hist (P, M, S, cols), comb (P, 3, cols), lo, width, min_weight, decay, q_tail, min_tail)
+    calibration: tuple,
+    out_p: np.ndarray,  # (n,) the calibrated combined p-value
+    out_joint_p: np.ndarray,  # (n,) the joint distance's p-value
+    out_stat_p: np.ndarray,  # (n, M, S) each statistic's p-value
+    out_z: np.ndarray,  # (n, M) each metric's z
+) -> None:
+    count, level, scale, cusum_pos, cusum_neg, z1, z2, complete = state
+    mean, cov, prec = rel
+    warmup, alpha, beta, clip, cusum_k, cov_alpha, shrink, refresh, min_complete = params
+    hist, comb, lo, width, min_weight, decay, q_tail, min_tail = calibration
+    n, m = x.shape
+    n_pools = hist.shape[0]
+    cols = hist.shape[3]
+    bins = cols - 2
+    s_n = hist.shape[2]
+
+    present = np.zeros(n_pools, dtype=np.bool_)
+    for j in range(n):
+        present[pools[rows[j]]] = True
+    # the tails of every row of the present pools, as they were before this batch
+    flat = hist.reshape(n_pools * m * s_n, cols)
+    suffix = np.zeros((n_pools * m * s_n, cols + 1))
+    model = np.zeros((n_pools * m * s_n, 3))
+    # per pool: row 0 the joint distance, 1 the truncated product, 2 the combination
+    grp = comb.reshape(n_pools * 3, cols)
+    grp_suffix = np.zeros((n_pools * 3, cols + 1))
+    grp_model = np.zeros((n_pools * 3, 3))
+    for q in range(n_pools):
+        if present[q]:
+            a, b = q * m * s_n, (q + 1) * m * s_n
+            tail_model(flat[a:b], suffix[a:b], lo, width, q_tail, min_tail, model[a:b])
+            tail_model(grp[3 * q : 3 * q + 3], grp_suffix[3 * q : 3 * q + 3], lo, width, q_tail, min_tail,
+                       grp_model[3 * q : 3 * q + 3])  # fmt: skip
+    # what this batch adds, per row
+    counts = np.zeros((n_pools * m * s_n, cols))
+    grp_counts = np.zeros((n_pools * 3, cols))
+
+    d = np.empty(s_n)
+    zt = np.empty(m)
+    for j in range(n):
+        g = rows[j]
+        q = pools[g]
+        # the EW covariance starts from zero: this much of its weight is built (bias correction)
+        built = 1.0 - (1.0 - cov_alpha) ** complete[g]
+        whole = True
+        for i in range(m):  # the relation's input: each metric's level against its slow mean, in sds
+            v = x[j, i]
+            if math.isnan(v) or complete[g] == 0:
+                zt[i] = 0.0
+            else:
+                sd = math.sqrt(max(cov[g, i, i] / built, floor[i] * floor[i]))
+                zt[i] = min(max((v - mean[g, i]) / sd, -2.0 * clip), 2.0 * clip)
+        for i in range(m):
+            v = x[j, i]
+            if math.isnan(v):
+                whole = False
+                continue
+            c = count[g, i]
+            if c < warmup:
+                if c == 0:
+                    level[g, i] = v
+                    scale[g, i] = 0.0
+                else:
+                    e = v - level[g, i]
+                    level[g, i] += e / (c + 1.0)
+                    scale[g, i] += (abs(e) - scale[g, i]) / c
+                count[g, i] = c + 1
+                whole = False
+                continue
+            s_eff = max(scale[g, i], floor[i])
+            zi = (v - level[g, i]) / s_eff
+            out_z[j, i] = zi
+            zc = min(max(zi, -clip), clip)
+            cp = max(0.0, cusum_pos[g, i] + zc - cusum_k)
+            cn = max(0.0, cusum_neg[g, i] - zc - cusum_k)
+            cusum_pos[g, i] = cp
+            cusum_neg[g, i] = cn
+            d[0] = abs(zi)
+            d[1] = abs(zi + z1[g, i] + z2[g, i]) / 3.0 if c >= warmup + 2 else np.nan
+            d[2] = max(cp, cn)
+            d[3] = np.nan
+            z2[g, i] = z1[g, i]
+            z1[g, i] = zi
+            out_stat_p[j, i, 0] = d[0]  # the deviations for now; p-values once the relation is known
+            out_stat_p[j, i, 1] = d[1]
+            out_stat_p[j, i, 2] = d[2]
+            out_stat_p[j, i, 3] = np.nan
+            ec = zc * s_eff
+            level[g, i] += alpha * ec
+            scale[g, i] += beta * (abs(ec) - scale[g, i])
+            count[g, i] = c + 1
+        # the relation: the standardised residual of each metric on all the others, and the
+        # levels' joint distance y' P y (a Mahalanobis distance: a combination of levels the
+        # group has not shown, even where each metric's own relation holds)
+        joint = np.nan
+        if complete[g] >= min_complete:
+            joint = 0.0
+            for i in range(m):
+                acc = 0.0
+                for k in range(m):
+                    acc += prec[g, i, k] * zt[k]
+                joint += acc * zt[i]
+                if not math.isnan(out_z[j, i]):
+                    out_stat_p[j, i, 3] = abs(acc) / math.sqrt(prec[g, i, i])
+            joint = math.sqrt(max(joint, 0.0))
+        if whole:  # the EW mean and covariance of the levels, and now and then the shrunk inverse
+            if complete[g] == 0:
+                for i in range(m):
+                    mean[g, i] = x[j, i]
+            else:
+                dev = np.empty(m)
+                for i in range(m):  # the poisoning guard: a deviation counts at most `clip` sds
+                    sd = math.sqrt(max(cov[g, i, i] / built, floor[i] * floor[i]))
+                    dev[i] = min(max(x[j, i] - mean[g, i], -clip * sd), clip * sd)
+                for i in range(m):
+                    mean[g, i] += cov_alpha * dev[i]
+                    for k in range(m):
+                        cov[g, i, k] = (1.0 - cov_alpha) * (cov[g, i, k] + cov_alpha * dev[i] * dev[k])
+            complete[g] += 1
+            if complete[g] >= min_complete and (complete[g] - min_complete) % refresh == 0:
+                built = 1.0 - (1.0 - cov_alpha) ** complete[g]
+                sds = np.empty(m)
+                for i in range(m):
+                    sds[i] = math.sqrt(max(cov[g, i, i] / built, floor[i] * floor[i]))
+                corr = np.empty((m, m))
+                for i in range(m):
+                    for k in range(m):
+                        r = cov[g, i, k] / built / (sds[i] * sds[k])
+                        corr[i, k] = (1.0 - shrink) * r + (shrink if i == k else 0.0)
+                prec[g] = np.linalg.inv(corr)
+        # each deviation to its p-value; per metric the smallest of its statistics' (times their
+        # number: Bonferroni within a metric)
+        t = 0.0
+        n_p = 0
+        tpm = 0.0
+        for i in range(m):
+            best = np.nan
+            for s in range(s_n):
+                dv = out_stat_p[j, i, s]
+                if math.isnan(dv):
+                    continue
+                r = (q * m + i) * s_n + s
+                p = tail_p(flat[r], suffix[r], model[r], dv, lo, width, min_weight)
+                col, _u = _column(dv, lo, width, bins)
+                counts[r, col] += 1.0
+                out_stat_p[j, i, s] = p
+                if not math.isnan(p) and not p >= best:
+                    best = p
+            if not math.isnan(best):
+                pm = min(1.0, s_n * best)
+                t += cauchy_term(pm)
+                n_p += 1
+                if pm < TPM_TAU:
+                    tpm += math.log(TPM_TAU / pm)
+        if n_p:
+            # three families of evidence, each calibrated, combined by Cauchy with equal weights:
+            # one metric's (the Cauchy combination over metrics, led by the strongest), several
+            # metrics' at once (the truncated product: the sum of ln(tau / p) over the metrics
+            # with p < tau, Zaykin et al. 2002, blind to the many ordinary ones), and the levels'
+            # joint distance from what the group has shown
+            terms = cauchy_term(cauchy_p(t / n_p))
+            weight = 1.0
+            rt = 3 * q + 1
+            pt = tail_p(grp[rt], grp_suffix[rt], grp_model[rt], tpm, lo, width, min_weight)
+            col, _u = _column(tpm, lo, width, bins)
+            grp_counts[rt, col] += 1.0
+            if not math.isnan(pt):
+                terms += cauchy_term(pt)
+                weight += 1.0
+            if not math.isnan(joint):
+                rj = 3 * q
+                pj = tail_p(grp[rj], grp_suffix[rj], grp_model[rj], joint, lo, width, min_weight)
+                col, _u = _column(joint, lo, width, bins)
+                grp_counts[rj, col] += 1.0
+                out_joint_p[j] = pj
+                if not math.isnan(pj):
+                    terms += cauchy_term(pj)
+                    weight += 1.0
+            dc = -math.log(max(cauchy_p(terms / weight), 1e-300))
+            rc = 3 * q + 2
+            out_p[j] = tail_p(grp[rc], grp_suffix[rc], grp_model[rc], dc, lo, width, min_weight)
+            col, _u = _column(dc, lo, width, bins)
+            grp_counts[rc, col] += 1.0
+
+    for q in range(n_pools):
+        if present[q]:
+            for r in range(q * m * s_n, (q + 1) * m * s_n):
+                for c in range(cols):
+                    flat[r, c] = flat[r, c] * decay + counts[r, c]
+            for r in range(3 * q, 3 * q + 3):
+                for c in range(cols):
+                    grp[r, c] = grp[r, c] * decay + grp_counts[r, c]

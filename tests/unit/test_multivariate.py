@@ -1,0 +1,193 @@
+"""The multivariate scorer (detectors/multivariate.py): calibrated on healthy data, and able to see
+what the per-metric scorer could not: one strong metric, a short event, a broken relationship."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from fleetwatch.detectors.multivariate import (
+    STAT_NAMES,
+    MultivariateParams,
+    MultivariateScorer,
+)
+from fleetwatch.detectors.multivariate_kernels import cauchy_p, cauchy_term, tail_model, tail_p
+
+M = 8
+
+
+def healthy(t: int, rng: np.random.Generator, m: int = M) -> np.ndarray:
+    """m metrics driven by two shared factors plus noise (metrics that move together), quantised."""
+    # slow wandering load: two AR(1) factors around 0.5
+    factors = np.empty((t, 2))
+    f = np.full(2, 0.5)
+    for i, e in enumerate(rng.normal(0, 0.01, (t, 2))):
+        f = 0.5 + 0.99 * (f - 0.5) + e
+        factors[i] = f
+    mix = rng.uniform(0.2, 1.0, (2, m))
+    x = 0.3 + 0.4 * factors @ mix / mix.sum(axis=0) + rng.normal(0, 0.02, (t, m))
+    return np.round(x, 3)
+
+
+def stream(scorer: MultivariateScorer, rows: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One sample per batch, as a node's samples arrive: (p (T,), per-statistic p (T, m, 4))."""
+    p, sp = np.full(len(x), np.nan), np.full((len(x), x.shape[1], 4), np.nan)
+    for t in range(len(x)):
+        out = scorer.update(rows, x[t : t + 1])
+        p[t], sp[t] = out.p[0], out.stat_p[0]
+    return p, sp
+
+
+def trained(seed: int = 0, t: int = 6000) -> tuple[MultivariateScorer, np.ndarray, np.random.Generator]:
+    rng = np.random.default_rng(seed)
+    sc = MultivariateScorer(M, floor=0.001)
+    rows = sc.add_groups(np.zeros(1, dtype=np.int64))
+    stream(sc, rows, healthy(t, rng))
+    return sc, rows, rng
+
+
+def test_healthy_data_is_flagged_at_about_the_nominal_rate() -> None:
+    sc, rows, rng = trained()
+    p, _ = stream(sc, rows, healthy(6000, rng))
+    assert not np.isnan(p).any()
+    rate = float(np.mean(p <= 0.001))
+    assert rate <= 0.003, rate  # nominal 0.1 %: calibrated, not a flood
+    assert float(np.mean(p <= 0.05)) == pytest.approx(0.05, abs=0.03)  # and not dead either
+
+
+def test_one_strong_metric_speaks_at_its_first_sample() -> None:
+    sc, rows, rng = trained()
+    x = healthy(50, rng)
+    x[20, 3] += 0.5  # one metric, one sample, 25 noise sds: every other metric is ordinary
+    p, sp = stream(sc, rows, x)
+    assert p[20] <= 1e-4, p[20]  # not capped near 1 / history as the per-metric scorer's was
+    metric, stat = np.unravel_index(np.nanargmin(sp[20]), sp[20].shape)
+    assert metric == 3 and STAT_NAMES[stat] in ("point", "relation")
+
+
+def test_a_short_moderate_event_crosses_the_threshold_within_three_samples() -> None:
+    sc, rows, rng = trained()
+    x = healthy(60, rng)
+    x[30:33, :4] += 0.07  # 3.5 noise sds on half the metrics for three samples
+    p, _ = stream(sc, rows, x)
+    assert (p[30:33] <= 0.001).any(), p[28:36]
+    assert not (p[:30] <= 0.001).any()
+
+
+def test_a_broken_relationship_is_seen_while_every_metric_stays_in_its_range() -> None:
+    rng = np.random.default_rng(1)
+    sc = MultivariateScorer(4, floor=0.001)
+    rows = sc.add_groups(np.zeros(1, dtype=np.int64))
+    load = 0.5 + 0.3 * np.sin(np.arange(8000) / 150.0)  # every metric follows the load
+    x = np.stack([load, load, 1.0 - load, load], axis=1) + rng.normal(0, 0.01, (8000, 4))
+    stream(sc, rows, x[:7000])
+    y = x[7000:7060].copy()
+    y[30:40, 1] = 1.0 - y[30:40, 1]  # metric 1 mirrors the load: inside its usual range
+    assert y[:, 1].min() >= x[:, 1].min() - 0.05 and y[:, 1].max() <= x[:, 1].max() + 0.05
+    p, sp = stream(sc, rows, y)
+    first = int(np.flatnonzero(p <= 0.001)[0])
+    assert 30 <= first <= 32, p[28:42]
+    assert np.nanargmin(sp[first, :, 3]) == 1  # the relation statistic names the metric
+
+
+def test_snapshot_restore_continues_exactly() -> None:
+    sc, rows, rng = trained(t=1500)
+    more = healthy(300, rng)
+    copy = MultivariateScorer.from_state({k: v.copy() for k, v in sc.to_state().items()})
+    a, sa = stream(sc, rows, more)
+    b, sb = stream(copy, rows, more)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(sa, sb)
+
+
+def test_restore_takes_the_deployments_parameters() -> None:
+    sc, _rows, _ = trained(t=300)
+    chosen = MultivariateParams(alpha=0.05, bins=16)  # bins are the snapshot's: its histograms' shape
+    restored = MultivariateScorer.from_state(sc.to_state(), chosen)
+    assert restored.params.alpha == 0.05 and restored.params.bins == sc.params.bins
+
+
+def test_state_per_series_is_under_two_kib_with_pooled_calibration() -> None:
+    sc = MultivariateScorer(19, floor=0.01)
+    sc.add_groups(np.zeros(1000, dtype=np.int64))  # a thousand nodes in one pool
+    assert sc.nbytes() / (1000 * 19) <= 2048
+    alone = MultivariateScorer(19, floor=0.01)
+    alone.add_groups(np.zeros(1, dtype=np.int64))  # one machine with its own histograms (benchmarks)
+    assert alone.nbytes() / 19 <= 4096
+
+
+def test_groups_are_independent_and_pools_share_calibration() -> None:
+    rng = np.random.default_rng(2)
+    sc = MultivariateScorer(M, floor=0.001)
+    rows = sc.add_groups(np.array([0, 0, 1]))
+    x = healthy(400, rng)
+    for t in range(400):  # three groups in one batch each tick, the third in a pool of its own
+        sc.update(rows, np.stack([x[t], x[t], x[t] + 0.1]))
+    assert np.array_equal(sc.level[0], sc.level[1]) and not np.array_equal(sc.level[0], sc.level[2])
+    assert sc.hist[0].sum() > sc.hist[1].sum()  # pool 0 holds two groups' statistics
+
+
+def test_for_interval_remembers_a_day() -> None:
+    p = MultivariateParams.for_interval(300.0)
+    assert p.alpha == pytest.approx(1 / 288) and p.cov_alpha == p.alpha == p.beta
+    with pytest.raises(ValueError):
+        MultivariateParams.for_interval(0.0)
+
+
+def test_tail_beyond_the_history_is_extrapolated_not_capped() -> None:
+    rng = np.random.default_rng(3)
+    d = np.abs(rng.normal(size=20_000))
+    bins, lo, hi = 56, -5.0, 9.0
+    width = (hi - lo) / bins
+    hist = np.zeros((1, bins + 2))
+    cols = np.clip(np.floor((np.log(np.maximum(d, 1e-300)) - lo) / width), -1, bins).astype(int) + 1
+    np.add.at(hist[0], cols, 1.0)
+    suffix, model = np.zeros((1, bins + 3)), np.zeros((1, 3))
+    tail_model(hist, suffix, lo, width, 0.02, 10.0, model)
+    ps = [tail_p(hist[0], suffix[0], model[0], v, lo, width, 30.0) for v in (0.5, 2.0, 3.0, 5.0, 8.0)]
+    assert all(a >= b for a, b in itertools.pairwise(ps))  # monotone
+    assert ps[0] == pytest.approx(math.erfc(0.5 / math.sqrt(2)), abs=0.02)  # inside: the empirical tail
+    assert ps[3] < 1 / 20_001 < ps[1]  # beyond the history: below what a capped tail can say
+    assert ps[3] >= math.erfc(5.0 / math.sqrt(2))  # exponential tail: never below the normal's
+
+
+def test_cauchy_combination_is_led_by_the_smallest_p() -> None:
+    assert cauchy_p(cauchy_term(1e-9)) == pytest.approx(1e-9, rel=1e-6)
+    assert cauchy_p(cauchy_term(0.3)) == pytest.approx(0.3, rel=1e-9)
+    assert cauchy_term(1.0) == cauchy_term(0.5) == pytest.approx(0.0, abs=1e-12)  # ties at 1 outvote nothing
+    mean = (cauchy_term(1e-8) + 9 * cauchy_term(0.5)) / 10
+    assert cauchy_p(mean) == pytest.approx(1e-7, rel=1e-3)  # one strong p among ten: about m x p
+
+
+def test_bad_input_is_refused_or_absent() -> None:
+    sc = MultivariateScorer(3, floor=0.01)
+    rows = sc.add_groups(np.zeros(1, dtype=np.int64))
+    with pytest.raises(ValueError):
+        sc.update(rows, np.zeros((1, 4)))
+    with pytest.raises(ValueError):
+        sc.update(np.array([5]), np.zeros((1, 3)))
+    with pytest.raises(ValueError):
+        MultivariateScorer(3, floor=0.0)
+    out = sc.update(rows, np.array([[np.inf, -np.inf, np.nan]]))
+    assert np.isnan(out.p).all() and (sc.count == 0).all()  # infinities are absent values
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(np.float64, (30, 3), elements=st.floats(allow_nan=True, allow_infinity=True, width=64)))
+def test_any_values_give_p_in_range_and_keep_the_state_finite(x: np.ndarray) -> None:
+    sc, rows, rng = MultivariateScorer(3, floor=0.01), None, np.random.default_rng(4)
+    rows = sc.add_groups(np.zeros(1, dtype=np.int64))
+    stream(sc, rows, np.round(rng.normal(0.5, 0.05, (300, 3)), 2))
+    p, sp = stream(sc, rows, x)
+    ok = ~np.isnan(p)
+    assert ((p[ok] >= 0) & (p[ok] <= 1)).all()
+    ok = ~np.isnan(sp)
+    assert ((sp[ok] >= 0) & (sp[ok] <= 1)).all()
+    for name in ("level", "scale", "cusum_pos", "cusum_neg", "mean", "cov", "prec"):
+        assert np.isfinite(getattr(sc, name)).all(), name
