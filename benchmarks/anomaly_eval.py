@@ -166,6 +166,7 @@ class Row:
     delay_median: float  # samples; NaN when nothing was detected
     vus_pr: float
     pa_f1: float
+    delays: list[int]  # each detected event's delay, in samples
 
 
 def evaluate(machine: str, detector: str, threshold: str, budget: str, y: np.ndarray, flag: np.ndarray,
@@ -175,7 +176,7 @@ def evaluate(machine: str, detector: str, threshold: str, budget: str, y: np.nda
     d = delays(y, flag)
     return Row(machine, detector, threshold, budget, pipeline, float(flag.mean()), float(flag[y == 0].mean()),
                p, r, f, ep, er, ef, len(segments(y == 1)), det, false,
-               float(np.median(d)) if d else float("nan"), vus, point_adjusted_f1(y, flag))  # fmt: skip
+               float(np.median(d)) if d else float("nan"), vus, point_adjusted_f1(y, flag), d)  # fmt: skip
 
 
 def top_k(score: np.ndarray, k: int) -> np.ndarray:
@@ -222,7 +223,7 @@ def run_machine(ds: Dataset, data_dir: Path, machine: str,
 
 def mean_rows(rows: list[Row]) -> list[Row]:
     """Mean over machines per (detector, threshold kind); counts are totals; the delay is the
-    median of the machines' medians."""
+    median over every detected event of the machines."""
     groups: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
         kind = r.threshold if r.budget == "fixed" else "equal budget"
@@ -232,9 +233,9 @@ def mean_rows(rows: list[Row]) -> list[Row]:
         means = ("flagged", "normal_flagged", "p", "r", "f1", "ev_p", "ev_r", "ev_f1", "vus_pr", "pa_f1")
         num = {f: float(np.mean([getattr(r, f) for r in rs])) for f in means}
         cnt = {f: int(sum(getattr(r, f) for r in rs)) for f in ("events", "detected", "false_events")}
-        ds = [r.delay_median for r in rs if not np.isnan(r.delay_median)]
+        ds = [d for r in rs for d in r.delays]
         out.append(Row("MEAN", det, thr, budget, rs[0].pipeline, **num, **cnt,
-                       delay_median=float(np.median(ds)) if ds else float("nan")))  # fmt: skip
+                       delay_median=float(np.median(ds)) if ds else float("nan"), delays=ds))  # fmt: skip
     return out
 
 
@@ -283,7 +284,7 @@ def main(ds: Dataset, argv: list[str] | None = None, doc: str = "") -> int:
     for m in machines:
         print(format_table([r for r in rows if r.machine == f"{ds.prefix}{m}"]))
         print()
-    print("Mean over machines (det/ev and falseEv are totals; delay: the median of the machines'):")
+    print("Mean over machines (det/ev and falseEv are totals; delay: the median over their detected events):")
     print(format_table(means))
     print(f"\n* the pipeline's configuration. No point adjustment except PA-F1. ({elapsed:.1f} s)")
     return 0

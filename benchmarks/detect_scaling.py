@@ -116,7 +116,8 @@ def _state_sizes(task: Any, gpus: int) -> tuple[float, float, float]:
     st = task.stats
     # Series arrays + calibration histograms (RobustScorer.nbytes) and GpuStats' own per-series arrays;
     # capacity grows by doubling, so this counts allocated, not only used, slots.
-    stats_np = st.scorer.nbytes() + st.run.nbytes + st.last_score.nbytes + st.last_value.nbytes
+    per_gpu = st.run.nbytes + st.run_signal.nbytes
+    stats_np = st.scorer.nbytes() + per_gpu + st.last_score.nbytes + st.last_value.nbytes
     return len(raw) / gpus, held / gpus, stats_np / gpus
 
 

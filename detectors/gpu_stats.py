@@ -9,14 +9,17 @@ a GPU that runs hotter, clocks lower or draws differently than the GPUs beside i
 away from zero. (Comparing with the job's GPUs was tried first: a node changing jobs moved
 all its residuals at once and read as drift.)
 
-The residuals of every (node, GPU, signal) are fed to one vectorised `RobustScorer`
-(detectors/statistical.py): an online baseline per series plus point and CUSUM drift
-statistics, calibrated per signal to score = 1 - p (score >= 0.999 flags at most ~0.1% of
-healthy points). One unusual point is not a finding: a series must stay at or above
-`threshold`, and at least `min_peer_z` robust sigmas from its siblings, for
-`persist_samples` consecutive samples, which turns the per-point rate into a
-per-incident one. Findings are kind `statistical`, severity warning, and resolve after
-`clear_after_s` below the threshold.
+Each GPU's residuals (temperature, power, clock) are one group of the multivariate scorer
+(detectors/multivariate.py), the code the real-data benchmarks judge (benchmarks/asd_eval.py,
+smd_eval.py): per signal a baseline remembering about a day of samples, point, 3-sample, drift
+and relation statistics (a GPU hotter than its siblings without drawing more power than they
+do breaks the relation its residuals usually keep), calibrated fleet-wide per signal (one
+pool) into one p per GPU sample, so score = 1 - p >= 0.999 flags at most ~0.1% of healthy
+samples. One unusual sample is not a finding: a GPU must stay at or above `threshold`, with at
+least one signal `min_peer_z` robust sigmas from its siblings, for `persist_samples`
+consecutive samples, which turns the per-sample rate into a per-incident one. The finding
+names the signal that was strongest when the run began. Findings are kind `statistical`,
+severity warning, and resolve after `clear_after_s` below the threshold.
 """
 
 from __future__ import annotations
@@ -30,17 +33,22 @@ from fleetwatch.config import knob
 from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
 from fleetwatch.detectors.counters import decode_array, encode_array
 from fleetwatch.detectors.findings import Forgotten, IncidentBook, severity_score
+from fleetwatch.detectors.multivariate import STAT_NAMES, MultivariateParams, MultivariateScorer
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext
 from fleetwatch.detectors.rows import Compaction
-from fleetwatch.detectors.statistical import RobustScorer, sibling_robust_z
+from fleetwatch.detectors.statistical import sibling_robust_z
 
 # signal -> resolution below which peers count as equal (no MAD = 0 blow-ups on quantised values)
 SIGNALS: dict[str, float] = {"temp_c": 1.0, "power_w": 10.0, "sm_clock_mhz": 15.0}
 _COLS = [GPU_COL[s] for s in SIGNALS]
 _RES = np.array(list(SIGNALS.values()))
-_PER_NODE = 8 * len(SIGNALS)  # series per node: 8 GPU slots x signals
-_SERIES_STATE = ("n", "level", "scale", "cusum_pos", "cusum_neg")  # RobustScorer's per-series arrays
+_S = len(SIGNALS)
+_PER_NODE = 8 * _S  # series per node: 8 GPU slots x signals
+_GROUP_STATE = (
+    "count", "level", "scale", "cusum_pos", "cusum_neg", "z1", "z2", "complete", "mean", "cov", "prec",
+)  # fmt: skip
+STATE_VERSION = 2  # 2: the multivariate scorer's groups (one per GPU); 1: RobustScorer's series
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,11 @@ class GpuStatsConfig:
     min_peer_z: float = knob(
         3.0, "and a flagged sample must be this many robust sigmas from its siblings (not node-wide)", ge=0
     )
+    sample_interval_s: float = knob(
+        1.0,
+        "seconds between a node's samples (the agent's --interval): the baseline remembers a day of them",
+        gt=0,
+    )
 
 
 def _rounds(rows: np.ndarray) -> np.ndarray:
@@ -74,53 +87,44 @@ class GpuStats:
     def __init__(self, config: GpuStatsConfig | None = None, index: NodeIndex | None = None) -> None:
         self.cfg = config or GpuStatsConfig()
         self.index = NodeIndex() if index is None else index  # node rows (the task's, shared)
-        self.cap = 0  # node rows the series arrays have room for (_PER_NODE series each)
-        self.scorer = RobustScorer(0, groups=np.zeros(0, dtype=np.int64))
-        self.run = np.zeros(0, dtype=np.int64)
+        self.cap = 0  # node rows the arrays have room for (8 GPU groups, _PER_NODE series each)
+        self.scorer = self._scorer()
+        self.run = np.zeros(0, dtype=np.int64)  # per GPU: flagged samples in a row
+        self.run_signal = np.zeros(0, dtype=np.int64)  # per GPU: the strongest signal when the run began
         self.book = IncidentBook()
-        self.last_score = np.zeros(0)
+        self.last_score = np.zeros(0)  # per series
         self.last_value = np.zeros(0)
 
-    # ------------------------------------------------------------ series layout
+    def _scorer(self) -> MultivariateScorer:
+        params = MultivariateParams.for_interval(self.cfg.sample_interval_s)
+        return MultivariateScorer(_S, floor=1e-3, params=params)  # residuals are in robust sigmas
 
-    def _series(self, node_rows: np.ndarray, g: int) -> np.ndarray:
-        """Series ids (M, G, S): ((node * G + gpu) * S + signal), G fixed at 8 slots per node."""
-        s = len(SIGNALS)
-        gpu = np.arange(g)
-        return (node_rows[:, None, None] * 8 + gpu[None, :, None]) * s + np.arange(s)[None, None, :]
+    # ------------------------------------------------------------ layout
 
     def _ensure(self, n_nodes: int) -> None:
         if n_nodes <= self.cap:
             return
         cap = max(64, self.cap * 2, n_nodes)
-        if self.cap == 0:
-            k = cap * _PER_NODE
-            groups = np.tile(np.arange(len(SIGNALS), dtype=np.int64), cap * 8)
-            self.scorer = RobustScorer(k, groups=groups, min_scale=1e-3)
-            self.run = np.zeros(k, dtype=np.int64)
-            self.last_score = np.full(k, np.nan)
-            self.last_value = np.full(k, np.nan)
-            self.cap = cap
-        else:
-            self._relayout(Compaction.keeping(self.cap, np.arange(self.cap)), cap)
+        self._relayout(Compaction.keeping(self.cap, np.arange(self.cap)), cap)
 
     def _relayout(self, nodes: Compaction, cap: int) -> None:
-        """Every per-series array with the node rows `nodes` keeps, in their new places, room for
-        `cap` nodes; the calibration histograms (one per signal, fleet-wide) stay as they are."""
-        kept = nodes.keep[nodes.keep < self.cap]  # rows past the arrays' end have no series yet
+        """Every per-GPU and per-series array with the node rows `nodes` keeps, in their new
+        places, room for `cap` nodes; the calibration histograms (fleet-wide) stay as they are."""
+        kept = nodes.keep[nodes.keep < self.cap]  # rows past the arrays' end have no GPUs yet
+        gpus = Compaction.keeping(self.cap * 8, (kept[:, None] * 8 + np.arange(8)).ravel())
         series = Compaction.keeping(
             self.cap * _PER_NODE, (kept[:, None] * _PER_NODE + np.arange(_PER_NODE)).ravel()
         )
-        k = cap * _PER_NODE
-        self.scorer.relayout(series, np.tile(np.arange(len(SIGNALS), dtype=np.int64), cap * 8))
-        self.run = series.take(self.run, 0, k)
-        self.last_score = series.take(self.last_score, np.nan, k)
-        self.last_value = series.take(self.last_value, np.nan, k)
+        self.scorer.relayout(gpus, cap * 8, np.zeros(cap * 8, dtype=np.int64))
+        self.run = gpus.take(self.run, 0, cap * 8)
+        self.run_signal = gpus.take(self.run_signal, 0, cap * 8)
+        self.last_score = series.take(self.last_score, np.nan, cap * _PER_NODE)
+        self.last_value = series.take(self.last_value, np.nan, cap * _PER_NODE)
         self.cap = cap
 
     def forget(self, gone: Forgotten, nodes: Compaction | None) -> list[dict[str, Any]]:
         """Forgotten nodes (pipeline/node_stage.py): their statistical findings resolve, saying so,
-        and their series go (baselines, runs, latest values: what fleet_metrics exports); `nodes`
+        and their state goes (baselines, runs, latest values: what fleet_metrics exports); `nodes`
         is the index's compaction."""
         out = self.book.forget(gone)
         if nodes is None or self.cap == 0:
@@ -144,27 +148,50 @@ class GpuStats:
         self._ensure(len(self.index))
         g = min(batch.gpu.shape[1], 8)
         values = batch.gpu[:, :g, :][:, :, _COLS]  # (M, G, S)
-        series = self._series(rows, g)
+        gpus = rows[:, None] * 8 + np.arange(g)[None, :]  # (M, G) each sample's GPU groups
         # each (message, gpu, signal) against the same sample's GPUs for that signal
         z_all = sibling_robust_z(values, min_peers=self.cfg.min_peers, min_scale=_RES)
 
         out: list[dict[str, Any]] = []
         occ = _rounds(rows)
-        for r in range(int(occ.max()) + 1):
+        for r in range(int(occ.max()) + 1):  # each node at most once per round: a GPU's order kept
             m = np.flatnonzero(occ == r)
-            v, z = values[m].ravel(), z_all[m].ravel()
-            ids = series[m].ravel()
-            sc = self.scorer.update_ids(ids, z)  # only this batch's series: O(batch), not O(cluster)
-            # Unusual for this series AND clearly apart from its siblings now: an idle node's
+            grp, z = gpus[m].ravel(), z_all[m].reshape(-1, _S)
+            v = values[m].reshape(-1, _S)
+            sc = self.scorer.update(grp, z)  # only this batch's GPUs: O(batch), not O(cluster)
+            signal, stat = sc.strongest()
+            # each signal's own p: the smallest of its statistics' times their number (Bonferroni
+            # within the signal), what the per-series scorer before it judged each series by
+            per_signal = np.minimum(1.0, len(STAT_NAMES) * np.min(np.nan_to_num(sc.stat_p, nan=1.0), axis=2))
+            per_signal[np.isnan(sc.stat_p).all(axis=2)] = np.nan
+            # a GPU's sample is unusual when the whole of it is (the combined p: relations, several
+            # signals at once) or one of its signals is on its own, each at the threshold: every
+            # series keeps the per-series false-alarm rate it had, and the combination adds what
+            # no series shows alone. (The combined p alone pays for its breadth: in a young fleet
+            # whose calibration holds a few thousand samples, a GPU heating at 0.15 C/s reached it
+            # too rarely to stay flagged for persist_samples in a row.)
+            p = np.fmin(sc.p, np.nanmin(np.where(np.isnan(per_signal), np.inf, per_signal), axis=1))
+            p[np.isinf(p)] = np.nan
+            lone = per_signal <= 1.0 - self.cfg.threshold
+            signal = np.where(lone.any(axis=1), np.argmin(np.nan_to_num(per_signal, nan=2.0), axis=1), signal)
+            # Unusual for this GPU AND clearly apart from its siblings now: an idle node's
             # residuals are so steady that a tiny shift scores high on its own scale.
-            hot = (sc >= self.cfg.threshold) & (np.abs(z) >= self.cfg.min_peer_z)
-            seen = ~np.isnan(sc)
-            self.run[ids[seen & ~hot]] = 0
-            self.run[ids[hot]] += 1
-            self.last_score[ids[seen]] = sc[seen]
-            has = ~np.isnan(v)
-            self.last_value[ids[has]] = v[has]
-            out += self._findings(batch, nodes, m, ids, sc, v, z, g)
+            apart = np.nanmax(np.abs(np.where(np.isnan(z), 0.0, z)), axis=1) >= self.cfg.min_peer_z
+            hot = (p <= 1.0 - self.cfg.threshold) & apart
+            seen = ~np.isnan(p)
+            self.run[grp[seen & ~hot]] = 0
+            starting = hot & (self.run[grp] == 0)
+            self.run_signal[grp[starting]] = np.maximum(signal[starting], 0)
+            self.run[grp[hot]] += 1
+            # the gauge: each series' own score
+            ids = (grp[:, None] * _S + np.arange(_S)[None, :]).ravel()
+            s_flat = 1.0 - per_signal.ravel()
+            has_s = ~np.isnan(s_flat)
+            self.last_score[ids[has_s]] = s_flat[has_s]
+            v_flat = v.ravel()
+            has = ~np.isnan(v_flat)
+            self.last_value[ids[has]] = v_flat[has]
+            out += self._findings(batch, nodes, m, grp, p, stat, v, z, g)
         return out
 
     def _findings(
@@ -172,19 +199,22 @@ class GpuStats:
         batch: TelemetryBatch,
         nodes: list[str],
         m: np.ndarray,
-        ids: np.ndarray,
-        sc: np.ndarray,
+        grp: np.ndarray,
+        p: np.ndarray,
+        stat: np.ndarray,
         v: np.ndarray,
         z: np.ndarray,
         g: int,
     ) -> list[dict[str, Any]]:
-        cfg, s = self.cfg, len(SIGNALS)
+        cfg = self.cfg
         out: list[dict[str, Any]] = []
         names = list(SIGNALS)
-        for j in np.flatnonzero(self.run[ids] >= cfg.persist_samples):
-            msg = int(m[j // (g * s)])
-            gpu, sig = (j // s) % g, names[j % s]
+        for j in np.flatnonzero(self.run[grp] >= cfg.persist_samples):
+            msg = int(m[j // g])
+            gpu, k = j % g, int(self.run_signal[grp[j]])
+            sig = names[k]
             node, ts = nodes[msg], float(batch.ts[msg])
+            score = 1.0 - float(p[j])
             out += self.book.observe(
                 node=node,
                 gpu=int(gpu),
@@ -194,16 +224,19 @@ class GpuStats:
                 severity="warning",
                 score=severity_score("warning", 1.0),
                 summary=(
-                    f"{node} GPU{gpu}: {sig} {v[j]:.4g} drifts from its sibling GPUs (robust z {z[j]:+.1f}, "
-                    f"anomaly score {sc[j]:.4f} for {int(self.run[ids[j]])} samples)"
+                    f"{node} GPU{gpu}: {sig} {v[j, k]:.4g} drifts from its sibling GPUs "
+                    f"(robust z {z[j, k]:+.1f}, "
+                    f"anomaly score {score:.4f} for {int(self.run[grp[j]])} samples)"
                 ),
                 evidence={
                     "signal": sig,
-                    "value": round(float(v[j]), 3),
-                    "peer_z": round(float(z[j]), 3),
-                    "anomaly_score": round(float(sc[j]), 6),
+                    "value": round(float(v[j, k]), 3),
+                    "peer_z": round(float(z[j, k]), 3),
+                    "anomaly_score": round(score, 6),
+                    "p_value": float(f"{float(p[j]):.3g}"),
+                    "statistic": STAT_NAMES[int(stat[j])] if stat[j] >= 0 else None,
                     "threshold": cfg.threshold,
-                    "samples_above": int(self.run[ids[j]]),
+                    "samples_above": int(self.run[grp[j]]),
                 },
                 clear_after=cfg.clear_after_s,
                 next_ts=lambda _n, t: t,
@@ -231,16 +264,16 @@ class GpuStats:
     # ------------------------------------------------------------ state
 
     def to_state(self) -> dict[str, Any]:
-        n = len(self.index) * _PER_NODE  # rows past self.cap (never seen here) are left out
+        n = len(self.index)  # rows past self.cap (never seen here) are left out
         st = self.scorer.to_state()
-        series = {k: encode_array(st[k][:n]) for k in _SERIES_STATE}
-        hists = {k: encode_array(st[k]) for k in ("hist_point", "hist_drift", "hist_fleet")}
         return {  # no "config": a restore takes it from the deployment (from_state)
+            "version": STATE_VERSION,
             # the node rows' names, as the previous release reads them (the task's index)
             "nodes": list(self.index.names),
-            "series": series,
-            "hists": hists,
-            "run": encode_array(self.run[:n]),
+            "groups": {k: encode_array(st[k][: n * 8]) for k in _GROUP_STATE},
+            "hists": {k: encode_array(st[k]) for k in ("hist", "comb")},
+            "run": encode_array(self.run[: n * 8]),
+            "run_signal": encode_array(self.run_signal[: n * 8]),
             "book": self.book.to_state(),
         }
 
@@ -248,24 +281,29 @@ class GpuStats:
     def from_state(
         cls, d: dict[str, Any], config: GpuStatsConfig | None = None, index: NodeIndex | None = None
     ) -> GpuStats:
-        """Baselines, runs and incidents from the snapshot; threshold, persistence and clear-after
-        from `config`, the deployment's (an old snapshot's "config" is ignored); node rows from
-        `index` (the task's, restored; without one, the snapshot's own). No state array is shaped
-        by the config: a run already longer than a lowered persist_samples fires on the series'
-        next flagged sample."""
+        """Baselines, runs and incidents from the snapshot; threshold, persistence, clear-after and
+        the sample interval from `config`, the deployment's (an old snapshot's "config" is
+        ignored); node rows from `index` (the task's, restored; without one, the snapshot's own).
+        A snapshot of the per-series scorer (version 1, before the multivariate one) keeps its
+        incidents; its baselines are learnt again (a day's memory fills from the next samples)."""
         saved = d["nodes"]
         self = cls(config, NodeIndex(saved) if index is None else index)
         self._ensure(max(1, len(self.index)))
+        self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
+        if d.get("version", 1) < 2:
+            return self
 
-        def place(values: np.ndarray, into: np.ndarray) -> None:  # per node row: _PER_NODE series
-            self.index.place(saved, values.reshape(-1, _PER_NODE), into.reshape(-1, _PER_NODE))
+        def place(values: np.ndarray, into: np.ndarray) -> None:  # per node row: 8 GPU groups
+            self.index.place(
+                saved, values.reshape(-1, 8, *values.shape[1:]), into.reshape(-1, 8, *into.shape[1:])
+            )
 
         st = self.scorer.to_state()
-        for k, enc in d["series"].items():
+        for k, enc in d["groups"].items():
             place(decode_array(enc), st[k])
         for k, enc in d["hists"].items():
             st[k] = decode_array(enc)
-        self.scorer = RobustScorer.from_state(st)
+        self.scorer = MultivariateScorer.from_state(st, self.scorer.params)
         place(decode_array(d["run"]), self.run)
-        self.book = IncidentBook.from_state(d["book"], self.cfg.clear_after_s)
+        place(decode_array(d["run_signal"]), self.run_signal)
         return self

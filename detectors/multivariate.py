@@ -32,6 +32,7 @@ import numpy as np
 
 from fleetwatch.detectors.calibration import DEFAULT_BINS, DEFAULT_HI, DEFAULT_LO
 from fleetwatch.detectors.multivariate_kernels import N_STATS, STAT_NAMES, multivariate_pass
+from fleetwatch.detectors.rows import Compaction
 
 __all__ = ["STAT_NAMES", "MultivariateParams", "MultivariateScorer", "Scores"]
 
@@ -108,7 +109,9 @@ class Scores:
         return np.where(none, -1, best // s), np.where(none, -1, best % s)
 
 
-_STATE = ("count", "level", "scale", "cusum_pos", "cusum_neg", "z1", "z2", "complete", "mean", "cov", "prec")
+_STATE = (
+    "count", "level", "scale", "cusum_pos", "cusum_neg", "z1", "z2", "complete", "mean", "cov", "prec",
+)  # fmt: skip
 
 
 class MultivariateScorer:
@@ -147,23 +150,31 @@ class MultivariateScorer:
         if pools.size and pools.min() < 0:
             raise ValueError("pools must be non-negative")
         new = np.arange(self.k, self.k + len(pools))
-        old = {name: getattr(self, name) for name in _STATE}
-        self._alloc_groups(self.k + len(pools))
-        for name, a in old.items():
-            getattr(self, name)[: self.k] = a
-        self.k += len(pools)
-        self.pools = np.concatenate([self.pools, pools])
-        need = int(self.pools.max()) + 1 if self.k else 0
+        self.relayout(Compaction.keeping(self.k, np.arange(self.k)), self.k + len(pools),
+                      np.concatenate([self.pools, pools]))  # fmt: skip
+        return new
+
+    def relayout(self, groups: Compaction, k: int, pools: np.ndarray | None = None) -> None:
+        """Keep the groups `groups` keeps, renumbered, among k groups (the owner's new layout after
+        forgetting some or growing; new groups in pool 0 unless `pools` (k,) says otherwise). The
+        histograms, per pool, stay."""
+        for name in _STATE:
+            setattr(self, name, groups.take(getattr(self, name), 0, k))
+        kept = groups.take(self.pools, 0, k)
+        self.pools = kept if pools is None else np.asarray(pools, dtype=np.int64).copy()
+        self.k = k
+        need = int(self.pools.max()) + 1 if k else 0
         if need > self.hist.shape[0]:
             grow = need - self.hist.shape[0]
             self.hist = np.concatenate([self.hist, np.zeros((grow, *self.hist.shape[1:]))])
             self.comb = np.concatenate([self.comb, np.zeros((grow, *self.comb.shape[1:]))])
-        return new
 
     # -- the batch ------------------------------------------------------------------------------
-    def update(self, rows: np.ndarray, x: np.ndarray) -> Scores:
+    def update(self, rows: np.ndarray, x: np.ndarray, *, sequential: bool = False) -> Scores:
         """Score, then learn, a batch: rows (n,) group rows (add_groups), x (n, m) the samples in
-        each group's order. Samples are scored against the calibration as it was before the batch."""
+        each group's order. Samples are scored against the calibration as it was before the batch;
+        `sequential`: as it was before each sample (exactly as one call per sample, for one stream
+        read at once)."""
         rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
         x = np.ascontiguousarray(x, dtype=np.float64)
         if x.shape != (len(rows), self.m):
@@ -204,7 +215,19 @@ class MultivariateScorer:
         decay = 0.5 ** (1.0 / p.halflife)
         cal = (self.hist, self.comb, p.lo, width, p.min_weight, decay, p.q_tail, p.min_tail)
         multivariate_pass(
-            rows, x, self.pools, self.floor, state, rel, params, cal, out.p, out.joint_p, out.stat_p, out.z
+            rows,
+            x,
+            self.pools,
+            self.floor,
+            state,
+            rel,
+            params,
+            cal,
+            out.p,
+            out.joint_p,
+            out.stat_p,
+            out.z,
+            sequential,
         )
         return out
 

@@ -26,7 +26,9 @@ Per sample, in the group's order (state carried across batches):
 5. that combination's -ln p calibrated again, per pool, in the same way: the output p.
 
 Every statistic is scored against the histograms as they were before the batch, then all are
-added (one decay per present row): a batch never sees its own samples (no look-ahead).
+added (one decay per present row): a batch never sees its own samples (no look-ahead). A
+sequential pass (one stream read at once, `fleetwatch score`) learns each sample before the next,
+which is what a batch of one sample at a time gives.
 """
 
 from __future__ import annotations
@@ -54,15 +56,18 @@ def _column(d: float, lo: float, width: float, bins: int) -> tuple[int, float]:
 def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_tail: float,
                min_tail: float, model: np.ndarray) -> None:  # fmt: skip
     """Per row of hist (R, cols): suffix (R, cols + 1) the weight at or above each column, and
-    model (R, 3): (u, weight at or above u, mean excess over u) of the row's exponential tail,
-    the mean excess 0 where the tail holds less than min_tail weight (no extrapolation).
+    model (R, 3): (u, weight at or above u, scale) of the row's exponential tail, the scale 0
+    where the tail holds less than min_tail weight (no extrapolation).
 
     u is the lower edge of the highest regular column with at least q_tail of the row's weight at
-    or above it; the mean excess is the weighted mean of d - u over that weight, each column at
-    its geometric centre (the overflow at one bin above the range: a longer tail, larger p).
-    Exponential (a generalised Pareto tail of shape 0): the tail of every statistic here, a
-    |z| of noise, a CUSUM, a -ln p, is that or lighter, so beyond the history it errs towards
-    larger p; a Pareto tail was tried first and was ten times too conservative at 0.999."""
+    or above it. The scale is the median excess over u divided by ln 2 (the exponential's own
+    ratio), the median read off the histogram within its bin: one series that keeps drifting
+    fills the top of its pool's histogram with its own values (and a single-group pool's with its
+    past), and a mean excess follows them until the drifting series no longer looks unusual; the
+    median holds while less than half the tail is one series'. Exponential (a generalised
+    Pareto tail of shape 0): the tail of every statistic here, a |z| of noise, a CUSUM, a -ln p,
+    is that or lighter, so beyond the history it errs towards larger p; a Pareto tail was tried
+    first and was ten times too conservative at 0.999."""
     rows, cols = hist.shape
     bins = cols - 2
     for r in range(rows):
@@ -84,13 +89,21 @@ def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_
                 break
         if cu == 0 or suffix[r, cu] < min_tail:
             continue
-        u = math.exp(lo + (cu - 1) * width)
-        s = 0.0
-        for c in range(cu, cols):
-            s += hist[r, c] * (math.exp(lo + (c - 0.5) * width) - u)
-        model[r, 0] = u
-        model[r, 1] = suffix[r, cu]
-        model[r, 2] = s / suffix[r, cu]
+        ln_u = lo + (cu - 1) * width
+        half = 0.5 * suffix[r, cu]
+        below = 0.0
+        ln_med = lo + bins * width + 0.5 * width  # the overflow's, if the median is there
+        for c in range(cu, bins + 1):
+            h = hist[r, c]
+            if below + h >= half and h > 0.0:
+                ln_med = lo + (c - 1 + (half - below) / h) * width
+                break
+            below += h
+        excess = math.exp(ln_med) - math.exp(ln_u)
+        if excess > 0.0:
+            model[r, 0] = math.exp(ln_u)
+            model[r, 1] = suffix[r, cu]
+            model[r, 2] = excess / math.log(2.0)
 
 
 @njit(cache=True, inline="always")
@@ -99,7 +112,7 @@ def tail_p(hist_row: np.ndarray, suffix_row: np.ndarray, model_row: np.ndarray, 
     """The p-value of deviation d >= 0 against one calibration row; NaN with too little history.
 
     Below the tail threshold u: the conformal tail (W(D >= d) + 1) / (W + 1), as TailCalibrator.
-    Above it: the fitted tail p_u exp(-(d - u) / mean excess), never below the weight actually
+    Above it: the fitted tail p_u exp(-(d - u) / scale), never below the weight actually
     seen at or above d (W(D >= d) / (W + 1)) and never above the conformal value, so it only
     resolves what the finite history cannot (p below 1 / (W + 1)) and can flag no more of a
     history like the past than the conformal p would, give or take one point."""
@@ -154,6 +167,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     out_joint_p: np.ndarray,  # (n,) the joint distance's p-value
     out_stat_p: np.ndarray,  # (n, M, S) each statistic's p-value
     out_z: np.ndarray,  # (n, M) each metric's z
+    sequential: bool,  # learn each sample before scoring the next (one stream), not once a batch
 ) -> None:
     count, level, scale, cusum_pos, cusum_neg, z1, z2, complete = state
     mean, cov, prec = rel
@@ -178,28 +192,27 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     grp_model = np.zeros((n_pools * 3, 3))
     for q in range(n_pools):
         if present[q]:
-            a, b = q * m * s_n, (q + 1) * m * s_n
-            tail_model(flat[a:b], suffix[a:b], lo, width, q_tail, min_tail, model[a:b])
-            tail_model(grp[3 * q : 3 * q + 3], grp_suffix[3 * q : 3 * q + 3], lo, width, q_tail, min_tail,
-                       grp_model[3 * q : 3 * q + 3])  # fmt: skip
+            _pool_models(
+                flat, grp, suffix, model, grp_suffix, grp_model, q, m * s_n, lo, width, q_tail, min_tail
+            )
     # what this batch adds, per row
     counts = np.zeros((n_pools * m * s_n, cols))
     grp_counts = np.zeros((n_pools * 3, cols))
 
     d = np.empty(s_n)
     zt = np.empty(m)
+    pend_row = np.empty(m * s_n, dtype=np.int64)
+    pend_col = np.empty(m * s_n, dtype=np.int64)
     for j in range(n):
         g = rows[j]
         q = pools[g]
-        # the EW covariance starts from zero: this much of its weight is built (bias correction)
-        built = 1.0 - (1.0 - cov_alpha) ** complete[g]
         whole = True
         for i in range(m):  # the relation's input: each metric's level against its slow mean, in sds
             v = x[j, i]
             if math.isnan(v) or complete[g] == 0:
                 zt[i] = 0.0
             else:
-                sd = math.sqrt(max(cov[g, i, i] / built, floor[i] * floor[i]))
+                sd = math.sqrt(max(cov[g, i, i], floor[i] * floor[i]))
                 zt[i] = min(max((v - mean[g, i]) / sd, -2.0 * clip), 2.0 * clip)
         for i in range(m):
             v = x[j, i]
@@ -237,8 +250,10 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             out_stat_p[j, i, 2] = d[2]
             out_stat_p[j, i, 3] = np.nan
             ec = zc * s_eff
-            level[g, i] += alpha * ec
-            scale[g, i] += beta * (abs(ec) - scale[g, i])
+            # a plain running mean until the memory is filled (1 / alpha samples), then EW: a long
+            # memory (a day of 1 s samples) is not left to its first samples for a day
+            level[g, i] += max(alpha, 1.0 / (c + 1.0)) * ec
+            scale[g, i] += max(beta, 1.0 / c) * (abs(ec) - scale[g, i])
             count[g, i] = c + 1
         # the relation: the standardised residual of each metric on all the others, and the
         # levels' joint distance y' P y (a Mahalanobis distance: a combination of levels the
@@ -261,22 +276,22 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             else:
                 dev = np.empty(m)
                 for i in range(m):  # the poisoning guard: a deviation counts at most `clip` sds
-                    sd = math.sqrt(max(cov[g, i, i] / built, floor[i] * floor[i]))
+                    sd = math.sqrt(max(cov[g, i, i], floor[i] * floor[i]))
                     dev[i] = min(max(x[j, i] - mean[g, i], -clip * sd), clip * sd)
+                rate = max(cov_alpha, 1.0 / (complete[g] + 1.0))  # running, then EW, as the baseline
                 for i in range(m):
-                    mean[g, i] += cov_alpha * dev[i]
+                    mean[g, i] += rate * dev[i]
                     for k in range(m):
-                        cov[g, i, k] = (1.0 - cov_alpha) * (cov[g, i, k] + cov_alpha * dev[i] * dev[k])
+                        cov[g, i, k] = (1.0 - rate) * (cov[g, i, k] + rate * dev[i] * dev[k])
             complete[g] += 1
             if complete[g] >= min_complete and (complete[g] - min_complete) % refresh == 0:
-                built = 1.0 - (1.0 - cov_alpha) ** complete[g]
                 sds = np.empty(m)
                 for i in range(m):
-                    sds[i] = math.sqrt(max(cov[g, i, i] / built, floor[i] * floor[i]))
+                    sds[i] = math.sqrt(max(cov[g, i, i], floor[i] * floor[i]))
                 corr = np.empty((m, m))
                 for i in range(m):
                     for k in range(m):
-                        r = cov[g, i, k] / built / (sds[i] * sds[k])
+                        r = cov[g, i, k] / (sds[i] * sds[k])
                         corr[i, k] = (1.0 - shrink) * r + (shrink if i == k else 0.0)
                 prec[g] = np.linalg.inv(corr)
         # each deviation to its p-value; per metric the smallest of its statistics' (times their
@@ -284,6 +299,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
         t = 0.0
         n_p = 0
         tpm = 0.0
+        n_pend = 0  # this sample's histogram cells, added once its combined p is known
         for i in range(m):
             best = np.nan
             for s in range(s_n):
@@ -293,7 +309,9 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 r = (q * m + i) * s_n + s
                 p = tail_p(flat[r], suffix[r], model[r], dv, lo, width, min_weight)
                 col, _u = _column(dv, lo, width, bins)
-                counts[r, col] += 1.0
+                pend_row[n_pend] = r
+                pend_col[n_pend] = col
+                n_pend += 1
                 out_stat_p[j, i, s] = p
                 if not math.isnan(p) and not p >= best:
                     best = p
@@ -303,6 +321,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 n_p += 1
                 if pm < TPM_TAU:
                     tpm += math.log(TPM_TAU / pm)
+        g_cols = np.full(3, -1)
         if n_p:
             # three families of evidence, each calibrated, combined by Cauchy with equal weights:
             # one metric's (the Cauchy combination over metrics, led by the strongest), several
@@ -313,16 +332,14 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             weight = 1.0
             rt = 3 * q + 1
             pt = tail_p(grp[rt], grp_suffix[rt], grp_model[rt], tpm, lo, width, min_weight)
-            col, _u = _column(tpm, lo, width, bins)
-            grp_counts[rt, col] += 1.0
+            g_cols[1], _u = _column(tpm, lo, width, bins)
             if not math.isnan(pt):
                 terms += cauchy_term(pt)
                 weight += 1.0
             if not math.isnan(joint):
                 rj = 3 * q
                 pj = tail_p(grp[rj], grp_suffix[rj], grp_model[rj], joint, lo, width, min_weight)
-                col, _u = _column(joint, lo, width, bins)
-                grp_counts[rj, col] += 1.0
+                g_cols[0], _u = _column(joint, lo, width, bins)
                 out_joint_p[j] = pj
                 if not math.isnan(pj):
                     terms += cauchy_term(pj)
@@ -330,14 +347,47 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             dc = -math.log(max(cauchy_p(terms / weight), 1e-300))
             rc = 3 * q + 2
             out_p[j] = tail_p(grp[rc], grp_suffix[rc], grp_model[rc], dc, lo, width, min_weight)
-            col, _u = _column(dc, lo, width, bins)
-            grp_counts[rc, col] += 1.0
+            g_cols[2], _u = _column(dc, lo, width, bins)
+        # every sample is learnt, flagged or not: leaving flags out thins the tail they come
+        # from, which flags more, which thins it more (tried: a healthy group ran away to 1-3 %)
+        for k in range(n_pend):
+            counts[pend_row[k], pend_col[k]] += 1.0
+        for k in range(3):
+            if g_cols[k] >= 0:
+                grp_counts[3 * q + k, g_cols[k]] += 1.0
+        if sequential:  # the next sample sees this one in its calibration: a stream's exact order
+            _pool_learn(flat, grp, counts, grp_counts, q, m * s_n, decay)
+            _pool_models(
+                flat, grp, suffix, model, grp_suffix, grp_model, q, m * s_n, lo, width, q_tail, min_tail
+            )
 
-    for q in range(n_pools):
-        if present[q]:
-            for r in range(q * m * s_n, (q + 1) * m * s_n):
-                for c in range(cols):
-                    flat[r, c] = flat[r, c] * decay + counts[r, c]
-            for r in range(3 * q, 3 * q + 3):
-                for c in range(cols):
-                    grp[r, c] = grp[r, c] * decay + grp_counts[r, c]
+    if not sequential:
+        for q in range(n_pools):
+            if present[q]:
+                _pool_learn(flat, grp, counts, grp_counts, q, m * s_n, decay)
+
+
+@njit(cache=True)
+def _pool_models(flat: np.ndarray, grp: np.ndarray, suffix: np.ndarray, model: np.ndarray,
+                 grp_suffix: np.ndarray, grp_model: np.ndarray, q: int, per_pool: int, lo: float,
+                 width: float, q_tail: float, min_tail: float) -> None:  # fmt: skip
+    """The tail models of pool q's rows: its metrics' statistics and its three group rows."""
+    a, b = q * per_pool, (q + 1) * per_pool
+    tail_model(flat[a:b], suffix[a:b], lo, width, q_tail, min_tail, model[a:b])
+    tail_model(grp[3 * q : 3 * q + 3], grp_suffix[3 * q : 3 * q + 3], lo, width, q_tail, min_tail,
+               grp_model[3 * q : 3 * q + 3])  # fmt: skip
+
+
+@njit(cache=True)
+def _pool_learn(flat: np.ndarray, grp: np.ndarray, counts: np.ndarray, grp_counts: np.ndarray, q: int,
+                per_pool: int, decay: float) -> None:  # fmt: skip
+    """Pool q's histograms decayed once and the counts added (and cleared)."""
+    cols = flat.shape[1]
+    for r in range(q * per_pool, (q + 1) * per_pool):
+        for c in range(cols):
+            flat[r, c] = flat[r, c] * decay + counts[r, c]
+            counts[r, c] = 0.0
+    for r in range(3 * q, 3 * q + 3):
+        for c in range(cols):
+            grp[r, c] = grp[r, c] * decay + grp_counts[r, c]
+            grp_counts[r, c] = 0.0

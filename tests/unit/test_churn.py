@@ -78,7 +78,7 @@ def per_node_sizes(task: NodeTask) -> dict[str, int]:
         "hardware.ib_counters": len(hw.ib_counters.last_val),
         "hardware.ib_decay": len(hw.ib_decay.s),
         "lemon.events": len(task.lemon.events),
-        "stats.series": len(st.scorer.n),
+        "stats.gpus": len(st.scorer.count),
         "stats.run": len(st.run),
         "stats.last_value": len(st.last_value),
         "open incidents": sum(len(b.open) for b in (hw.book, task.silence.book, st.book, task.lemon.book)),

@@ -102,6 +102,11 @@ def _without_xid_wording(output: list[Any]) -> list[Any]:
     return [topic, key, {**{k: v for k, v in m.items() if k != "summary"}, "evidence": ev}]
 
 
+def _statistical(output: list[Any]) -> bool:
+    topic, _key, m = output
+    return topic == topics.FINDINGS and bool(m) and m.get("kind") == "statistical"
+
+
 def _pre_index_fixture() -> tuple[Any, dict[str, Any]]:
     path = FIXTURES / "make_pre_index.py"
     spec = importlib.util.spec_from_file_location("make_pre_index", path)
@@ -138,8 +143,14 @@ def test_a_snapshot_from_before_the_index_restores_and_goes_on_as_that_release_d
         # issue 25: an XID's action and wording follow NVIDIA's catalogue now (95 and 64 reset the
         # GPU, the evidence names the bucket, and which source saw each XID first); the findings,
         # their ids, severities and codes do not change
+        # issue 28: the statistical detector's per-series state (version 1) is not the multivariate
+        # scorer's: restored, its open incidents carry on and its baselines are learnt again, so its
+        # findings after the snapshot are no longer that release's (the first stays open, below)
         def others(out: list[Any]) -> list[Any]:
-            return [[_without_xid_wording(o) for o in b if o[0] != topics.NODES] for b in out]
+            return [
+                [_without_xid_wording(o) for o in b if o[0] != topics.NODES and not _statistical(o)]
+                for b in out
+            ]
 
         def census(out: list[Any]) -> set[tuple[str, float, float]]:
             return {
@@ -152,7 +163,9 @@ def test_a_snapshot_from_before_the_index_restores_and_goes_on_as_that_release_d
         ours = json.loads(json.dumps(then))
         assert others(ours) == others(fixture["then"])
         assert census(fixture["then"]) <= census(ours)
-        assert any(m["kind"] == "statistical" for b in then for t, _k, m in b if t == topics.FINDINGS)
+        assert {(k[0], k[1], k[4]) for k in task.stats.book.open} >= {
+            (i["node"], i["gpu"], i["rule"]) for i in saved["stats"]["book"]
+        } or any(_statistical(o) and o[2]["resolved"] for b in then for o in b)
         # and the snapshot it writes now holds one node order, which the previous release reads
         d = orjson.loads(task.to_bytes())
         assert d["hardware"]["nodes"] == d["stats"]["nodes"] == d["lemon"]["nodes"] == list(d["last_ts"])

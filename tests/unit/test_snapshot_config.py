@@ -95,13 +95,13 @@ def _gpu_stats() -> Restored:
     b = GpuStatsConfig(threshold=0.99, persist_samples=10, clear_after_s=5.0)
     after = GpuStats.from_state(orjson.loads(orjson.dumps(before.to_state())), b)
     st_before, st_after = before.scorer.to_state(), after.scorer.to_state()
-    n = len(before.index) * 8 * 3
+    n = len(before.index) * 8  # GPU groups
     return Restored(
         configs=[(after.cfg, b)],
         books=[(before.book, after.book, lambda _i: 5.0)],
         state=[(before.run[:n], after.run[:n])]
-        + [(st_before[k][:n], st_after[k][:n]) for k in ("n", "level", "scale", "cusum_pos")]
-        + [(st_before[k], st_after[k]) for k in ("hist_point", "hist_drift")],
+        + [(st_before[k][:n], st_after[k][:n]) for k in ("count", "level", "scale", "cusum_pos", "cov")]
+        + [(st_before[k], st_after[k]) for k in ("hist", "comb")],
     )
 
 
