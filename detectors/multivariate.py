@@ -260,9 +260,20 @@ class MultivariateScorer:
         obj = cls(len(st["floor"]), floor=st["floor"], params=chosen)
         obj.add_groups(st["pools"])
         for name in _STATE:
-            getattr(obj, name)[...] = st[name]
-        obj.hist = np.array(st["hist"], dtype=np.float64)
-        obj.comb = np.array(st["comb"], dtype=np.float64)
+            getattr(obj, name)[...] = st[name]  # a wrong shape raises here
+        # The compiled pass indexes the histograms by pool without bounds checks: a snapshot's
+        # must have this scorer's shape, and a row for every pool (a snapshot written before any
+        # group existed holds none: its pools start empty here).
+        cols = chosen.bins + 2
+        hist, comb = np.asarray(st["hist"], dtype=np.float64), np.asarray(st["comb"], dtype=np.float64)
+        if hist.shape[1:] != (obj.m, N_STATS, cols) or comb.shape[1:] != (3, cols) or len(hist) != len(comb):
+            raise ValueError(f"snapshot histograms {hist.shape} and {comb.shape} do not fit {obj.m} metrics")
+        n = len(hist)
+        obj.hist[:n] = hist[: len(obj.hist)]
+        obj.comb[:n] = comb[: len(obj.comb)]
+        if n > len(obj.hist):  # pools no group is in: kept, as relayout keeps them
+            obj.hist = np.concatenate([obj.hist, hist[len(obj.hist) :]])
+            obj.comb = np.concatenate([obj.comb, comb[len(obj.comb) :]])
         return obj
 
     def nbytes(self) -> int:

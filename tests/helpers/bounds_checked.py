@@ -28,9 +28,16 @@ def run_bounds_checked(
 
 
 def warm(timeout_s: float = 600) -> None:
-    """Compile the bounds-checked scanner into its cache before the unit tier (scripts/test.sh): a
+    """Compile the bounds-checked scanner (and the multivariate pass) into their cache before the
+    unit tier (scripts/test.sh): a
     build step, as the project's own kernels are compiled at install, so that a fresh clone's unit
     tier does not spend two minutes of its time compiling."""
-    done = run_bounds_checked("from fleetwatch import telemetry_scan; telemetry_scan.warm_up()", timeout_s)
+    script = (
+        "from fleetwatch import telemetry_scan; telemetry_scan.warm_up()\n"
+        "import numpy as np\n"
+        "from fleetwatch.detectors.multivariate import MultivariateScorer\n"
+        "sc = MultivariateScorer(2); sc.update(sc.add_groups(np.zeros(1, dtype=np.int64)), np.ones((1, 2)))\n"
+    )
+    done = run_bounds_checked(script, timeout_s)
     if done.returncode != 0:
-        raise SystemExit(f"compiling the bounds-checked scanner failed:\n{done.stderr}")
+        raise SystemExit(f"compiling the bounds-checked kernels failed:\n{done.stderr}")

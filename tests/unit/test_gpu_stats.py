@@ -92,3 +92,11 @@ def test_sparse_update_equals_the_full_tick() -> None:
         assert np.array_equal(a, b, equal_nan=True)
     for key, value in full.to_state().items():
         assert np.array_equal(value, sparse.to_state()[key], equal_nan=True), key
+
+
+def test_a_snapshot_of_a_detector_that_saw_nothing_restores_and_goes_on() -> None:
+    """A worker's first snapshot of a partition is written at assignment, before any sample."""
+    restored = GpuStats.from_state(orjson.loads(orjson.dumps(GpuStats().to_state())))
+    ticks = fleet(16, 1500, seed=2, hot=(5, 3, 1200))
+    opened = [f for f in run(restored, ticks) if not f["resolved"]]
+    assert {(f["node"], f["gpu"]) for f in opened} == {("n005", 3)}

@@ -205,3 +205,62 @@ def test_a_sequential_pass_is_one_sample_per_batch() -> None:
     np.testing.assert_allclose(out.p, p, rtol=1e-12, equal_nan=True)
     np.testing.assert_allclose(out.stat_p, sp, rtol=1e-12, equal_nan=True)
     assert (p[600:603] <= 0.001).any()
+
+
+def test_a_snapshot_taken_before_any_group_restores_with_room_for_its_pools() -> None:
+    """The detect worker snapshots a partition's task as soon as it is assigned: the scorer then
+    has no group and no histogram row. Restored into a layout with groups, every pool gets its
+    rows (the compiled pass indexes them without bounds checks: a missing row was a heap
+    corruption in a real worker)."""
+    empty = MultivariateScorer(M, floor=0.001).to_state()
+    assert empty["hist"].shape[0] == 0
+    grown = MultivariateScorer(M, floor=0.001)
+    grown.add_groups(np.zeros(4, dtype=np.int64))
+    st = {**grown.to_state(), "hist": empty["hist"], "comb": empty["comb"]}
+    sc = MultivariateScorer.from_state(st)
+    assert sc.hist.shape[0] == sc.comb.shape[0] == 1
+    rng = np.random.default_rng(6)
+    stream(sc, np.array([2]), healthy(50, rng))
+    assert sc.hist[0].sum() > 0
+
+
+def test_a_snapshot_whose_histograms_do_not_fit_is_refused() -> None:
+    sc = MultivariateScorer(M, floor=0.001)
+    sc.add_groups(np.zeros(2, dtype=np.int64))
+    st = sc.to_state()
+    with pytest.raises(ValueError, match="histograms"):
+        MultivariateScorer.from_state({**st, "hist": np.zeros((1, M + 1, 4, 58))})
+    with pytest.raises(ValueError):
+        MultivariateScorer.from_state({**st, "count": np.zeros((3, M), dtype=np.int64)})
+
+
+_BOUNDS_CHECKED = """
+import numpy as np
+from fleetwatch.detectors.multivariate import MultivariateScorer
+rng = np.random.default_rng(7)
+x = np.round(rng.normal(0.5, 0.05, (400, 5)), 2)
+x[rng.random(x.shape) < 0.05] = np.nan
+x[300, 1] = 50.0
+empty = MultivariateScorer(5, floor=0.01).to_state()
+sc = MultivariateScorer(5, floor=0.01)
+sc.add_groups(np.array([0, 1, 1]))
+sc = MultivariateScorer.from_state({**sc.to_state(), "hist": empty["hist"], "comb": empty["comb"]})
+for t in range(0, 400, 4):  # three groups in two pools, several samples of a group per batch
+    rows = np.array([0, 1, 2, 0])
+    sc.update(rows, x[t : t + 4])
+sc.update(np.zeros(400, dtype=np.int64), x, sequential=True)
+from fleetwatch.detectors.rows import Compaction
+sc.relayout(Compaction.keeping(3, np.array([0, 2])), 6)
+sc.update(np.array([5, 1]), x[:2])
+print("ok")
+"""
+
+
+def test_the_compiled_pass_stays_in_bounds() -> None:
+    """The pass above (pools, a restore from an empty snapshot, batches, the sequential mode, a
+    relayout, missing values and a huge one) under numba's bounds checking: an index out of range
+    raises there instead of writing past an array."""
+    from tests.helpers.bounds_checked import run_bounds_checked
+
+    done = run_bounds_checked(_BOUNDS_CHECKED, timeout_s=280)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
