@@ -83,3 +83,54 @@ def test_the_pipelines_detector_finds_real_events_at_its_calibrated_rate(ds: Dat
     assert normal_flags / normals <= 0.002, summary  # calibrated: ~0.1 % at most, not a flood
     assert ev_r >= 0.1 and ev_r >= 3 * np.mean(rand_r), summary
     assert ev_p >= 0.4 and ev_p >= 3 * np.mean(rand_p), summary
+
+
+@pytest.mark.parametrize(
+    ("module", "data", "machine"),
+    [("asd_eval", ASD_DIR, "3"), ("smd_eval", SMD_DIR, "1-5")],
+    ids=["ASD", "SMD"],
+)
+def test_the_benchmark_commands_print_the_promised_json(module: str, data, machine: str) -> None:
+    """`python -m benchmarks.asd_eval|smd_eval --data DIR --machines LIST --json`: `rows` and `mean`,
+    each row with the fields the issue names, the pipeline's rows marked, every baseline at a
+    fixed threshold and at the pipeline's alarm budget."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers.paths import REPO
+
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "--data", str(data), "--machines", machine, "--json"],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert set(doc) >= {"rows", "mean"}
+    need = {"machine", "detector", "threshold", "ev_f1", "ev_p", "ev_r", "pipeline", "budget", "vus_pr",
+            "normal_flagged", "delay_median", "false_events", "detected", "events"}  # fmt: skip
+    assert all(need <= set(r) for r in doc["rows"] + doc["mean"])
+    pipeline = [r for r in doc["rows"] if r["pipeline"]]
+    assert {r["threshold"] for r in pipeline} == {"0.999", "0.99"} and {r["detector"] for r in pipeline} == {
+        "multivariate"
+    }
+    flagged = round(
+        next(r["flagged"] for r in pipeline if r["threshold"] == "0.999") * len_test(data, machine)
+    )
+    baselines = {r["detector"] for r in doc["rows"] if not r["pipeline"]}
+    assert baselines == {
+        "robust-z(train)",
+        "robust-z(trailing)",
+        "tippett(train)",
+        "pca(train)",
+        "half-space-trees",
+    }
+    for det in baselines:
+        equal = [r for r in doc["rows"] if r["detector"] == det and r["budget"] == "equal"]
+        assert len(equal) == 1 and round(equal[0]["flagged"] * len_test(data, machine)) == flagged
+        assert [r["budget"] for r in doc["rows"] if r["detector"] == det].count("fixed") == 1
+
+
+def len_test(data, machine: str) -> int:
+    ds = ASD if data == ASD_DIR else SMD
+    return len(load(ds, data, machine)[2])
