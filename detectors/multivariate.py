@@ -55,9 +55,13 @@ class MultivariateParams:
     shrink: float = 0.1
     refresh: int = 50
     min_complete: int = 200
-    # calibration, as TailCalibrator's; the Pareto tail above the top q_tail of each row, fitted
-    # once the tail holds min_tail of weight (SPOT's and POT's usual 98 % threshold)
-    halflife: float = 10_000.0
+    # calibration, as TailCalibrator's, but with a shorter memory: as short as a 0.999 threshold
+    # allows. Inside its history a conformal p cannot go below 1 / (history + 1), so the history
+    # must hold well over 1 / (1 - 0.999) = 1,000 samples; a halflife of 2,000 keeps about 2,900
+    # (halflife / ln 2), three times that, and forgets a past regime (a training period's own
+    # anomalies) in days, not weeks. The tail above the top q_tail of each row is fitted once it
+    # holds min_tail of weight (SPOT's and POT's usual 98 % threshold).
+    halflife: float = 2_000.0
     min_weight: float = 30.0
     bins: int = DEFAULT_BINS
     lo: float = DEFAULT_LO
