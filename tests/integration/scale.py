@@ -152,6 +152,23 @@ def drain_tail(tail: TopicTail, quiet_s: float = 1.5, timeout_s: float = 15.0) -
     return read_quiet(tail.reader, quiet_s, timeout_s)
 
 
+def drain_to_end(tail: TopicTail, timeout_s: float = 60.0) -> list[Record]:
+    """Everything the topic holds now, read up to its end offsets taken at the call: for a
+    writer that has flushed and left, where a quiet spell can end a read early on a loaded
+    machine (a fetch slower than the quiet window)."""
+    ends = tail.reader.end_offsets(tail.tps)
+    records: list[Record] = []
+    deadline = time.monotonic() + timeout_s
+    while any(tail.reader.position(tp) < end for tp, end in ends.items()):
+        if time.monotonic() > deadline:
+            behind = {
+                f"{tp.topic}:{tp.partition}": end - tail.reader.position(tp) for tp, end in ends.items()
+            }
+            raise AssertionError(f"{tail.topic} not read to its end in {timeout_s:.0f} s: {behind}")
+        records += tail.reader.poll(0.2)
+    return records
+
+
 class Member:
     """One in-process detect worker (the stages `fleetwatch detect` runs, with its own job table
     follower), stepping in its own thread."""
