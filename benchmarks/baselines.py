@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-MAD_TO_SIGMA = 1.4826
-IQR_TO_SIGMA = 1.349
+from fleetwatch.detectors.stat_kernels import MAD_TO_SIGMA
+
+IQR_TO_SIGMA = 1.349  # the interquartile range of a normal distribution is 1.349 sigma
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def _trailing_z(x: np.ndarray, window: int, floor: float) -> np.ndarray:
             if k == window:
                 med = 0.5 * (srt[(window - 1) // 2] + srt[window // 2])
                 iqr = srt[(3 * window) // 4] - srt[window // 4]
-                scale = max(iqr / 1.349, floor)
+                scale = max(iqr / IQR_TO_SIGMA, floor)
                 z = abs(v - med) / scale
                 if z > best[t]:
                     best[t] = z

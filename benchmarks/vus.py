@@ -60,12 +60,6 @@ def _soft_labels(r: np.ndarray, buffer: int, n: int) -> np.ndarray:
     return np.minimum(w, 1.0)
 
 
-def _count_at_or_above(sorted_desc: np.ndarray, cum: np.ndarray, thr: np.ndarray) -> np.ndarray:
-    """Per threshold, cum at the number of scores >= it (cum[0] = 0)."""
-    k = np.searchsorted(-sorted_desc, -thr, side="right")
-    return cum[k]
-
-
 def vus_pr(labels: np.ndarray, score: np.ndarray, window: int, thresholds: int = DEFAULT_THRESHOLDS) -> float:
     """VUS-PR of `score` (higher = more anomalous) against 0/1 `labels`; NaN without a labelled point."""
     y = np.asarray(labels).astype(np.int64).ravel()
@@ -81,8 +75,10 @@ def vus_pr(labels: np.ndarray, score: np.ndarray, window: int, thresholds: int =
     order = np.argsort(-s, kind="stable")
     s_desc = s[order]
     thr = s_desc[np.linspace(0, n - 1, thresholds).astype(int)]
-    n_pred = _count_at_or_above(s_desc, np.r_[0, np.cumsum(np.ones(n))], thr)
-    true_hit = _count_at_or_above(s_desc, np.r_[0, np.cumsum(y[order])], thr)
+    # per threshold, how many scores are at or above it: a prefix of the sorted scores, whose
+    # cumulative sums give every count below
+    n_pred = np.searchsorted(-s_desc, -thr, side="right")
+    true_hit = np.r_[0, np.cumsum(y[order])][n_pred]
     counted = np.zeros(n, dtype=bool)  # TP and N are counted inside the ranges widened by window // 2
     for a, b in _widened(r, window // 2, n):
         counted[a : b + 1] = True
@@ -90,7 +86,7 @@ def vus_pr(labels: np.ndarray, score: np.ndarray, window: int, thresholds: int =
     for buffer in range(window + 1):
         soft = _soft_labels(r, buffer, n)
         buf = np.where(counted & (y == 0), soft, 0.0)  # the buffer's weight a prediction earns
-        buf_hit = _count_at_or_above(s_desc, np.r_[0, np.cumsum(buf[order])], thr)
+        buf_hit = np.r_[0.0, np.cumsum(buf[order])][n_pred]
         tp = true_hit + buf_hit
         labelled = p + buf_hit
         segs = _widened(r, buffer // 2, n)

@@ -14,10 +14,11 @@ Each GPU's residuals (temperature, power, clock) are one group of the multivaria
 smd_eval.py): per signal a baseline remembering about a day of samples, point, 3-sample, drift
 and relation statistics (a GPU hotter than its siblings without drawing more power than they
 do breaks the relation its residuals usually keep), calibrated fleet-wide per signal (one
-pool) into one p per GPU sample, so score = 1 - p >= 0.999 flags at most ~0.1% of healthy
-samples. One unusual sample is not a finding: a GPU must stay at or above `threshold`, with at
-least one signal `min_peer_z` robust sigmas from its siblings, for `persist_samples`
-consecutive samples, which turns the per-sample rate into a per-incident one. The finding
+pool) into one p per GPU sample, and one p per signal (its own statistics'). A GPU sample is
+unusual when either is at or below 1 - `threshold` (each at most ~0.1% of healthy samples). One
+unusual sample is not a finding: a GPU must stay unusual, with at least one signal `min_peer_z`
+robust sigmas from its siblings, for `persist_samples` consecutive samples, which turns the
+per-sample rate into a per-incident one. The finding
 names the signal that was strongest when the run began. Findings are kind `statistical`,
 severity warning, and resolve after `clear_after_s` below the threshold.
 """
@@ -160,23 +161,21 @@ class GpuStats:
             v = values[m].reshape(-1, _S)
             sc = self.scorer.update(grp, z)  # only this batch's GPUs: O(batch), not O(cluster)
             signal, stat = sc.strongest()
-            # each signal's own p: the smallest of its statistics' times their number (Bonferroni
-            # within the signal), what the per-series scorer before it judged each series by
-            per_signal = np.minimum(1.0, len(STAT_NAMES) * np.min(np.nan_to_num(sc.stat_p, nan=1.0), axis=2))
-            per_signal[np.isnan(sc.stat_p).all(axis=2)] = np.nan
+            # each signal's own p (the smallest of its statistics' times their number), what the
+            # per-series scorer before it judged each series by
+            per_signal = sc.metric_p
             # a GPU's sample is unusual when the whole of it is (the combined p: relations, several
             # signals at once) or one of its signals is on its own, each at the threshold: every
             # series keeps the per-series false-alarm rate it had, and the combination adds what
             # no series shows alone. (The combined p alone pays for its breadth: in a young fleet
             # whose calibration holds a few thousand samples, a GPU heating at 0.15 C/s reached it
             # too rarely to stay flagged for persist_samples in a row.)
-            p = np.fmin(sc.p, np.nanmin(np.where(np.isnan(per_signal), np.inf, per_signal), axis=1))
-            p[np.isinf(p)] = np.nan
+            p = np.fmin(sc.p, np.fmin.reduce(per_signal, axis=1))  # NaN only where both are
             lone = per_signal <= 1.0 - self.cfg.threshold
             signal = np.where(lone.any(axis=1), np.argmin(np.nan_to_num(per_signal, nan=2.0), axis=1), signal)
             # Unusual for this GPU AND clearly apart from its siblings now: an idle node's
             # residuals are so steady that a tiny shift scores high on its own scale.
-            apart = np.nanmax(np.abs(np.where(np.isnan(z), 0.0, z)), axis=1) >= self.cfg.min_peer_z
+            apart = np.abs(np.nan_to_num(z)).max(axis=1) >= self.cfg.min_peer_z
             hot = (p <= 1.0 - self.cfg.threshold) & apart
             seen = ~np.isnan(p)
             self.run[grp[seen & ~hot]] = 0

@@ -9,8 +9,9 @@ absent. Each sample gets a p-value: "a healthy group gives a p this small at mos
 statistical score here (detectors/calibration.py). What goes into it is described with the
 compiled pass (detectors/multivariate_kernels.py): per metric a robust baseline and four
 statistics (point, short window, drift, relation to the other metrics), each calibrated against
-its own history with a Pareto tail beyond the seen range, combined by Cauchy's combination, and
-that calibrated again.
+its own history with an exponential tail beyond the seen range; three families of evidence (the
+strongest metric, several metrics at once, the levels' joint distance) combined by Cauchy's
+combination, and that calibrated again.
 
 Calibration pools: the histograms are shared by the groups of one pool (``pools``): one pool per
 group is "each machine against its own past" (the benchmarks, one machine each); a fleet puts its
@@ -20,8 +21,8 @@ units of its own series' scale, so sharing a histogram compares like with like.
 Memory per group: 7 m floats of baselines and 2 m^2 of covariance and its inverse (m = 19: 6.8 kB,
 360 B a metric); per pool 4 m + 1 histograms of (bins + 2) floats. ``nbytes()`` counts both.
 
-The parameters are chosen by principle, never on the benchmarks' labels (benchmarks/README.md,
-"Choosing the parameters").
+The parameters are chosen by principle (benchmarks/README.md, "Choosing the parameters"); one,
+the calibration's halflife, was settled after the first dev-set figures, as that README says.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class Scores:
 
     p: np.ndarray  # (n,) calibrated combined p-value, NaN while the group is still learning
     stat_p: np.ndarray  # (n, m, 4) each metric's statistics' p-values (STAT_NAMES), NaN absent
+    metric_p: np.ndarray  # (n, m) each metric's own p: its statistics' smallest times their number
     joint_p: np.ndarray  # (n,) the p-value of the levels' joint distance, NaN before the model
     z: np.ndarray  # (n, m) each metric's deviation from its baseline, in scales
 
@@ -106,10 +108,10 @@ class Scores:
 
     def strongest(self) -> tuple[np.ndarray, np.ndarray]:
         """(metric, statistic) of each sample's smallest p (-1, -1 where none), the evidence."""
-        n, m, s = self.stat_p.shape
+        n, m, s = self.stat_p.shape  # m >= 1 and s = 4: never empty
         flat = np.where(np.isnan(self.stat_p), np.inf, self.stat_p).reshape(n, m * s)
-        best = np.argmin(flat, axis=1) if m * s else np.zeros(n, dtype=np.int64)
-        none = ~np.isfinite(flat[np.arange(n), best]) if m * s else np.ones(n, dtype=bool)
+        best = np.argmin(flat, axis=1)
+        none = ~np.isfinite(flat[np.arange(n), best])
         return np.where(none, -1, best // s), np.where(none, -1, best % s)
 
 
@@ -167,7 +169,11 @@ class MultivariateScorer:
         kept = groups.take(self.pools, 0, k)
         self.pools = kept if pools is None else np.asarray(pools, dtype=np.int64).copy()
         self.k = k
-        need = int(self.pools.max()) + 1 if k else 0
+        self._pool_rows(int(self.pools.max()) + 1 if k else 0)
+
+    def _pool_rows(self, need: int) -> None:
+        """Histogram rows (empty) up to `need` pools: the compiled pass indexes them by pool
+        without bounds checks."""
         if need > self.hist.shape[0]:
             grow = need - self.hist.shape[0]
             self.hist = np.concatenate([self.hist, np.zeros((grow, *self.hist.shape[1:]))])
@@ -186,8 +192,8 @@ class MultivariateScorer:
         if len(rows) and (rows.min() < 0 or rows.max() >= self.k):
             raise ValueError(f"group rows must be in 0..{self.k - 1}")
         n = len(rows)
-        out = Scores(np.full(n, np.nan), np.full((n, self.m, N_STATS), np.nan), np.full(n, np.nan),
-                     np.full((n, self.m), np.nan))  # fmt: skip
+        out = Scores(np.full(n, np.nan), np.full((n, self.m, N_STATS), np.nan), np.full((n, self.m), np.nan),
+                     np.full(n, np.nan), np.full((n, self.m), np.nan))  # fmt: skip
         if n == 0:
             return out
         # inf would poison a baseline for good: an absent value, as the batch decoder makes it
@@ -230,6 +236,7 @@ class MultivariateScorer:
             out.p,
             out.joint_p,
             out.stat_p,
+            out.metric_p,
             out.z,
             sequential,
         )
@@ -272,12 +279,9 @@ class MultivariateScorer:
         hist, comb = np.asarray(st["hist"], dtype=np.float64), np.asarray(st["comb"], dtype=np.float64)
         if hist.shape[1:] != (obj.m, N_STATS, cols) or comb.shape[1:] != (3, cols) or len(hist) != len(comb):
             raise ValueError(f"snapshot histograms {hist.shape} and {comb.shape} do not fit {obj.m} metrics")
-        n = len(hist)
-        obj.hist[:n] = hist[: len(obj.hist)]
-        obj.comb[:n] = comb[: len(obj.comb)]
-        if n > len(obj.hist):  # pools no group is in: kept, as relayout keeps them
-            obj.hist = np.concatenate([obj.hist, hist[len(obj.hist) :]])
-            obj.comb = np.concatenate([obj.comb, comb[len(obj.comb) :]])
+        obj._pool_rows(len(hist))  # pools no group is in are kept, as relayout keeps them
+        obj.hist[: len(hist)] = hist
+        obj.comb[: len(comb)] = comb
         return obj
 
     def nbytes(self) -> int:

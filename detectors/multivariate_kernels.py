@@ -20,10 +20,14 @@ Per sample, in the group's order (state carried across batches):
    the decayed histogram's conformal tail, extrapolated beyond the row's top `q_tail` by an
    exponential tail fitted to the weight above it (tail_model, tail_p), so a far-out value is not
    capped at 1 / (history + 1) (the saturation that kept one strong metric from speaking);
-4. the p-values present combined by Cauchy's combination (Liu and Xie, JASA 2020; each p taken
-   at most 0.5, cauchy_term): valid under arbitrary dependence between the metrics for small p,
-   and led by the smallest p (one strong metric speaks, several moderate ones add up);
-5. that combination's -ln p calibrated again, per pool, in the same way: the output p.
+4. per metric, the smallest of its statistics' p-values times their number (Bonferroni within
+   the metric: out_metric_p);
+5. three families of evidence, each a p-value: the metrics' p combined by Cauchy's combination
+   (Liu and Xie, JASA 2020; each p taken at most 0.5, cauchy_term: valid under dependence for
+   small p, led by the smallest, so one strong metric speaks); several metrics at once (the
+   truncated product of the metrics' p below TPM_TAU, calibrated); the levels' joint Mahalanobis
+   distance (calibrated). Their Cauchy combination's -ln p, calibrated again per pool in the same
+   way, is the output p.
 
 Every statistic is scored against the histograms as they were before the batch, then all are
 added (one decay per present row): a batch never sees its own samples (no look-ahead). A
@@ -166,6 +170,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     out_p: np.ndarray,  # (n,) the calibrated combined p-value
     out_joint_p: np.ndarray,  # (n,) the joint distance's p-value
     out_stat_p: np.ndarray,  # (n, M, S) each statistic's p-value
+    out_metric_p: np.ndarray,  # (n, M) each metric's p: its statistics' smallest, times their number
     out_z: np.ndarray,  # (n, M) each metric's z
     sequential: bool,  # learn each sample before scoring the next (one stream), not once a batch
 ) -> None:
@@ -199,21 +204,19 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     counts = np.zeros((n_pools * m * s_n, cols))
     grp_counts = np.zeros((n_pools * 3, cols))
 
-    d = np.empty(s_n)
     zt = np.empty(m)
-    pend_row = np.empty(m * s_n, dtype=np.int64)
-    pend_col = np.empty(m * s_n, dtype=np.int64)
+    sd = np.empty(m)
     for j in range(n):
         g = rows[j]
         q = pools[g]
         whole = True
         for i in range(m):  # the relation's input: each metric's level against its slow mean, in sds
+            sd[i] = math.sqrt(max(cov[g, i, i], floor[i] * floor[i]))
             v = x[j, i]
             if math.isnan(v) or complete[g] == 0:
                 zt[i] = 0.0
             else:
-                sd = math.sqrt(max(cov[g, i, i], floor[i] * floor[i]))
-                zt[i] = min(max((v - mean[g, i]) / sd, -2.0 * clip), 2.0 * clip)
+                zt[i] = min(max((v - mean[g, i]) / sd[i], -2.0 * clip), 2.0 * clip)
         for i in range(m):
             v = x[j, i]
             if math.isnan(v):
@@ -239,16 +242,12 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             cn = max(0.0, cusum_neg[g, i] - zc - cusum_k)
             cusum_pos[g, i] = cp
             cusum_neg[g, i] = cn
-            d[0] = abs(zi)
-            d[1] = abs(zi + z1[g, i] + z2[g, i]) / 3.0 if c >= warmup + 2 else np.nan
-            d[2] = max(cp, cn)
-            d[3] = np.nan
+            # the deviations for now (the relation's below); their p-values once all are known
+            out_stat_p[j, i, 0] = abs(zi)
+            out_stat_p[j, i, 1] = abs(zi + z1[g, i] + z2[g, i]) / 3.0 if c >= warmup + 2 else np.nan
+            out_stat_p[j, i, 2] = max(cp, cn)
             z2[g, i] = z1[g, i]
             z1[g, i] = zi
-            out_stat_p[j, i, 0] = d[0]  # the deviations for now; p-values once the relation is known
-            out_stat_p[j, i, 1] = d[1]
-            out_stat_p[j, i, 2] = d[2]
-            out_stat_p[j, i, 3] = np.nan
             ec = zc * s_eff
             # a plain running mean until the memory is filled (1 / alpha samples), then EW: a long
             # memory (a day of 1 s samples) is not left to its first samples for a day
@@ -276,8 +275,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             else:
                 dev = np.empty(m)
                 for i in range(m):  # the poisoning guard: a deviation counts at most `clip` sds
-                    sd = math.sqrt(max(cov[g, i, i], floor[i] * floor[i]))
-                    dev[i] = min(max(x[j, i] - mean[g, i], -clip * sd), clip * sd)
+                    dev[i] = min(max(x[j, i] - mean[g, i], -clip * sd[i]), clip * sd[i])
                 rate = max(cov_alpha, 1.0 / (complete[g] + 1.0))  # running, then EW, as the baseline
                 for i in range(m):
                     mean[g, i] += rate * dev[i]
@@ -294,12 +292,13 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                         r = cov[g, i, k] / (sds[i] * sds[k])
                         corr[i, k] = (1.0 - shrink) * r + (shrink if i == k else 0.0)
                 prec[g] = np.linalg.inv(corr)
-        # each deviation to its p-value; per metric the smallest of its statistics' (times their
-        # number: Bonferroni within a metric)
+        # each deviation to its p-value, and learnt: every sample, flagged or not (leaving flags
+        # out thins the tail they come from, which flags more, which thins it more: tried, a
+        # healthy group ran away to 1-3 %); per metric the smallest of its statistics' p times
+        # their number (Bonferroni within a metric)
         t = 0.0
         n_p = 0
         tpm = 0.0
-        n_pend = 0  # this sample's histogram cells, added once its combined p is known
         for i in range(m):
             best = np.nan
             for s in range(s_n):
@@ -309,19 +308,17 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 r = (q * m + i) * s_n + s
                 p = tail_p(flat[r], suffix[r], model[r], dv, lo, width, min_weight)
                 col, _u = _column(dv, lo, width, bins)
-                pend_row[n_pend] = r
-                pend_col[n_pend] = col
-                n_pend += 1
+                counts[r, col] += 1.0
                 out_stat_p[j, i, s] = p
                 if not math.isnan(p) and not p >= best:
                     best = p
             if not math.isnan(best):
                 pm = min(1.0, s_n * best)
+                out_metric_p[j, i] = pm
                 t += cauchy_term(pm)
                 n_p += 1
                 if pm < TPM_TAU:
                     tpm += math.log(TPM_TAU / pm)
-        g_cols = np.full(3, -1)
         if n_p:
             # three families of evidence, each calibrated, combined by Cauchy with equal weights:
             # one metric's (the Cauchy combination over metrics, led by the strongest), several
@@ -332,14 +329,16 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             weight = 1.0
             rt = 3 * q + 1
             pt = tail_p(grp[rt], grp_suffix[rt], grp_model[rt], tpm, lo, width, min_weight)
-            g_cols[1], _u = _column(tpm, lo, width, bins)
+            col, _u = _column(tpm, lo, width, bins)
+            grp_counts[rt, col] += 1.0
             if not math.isnan(pt):
                 terms += cauchy_term(pt)
                 weight += 1.0
             if not math.isnan(joint):
                 rj = 3 * q
                 pj = tail_p(grp[rj], grp_suffix[rj], grp_model[rj], joint, lo, width, min_weight)
-                g_cols[0], _u = _column(joint, lo, width, bins)
+                col, _u = _column(joint, lo, width, bins)
+                grp_counts[rj, col] += 1.0
                 out_joint_p[j] = pj
                 if not math.isnan(pj):
                     terms += cauchy_term(pj)
@@ -347,14 +346,8 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             dc = -math.log(max(cauchy_p(terms / weight), 1e-300))
             rc = 3 * q + 2
             out_p[j] = tail_p(grp[rc], grp_suffix[rc], grp_model[rc], dc, lo, width, min_weight)
-            g_cols[2], _u = _column(dc, lo, width, bins)
-        # every sample is learnt, flagged or not: leaving flags out thins the tail they come
-        # from, which flags more, which thins it more (tried: a healthy group ran away to 1-3 %)
-        for k in range(n_pend):
-            counts[pend_row[k], pend_col[k]] += 1.0
-        for k in range(3):
-            if g_cols[k] >= 0:
-                grp_counts[3 * q + k, g_cols[k]] += 1.0
+            col, _u = _column(dc, lo, width, bins)
+            grp_counts[rc, col] += 1.0
         if sequential:  # the next sample sees this one in its calibration: a stream's exact order
             _pool_learn(flat, grp, counts, grp_counts, q, m * s_n, decay)
             _pool_models(
