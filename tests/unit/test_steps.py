@@ -164,6 +164,24 @@ def test_a_checkpoint_mark_travels_with_every_later_step_report(dead_reporter: A
     assert r.rejected == 1
 
 
+def test_hostile_checkpoint_marks_are_refused_and_the_last_good_one_stands(dead_reporter: Any) -> None:
+    r = dead_reporter()
+    r.step(1, 0.5)
+    r.checkpoint(1, write_time_s=2.0)
+    hostile = [
+        ((-1,), {}), ((2**63,), {}), ((True,), {}), ((1.5,), {}), ((b"3",), {}), (("3",), {}),
+        ((2,), {"write_time_s": float("nan")}), ((2,), {"write_time_s": float("inf")}),
+        ((2,), {"write_time_s": -1.0}), ((2,), {"write_time_s": "2.5"}), ((2,), {"write_time_s": object()}),
+    ]  # fmt: skip
+    for args, kw in hostile:
+        r.checkpoint(*args, **kw)  # never raises
+    r.step(2, 0.5)
+    assert r.rejected == len(hostile)
+    last = orjson.loads(r._encode(_buffered(r)[-1]))
+    schemas.validate_step(last)
+    assert (last["checkpoint_step"], last["checkpoint_write_s"]) == (1, 2.0)
+
+
 def test_numbers_of_other_types_are_converted(dead_reporter: Any) -> None:
     r = dead_reporter()
     r.step(np.int64(3), np.float32(0.5))
