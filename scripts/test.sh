@@ -16,6 +16,9 @@ if [[ $# -eq 0 ]]; then
   warm_pid=$!
 fi
 bash services/kafka/kafka.sh start
+if [[ $# -eq 0 ]]; then  # the Slurm integration process's own broker (below)
+  KAFKA_PORT=19392 KAFKA_CONTROLLER_PORT=19393 bash services/kafka/kafka.sh start
+fi
 python3 -m ruff check .
 python3 -m ruff format --check .
 if [[ $# -gt 0 ]]; then
@@ -25,13 +28,16 @@ wait "$warm_pid"
 python3 -m pytest -q -n 2 tests/unit
 # The integration tier mostly waits on its services, so it runs as two pytest processes side by
 # side: the files that use the one Slurm cluster (marker `slurm`), one after the other, and the
-# rest; each with a private broker of its own (tests/integration/conftest.py). Not pytest-xdist's
-# groups: with pytest 9 its --dist loadgroup no longer keeps a group in one process.
+# rest. Each has a broker of its own, and a private one that its tests stop and restart
+# (tests/integration/conftest.py): the tests use the pipeline's own topics, and one process's
+# detect or act would read the other's telemetry, findings and census as its own. Not
+# pytest-xdist's groups: with pytest 9 its --dist loadgroup no longer keeps a group in one process.
 slurm_log="$(mktemp)"
 # each failure as it happens (tests/integration/conftest.py): shown if a process dies before its summary
 rest_failures="$(mktemp)" slurm_failures="$(mktemp)"
 trap 'rm -f "$slurm_log" "$rest_failures" "$slurm_failures"' EXIT
-FLEETWATCH_TEST_FAILURE_LOG="$slurm_failures" FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m slurm tests/integration \
+FLEETWATCH_TEST_FAILURE_LOG="$slurm_failures" FLEETWATCH_TEST_KAFKA_PORT=19392 \
+  FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m slurm tests/integration \
   >"$slurm_log" 2>&1 &
 slurm_pid=$!
 rest=0

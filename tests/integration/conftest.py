@@ -42,10 +42,19 @@ def census_key() -> str:
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> str:
-    bootstrap = os.environ.get("FLEETWATCH_TEST_BOOTSTRAP", "127.0.0.1:19092")
+    """The broker this test process's tests share: FLEETWATCH_TEST_BOOTSTRAP where given (not
+    started here), else the local one on FLEETWATCH_TEST_KAFKA_PORT (19092), started by kafka.sh.
+    scripts/test.sh gives each of its two integration processes a broker of its own: tests read
+    and write the pipeline's own topics (fleet.telemetry.v1, fleet.findings.v1, fleet.nodes.v1),
+    and a detect or act of one process would otherwise take the other's records for its own."""
+    port = int(os.environ.get("FLEETWATCH_TEST_KAFKA_PORT", "19092"))
+    bootstrap = os.environ.get("FLEETWATCH_TEST_BOOTSTRAP", f"127.0.0.1:{port}")
     if "FLEETWATCH_TEST_BOOTSTRAP" not in os.environ:
-        with one_at_a_time("kafka-shared"):
-            r = subprocess.run(["bash", str(KAFKA_SH), "start"], capture_output=True, text=True, timeout=300)
+        env = {**os.environ, "KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(port + 1)}
+        with one_at_a_time(f"kafka-shared-{port}"):
+            r = subprocess.run(
+                ["bash", str(KAFKA_SH), "start"], capture_output=True, text=True, timeout=300, env=env
+            )
         if r.returncode != 0:
             pytest.fail(f"could not start the local Kafka broker: {r.stderr.strip()[-2000:]}")
     wait_for_broker(bootstrap, timeout_s=60)
@@ -71,10 +80,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     """scripts/test.sh runs the tier as two pytest processes side by side (it mostly waits on the
     services): the files that use the one Slurm cluster (`pytestmark = USES_SLURM`, marker
     `slurm`), one after the other, since each resets the nodes and expects them idle; and the
-    rest. What the two share is safe side by side: the broker and Alertmanager by each test's
-    own topics, groups and cluster labels; the private broker that tests stop and restart is one
-    per process (FLEETWATCH_TEST_PRIVATE_PORT). A test that uses the Slurm cluster without the
-    mark would run beside the others: refused here."""
+    rest. Each process has a broker of its own (FLEETWATCH_TEST_KAFKA_PORT, see kafka_bootstrap),
+    and a private broker that its tests stop and restart (FLEETWATCH_TEST_PRIVATE_PORT); what
+    they share, Alertmanager, is safe side by side by each test's own cluster labels. A test
+    that uses the Slurm cluster without the mark would run beside the others: refused here."""
     if "slurm" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
         raise pytest.UsageError(
             f"{item.nodeid} uses the slurm fixture: its file needs pytestmark = USES_SLURM"

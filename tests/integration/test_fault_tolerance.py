@@ -88,17 +88,49 @@ def fault_nodes(sc: Any) -> set[str]:
     return {sc.node_name(f.node) for f in sc.faults}
 
 
+def _listing(findings: dict[str, dict[str, Any]]) -> str:
+    """Every finding on its own line (pytest shortens the repr of a long list in a message)."""
+    return "\n".join(f"  {row}" for row in describe(findings))
+
+
 def check_findings(got: dict[str, dict[str, Any]], expected: dict[str, dict[str, Any]], sc: Any) -> None:
     # every fault found, no finding on a healthy node
-    assert {f["node"] for f in got.values()} == fault_nodes(sc), describe(got)
+    if {f["node"] for f in got.values()} != fault_nodes(sc):
+        raise AssertionError(f"found on other nodes than the faults'; got:\n{_listing(got)}")
     # one id per incident: nothing re-opened under a new first_seen
     keys: dict[tuple[Any, ...], set[str]] = {}
     for i, f in got.items():
         keys.setdefault((f["node"], f.get("gpu"), f["kind"], f["evidence"].get("rule")), set()).add(i)
-    reopened = {k: v for k, v in keys.items() if len(v) > 1}
-    assert not reopened, describe({i: got[i] for ids in reopened.values() for i in ids})
+    reopened = {i: got[i] for ids in keys.values() if len(ids) > 1 for i in ids}
+    if reopened:
+        raise AssertionError(
+            f"incidents re-opened under a new id:\n{_listing(reopened)}\nexpected:\n{_listing(expected)}"
+        )
     # and exactly the incidents of the clock-free path
-    assert set(got) == set(expected), (describe(got), describe(expected))
+    if set(got) != set(expected):
+        raise AssertionError(f"got:\n{_listing(got)}\nexpected:\n{_listing(expected)}")
+
+
+# what a failure shows of a detect process's log: how its partitions moved and what went wrong
+_LOG_STORY = (
+    "assigned",
+    "revoked",
+    "restored",
+    "cold",
+    "snapshot",
+    "WARNING",
+    "ERROR",
+    "CRITICAL",
+    "Traceback",
+)
+
+
+def log_story(path: Path, limit: int = 80) -> str:
+    lines = path.read_text(errors="replace").splitlines()
+    story = [ln for ln in lines if any(w in ln for w in _LOG_STORY)]
+    return f"--- {path.name} ({len(lines)} lines; these {min(limit, len(story))} of them)\n" + "\n".join(
+        ln[:400] for ln in story[-limit:]
+    )
 
 
 def assert_no_conflicting_duplicates(records: list[dict[str, Any]]) -> None:
@@ -221,7 +253,7 @@ def test_killed_worker_loses_no_finding(kafka_bootstrap: str, tmp_path: Path) ->
         tail.close()
     found = mine(records, prefix)
     assert_no_conflicting_duplicates(found)
-    logs = "\n".join((tmp_path / f"detect{i}.log").read_text()[-1500:] for i in range(2))
+    logs = "\n".join(log_story(tmp_path / f"detect{i}.log") for i in range(2))
     got = first_by_id(found)
     try:
         check_findings(got, expected, sc)
