@@ -71,9 +71,11 @@ class _progress:
     def __enter__(self):  # type: ignore[no-untyped-def]
         if not self.show:
             return lambda _what: None
+        from rich.console import Console
         from rich.progress import Progress
 
-        self._bar = Progress(transient=True)
+        # rich's default console is stdout, which is the report's (or a pipe's) own
+        self._bar = Progress(console=Console(stderr=True), transient=True)
         self._bar.start()
         task = self._bar.add_task("report", total=self.STEPS)
 

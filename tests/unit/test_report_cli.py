@@ -4,6 +4,9 @@ Markdown and HTML files, and clear refusals."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +14,7 @@ from fleetwatch.cli import main
 from fleetwatch.pipeline.reliability.args import span_s, when
 from fleetwatch.pipeline.reliability.ingest import Ingest
 from fleetwatch.pipeline.reliability.store import Store
+from tests.helpers.paths import REPO
 from tests.helpers.reliability import T0, finding, job
 
 
@@ -107,3 +111,46 @@ def test_times_and_spans():
     assert when("2026-01-01T01:00:00+01:00", now) == 1767225600.0
     assert when("1767225600", now) == 1767225600.0
     assert span_s("90s") == 90 and span_s("4w") == 28 * 86400
+
+
+def _report_on_a_terminal(db, tmp_path, *argv: str) -> tuple[bytes, bytes]:
+    """`fleetwatch report` with its stderr on a pseudo-terminal, as an SRE runs it: (what the
+    terminal showed, stdout)."""
+    main_fd, term_fd = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetwatch.cli", "report", "--db", str(db), *argv],
+            stdout=subprocess.PIPE,
+            stderr=term_fd,
+            cwd=REPO,
+            env={**os.environ, "TERM": "xterm", "COLUMNS": "100"},
+        )
+        os.close(term_fd)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # EIO: the process closed its end
+                break
+            if not chunk:
+                break
+            shown += chunk
+        stdout = proc.stdout.read() if proc.stdout else b""
+        assert proc.wait(60) == 0, shown[-2000:]
+    finally:
+        os.close(main_fd)
+    return shown, stdout
+
+
+def test_a_long_range_shows_a_progress_bar_on_the_terminal_and_nothing_in_the_output(db, tmp_path):
+    out_dir = tmp_path / "rep"
+    span = ("--since", str(T0 - 3600), "--until", str(T0 + 10 * 86400))
+    shown, stdout = _report_on_a_terminal(db, tmp_path, *span, "--out", str(out_dir))
+    # the steps' names went to the terminal (stderr), not into what the command prints
+    assert b"writing the report" in shown, shown[-2000:]
+    assert b"writing the report" not in stdout and b"report.html" in stdout
+    # a short range, or --json (its stdout is for a program): no bar
+    shown, _ = _report_on_a_terminal(db, tmp_path, "--since", str(T0), "--until", str(T0 + 86400))
+    assert b"attributing" not in shown
+    shown, stdout = _report_on_a_terminal(db, tmp_path, *span, "--json")
+    assert b"attributing" not in shown and json.loads(stdout)["taxonomy"]["runs"] == 60
