@@ -12,7 +12,11 @@ silent skew of the figures):
 - `end_without_start`: an end for a job with no run seen and no start given; not counted;
 - `never_started`: an end with no nodes (cancelled while pending); not a run;
 - `clock_ahead`: a job, step or finding time ahead of the broker's time by more than
-  `max_ahead_s`: the broker's time is used instead;
+  `max_ahead_s`: the broker's time is used instead (a job's `start_ts` is counted but kept: it
+  names the run, which the job's other records, taken at other times, must name the same);
+- `clock_behind`: a job, step or finding time more than `max_behind_s` before the broker took
+  it: a clock far behind, or records published late (a publisher that was down, a backfill). Its
+  own time is kept: it may be the true one;
 - `steps_of_unknown_job`: progress of a job no run was seen for, dropped after `pending_s`;
 - `no_end`: a run open longer than `max_run_s` (the report's line; the run stays open);
 - `unknown_nodes`: a run naming a node the census never saw (the report's line; counted in).
@@ -38,7 +42,19 @@ STEP_SLACK_S = 60.0  # a step reported this long after its run's end still belon
 class IngestConfig:
     gpus_per_node: int = 8  # a job/1 without `gpus` is taken to use every GPU of its nodes
     max_ahead_s: float = 300.0
+    max_behind_s: float = 86400.0  # later than a day: no publisher retries that long
     pending_s: float = 3600.0
+
+
+def clock_skew(ts: float, broker_ts: float | None, cfg: IngestConfig) -> str | None:
+    """The data-quality line a record time earns against the broker's time for it, if any."""
+    if broker_ts is None:
+        return None
+    if ts > broker_ts + cfg.max_ahead_s:
+        return "clock_ahead"
+    if ts < broker_ts - cfg.max_behind_s:
+        return "clock_behind"
+    return None
 
 
 class Ingest:
@@ -47,12 +63,16 @@ class Ingest:
         self.cfg = cfg or IngestConfig()
 
     def _time(self, db: sqlite3.Connection, what: str, ts: float, broker_ts: float | None, who: str) -> float:
-        if broker_ts is not None and ts > broker_ts + self.cfg.max_ahead_s:
-            self.store.count_quality(
-                db, "clock_ahead", broker_ts, f"{what} {who}: ts {ts:.0f} > broker {broker_ts:.0f}"
-            )
-            return broker_ts
-        return ts
+        """`ts` as the history takes it: bounded by the broker's time, and counted where skewed."""
+        skew = clock_skew(ts, broker_ts, self.cfg)
+        if skew is None:
+            return ts
+        assert broker_ts is not None
+        sign = ">" if skew == "clock_ahead" else "<"
+        self.store.count_quality(
+            db, skew, broker_ts, f"{what} {who}: ts {ts:.0f} {sign} broker {broker_ts:.0f}"
+        )
+        return broker_ts if skew == "clock_ahead" else ts
 
     # ------------------------------------------------------------------ job/1
 
@@ -66,6 +86,13 @@ class Ingest:
         start = m.get("start_ts")
         if start is not None:
             start = float(start)
+            if broker_ts is not None and clock_skew(start, broker_ts, self.cfg) == "clock_ahead":
+                self.store.count_quality(
+                    db,
+                    "clock_ahead",
+                    broker_ts,
+                    f"job {job}: start_ts {start:.0f} > broker {broker_ts:.0f} (kept)",
+                )
         if state in ENDED:
             self._end(db, m, job, nodes, ts, start)
             return

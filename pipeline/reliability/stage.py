@@ -28,7 +28,7 @@ from fleetwatch.detectors import findings as finding_sig
 from fleetwatch.pipeline.reliability import report
 from fleetwatch.pipeline.reliability.attribution import Window
 from fleetwatch.pipeline.reliability.figures import FigureConfig
-from fleetwatch.pipeline.reliability.ingest import Ingest
+from fleetwatch.pipeline.reliability.ingest import Ingest, IngestConfig, clock_skew
 from fleetwatch.pipeline.reliability.store import Progress, Store
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,14 @@ class Accounting:
             self.ingest.job(db, m, broker_ts)
         elif r.topic == self.t.steps:
             m = schemas.decode(r.value, schemas.STEP, key=r.key)
-            _add_step(progress, m, broker_ts, self.ingest.cfg.max_ahead_s)
+            skew = _add_step(progress, m, broker_ts, self.ingest.cfg)
+            if skew is not None and broker_ts is not None:
+                self.store.count_quality(
+                    db,
+                    skew,
+                    broker_ts,
+                    f"step of {m['job']} rank {m['rank']}: ts {m['ts']:.0f}, broker {broker_ts:.0f}",
+                )
         elif r.topic == self.t.findings:
             m = schemas.decode(r.value, schemas.FINDING, key=r.key)
             why = finding_sig.signature_error(m, self.census_key)
@@ -164,17 +171,20 @@ class Accounting:
 
 
 def _add_step(
-    progress: dict[str, list[Progress]], m: dict[str, Any], broker_ts: float | None, max_ahead_s: float
-) -> None:
+    progress: dict[str, list[Progress]], m: dict[str, Any], broker_ts: float | None, cfg: IngestConfig
+) -> str | None:
+    """Queue a step report's progress mark; returns its data-quality line (a clock skew) if any."""
     ts = float(m["ts"])
-    if broker_ts is not None:
-        ts = min(ts, broker_ts + max_ahead_s)  # a rank's clock ahead: the broker's time bounds it
+    skew = clock_skew(ts, broker_ts, cfg)
+    if skew == "clock_ahead" and broker_ts is not None:
+        ts = broker_ts + cfg.max_ahead_s  # a rank's clock ahead: the broker's time bounds it
     ckpt_ts = m.get("checkpoint_ts")
     if ckpt_ts is not None:
         ckpt_ts = min(float(ckpt_ts), ts)
     progress.setdefault(m["job"], []).append(
         Progress(ts, ts, ckpt_ts, m.get("checkpoint_step"), m.get("checkpoint_write_s"))
     )
+    return skew
 
 
 # ---------------------------------------------------------------------- the live figures

@@ -122,6 +122,26 @@ def test_a_clock_ahead_of_the_broker_is_clamped_to_the_brokers_time_and_counted(
     assert quality(store) == {"clock_ahead": 1}
 
 
+def test_a_clock_far_behind_the_broker_is_counted_and_its_time_kept(store):
+    # a day and more late: a clock far behind, or a publisher that was down; it may be true
+    feed(store, job("j", ["n1"], "started", T0, start_ts=T0), broker_ts=T0 + 60)
+    feed(store, job("j", ["n1"], "finished", T0 + 3600, start_ts=T0), broker_ts=T0 + 3600 + 1.5 * 86400)
+    assert runs(store)[0][1:3] == (T0, T0 + 3600)
+    assert quality(store) == {"clock_behind": 1}
+    # late by less than a day (a publisher catching up after an outage of hours): nothing to say
+    feed(store, job("k", ["n1"], "finished", T0 + 60, start_ts=T0), broker_ts=T0 + 20 * 3600)
+    assert quality(store) == {"clock_behind": 1}
+
+
+def test_a_start_time_ahead_of_the_broker_is_counted_and_kept_as_the_runs_name(store):
+    start = T0 + 3600  # slurmctld's clock an hour ahead when the job started
+    feed(store, job("j", ["n1"], "started", T0, start_ts=start), broker_ts=T0)
+    feed(store, job("j", ["n1"], "finished", start + 60, start_ts=start), broker_ts=start + 60)
+    # one run (both records name it by the same start), ended at its own end
+    assert runs(store) == [("j", start, start + 60, "COMPLETED", 1, 8, None)]
+    assert quality(store) == {"clock_ahead": 1}
+
+
 def test_a_run_open_longer_than_any_job_may_run_is_a_quality_line(store):
     # in the range its end was due (7 days after its start), not before
     feed(store, job("j", ["n1"], "started", T0 - 7.5 * 86400))

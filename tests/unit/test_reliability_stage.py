@@ -188,3 +188,20 @@ def test_any_bytes_on_any_topic_never_stop_the_stage_nor_touch_the_figures(tmp_p
     r = figures(acc)
     assert r["taxonomy"]["by_category"] == {"hardware": 1}
     assert r["failures"][0]["component"] == "gpu_memory"
+
+
+def test_a_ranks_clock_ahead_is_bounded_and_one_far_behind_is_kept_and_both_are_counted(tmp_path):
+    broker_now = [T0 + 7200]
+    bus = MemoryBus(clock_ms=lambda: int(broker_now[0] * 1000))
+    bus.append(topics.JOBS, b"j", enc(job("j", ["n1"], "started", T0, start_ts=T0)))
+    bus.append(topics.STEPS, b"j", enc(step("j", "n1", T0 + 7200 + 3600, 1)))  # an hour ahead
+    broker_now[0] = T0 + 3 * 86400
+    bus.append(topics.STEPS, b"j", enc(step("j", "n1", T0 + 600, 2)))  # published 3 days late
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    first, last = acc.store.db.execute("SELECT first_step_ts, last_step_ts FROM runs").fetchone()
+    # the mark ahead bounded by the broker's time (plus the allowed lead), the late one as stamped
+    assert (first, last) == (T0 + 600, T0 + 7200 + 300)
+    rows = acc.store.db.execute("SELECT what, sum(count) FROM quality GROUP BY what")
+    quality = {what: n for what, n in rows}
+    assert quality == {"clock_ahead": 1, "clock_behind": 1}
