@@ -4,10 +4,14 @@
    runs, their failures with a critical finding each, background warnings, drains) is applied by
    the stage's own code (Accounting.apply on polled-record batches of 5,000, as `fleetwatch
    account` applies them) into SQLite: records/s.
+   Applied in ten slices of time order, each timed: whether applying slows as the store grows.
+   Beside it, what this cluster sends (its history's records over the period, mean and busiest
+   minute): run with --nodes 16000 for the issue's cluster.
 2. Step reports (step/1, every rank of the training jobs) through the same code: steps/s, against
-   what a 16,000-node cluster sends (128k ranks, a step every 5 s: 25,600/s).
+   what the cluster's ranks send (every GPU a rank, a step every 5 s: 25,600/s at 16,000 nodes).
 3. The report over the 30 days (report.build: attribution join, figures) on SQLite, and on
-   DuckDB loaded with the same tables: seconds each (the issue's bar: under a minute).
+   DuckDB loaded with the same tables: seconds each (the issue's bar: under a minute); and the
+   whole `fleetwatch report --out DIR` command on the SQLite store (its plots, Markdown and HTML).
 
     python -m benchmarks.accounting_store [--nodes 2000 --days 30] [--json]
 
@@ -18,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -113,6 +120,19 @@ def apply_all(acc: Accounting, recs: list[Record]) -> float:
     return time.perf_counter() - t0
 
 
+def apply_by_tenth(acc: Accounting, recs: list[Record]) -> list[float]:
+    """Apply the history in ten slices of time order, each timed: records/s as the store grows."""
+    cuts = np.linspace(0, len(recs), 11).astype(int)
+    return [(b - a) / apply_all(acc, recs[a:b]) for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def sent_per_s(msgs: list[tuple[float, str, bytes, bytes]], days: float) -> tuple[float, float]:
+    """What the cluster sends: (mean records/s over the period, its busiest minute's records/s)."""
+    ts = np.array([m[0] for m in msgs])
+    per_minute = np.bincount(((ts - ts.min()) // 60).astype(np.int64))
+    return len(msgs) / (days * 86400), float(per_minute.max()) / 60
+
+
 def step_records(n: int, jobs: int, t0: float) -> list[Record]:
     out = []
     for i in range(n):
@@ -173,6 +193,19 @@ def timed_report(store: Any, since: float, until: float) -> tuple[float, dict[st
     return time.perf_counter() - t0, r
 
 
+def timed_cli_report(work: Path, since: float, until: float) -> float:
+    """`fleetwatch report --out DIR` as an SRE runs it on the store: the process, the figures, the
+    plots and the Markdown and HTML files."""
+    cmd = [sys.executable, "-m", "fleetwatch.cli", "report", "--db", str(work / "acc.sqlite"),
+           "--since", str(since), "--until", str(until), "--out", str(work / "report")]  # fmt: skip
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    took = time.perf_counter() - t0
+    if not (work / "report" / "report.html").is_file():
+        raise SystemExit("fleetwatch report --out wrote no report.html")
+    return took
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2000)
@@ -188,16 +221,27 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         store = Store(work / "acc.sqlite")
         acc = Accounting(store, Ingest(store), CENSUS_KEY, DRAIN_KEY, None)
-        applied_s = apply_all(acc, recs)
+        t0 = time.perf_counter()
+        by_tenth = apply_by_tenth(acc, recs)
+        applied_s = time.perf_counter() - t0
         out["apply_s"] = round(applied_s, 2)
         out["apply_records_per_s"] = round(len(recs) / applied_s)
+        # the first and last tenth of the history: whether applying slows as the store grows
+        out["apply_records_per_s_first_last_tenth"] = [round(by_tenth[0]), round(by_tenth[-1])]
+        mean_sent, busiest = sent_per_s(msgs, args.days)
+        out["cluster_sends_records_per_s"] = {
+            "mean": round(mean_sent, 2),
+            "busiest_minute": round(busiest, 2),
+        }
         steps = step_records(args.steps, 400, w.cfg.start)
         step_s = apply_all(acc, steps)
         out["steps_per_s"] = round(len(steps) / step_s)
-        out["steps_needed_16k_nodes_per_s"] = 16000 * 8 / 5
+        # every GPU a rank reporting a step every 5 s: the step reports this cluster would send
+        out["cluster_sends_steps_per_s"] = args.nodes * w.cfg.gpus_per_node / 5
         since, until = w.cfg.start, w.cfg.start + args.days * 86400 + 1
         sqlite_s, r_sqlite = timed_report(store, since, until)
         out["report_sqlite_s"] = round(sqlite_s, 2)
+        out["report_cli_out_s"] = round(timed_cli_report(work, since, until), 2)
         try:
             duck = DuckStore(store, work)
         except ImportError:
