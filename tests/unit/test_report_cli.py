@@ -154,3 +154,30 @@ def test_a_long_range_shows_a_progress_bar_on_the_terminal_and_nothing_in_the_ou
     assert b"attributing" not in shown
     shown, stdout = _report_on_a_terminal(db, tmp_path, *span, "--json")
     assert b"attributing" not in shown and json.loads(stdout)["taxonomy"]["runs"] == 60
+
+
+def test_the_attribution_window_is_the_operators_to_set(tmp_path, capsys):
+    # a job failed 20 minutes after its node's critical ECC finding was resolved, another 6
+    # minutes before its node's finding opened: outside the default window (10 min before the end
+    # to 5 after), inside a wider one
+    path = tmp_path / "acc.sqlite"
+    store = Store(path)
+    ing = Ingest(store)
+    with store.transaction() as d:
+        for name, node in (("early", "n1"), ("late", "n2")):
+            ing.job(d, job(name, [node], "started", T0, start_ts=T0), None)
+            ing.job(d, job(name, [node], "failed", T0 + 3600, end_state="FAILED", start_ts=T0), None)
+        ing.finding(d, finding("n1", "ecc", T0 + 1800), None)
+        ing.finding(d, finding("n1", "ecc", T0 + 2400, first_seen=T0 + 1800, resolved=True), None)
+        ing.finding(d, finding("n2", "ecc", T0 + 3600 + 360), None)
+    store.close()
+    span = ("--db", str(path), "--since", str(T0 - 60), "--until", str(T0 + 86400), "--json")
+
+    def categories(*window: str) -> dict[str, int]:
+        code, out, _ = run(capsys, *span, *window)
+        assert code == 0
+        return json.loads(out)["taxonomy"]["by_category"]
+
+    assert categories() == {"user": 2}
+    assert categories("--window-before", "1800") == {"hardware": 1, "user": 1}
+    assert categories("--window-before", "1800", "--window-after", "600") == {"hardware": 2}
