@@ -362,8 +362,12 @@ class Actor:
             why = self.policy.apply_result(
                 st, r.request_id, r.action, r.outcome, r.detail, request_sig=r.request_signature
             )
-            if r.action == "drain" and r.outcome == "executed" and st.drained and st.confirmed:
-                st.confirmed_at = r.ts
+            if st.drained and st.confirmed and (r.action == "resume" or r.outcome == "executed"):
+                # Our drain stands in Slurm as of this answer: executed, or a resume that left the
+                # node drained (its validation failed and the adapter drained it again). Slurm's
+                # views before it may show the node in service inside its validation reservation,
+                # which is no operator's doing (_released_by_hand reads only later views).
+                st.confirmed_at = max(st.confirmed_at or 0.0, r.ts)
             if r.request_id not in self._counted:  # results are re-applied every decision: count once
                 self._counted.add(r.request_id)
                 self.metrics.results.labels(r.action, r.outcome).inc()

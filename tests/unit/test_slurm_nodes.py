@@ -210,6 +210,32 @@ def test_a_node_that_fails_its_validation_stays_drained_is_alerted_and_not_asked
     assert rig.metric("fleetwatch_act_validations_total", outcome="failed") == 1
 
 
+def test_slurms_view_during_a_failed_validation_is_not_an_operators_resume() -> None:
+    # The validation RESUMEs the node inside the adapter's own reservation (not maintenance in its
+    # view) and drains it again when the test fails; the view taken meanwhile can reach act after
+    # the failed result (CI saw this: the failed node's slot was freed as "resumed by hand").
+    book = SlurmNodeBook(KEY)
+    rig = Rig(NODES, held_book=book, budget_min_nodes=1, resume_after_s=100.0)
+    rig.now = T0
+    drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 10)
+    rig.now = T0 + 200
+    (resume,) = rig.decide(T0 + 200)
+    rig.now = T0 + 215  # the adapter drained it again, then answered
+    rig.result(resume, "rejected_validation", detail="dcgmi diag -r 1: memory failed on GPU 3")
+    rig.decide(T0 + 216)
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 210))  # during the test
+    rig.decide(T0 + 217)
+    st = rig.task.nodes["gpu-node-05"]
+    assert st.drained and st.confirmed and st.validation
+    assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 0
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 1
+    # an operator who resumes it afterwards is seen in a later view, as always
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 900))
+    rig.decide(T0 + 901)
+    assert not rig.task.nodes["gpu-node-05"].drained
+    assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 1
+
+
 def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it() -> None:
     book = SlurmNodeBook(KEY)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1)
