@@ -27,8 +27,9 @@ fi
 wait "$warm_pid"
 python3 -m pytest -q -n 2 tests/unit
 # The integration tier mostly waits on its services, so it runs as two pytest processes side by
-# side: the files that use the one Slurm cluster (marker `slurm`), one after the other, and the
-# rest. Each has a broker of its own, and a private one that its tests stop and restart
+# side: the files that use the one Slurm cluster (marker `slurm`), one after the other, with a long
+# file that needs no shared service (marker `beside_slurm`: it evens out the two processes' times), and
+# the rest. Each has a broker of its own, and a private one that its tests stop and restart
 # (tests/integration/conftest.py): the tests use the pipeline's own topics, and one process's
 # detect or act would read the other's telemetry, findings and census as its own. Not
 # pytest-xdist's groups: with pytest 9 its --dist loadgroup no longer keeps a group in one process.
@@ -37,18 +38,19 @@ slurm_log="$(mktemp)"
 rest_failures="$(mktemp)" slurm_failures="$(mktemp)"
 trap 'rm -f "$slurm_log" "$rest_failures" "$slurm_failures"' EXIT
 FLEETWATCH_TEST_FAILURE_LOG="$slurm_failures" FLEETWATCH_TEST_KAFKA_PORT=19392 \
-  FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m slurm tests/integration \
+  FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m "slurm or beside_slurm" tests/integration \
   >"$slurm_log" 2>&1 &
 slurm_pid=$!
 rest=0
-FLEETWATCH_TEST_FAILURE_LOG="$rest_failures" python3 -m pytest -q -m "not slurm" tests/integration || rest=$?
+FLEETWATCH_TEST_FAILURE_LOG="$rest_failures" python3 -m pytest -q -m "not slurm and not beside_slurm" tests/integration \
+  || rest=$?
 if ((rest > 5)); then  # not one of pytest's own exit codes: the process died
   echo "--- the integration process died (exit $rest); its failures until then:"
   cat "$rest_failures"
 fi
 slurm=0
 wait "$slurm_pid" || slurm=$?
-echo "--- tests/integration, the files that use Slurm (run beside the above) ---"
+echo "--- tests/integration, the files that use Slurm and those run beside them (beside the above) ---"
 cat "$slurm_log"
 if ((slurm > 5)); then
   echo "--- the Slurm integration process died (exit $slurm); its failures until then:"

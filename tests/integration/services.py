@@ -40,6 +40,9 @@ AM_PORT = int(os.environ.get("FLEETWATCH_TEST_AM_PORT", "19094"))
 # them in a pytest of their own, one after the other, beside the rest of the tier
 # (tests/integration/conftest.py)
 USES_SLURM = pytest.mark.slurm
+# A long file that uses no shared service runs in that pytest too (`pytestmark = BESIDE_SLURM`): it
+# balances the two processes' times, which the slower one decides
+BESIDE_SLURM = pytest.mark.beside_slurm
 SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 5)]
 
 

@@ -19,6 +19,11 @@ from pathlib import Path
 import pytest
 from scipy.stats import fisher_exact
 
+from tests.integration.services import BESIDE_SLURM
+
+# its own private brokers only; ~75 s, run in the Slurm tests' process to balance the two (scripts/test.sh)
+pytestmark = BESIDE_SLURM
+
 REPO = Path(__file__).resolve().parents[2]
 
 
