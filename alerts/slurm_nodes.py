@@ -183,6 +183,10 @@ class NodeStatePublisher:
         """Send what changed (everything at a refresh); the number of records sent. Slurm not
         answering is logged and tried again at the next period."""
         self._next = time.monotonic() + self.every_s
+        # the view's time is taken before Slurm is read: where a validation ends (draining its node
+        # again, and answering with that time) while sinfo runs, the view that still shows the
+        # node in service must be dated before the answer, or act takes it for a resume by hand
+        now = self.clock()
         try:
             states = self.slurm.node_states()
             # the adapter's own validation reservations are fleetwatch's, not people's maintenance
@@ -190,7 +194,6 @@ class NodeStatePublisher:
         except SlurmError as e:
             log.warning("node states not published: %s", e)
             return 0
-        now = self.clock()
         refresh = time.monotonic() >= self._refresh_at
         if refresh:
             self._refresh_at = time.monotonic() + self.refresh_s

@@ -17,7 +17,7 @@ if [[ $# -eq 0 ]]; then
 fi
 bash services/kafka/kafka.sh start
 if [[ $# -eq 0 ]]; then  # the Slurm integration process's own broker (below)
-  KAFKA_PORT=19392 KAFKA_CONTROLLER_PORT=19393 bash services/kafka/kafka.sh start
+  KAFKA_PORT=19992 KAFKA_CONTROLLER_PORT=19993 bash services/kafka/kafka.sh start
 fi
 python3 -m ruff check .
 python3 -m ruff format --check .
@@ -37,7 +37,7 @@ slurm_log="$(mktemp)"
 # each failure as it happens (tests/integration/conftest.py): shown if a process dies before its summary
 rest_failures="$(mktemp)" slurm_failures="$(mktemp)"
 trap 'rm -f "$slurm_log" "$rest_failures" "$slurm_failures"' EXIT
-FLEETWATCH_TEST_FAILURE_LOG="$slurm_failures" FLEETWATCH_TEST_KAFKA_PORT=19392 \
+FLEETWATCH_TEST_FAILURE_LOG="$slurm_failures" FLEETWATCH_TEST_KAFKA_PORT=19992 \
   FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m "slurm or beside_slurm" tests/integration \
   >"$slurm_log" 2>&1 &
 slurm_pid=$!

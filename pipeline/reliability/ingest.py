@@ -11,10 +11,10 @@ silent skew of the figures):
 - `duplicate_end`: a run ended again differently; the first end stands;
 - `end_without_start`: an end for a job with no run seen and no start given; not counted;
 - `never_started`: an end with no nodes (cancelled while pending); not a run;
-- `clock_ahead`: a job, step or finding time ahead of the broker's time by more than
+- `clock_ahead`: a job or step time ahead of the broker's time by more than
   `max_ahead_s`: the broker's time is used instead (a job's `start_ts` is counted but kept: it
   names the run, which the job's other records, taken at other times, must name the same);
-- `clock_behind`: a job, step or finding time more than `max_behind_s` before the broker took
+- `clock_behind`: a job or step time more than `max_behind_s` before the broker took
   it: a clock far behind, or records published late (a publisher that was down, a backfill). Its
   own time is kept: it may be the true one;
 - `steps_of_unknown_job`: progress of a job no run was seen for, dropped after `pending_s`;
@@ -86,7 +86,8 @@ class Ingest:
         start = m.get("start_ts")
         if start is not None:
             start = float(start)
-            if broker_ts is not None and clock_skew(start, broker_ts, self.cfg) == "clock_ahead":
+            # (where it is the record's own time, _time counted it: slurm-jobs' `started` records)
+            if start != float(m["ts"]) and clock_skew(start, broker_ts, self.cfg) == "clock_ahead":
                 self.store.count_quality(
                     db,
                     "clock_ahead",

@@ -6,9 +6,11 @@ then each name the dashboards' queries and the rules select must be in Prometheu
 /api/v1/label/__name__/values, each panel query must run, and each template variable must
 resolve.
 
-Isolation on the shared broker: the workers run in consumer groups of their own whose offsets are
-committed at the current end of their input topics before anything is produced, so they read
-only what this test produces, not the topics' history (and need no --start-at flag).
+Isolation: the broker is this test process's own (scripts/test.sh gives the other process
+another: a detect or act of its tests would otherwise read this test's records, and this one
+theirs). On it, the workers run in consumer groups of their own whose offsets are committed at the
+current end of their input topics before anything is produced, so they read only what the tests
+of this process produce from then on, not the topics' history (and need no --start-at flag).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from fleetwatch.pipeline.job_table import JobTable
 from fleetwatch.pipeline.node_stage import NodeTask
 from tests.helpers.messages import gpu
 from tests.helpers.paths import REPO
+from tests.integration.act_rig import free_port
 from tests.integration.services import SLURM_SH, USES_SLURM, Jobs, PrivateBroker, Slurm, TopicTail, send
 
 pytestmark = USES_SLURM
@@ -261,7 +262,7 @@ def test_an_answer_that_does_not_parse_is_logged_counted_and_the_loop_goes_on(jo
         f'fi\nexec {real} "$@"\n'
     )
     (fake_bin / "squeue").chmod(0o755)
-    port = 19400 + os.getpid() % 500
+    port = free_port()
     env = {**jobs.env, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
     jobs.start("--metrics-port", str(port), env=env)
     deadline = time.monotonic() + 30

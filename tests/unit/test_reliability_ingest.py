@@ -140,6 +140,10 @@ def test_a_start_time_ahead_of_the_broker_is_counted_and_kept_as_the_runs_name(s
     # one run (both records name it by the same start), ended at its own end
     assert runs(store) == [("j", start, start + 60, "COMPLETED", 1, 8, None)]
     assert quality(store) == {"clock_ahead": 1}
+    # slurm-jobs' own `started` record stamps its time with the start: one skew, counted once
+    feed(store, job("k", ["n1"], "started", start, start_ts=start), broker_ts=T0)
+    feed(store, job("k", ["n1"], "finished", start + 60, start_ts=start), broker_ts=start + 60)
+    assert quality(store) == {"clock_ahead": 2}
 
 
 def test_a_run_open_longer_than_any_job_may_run_is_a_quality_line(store):

@@ -117,14 +117,18 @@ def _report_on_a_terminal(db, tmp_path, *argv: str) -> tuple[bytes, bytes]:
     """`fleetwatch report` with its stderr on a pseudo-terminal, as an SRE runs it: (what the
     terminal showed, stdout)."""
     main_fd, term_fd = os.openpty()
+    out_path = tmp_path / "stdout"
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetwatch.cli", "report", "--db", str(db), *argv],
-            stdout=subprocess.PIPE,
-            stderr=term_fd,
-            cwd=REPO,
-            env={**os.environ, "TERM": "xterm", "COLUMNS": "100"},
-        )
+        # stdout to a file, not a pipe: the terminal is read to its end first, and a full pipe
+        # would stop the report before it closed the terminal
+        with out_path.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fleetwatch.cli", "report", "--db", str(db), *argv],
+                stdout=out,
+                stderr=term_fd,
+                cwd=REPO,
+                env={**os.environ, "TERM": "xterm", "COLUMNS": "100"},
+            )
         os.close(term_fd)
         shown = b""
         while True:
@@ -135,11 +139,10 @@ def _report_on_a_terminal(db, tmp_path, *argv: str) -> tuple[bytes, bytes]:
             if not chunk:
                 break
             shown += chunk
-        stdout = proc.stdout.read() if proc.stdout else b""
         assert proc.wait(60) == 0, shown[-2000:]
     finally:
         os.close(main_fd)
-    return shown, stdout
+    return shown, out_path.read_bytes()
 
 
 def test_a_long_range_shows_a_progress_bar_on_the_terminal_and_nothing_in_the_output(db, tmp_path):

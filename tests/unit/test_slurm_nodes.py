@@ -193,6 +193,25 @@ def test_the_publisher_sends_what_changed_and_everything_at_a_refresh() -> None:
     assert last["features"] == ["f" * 128]
 
 
+def test_a_view_is_dated_before_slurm_is_read() -> None:
+    # a validation can end (and drain its node again, answering with its own time) while sinfo
+    # runs: the view that shows the node in service must be dated before that answer
+    clock = [T0]
+
+    class SlowSlurm(FakeSlurm):
+        def node_states(self) -> list[tuple[NodeInfo, tuple[str, ...]]]:
+            clock[0] += 5.0  # sinfo takes 5 s
+            return super().node_states()
+
+    producer = Producer()
+    topic = "scheduler.nodes.v1"
+    pub = NodeStatePublisher(
+        SlowSlurm(), producer, KEY, topic, every_s=0.0, refresh_s=3600.0, clock=lambda: clock[0]
+    )  # type: ignore[arg-type]
+    assert pub.publish() == 2
+    assert {m["ts"] for m in producer.sent} == {T0}
+
+
 def test_a_node_that_fails_its_validation_stays_drained_is_alerted_and_not_asked_again() -> None:
     rig = Rig(NODES, budget_min_nodes=1, resume_after_s=100.0)
     drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 10)
