@@ -62,16 +62,17 @@ class Ingest:
         self.store = store
         self.cfg = cfg or IngestConfig()
 
+    def count_skew(self, db: sqlite3.Connection, skew: str, what: str, ts: float, broker_ts: float) -> None:
+        """Count a clock_skew line for the time `ts` of `what` (a job's, a step's)."""
+        sign = ">" if skew == "clock_ahead" else "<"
+        self.store.count_quality(db, skew, broker_ts, f"{what}: ts {ts:.0f} {sign} broker {broker_ts:.0f}")
+
     def _time(self, db: sqlite3.Connection, what: str, ts: float, broker_ts: float | None, who: str) -> float:
         """`ts` as the history takes it: bounded by the broker's time, and counted where skewed."""
         skew = clock_skew(ts, broker_ts, self.cfg)
-        if skew is None:
+        if skew is None or broker_ts is None:
             return ts
-        assert broker_ts is not None
-        sign = ">" if skew == "clock_ahead" else "<"
-        self.store.count_quality(
-            db, skew, broker_ts, f"{what} {who}: ts {ts:.0f} {sign} broker {broker_ts:.0f}"
-        )
+        self.count_skew(db, skew, f"{what} {who}", ts, broker_ts)
         return broker_ts if skew == "clock_ahead" else ts
 
     # ------------------------------------------------------------------ job/1
@@ -87,13 +88,12 @@ class Ingest:
         if start is not None:
             start = float(start)
             # (where it is the record's own time, _time counted it: slurm-jobs' `started` records)
-            if start != float(m["ts"]) and clock_skew(start, broker_ts, self.cfg) == "clock_ahead":
-                self.store.count_quality(
-                    db,
-                    "clock_ahead",
-                    broker_ts,
-                    f"job {job}: start_ts {start:.0f} > broker {broker_ts:.0f} (kept)",
-                )
+            if (
+                start != float(m["ts"])
+                and broker_ts is not None
+                and clock_skew(start, broker_ts, self.cfg) == "clock_ahead"
+            ):
+                self.count_skew(db, "clock_ahead", f"job {job} start_ts (kept)", start, broker_ts)
         if state in ENDED:
             self._end(db, m, job, nodes, ts, start)
             return

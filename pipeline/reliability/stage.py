@@ -123,12 +123,7 @@ class Accounting:
             m = schemas.decode(r.value, schemas.STEP, key=r.key)
             skew = _add_step(progress, m, broker_ts, self.ingest.cfg)
             if skew is not None and broker_ts is not None:
-                self.store.count_quality(
-                    db,
-                    skew,
-                    broker_ts,
-                    f"step of {m['job']} rank {m['rank']}: ts {m['ts']:.0f}, broker {broker_ts:.0f}",
-                )
+                self.ingest.count_skew(db, skew, f"step of {m['job']} rank {m['rank']}", m["ts"], broker_ts)
         elif r.topic == self.t.findings:
             m = schemas.decode(r.value, schemas.FINDING, key=r.key)
             why = finding_sig.signature_error(m, self.census_key)
