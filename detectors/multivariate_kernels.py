@@ -124,11 +124,14 @@ def tail_p(hist_row: np.ndarray, suffix_row: np.ndarray, model_row: np.ndarray, 
     so it only resolves what the finite history cannot (p below 1 / (W + 1)) and can flag no more
     of a history like the past than the conformal p would, give or take one point. For a metric's
     statistics, whose tails may be heavier than exponential (|z| of a spiky metric). Without it
-    (the group rows: -ln of a p-value, a sum of them, a bounded distance, whose tails are at most
-    exponential), the fitted tail is the model above u: the floor let every past anomaly in the
-    history raise the bar for the next one until it decayed (p never below what past anomalies
-    had reached), while the median excess that sets the scale holds while less than half the
-    tail is such values."""
+    (the group rows: -ln of a p-value, Exp(1) on healthy data; a sum of a few, Gamma; a bounded
+    distance: tails that an exponential fitted at u matches or overstates further out), the fitted
+    tail is the model above u: the floor let every past anomaly in the history raise the bar for
+    the next one until it decayed (p never below what past anomalies had reached), while the
+    median excess that sets the scale holds while less than half the tail is such values. Where
+    the metrics' own p-values are too small (a heavy-tailed metric beyond its history), the
+    combination's tail is heavier than that and it flags more than nominal: bounded in
+    tests/unit/test_multivariate.py."""
     total = suffix_row[0]
     if not (d >= 0.0 and total >= min_weight):
         return np.nan
