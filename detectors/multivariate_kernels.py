@@ -129,7 +129,8 @@ def tail_p(hist_row: np.ndarray, suffix_row: np.ndarray, model_row: np.ndarray, 
     tail is the model above u: the floor let every past anomaly in the history raise the bar for
     the next one until it decayed (p never below what past anomalies had reached), while the
     median excess that sets the scale holds while less than half the tail is such values. Where
-    the metrics' own p-values are too small (a heavy-tailed metric beyond its history), the
+    the metrics' own p-values are too small (a heavy-tailed metric beyond its history), or the
+    healthy tail is a mixture (a load switching levels moves every metric at once), the
     combination's tail is heavier than that and it flags more than nominal: bounded in
     tests/unit/test_multivariate.py."""
     total = suffix_row[0]
