@@ -27,9 +27,7 @@ Per sample, in the group's order (state carried across batches):
    small p, led by the smallest, so one strong metric speaks); several metrics at once (the
    truncated product of the metrics' p below TPM_TAU, calibrated); the levels' joint Mahalanobis
    distance (calibrated). Their Cauchy combination's -ln p, calibrated again per pool in the same
-   way, is the output p. These three group rows' tails are the fitted exponential beyond their
-   top `q_tail`, not floored by the history's own extremes as a metric's are (tail_p's
-   seen_floor): past anomalies in the history no longer set the bar for the next one.
+   way, is the output p.
 
 Every statistic is scored against the histograms as they were before the batch, then all are
 added (one decay per present row): a batch never sees its own samples (no look-ahead). A
@@ -114,25 +112,14 @@ def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_
 
 @njit(cache=True, inline="always")
 def tail_p(hist_row: np.ndarray, suffix_row: np.ndarray, model_row: np.ndarray, d: float, lo: float,
-           width: float, min_weight: float, seen_floor: bool) -> float:  # fmt: skip
+           width: float, min_weight: float) -> float:  # fmt: skip
     """The p-value of deviation d >= 0 against one calibration row; NaN with too little history.
 
     Below the tail threshold u: the conformal tail (W(D >= d) + 1) / (W + 1), as TailCalibrator.
-    Above it: the fitted tail p_u exp(-(d - u) / scale), never above the conformal value.
-
-    `seen_floor`: and never below the weight actually seen at or above d (W(D >= d) / (W + 1)),
-    so it only resolves what the finite history cannot (p below 1 / (W + 1)) and can flag no more
-    of a history like the past than the conformal p would, give or take one point. For a metric's
-    statistics, whose tails may be heavier than exponential (|z| of a spiky metric). Without it
-    (the group rows: -ln of a p-value, Exp(1) on healthy data; a sum of a few, Gamma; a bounded
-    distance: tails that an exponential fitted at u matches or overstates further out), the fitted
-    tail is the model above u: the floor let every past anomaly in the history raise the bar for
-    the next one until it decayed (p never below what past anomalies had reached), while the
-    median excess that sets the scale holds while less than half the tail is such values. Where
-    the metrics' own p-values are too small (a heavy-tailed metric beyond its history), or the
-    healthy tail is a mixture (a load switching levels moves every metric at once), the
-    combination's tail is heavier than that and it flags more than nominal: bounded in
-    tests/unit/test_multivariate.py."""
+    Above it: the fitted tail p_u exp(-(d - u) / scale), never below the weight actually
+    seen at or above d (W(D >= d) / (W + 1)) and never above the conformal value, so it only
+    resolves what the finite history cannot (p below 1 / (W + 1)) and can flag no more of a
+    history like the past than the conformal p would, give or take one point."""
     total = suffix_row[0]
     if not (d >= 0.0 and total >= min_weight):
         return np.nan
@@ -144,7 +131,8 @@ def tail_p(hist_row: np.ndarray, suffix_row: np.ndarray, model_row: np.ndarray, 
     excess = model_row[2]
     if excess > 0.0 and d > model_row[0]:
         p_ext = (model_row[1] + 1.0) / (total + 1.0) * math.exp(-(d - model_row[0]) / excess)
-        p = min(p, max(p_ext, tail / (total + 1.0)) if seen_floor else p_ext)
+        p_seen = tail / (total + 1.0)
+        p = min(p, max(p_ext, p_seen))
     return p
 
 
@@ -318,7 +306,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 if math.isnan(dv):
                     continue
                 r = (q * m + i) * s_n + s
-                p = tail_p(flat[r], suffix[r], model[r], dv, lo, width, min_weight, True)
+                p = tail_p(flat[r], suffix[r], model[r], dv, lo, width, min_weight)
                 col, _u = _column(dv, lo, width, bins)
                 counts[r, col] += 1.0
                 out_stat_p[j, i, s] = p
@@ -340,7 +328,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             terms = cauchy_term(cauchy_p(t / n_p))
             weight = 1.0
             rt = 3 * q + 1
-            pt = tail_p(grp[rt], grp_suffix[rt], grp_model[rt], tpm, lo, width, min_weight, False)
+            pt = tail_p(grp[rt], grp_suffix[rt], grp_model[rt], tpm, lo, width, min_weight)
             col, _u = _column(tpm, lo, width, bins)
             grp_counts[rt, col] += 1.0
             if not math.isnan(pt):
@@ -348,7 +336,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 weight += 1.0
             if not math.isnan(joint):
                 rj = 3 * q
-                pj = tail_p(grp[rj], grp_suffix[rj], grp_model[rj], joint, lo, width, min_weight, False)
+                pj = tail_p(grp[rj], grp_suffix[rj], grp_model[rj], joint, lo, width, min_weight)
                 col, _u = _column(joint, lo, width, bins)
                 grp_counts[rj, col] += 1.0
                 out_joint_p[j] = pj
@@ -357,7 +345,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                     weight += 1.0
             dc = -math.log(max(cauchy_p(terms / weight), 1e-300))
             rc = 3 * q + 2
-            out_p[j] = tail_p(grp[rc], grp_suffix[rc], grp_model[rc], dc, lo, width, min_weight, False)
+            out_p[j] = tail_p(grp[rc], grp_suffix[rc], grp_model[rc], dc, lo, width, min_weight)
             col, _u = _column(dc, lo, width, bins)
             grp_counts[rc, col] += 1.0
         if sequential:  # the next sample sees this one in its calibration: a stream's exact order

@@ -150,42 +150,20 @@ def test_tail_beyond_the_history_is_extrapolated_not_capped() -> None:
     np.add.at(hist[0], cols, 1.0)
     suffix, model = np.zeros((1, bins + 3)), np.zeros((1, 3))
     tail_model(hist, suffix, lo, width, 0.02, 10.0, model)
-    ps = [tail_p(hist[0], suffix[0], model[0], v, lo, width, 30.0, True) for v in (0.5, 2.0, 3.0, 5.0, 8.0)]
+    ps = [tail_p(hist[0], suffix[0], model[0], v, lo, width, 30.0) for v in (0.5, 2.0, 3.0, 5.0, 8.0)]
     assert all(a >= b for a, b in itertools.pairwise(ps))  # monotone
     assert ps[0] == pytest.approx(math.erfc(0.5 / math.sqrt(2)), abs=0.02)  # inside: the empirical tail
     assert ps[4] < 0.1 / 20_001 and ps[1] > 1 / 20_001  # beyond the history: below what a cap says
     assert ps[4] >= math.erfc(8.0 / math.sqrt(2))  # exponential tail: never below the normal's
 
 
-def test_a_group_rows_tail_is_the_fitted_one_whatever_past_anomalies_reached() -> None:
-    """A combination's -ln p is Exp(1) on healthy data; a history that also holds 0.5 % of past
-    anomalies far out (a quarter of its top 2 %): with the seen floor a new one can score no better
-    than 0.5 %, without it the fitted tail (its scale the median excess, which those do not
-    move while they are less than half the tail) says how rare it is."""
-    rng = np.random.default_rng(5)
-    d = np.concatenate([rng.exponential(1.0, 19_900), np.full(100, 30.0)])
-    bins, lo, hi = 56, -5.0, 9.0
-    width = (hi - lo) / bins
-    hist = np.zeros((1, bins + 2))
-    cols = np.clip(np.floor((np.log(np.maximum(d, 1e-300)) - lo) / width), -1, bins).astype(int) + 1
-    np.add.at(hist[0], cols, 1.0)
-    suffix, model = np.zeros((1, bins + 3)), np.zeros((1, 3))
-    tail_model(hist, suffix, lo, width, 0.02, 10.0, model)
-    floored = tail_p(hist[0], suffix[0], model[0], 20.0, lo, width, 30.0, True)
-    fitted = tail_p(hist[0], suffix[0], model[0], 20.0, lo, width, 30.0, False)
-    assert floored >= 100 / 20_001  # as rare as the past anomalies at most
-    assert fitted < 1e-6  # e^-20 of healthy data, give or take the histogram's resolution
-    assert fitted >= math.exp(-20.0) / 10
-    # inside the bulk the two agree: the fit only speaks beyond the row's top 2 %
-    inside = [tail_p(hist[0], suffix[0], model[0], 2.0, lo, width, 30.0, f) for f in (True, False)]
-    assert inside[0] == inside[1] == pytest.approx(math.exp(-2.0), rel=0.1)
-
-
 @pytest.mark.parametrize("shape", ["heavy_tailed", "switching"])
-def test_harder_healthy_data_is_flagged_at_most_a_few_times_the_nominal_rate(shape: str) -> None:
-    """Noise with Student-t (3) tails, or a load switching between two levels every 50 samples:
-    the combination's fitted tail is lighter than theirs, which is what this bounds (measured over
-    eight seeds of 20,000 samples: 0.125 % and 0.150 % mean, nominal 0.1 %)."""
+def test_harder_healthy_data_is_flagged_at_about_the_nominal_rate(shape: str) -> None:
+    """Noise with Student-t (3) tails (a metric's statistics beyond their history extrapolate an
+    exponential, lighter than that), or a load switching between two levels every 50 samples (a
+    mixture: every switch moves all metrics at once): the output's own calibration, floored by
+    what its history holds, keeps them near nominal (eight seeds of 20,000 samples: 0.076 % and
+    0.069 % mean, at most 0.095 %; with that floor off, 0.125 % and 0.150 %)."""
     rng = np.random.default_rng(2)
     x = healthy(16_000, rng)
     if shape == "heavy_tailed":
@@ -197,7 +175,8 @@ def test_harder_healthy_data_is_flagged_at_most_a_few_times_the_nominal_rate(sha
     rows = sc.add_groups(np.zeros(1, dtype=np.int64))
     p, _ = stream(sc, rows, x)
     rate = float(np.mean(p[6000:] <= 0.001))
-    assert rate <= 0.003, rate
+    assert rate <= 0.002, rate
+    assert float(np.mean(p[6000:] <= 0.05)) == pytest.approx(0.05, abs=0.03)  # and not dead either
 
 
 def test_cauchy_combination_is_led_by_the_smallest_p() -> None:
