@@ -115,12 +115,12 @@ class ActMetrics:
         )
         self.slurm_nodes_refused = Counter(
             "fleetwatch_act_slurm_nodes_refused_total",
-            "slurm_node/1 records refused: malformed, bad_signature",
+            "slurm_node/1 records refused: malformed, bad_signature, clock_skew",
             ["reason"],
             registry=r,
         )
         # Series of known labels from the start, at 0: the panels' increase() sees a first refusal
-        for why in ("malformed", "bad_signature"):
+        for why in ("malformed", "bad_signature", "clock_skew"):
             self.control_refused.labels(why)
             self.slurm_nodes_refused.labels(why)
         for why in (

@@ -15,8 +15,9 @@ and publishes what it sees:
 The publisher (in `slurm-drainer`) sends a node's record when it changes and every node's every
 `refresh_s`; act's book ignores a record older than `max_age_s` (a dead adapter's last word does
 not hold nodes out forever: act then acts as if it had no word from Slurm, which is what it had
-before this existed). Records are signed with the drain key: whoever could write the topic could
-otherwise shield a broken node from every drain by calling it "in maintenance".
+before this existed), and refuses one dated more than MAX_AHEAD_S ahead of its own clock.
+Records are signed with the drain key: whoever could write the topic could otherwise shield a
+broken node from every drain by calling it "in maintenance".
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import hostlist
 
 from fleetwatch import schemas, signing
+from fleetwatch.alerts.drain_pause import MAX_AHEAD_S
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
 from fleetwatch.alerts.validation import RESERVATION_PREFIX
 
@@ -107,8 +109,10 @@ class SlurmNodeBook:
         opt_out_feature: str = "",
         max_age_s: float = DEFAULT_MAX_AGE_S,
         on_refused: Callable[[str], None] = lambda _why: None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._key = key
+        self._clock = clock
         self.opt_out = OptOut(opt_out)
         self.opt_out_feature = opt_out_feature
         self.max_age_s = max_age_s
@@ -116,12 +120,21 @@ class SlurmNodeBook:
         self._lock = threading.Lock()
         self._latest: dict[str, dict[str, Any]] = {}
 
-    def apply(self, key: bytes | None, value: bytes | None) -> None:
+    def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
+        """One record of the topic (a follower's callback), read at wall time `now`."""
         if value is None:
             return  # unsigned: a tombstone cannot end a hold (records age out instead)
         msg, why, detail = signing.decode_verified(value, SLURM_NODE, key, self._key)
         if msg is None:
             self._refuse(why, detail)
+            return
+        now = self._clock() if now is None else now
+        if msg["ts"] > now + MAX_AHEAD_S:
+            # An adapter whose clock jumped ahead: its record would outrank every later one (the
+            # latest ts wins) and stay young past max_age_s, pinning the node held, or in service
+            # where it is not (a view newer than our drain, in service: a resume by hand that frees
+            # a budget slot of a node still drained). As control/1's records are refused.
+            self._refuse("clock_skew", f"{msg['node']}: ts {msg['ts'] - now:.0f} s ahead of this clock")
             return
         with self._lock:
             old = self._latest.get(msg["node"])

@@ -23,6 +23,11 @@ from tests.helpers.messages import JSONISH
 NODES = {f"gpu-node-{i:02d}" for i in range(1, 51)}
 
 
+def read_at() -> float:
+    """act's wall clock where a test does not say: after every record here (T0 is in 2027)."""
+    return T0 + 1e6
+
+
 def record(
     node: str, state: str = "idle", reason: str = "", maint: bool = False, ts: float = T0, **kw: Any
 ) -> bytes:
@@ -65,7 +70,7 @@ def test_what_slurm_shows_says_whether_people_hold_the_node(
 
 def test_only_signed_fresh_records_hold_a_node_and_a_replayed_older_one_changes_nothing() -> None:
     refused: list[str] = []
-    book = SlurmNodeBook(KEY, on_refused=refused.append, max_age_s=900.0)
+    book = SlurmNodeBook(KEY, clock=read_at, on_refused=refused.append, max_age_s=900.0)
     book.apply(b"gpu-node-01", record("gpu-node-01", maint=True, key=b"not-the-drain-key-0123456789"))
     book.apply(b"gpu-node-01", record("gpu-node-01", maint=True, ours="no"))  # a wrong type
     book.apply(b"gpu-node-02", record("gpu-node-01", maint=True))  # key names another node
@@ -86,7 +91,7 @@ def test_only_signed_fresh_records_hold_a_node_and_a_replayed_older_one_changes_
 
 
 def test_opt_out_by_name_and_by_host_list() -> None:
-    book = SlurmNodeBook(KEY, opt_out=("gpu-node-[01-03,07]", "login-1"))
+    book = SlurmNodeBook(KEY, clock=read_at, opt_out=("gpu-node-[01-03,07]", "login-1"))
     assert {n for n in NODES | {"login-1"} if book.held(n, T0)} == {
         "gpu-node-01",
         "gpu-node-02",
@@ -97,7 +102,7 @@ def test_opt_out_by_name_and_by_host_list() -> None:
 
 
 def test_a_held_node_is_never_drained_nor_paged_for_silence_nor_counted_in_the_fleet() -> None:
-    book = SlurmNodeBook(KEY)
+    book = SlurmNodeBook(KEY, clock=read_at)
     rig = Rig(NODES, held_book=book, drain_budget=0.1)  # 50 nodes: 5 may drain ...
     for i in range(1, 11):  # ... but 10 are in a maintenance reservation
         book.apply(f"gpu-node-{i:02d}".encode(), record(f"gpu-node-{i:02d}", maint=True))
@@ -118,7 +123,7 @@ def test_a_held_node_is_never_drained_nor_paged_for_silence_nor_counted_in_the_f
 
 
 def test_held_nodes_make_no_storm() -> None:
-    book = SlurmNodeBook(KEY)
+    book = SlurmNodeBook(KEY, clock=read_at)
     rig = Rig(NODES, held_book=book, budget_min_nodes=10)
     for i in range(1, 9):  # a firmware update in a maintenance window: XIDs on 8 nodes at once
         book.apply(f"gpu-node-{i:02d}".encode(), record(f"gpu-node-{i:02d}", maint=True))
@@ -129,7 +134,7 @@ def test_held_nodes_make_no_storm() -> None:
 
 
 def test_a_node_we_drained_that_people_took_over_is_not_resumed() -> None:
-    book = SlurmNodeBook(KEY)
+    book = SlurmNodeBook(KEY, clock=read_at)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1, resume_after_s=100.0)
     drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 10)
     book.apply(b"gpu-node-05", record("gpu-node-05", "down", "swapping the GPU board (bob)", ts=T0 + 200))
@@ -233,7 +238,7 @@ def test_slurms_view_during_a_failed_validation_is_not_an_operators_resume() -> 
     # The validation RESUMEs the node inside the adapter's own reservation (not maintenance in its
     # view) and drains it again when the test fails; the view taken meanwhile can reach act after
     # the failed result (CI saw this: the failed node's slot was freed as "resumed by hand").
-    book = SlurmNodeBook(KEY)
+    book = SlurmNodeBook(KEY, clock=read_at)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1, resume_after_s=100.0)
     rig.now = T0
     drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 10)
@@ -256,7 +261,7 @@ def test_slurms_view_during_a_failed_validation_is_not_an_operators_resume() -> 
 
 
 def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it() -> None:
-    book = SlurmNodeBook(KEY)
+    book = SlurmNodeBook(KEY, clock=read_at)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1)
     (drain,) = rig.feed(finding("gpu-node-05", ts=T0))
     rig.now = T0 + 40  # the adapter executes the drain late (it was restarting)
@@ -286,6 +291,32 @@ def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it()
     assert again["action"] == "drain"
 
 
+def test_a_view_from_an_adapter_clock_ahead_is_refused_and_frees_no_budget_slot() -> None:
+    # The adapter's clock ran a day ahead when it published the node in service; its clock is
+    # right again when it executes our drain. Taken, that view would outrank every later one (the
+    # latest ts wins), stay young for a day, and read as a resume by hand after our drain: the
+    # slot of a node still drained freed, so the budget lets one more node go.
+    refused: list[str] = []
+    book = SlurmNodeBook(KEY, on_refused=refused.append, clock=lambda: T0)
+    rig = Rig(NODES, held_book=book, budget_min_nodes=1)
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 86_400))
+    book.apply(b"gpu-node-06", record("gpu-node-06", "idle", ts=T0 + 59))  # within 60 s: taken
+    assert refused == ["clock_skew"] and book.latest("gpu-node-05") is None
+    assert book.latest("gpu-node-06") is not None
+    (drain,) = rig.feed(finding("gpu-node-05", ts=T0))
+    rig.now = T0 + 40
+    rig.result(drain, "executed")
+    rig.decide(T0 + 41)
+    rig.decide(T0 + 600)
+    assert rig.task.nodes["gpu-node-05"].drained
+    assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 0
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 1
+    # the adapter's next views, on its right clock, are taken as always
+    view = record("gpu-node-05", "drained", "fleetwatch: XID 79", ts=T0 + 60)
+    book.apply(b"gpu-node-05", view, now=T0 + 61)
+    assert book.latest("gpu-node-05")["state"] == "drained"
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     key=st.none() | st.binary(max_size=20) | st.just(b"gpu-node-01"),
@@ -299,7 +330,7 @@ def test_no_slurm_node_record_raises_and_only_a_signed_one_holds_a_node(
     key: bytes | None, raw: bytes, field: str, value: Any
 ) -> None:
     refused: list[str] = []
-    book = SlurmNodeBook(KEY, on_refused=refused.append)
+    book = SlurmNodeBook(KEY, clock=read_at, on_refused=refused.append)
     book.apply(key, raw)
     msg = schemas.decode(record("gpu-node-01", maint=True))
     assume(field not in msg or type(msg[field]) is not type(value) or msg[field] != value)
@@ -319,7 +350,7 @@ def test_the_adapters_own_validation_reservation_is_no_maintenance_and_a_validat
     rec = next(m for m in producer.sent if m["node"] == "gpu-node-01")
     assert rec["maintenance"] is False and held_by(rec) is None
     # and act: a node resuming (being validated) counts against the budget whoever holds it
-    book = SlurmNodeBook(KEY)
+    book = SlurmNodeBook(KEY, clock=read_at)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1, resume_after_s=10.0)
     drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 1)
     ((_, resume),) = [(m["node"], m["action"]) for m in rig.decide(T0 + 100)]
