@@ -54,6 +54,7 @@ from fleetwatch.alerts.slurm_nodes import HELD_REASONS
 from fleetwatch.census import Census
 from fleetwatch.detectors import findings
 from fleetwatch.pipeline.tasks import Output, Refused
+from fleetwatch.refusal_log import RefusalLog
 from fleetwatch.schemas import MessageError
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,6 @@ UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a dra
 RELEASE_GRACE_S = 120.0
 # a resume's answer comes once the node's validation ended: a level-3 dcgmi run takes ~15 minutes
 RESUME_TIMEOUT_S = 3600.0
-LOG_EVERY = 1000  # a refused finding is logged the first time for its reason and every 1000th after
 
 
 def _done_at_once(st: NodeState, action: str) -> None:
@@ -184,7 +184,7 @@ class Actor:
         self._finding_key = finding_key
         # `fleetwatch act` passes the global registry's (act_metrics.exported()); none: counted, not exported
         self.metrics = metrics or ActMetrics()
-        self._refused_findings: dict[str, int] = {}
+        self._refused_findings = RefusalLog(log)  # a flood of forgeries must not flood the log
         self._waiting: set[int] = set()  # partitions of the current poll not yet processed
         self.global_book = AlertBook()  # the storm alert: derived from node onsets, not snapshotted
         self.last: Evaluation | None = None
@@ -223,15 +223,9 @@ class Actor:
             return None
         why = findings.signature_error(f, self._finding_key)
         if why is not None:
-            n = self._refused_findings[why[0]] = self._refused_findings.get(why[0], 0) + 1
-            if n == 1 or n % LOG_EVERY == 0:  # a flood of forgeries must not flood the log
-                log.warning(
-                    "finding %r for %r refused (%s); %d so far for this reason",
-                    str(f.get("id"))[:64],
-                    str(f.get("node"))[:128],
-                    why[0],
-                    n,
-                )
+            self._refused_findings(
+                why[0], f"finding {str(f.get('id'))[:64]!r} for {str(f.get('node'))[:128]!r} refused"
+            )
         return why
 
     def observe(self, task: ActTask, f: dict[str, Any]) -> None:

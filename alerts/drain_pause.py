@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetwatch import schemas, signing
+from fleetwatch.refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class PauseBook:
         self._key = key
         self._on_refused = on_refused
         self._lock = threading.Lock()
+        self._refusals = RefusalLog(log)  # a flood of them must not flood the log
         self._latest: dict[str, Any] | None = None
         self._ready = threading.Event()
         self._read = read or self._ready.is_set
@@ -163,7 +165,7 @@ class PauseBook:
         log.warning("drains %s by %s: %s", what, msg["by"], msg["reason"])
 
     def _refuse(self, why: str, detail: str) -> None:
-        log.warning("control record refused (%s): %s", why, detail[:200])
+        self._refusals(why, f"control record refused: {detail[:200]}")
         self._on_refused(why)
 
     def latest_issued_at(self) -> float:

@@ -35,6 +35,7 @@ from fleetwatch import schemas, signing
 from fleetwatch.alerts.drain_pause import MAX_AHEAD_S
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
 from fleetwatch.alerts.validation import RESERVATION_PREFIX
+from fleetwatch.refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class SlurmNodeBook:
     ) -> None:
         self._key = key
         self._clock = clock
+        self._refusals = RefusalLog(log)  # a flood of them must not flood the log
         self.opt_out = OptOut(opt_out)
         self.opt_out_feature = opt_out_feature
         self.max_age_s = max_age_s
@@ -142,7 +144,7 @@ class SlurmNodeBook:
                 self._latest[msg["node"]] = msg
 
     def _refuse(self, why: str, detail: str) -> None:
-        log.warning("slurm_node record refused (%s): %s", why, detail[:200])
+        self._refusals(why, f"slurm_node record refused: {detail[:200]}")
         self._on_refused(why)
 
     def latest(self, node: str) -> dict[str, Any] | None:

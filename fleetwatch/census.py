@@ -62,6 +62,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetwatch import schemas, signing
 from fleetwatch.config import knob
+from fleetwatch.refusal_log import RefusalLog
 from fleetwatch.signing import SigningKeyError
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,6 @@ log = logging.getLogger(__name__)
 NODE = schemas.NODE  # checked by the core decoder, fleetwatch/schemas.py
 validate_node = schemas.validate_node
 KEY_ENV = "FLEETWATCH_CENSUS_KEY"
-LOG_EVERY = 1000  # a refused record is logged the first time for its reason and every 1000th after
 GONE_MEMORY = 100_000  # nodes forgotten by a verified gone, remembered to refuse replays of older records
 
 REFUSE_REASONS = ("unsigned", "bad_signature", "malformed", "stale", "unsigned_tombstone")
@@ -196,7 +196,7 @@ class Census:
         # that reading the whole topic after a restart is no burst
         self._recent: dict[str, float] = {}
         self._recent_kept = 0  # its size after the last pruning
-        self._refused: dict[str, int] = {}
+        self._refusals = RefusalLog(log)  # a flood of them must not flood the log
 
     # ------------------------------------------------------------ input (the follower's thread)
 
@@ -268,15 +268,9 @@ class Census:
 
     def _refuse(self, reason: str, node: str, detail: str = "") -> None:
         self.metrics.refused.labels(reason).inc()
-        n = self._refused[reason] = self._refused.get(reason, 0) + 1
-        if n == 1 or n % LOG_EVERY == 0:
-            log.warning(
-                "census record for %r not applied (%s%s); %d so far for this reason",
-                node[:128],
-                reason,
-                f": {detail}" if detail else "",
-                n,
-            )
+        self._refusals(
+            reason, f"census record for {node[:128]!r} not applied" + (f": {detail}" if detail else "")
+        )
 
     # ------------------------------------------------------------ what act reads
 
@@ -299,8 +293,7 @@ class Census:
 
     def refused(self) -> dict[str, int]:
         """Records not applied so far, by reason."""
-        with self._lock:
-            return dict(self._refused)
+        return self._refusals.counts()
 
     def new_nodes(self, now: float) -> int:
         """Nodes whose current run of reporting began within the burst window before `now`."""
