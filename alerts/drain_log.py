@@ -32,6 +32,7 @@ from fleetwatch import schemas
 from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.act_metrics import ActMetrics
 from fleetwatch.bus import Bus, TopicPart
+from fleetwatch.refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class ResultBook:
         # what it ignores is counted in fleetwatch_act_drain_results_ignored_total (act's registry)
         self._ignored = (metrics or ActMetrics()).results_ignored
         self._lock = threading.Lock()
+        self._refusals = RefusalLog(log)  # a flood of them must not flood the log
         self._by_id: dict[str, dict[str, Result]] = {}
 
     def apply(self, _key: bytes | None, value: bytes | None) -> None:
@@ -108,16 +110,15 @@ class ResultBook:
             return
         if not drain_request.verify(m, self._key):
             self._ignored.labels("bad_signature").inc()
-            log.warning("ignoring a drain result for %s with a bad signature", m["node"])
+            self._refusals("bad_signature", f"ignoring a drain result for {m['node']} with a bad signature")
             return
         sig = m.get(drain_result.BINDING)
         if sig is None:
             self._ignored.labels("unbound").inc()
-            log.warning(
-                "ignoring a drain result for %s (request %s) that names no request signature "
-                "(an adapter of an earlier release?)",
-                m["node"],
-                m["request_id"],
+            self._refusals(
+                "unbound",
+                f"ignoring a drain result for {m['node']} (request {m['request_id']}) that names no "
+                "request signature (an adapter of an earlier release?)",
             )
             return
         r = Result(m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig, float(m["ts"]))
