@@ -61,6 +61,7 @@ from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
 from fleetwatch.pipeline.worker import JOIN_WAIT_S  # the same allowance the workers give a join
+from fleetwatch.refusal_log import RefusalLog
 from fleetwatch.runtime import StopFlag, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class Drainer:
         self._finished: queue.Queue[tuple[Target, str, str]] = queue.Queue()
         self._unacked: list[tuple[Target, str, str]] = []  # answers sent, not yet acknowledged
         self._stopping = threading.Event()
+        self._unauthenticated = RefusalLog(log)  # rejected requests nobody can be told of
 
     # ------------------------------------------------------------ outcomes
 
@@ -188,12 +190,10 @@ class Drainer:
         """Dead-letter a request; answer it only if `target` (its verified identity) is given."""
         REQUESTS.labels(outcome).inc()
         send_deadletter(self.producer, raw, outcome, detail, source, topic)
-        if target is None:
-            log.warning(
-                "rejected drain request from %s: %s: %s (not authenticated: no result sent)",
-                source,
+        if target is None:  # anyone can write these: a flood of them must not flood the log
+            self._unauthenticated(
                 outcome,
-                detail,
+                f"rejected drain request from {source}: {detail[:200]} (not authenticated: no result sent)",
             )
             return outcome
         log.warning("rejected drain request from %s: %s: %s", source, outcome, detail)

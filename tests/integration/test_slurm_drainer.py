@@ -4,6 +4,7 @@ requests, never repeats a request, never overrules a human, and survives a crash
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -110,6 +111,21 @@ def test_refuses_unknown_unsigned_forged_and_tampered_requests(
     reasons = sorted(dict(r.headers)["reason"].decode() for r in got)
     assert reasons == sorted(o for _, o in cases)
     assert {r.value for r in got} == {v for v, _ in cases}  # original bytes, untouched
+
+
+def test_a_flood_of_forged_and_garbage_requests_is_dead_lettered_and_logged_sparsely(
+    drainer: Drainer, slurm: Slurm, caplog: pytest.LogCaptureFixture
+) -> None:
+    slurm.reset("gpu-node-02")
+    forged = raw(req("gpu-node-02", key=b"attacker-key-attacker-key-123456"))
+    with caplog.at_level(logging.WARNING, logger="fleetwatch.alerts.slurm_drainer"):
+        for i in range(3000):
+            value = forged if i % 2 else bytes([i % 256]) * 32
+            assert drainer.handle(value, f"t:1:{i}") in ("forged", "malformed")
+    drainer.producer.flush(30)
+    assert slurm.state("gpu-node-02")[0].startswith("idle")  # nothing reached scontrol
+    lines = [r for r in caplog.records if "rejected drain request" in r.getMessage()]
+    assert 2 <= len(lines) <= 6, len(lines)  # the first of each reason, and each 1000th
 
 
 def test_never_overrules_a_human_drain(drainer: Drainer, slurm: Slurm) -> None:
