@@ -36,7 +36,7 @@ from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertSender, dead
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
 from fleetwatch.alerts.drain_pause import PauseBook, load_control_key
 from fleetwatch.alerts.policy import Policy, PolicyConfig
-from fleetwatch.alerts.slurm_nodes import SlurmNodeBook
+from fleetwatch.alerts.slurm_nodes import SlurmNodeBook, SlurmNodeFollower
 from fleetwatch.bus import Bus
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.census import Census, CensusConfig, export_metrics
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
         TopicFollower(args.results_topic, results.apply, bus),  # what the adapter did
         control,
-        TopicFollower(args.slurm_nodes_topic, slurm_nodes.apply, bus),  # nodes people hold
+        SlurmNodeFollower(args.slurm_nodes_topic, slurm_nodes, bus),  # nodes people hold
     ]
     for f in followers:
         f.start()

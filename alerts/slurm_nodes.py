@@ -32,9 +32,10 @@ from typing import Any
 import hostlist
 
 from fleetwatch import schemas, signing
-from fleetwatch.alerts.drain_pause import MAX_AHEAD_S
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
 from fleetwatch.alerts.validation import RESERVATION_PREFIX
+from fleetwatch.bus import Bus, Record, reference_time
+from fleetwatch.follow import TopicFollower
 from fleetwatch.refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 SLURM_NODE = schemas.SLURM_NODE
 DEFAULT_REFRESH_S = 300.0
 DEFAULT_MAX_AGE_S = 900.0
+# how far ahead of the broker's time (act's clock where the topic keeps the producer's) a view's ts
+# may be: as control/1's records, a minute of clock drift, not a clock that jumped
+MAX_AHEAD_S = 60.0
 _FLAGS = "*~#!%$@^-+"
 
 # Why a node is not fleetwatch's to act on, as act reports it (label node_state, refusal reasons)
@@ -122,8 +126,15 @@ class SlurmNodeBook:
         self._lock = threading.Lock()
         self._latest: dict[str, dict[str, Any]] = {}
 
+    def apply_record(self, record: Record, now: float) -> None:
+        """One record of the topic as a follower reads it at wall time `now`: its clock checked
+        against the time the broker took it (scheduler.nodes.v1 is a LogAppendTime topic), so that
+        a re-read after a restart decides as the first reading did, whatever act's own clock says."""
+        self.apply(record.key, record.value, reference_time(record, now))
+
     def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
-        """One record of the topic (a follower's callback), read at wall time `now`."""
+        """One record of the topic; `now`: the time its `ts` is checked against (the broker's,
+        from apply_record; the book's clock where none is given)."""
         if value is None:
             return  # unsigned: a tombstone cannot end a hold (records age out instead)
         msg, why, detail = signing.decode_verified(value, SLURM_NODE, key, self._key)
@@ -136,7 +147,7 @@ class SlurmNodeBook:
             # latest ts wins) and stay young past max_age_s, pinning the node held, or in service
             # where it is not (a view newer than our drain, in service: a resume by hand that frees
             # a budget slot of a node still drained). As control/1's records are refused.
-            self._refuse("clock_skew", f"{msg['node']}: ts {msg['ts'] - now:.0f} s ahead of this clock")
+            self._refuse("clock_skew", f"{msg['node']}: ts {msg['ts'] - now:.0f} s ahead of the broker")
             return
         with self._lock:
             old = self._latest.get(msg["node"])
@@ -171,6 +182,17 @@ class SlurmNodeBook:
             recs = dict(self._latest)
         held = ((n, self._why(n, recs.get(n), now)) for n in recs.keys() | self.opt_out.nodes)
         return {n: why for n, why in held if why is not None}
+
+
+class SlurmNodeFollower(TopicFollower):
+    """act's follower of the topic: each record to the book with the time the broker took it."""
+
+    def __init__(self, topic: str, book: SlurmNodeBook, bus: Bus) -> None:
+        super().__init__(topic, None, bus)
+        self.book = book
+
+    def apply_record(self, record: Record, now: float) -> None:
+        self.book.apply_record(record, now)
 
 
 @dataclass

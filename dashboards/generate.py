@@ -674,9 +674,11 @@ def fleet_overview() -> dict:
             bars=True,
             stack=True,
             desc="control/1 (a pause or resume-drains, fleet.control.v1) and slurm_node/1 "
-            "(scheduler.nodes.v1) records act refused: malformed, or bad_signature (not signed with the "
-            "drain key). None changed anything, but bad_signature means someone without the key is "
-            "writing to those topics: find out who.",
+            "(scheduler.nodes.v1) records act refused: malformed, bad_signature (not signed with the "
+            "drain key), or clock_skew (issued more than 60 s ahead of the broker's time or act's "
+            "clock). None changed anything, but bad_signature means someone without the key is "
+            "writing to those topics: find out who; clock_skew on slurm_node means the Slurm "
+            "adapter's host clock is ahead, and act is not seeing Slurm's view of those nodes.",
         ),
         ts(
             "Census: warm and new nodes",

@@ -49,8 +49,9 @@ COMPACTED = frozenset({STATE, NODES, JOBS, SLURM_NODES})
 # history those jobs added in its own snapshotted state. Here, not in pipeline/, because the
 # publisher (collectors/) must not import the pipeline.
 JOB_HISTORY_S = 7 * 86400.0
-# Topics written by nodes, the scheduler and training jobs, whose clocks fleetwatch does not own:
-# kept with LogAppendTime, so each record carries the time the broker took it, the reference its
-# message's own timestamp is checked against (fleetwatch.schemas.ClockLimits). A replay checks a
-# record against the same reference as the first reading did.
-BROKER_TIMED = frozenset({TELEMETRY, JOBS, STEPS})
+# Topics written by nodes, the scheduler and training jobs, whose clocks fleetwatch does not own,
+# and by the Slurm adapter on the scheduler's host (its node views): kept with LogAppendTime, so
+# each record carries the time the broker took it, the reference its message's own timestamp is
+# checked against (fleetwatch.schemas.ClockLimits; act's view of Slurm, alerts/slurm_nodes.py). A
+# replay checks a record against the same reference as the first reading did.
+BROKER_TIMED = frozenset({TELEMETRY, JOBS, STEPS, SLURM_NODES})

@@ -127,7 +127,7 @@ def test_a_flood_of_hostile_node_states_shields_no_node_and_blocks_nothing(
     got = drains.collect(lambda rs: len(issued(rs)) >= 2, timeout_s=30)
     took = time.monotonic() - t0
     assert sorted(r.key for r in issued(got)) == sorted([a.encode(), b.encode()]), rig.logs()
-    assert took < 10.0, f"the drains took {took:.1f} s after the flood"
+    assert took < 20.0, f"the drains took {took:.1f} s after the flood"
     got += drains.collect(lambda rs: False, timeout_s=3)  # act decides every second: c never
     assert c.encode() not in [r.key for r in issued(got)], rig.logs()
     assert act.poll() is None, rig.logs()
@@ -181,14 +181,34 @@ def test_a_flood_on_every_other_topic_act_reads_pauses_nothing_and_drains_only_w
     got += drains.collect(lambda rs: False, timeout_s=3)
     assert [r.key for r in issued(got)] == [e.encode()], rig.logs()  # never d, on forged findings
     assert metric(port, "fleetwatch_act_drains_paused") == 0
-    control = by_label(port, "fleetwatch_act_control_refused_total", "reason")
-    assert control == {"malformed": copies, "bad_signature": copies, "clock_skew": 1}, control
-    results = by_label(port, "fleetwatch_act_drain_results_ignored_total", "reason")
-    assert results == {"malformed": copies, "bad_signature": copies}, results
-    census = by_label(port, "fleetwatch_act_census_refused_total", "reason")
-    assert census == {"malformed": copies, "bad_signature": copies}, census
-    dead = by_label(port, "fleetwatch_deadletter_total", "reason", where=f'source_topic="{rig.findings}"')
+    want = {
+        "fleetwatch_act_control_refused_total": {
+            "malformed": copies,
+            "bad_signature": copies,
+            "clock_skew": 1,
+        },
+        "fleetwatch_act_drain_results_ignored_total": {"malformed": copies, "bad_signature": copies},
+        "fleetwatch_act_census_refused_total": {"malformed": copies, "bad_signature": copies},
+    }
+    where = f'source_topic="{rig.findings}"'
+
+    def counts() -> dict[str, dict[str, float]]:
+        got = {name: by_label(port, name, "reason") for name in want}
+        got["deadletter"] = by_label(port, "fleetwatch_deadletter_total", "reason", where=where)
+        return got
+
+    # each follower thread and the findings' partitions reach the end of the flood in their own time
+    deadline = time.monotonic() + 60
+    while True:
+        got_counts = counts()
+        dead = got_counts.pop("deadletter")
+        if (got_counts == want and sum(dead.values()) == 2 * copies) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert got_counts == want, got_counts
     assert sum(dead.values()) == 2 * copies and dead.get("bad_signature") == copies, dead
+    assert [r.key for r in issued(got + drains.collect(lambda rs: False, timeout_s=1))] == [e.encode()]
+    assert metric(port, "fleetwatch_act_drains_paused") == 0
     assert act.poll() is None, rig.logs()
     log = (rig.tmp / "act-0.log").read_text(errors="replace")
     assert log.count("\n") < 200, f"{log.count(chr(10))} log lines for {8 * copies} refused records"

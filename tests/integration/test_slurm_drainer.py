@@ -114,10 +114,14 @@ def test_refuses_unknown_unsigned_forged_and_tampered_requests(
 
 
 def test_a_flood_of_forged_and_garbage_requests_is_dead_lettered_and_logged_sparsely(
-    drainer: Drainer, slurm: Slurm, caplog: pytest.LogCaptureFixture
+    drainer: Drainer,
+    slurm: Slurm,
+    topic_tail: Callable[[str], TopicTail],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     slurm.reset("gpu-node-02")
     forged = raw(req("gpu-node-02", key=b"attacker-key-attacker-key-123456"))
+    dead = topic_tail(topics.DEADLETTER)
     with caplog.at_level(logging.WARNING, logger="fleetwatch.alerts.slurm_drainer"):
         for i in range(3000):
             value = forged if i % 2 else bytes([i % 256]) * 32
@@ -126,6 +130,8 @@ def test_a_flood_of_forged_and_garbage_requests_is_dead_lettered_and_logged_spar
     assert slurm.state("gpu-node-02")[0].startswith("idle")  # nothing reached scontrol
     lines = [r for r in caplog.records if "rejected drain request" in r.getMessage()]
     assert 2 <= len(lines) <= 6, len(lines)  # the first of each reason, and each 1000th
+    got = dead.collect(lambda rs: len(rs) >= 3000, timeout_s=60)
+    assert len(got) == 3000 and {dict(r.headers)["reason"] for r in got} == {b"forged", b"malformed"}
 
 
 def test_never_overrules_a_human_drain(drainer: Drainer, slurm: Slurm) -> None:

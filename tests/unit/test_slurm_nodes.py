@@ -13,9 +13,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fleetwatch import schemas
+from fleetwatch import schemas, topics
 from fleetwatch.alerts.slurm import NodeInfo, SlurmError
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher, SlurmNodeBook, held_by, make_record
+from fleetwatch.bus import Record
 from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding, resolve
 from tests.helpers.messages import JSONISH
@@ -315,6 +316,28 @@ def test_a_view_from_an_adapter_clock_ahead_is_refused_and_frees_no_budget_slot(
     view = record("gpu-node-05", "drained", "fleetwatch: XID 79", ts=T0 + 60)
     book.apply(b"gpu-node-05", view, now=T0 + 61)
     assert book.latest("gpu-node-05")["state"] == "drained"
+
+
+def test_a_views_clock_is_checked_against_the_brokers_time_not_acts() -> None:
+    # scheduler.nodes.v1 is a LogAppendTime topic: act's own clock, behind or ahead, changes
+    # nothing, and a re-read after a restart (act's clock a day later) decides as the first did
+    assert topics.SLURM_NODES in topics.BROKER_TIMED
+    refused: list[str] = []
+    book = SlurmNodeBook(KEY, on_refused=refused.append)
+    broker = T0
+
+    def rec(node: str, ts: float) -> Record:
+        value = record(node, "idle", maint=True, ts=ts)
+        return Record(topics.SLURM_NODES, 0, 0, node.encode(), value, int(broker * 1000), True)
+
+    book.apply_record(rec("gpu-node-01", broker + 30), now=broker - 3600)  # act's clock an hour slow
+    book.apply_record(rec("gpu-node-02", broker + 86_400), now=broker + 86_400)  # read again a day later
+    assert book.latest("gpu-node-01") is not None and book.latest("gpu-node-02") is None
+    assert refused == ["clock_skew"]
+    # a topic that keeps the producer's time (a site's own, not made by fleetwatch): act's clock
+    plain = Record("site.nodes", 0, 0, b"gpu-node-03", record("gpu-node-03", ts=T0 + 30), 0, False)
+    book.apply_record(plain, now=T0)
+    assert book.latest("gpu-node-03") is not None
 
 
 @settings(max_examples=300, deadline=None)
