@@ -24,6 +24,7 @@ from fleetwatch.alerts.drain_pause import make_control
 from fleetwatch.alerts.drain_result import make_result
 from fleetwatch.alerts.slurm import NodeInfo
 from fleetwatch.alerts.slurm_nodes import make_record
+from fleetwatch.bus.admin import Admin
 from fleetwatch.census import node_message
 from fleetwatch.signing import encode_signed
 from tests.helpers.findings import finding, signed
@@ -97,6 +98,11 @@ def test_a_flood_of_hostile_node_states_shields_no_node_and_blocks_nothing(
     a, b, c = (f"{x}-{rig.group}" for x in ("flood-a", "flood-b", "flood-c"))
     drains = topic_tail(rig.drains)
     rig.census(a, b, c)
+    # as scheduler.nodes.v1 is made (topics.BROKER_TIMED): act checks each view's ts against the
+    # time the broker took it, the path a deployment takes (the rig's topic names are its own)
+    with Admin(rig.bootstrap) as admin:
+        admin.alter_configs(rig.slurm_nodes, {"message.timestamp.type": "LogAppendTime"})
+        assert admin.describe_configs(rig.slurm_nodes)["message.timestamp.type"] == "LogAppendTime"
     port = free_port()
     act = rig.act("--fleet-size", "10", "--budget-min-nodes", "3", "--metrics-port", str(port))
     rig.wait_for_log(0, "assigned")
