@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -27,6 +27,15 @@ from fleetwatch.bus.config import BrokerUnavailable, connect_timeout_s, protocol
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0
+# What a group's coordinator answers while it is being elected or is loading the group's offsets
+# (a fresh broker, a moved coordinator): asked again, it answers.
+_COORDINATOR_PENDING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
 # where a setting that nobody changed comes from (kafka-python's "modified" filter leaves these out)
 _DEFAULT_SOURCES = {
     ConfigSource.DEFAULT_CONFIG,
@@ -155,13 +164,38 @@ class Admin:
         for fut in self.client.incremental_alter_configs([res], request_timeout=self.timeout_s).values():
             fut.result()
 
-    def group_offsets(self, group: str, parts: Sequence[TopicPart] | None = None) -> dict[TopicPart, int]:
-        """The group's committed offsets (-1: none) of `parts`, or of every partition it committed."""
-        req = ConsumerGroupTopicPartitions(
-            group, None if parts is None else [TopicPartition(t.topic, t.partition) for t in parts]
-        )
-        got = self.client.list_consumer_group_offsets([req], request_timeout=self.timeout_s)[group].result()
-        return {TopicPart(tp.topic, tp.partition): int(tp.offset) for tp in got.topic_partitions}
+    def group_offsets(self, group: str, parts: Sequence[TopicPart]) -> dict[TopicPart, int]:
+        """The group's committed offsets of `parts` (-1: nothing committed).
+
+        Asked through a consumer of the group's id that never subscribes (so never joins the group
+        nor commits), not through AdminClient.list_consumer_group_offsets: librdkafka's admin handle
+        has no consumer group, and when the broker answers that offset fetch with NOT_COORDINATOR
+        (a fresh broker, a coordinator that moved) it asks that missing group to look the
+        coordinator up again, a NULL dereference that kills the process (librdkafka issue 5040, in
+        2.16; it crashed benchmarks.rsc1 on a loaded CI machine). A consumer's committed() takes the
+        same answer through its own group and asks again."""
+        if not parts:
+            return {}
+        consumer = Consumer(rdkafka_config(self.bootstrap) | {"group.id": group, "enable.auto.commit": False})
+        asked = [TopicPartition(t.topic, t.partition) for t in parts]
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while True:
+                try:
+                    got = consumer.committed(asked, timeout=max(0.1, deadline - time.monotonic()))
+                    break
+                except KafkaException as e:
+                    # librdkafka does not ask again by itself after these; its group has looked the
+                    # coordinator up anew by the next try
+                    if e.args[0].code() not in _COORDINATOR_PENDING or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            consumer.close()
+        for tp in got:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+        return {TopicPart(tp.topic, tp.partition): max(-1, int(tp.offset)) for tp in got}
 
     def group_members(self, group: str) -> int:
         """How many members the group has now."""

@@ -71,3 +71,31 @@ def test_no_module_outside_the_bus_imports_a_kafka_client() -> None:
 def test_the_bus_is_on_confluent_kafka_only() -> None:
     hits = [hit for p in sorted(BUS.rglob("*.py")) for hit in _client_imports(p)]
     assert hits and all(hit.split(": ")[1].startswith("confluent_kafka") for hit in hits), hits
+
+
+# librdkafka (issue 5040, still in 2.16) dereferences the admin handle's missing consumer group when
+# a ListConsumerGroupOffsets answer says NOT_COORDINATOR: the process dies of SIGSEGV. It killed
+# benchmarks.rsc1 on a loaded CI machine; a fresh broker's first seconds make it likely.
+# fleetwatch/bus/admin.py asks a group's offsets through a consumer's committed() instead.
+CRASHING_CALLS = ("list_consumer_group_offsets",)
+
+
+def _crashing_calls(path: Path, root: Path = REPO) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return [
+        f"{path.relative_to(root)}:{node.lineno}: {node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in CRASHING_CALLS
+    ]
+
+
+def test_the_crash_check_finds_the_call(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(admin, req):\n    return admin.client.list_consumer_group_offsets([req])\n")
+    assert _crashing_calls(probe, tmp_path) == ["probe.py:2: list_consumer_group_offsets"]
+
+
+def test_nothing_asks_group_offsets_through_the_admin_api_that_crashes_librdkafka() -> None:
+    files = sorted(p for folder in (*CHECKED, "benchmarks") for p in (REPO / folder).rglob("*.py"))
+    offenders = [hit for p in files for hit in _crashing_calls(p)]
+    assert offenders == [], "use fleetwatch.bus.admin.Admin.group_offsets:\n" + "\n".join(offenders)
