@@ -6,8 +6,9 @@ component's failures are found about as many times as they happened. A second ru
 the report names them (and no healthy node), and their drains cut the large jobs' failure share.
 
 The benchmark runs as the command the README gives, in a process of its own: its Kafka clients
-(librdkafka) live there, so a crash of theirs fails this test with its traceback instead of
-taking the whole test process (and every report before it) down."""
+(librdkafka) live there, so a crash of theirs fails this test instead of taking the whole test
+process (and every report before it) down. faulthandler prints the Python threads of a crash in
+Python's own threads; one in librdkafka's threads (which block signals) shows as exit -11 alone."""
 
 from __future__ import annotations
 
