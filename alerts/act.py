@@ -36,13 +36,13 @@ from fleetwatch.alerts.alertmanager import AlertmanagerClient, AlertSender, dead
 from fleetwatch.alerts.drain_log import ResultBook, latest_requests
 from fleetwatch.alerts.drain_pause import PauseBook, load_control_key
 from fleetwatch.alerts.policy import Policy, PolicyConfig
-from fleetwatch.alerts.slurm_nodes import SlurmNodeBook, SlurmNodeFollower
+from fleetwatch.alerts.slurm_nodes import SlurmNodeBook
 from fleetwatch.bus import Bus
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.census import Census, CensusConfig, export_metrics
 from fleetwatch.census import load_key as load_census_key
 from fleetwatch.detectors.findings import FINDING
-from fleetwatch.follow import TopicFollower
+from fleetwatch.follow import BrokerTimedFollower, TopicFollower
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.tasks import Stage
 from fleetwatch.pipeline.worker import Worker
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         lambda why: metrics.control_refused.labels(why).inc(),
         read=lambda: control.caught_up.is_set(),
     )
-    control = TopicFollower(args.control_topic, pause.apply, bus)  # an operator's pause
+    control = BrokerTimedFollower(args.control_topic, pause.apply, bus)  # an operator's pause
     policy = policy_config(args)
     slurm_nodes = SlurmNodeBook(
         key,
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
         TopicFollower(args.results_topic, results.apply, bus),  # what the adapter did
         control,
-        SlurmNodeFollower(args.slurm_nodes_topic, slurm_nodes, bus),  # nodes people hold
+        BrokerTimedFollower(args.slurm_nodes_topic, slurm_nodes.apply, bus),  # nodes people hold
     ]
     for f in followers:
         f.start()

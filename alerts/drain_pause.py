@@ -23,8 +23,13 @@ written after the lift):
   record with the latest `issued_at` is the switch's state, whatever order records arrive in.
   Operators' clocks differ, so `fleetwatch pause` / `resume-drains` read the switch first and
   issue after its latest record (`next_issued_at`); a record issued more than MAX_AHEAD_S ahead of
-  the reader's clock is refused (a wrong clock must not make a pause nobody can lift), and a pause
-  never lasts past MAX_PAUSE_S after it was first read.
+  the time the broker took it is refused (a wrong clock must not make a pause nobody can lift), and
+  a pause never lasts past MAX_PAUSE_S after the broker took it. fleet.control.v1 is a
+  LogAppendTime topic (topics.BROKER_TIMED), and every reader of it (act, and the commands
+  themselves) checks against that time, not its own clock: a reader's clock behind or ahead
+  changes nothing, a restarted act decides on each record as it did before, and the commands take
+  the latest record that act takes. On a topic that keeps the producer's time (one a site made
+  itself) the reader's clock is the reference instead.
 """
 
 from __future__ import annotations
@@ -145,7 +150,9 @@ class PauseBook:
         self._read = read or self._ready.is_set
 
     def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
-        """One record of the control topic (a follower's callback), read at wall time `now`."""
+        """One record of the control topic; `now`: the time its `issued_at` is checked against and
+        its week counted from (the broker's, from follow.BrokerTimedFollower; the reader's clock
+        where none is given)."""
         now = time.time() if now is None else now
         if value is None:
             return  # a tombstone unsigned: it lifts nothing (an operator lifts with resume-drains)
@@ -154,12 +161,12 @@ class PauseBook:
             self._refuse(why, detail)
             return
         if msg["issued_at"] > now + MAX_AHEAD_S:
-            self._refuse("clock_skew", f"issued {msg['issued_at'] - now:.0f} s ahead of this clock")
+            self._refuse("clock_skew", f"issued {msg['issued_at'] - now:.0f} s ahead of the broker")
             return
         with self._lock:
             if self._latest is not None and msg["issued_at"] <= self._latest["issued_at"]:
                 return  # a replay of an older record: the latest switch stands
-            # never longer than a week from when it was first read, whatever its `until` says
+            # never longer than a week from when the broker took it, whatever its `until` says
             self._latest = {**msg, "until": min(msg["until"], now + MAX_PAUSE_S)}
         what = "paused" if msg["paused"] else "lifted"
         log.warning("drains %s by %s: %s", what, msg["by"], msg["reason"])

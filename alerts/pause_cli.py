@@ -23,16 +23,29 @@ from fleetwatch.alerts.drain_pause import (
     operator,
     parse_duration,
 )
+from fleetwatch.bus.config import BrokerUnavailable
 from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.follow import BrokerTimedFollower
+
+READ_S = 30.0  # to read the switch's records (a week of them at most) before writing one
 
 
 def next_issued_at(bus: KafkaBus, topic: str, key: bytes, now: float) -> float:
-    """`now`, or just after the switch's latest verified record where that is later (a
-    resume-drains from a host whose clock is behind the pausing host's would otherwise be
-    ignored by every act)."""
+    """`now`, or just after the switch's latest record that act takes, where that is later (a
+    resume-drains from a host whose clock is behind the pausing host's would otherwise be ignored
+    by every act). The records are read as act reads them (follow.BrokerTimedFollower, each checked
+    against the time the broker took it), so a record act refuses never sets the next one's time.
+    BrokerUnavailable where the topic is not read to its end within READ_S: nothing is sent then."""
     book = PauseBook(key)
-    parts = range(bus.partition_count(topic))
-    bus.read_to_end(topic, parts, lambda _p, k, v: book.apply(k, v, now=now), timeout_s=30)
+    follower = BrokerTimedFollower(topic, book.apply, bus)
+    follower.start()
+    try:
+        read = follower.caught_up.wait(READ_S)
+    finally:
+        follower.stop()
+        follower.join(10)
+    if not read:
+        raise BrokerUnavailable(f"{topic} was not read to its end in {READ_S:.0f} s; nothing changed")
     return max(now, book.latest_issued_at() + 0.001)
 
 

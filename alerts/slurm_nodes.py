@@ -34,8 +34,6 @@ import hostlist
 from fleetwatch import schemas, signing
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
 from fleetwatch.alerts.validation import RESERVATION_PREFIX
-from fleetwatch.bus import Bus, Record, reference_time
-from fleetwatch.follow import TopicFollower
 from fleetwatch.refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
@@ -126,15 +124,10 @@ class SlurmNodeBook:
         self._lock = threading.Lock()
         self._latest: dict[str, dict[str, Any]] = {}
 
-    def apply_record(self, record: Record, now: float) -> None:
-        """One record of the topic as a follower reads it at wall time `now`: its clock checked
-        against the time the broker took it (scheduler.nodes.v1 is a LogAppendTime topic), so that
-        a re-read after a restart decides as the first reading did, whatever act's own clock says."""
-        self.apply(record.key, record.value, reference_time(record, now))
-
     def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
-        """One record of the topic; `now`: the time its `ts` is checked against (the broker's,
-        from apply_record; the book's clock where none is given)."""
+        """One record of the topic; `now`: the time its `ts` is checked against (act's follower,
+        follow.BrokerTimedFollower, gives the time the broker took it: scheduler.nodes.v1 is a
+        LogAppendTime topic; the book's clock where none is given)."""
         if value is None:
             return  # unsigned: a tombstone cannot end a hold (records age out instead)
         msg, why, detail = signing.decode_verified(value, SLURM_NODE, key, self._key)
@@ -182,17 +175,6 @@ class SlurmNodeBook:
             recs = dict(self._latest)
         held = ((n, self._why(n, recs.get(n), now)) for n in recs.keys() | self.opt_out.nodes)
         return {n: why for n, why in held if why is not None}
-
-
-class SlurmNodeFollower(TopicFollower):
-    """act's follower of the topic: each record to the book with the time the broker took it."""
-
-    def __init__(self, topic: str, book: SlurmNodeBook, bus: Bus) -> None:
-        super().__init__(topic, None, bus)
-        self.book = book
-
-    def apply_record(self, record: Record, now: float) -> None:
-        self.book.apply_record(record, now)
 
 
 @dataclass

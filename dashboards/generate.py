@@ -678,7 +678,9 @@ def fleet_overview() -> dict:
             "drain key), or clock_skew (issued more than 60 s ahead of the broker's time or act's "
             "clock). None changed anything, but bad_signature means someone without the key is "
             "writing to those topics: find out who; clock_skew on slurm_node means the Slurm "
-            "adapter's host clock is ahead, and act is not seeing Slurm's view of those nodes.",
+            "adapter's host clock is ahead, and act is not seeing Slurm's view of those nodes; on "
+            "control, a pause or lift from an operator's host whose clock is more than a minute "
+            "ahead of the broker's: act did not obey it, fix that host's clock and issue it again.",
         ),
         ts(
             "Census: warm and new nodes",

@@ -3,7 +3,8 @@
 For small topics that every reader needs in full, such as the census of reporting nodes
 (fleet.nodes.v1) or the Slurm adapter's drain results: no consumer group, every partition assigned,
 each record handed to `apply(key, value)` in partition order (a tombstone arrives as value None);
-a subclass that needs more of the record (its timestamp) overrides apply_record instead. It reads
+a subclass that needs more of the record (its timestamp) overrides apply_record instead, and
+BrokerTimedFollower hands a reader that checks its messages' clocks the time to check them against. It reads
 through the bus (fleetwatch/bus: a Reader of every partition), on the real broker or in memory.
 `caught_up` is set once everything that was on the topic when the thread started has been applied,
 so a caller can wait for the table to be complete before deciding anything on it.
@@ -16,11 +17,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from fleetwatch.bus import Bus, Record, TopicPart
+from fleetwatch.bus import Bus, Record, TopicPart, reference_time
 
 log = logging.getLogger(__name__)
 
 Apply = Callable[[bytes | None, bytes | None], None]
+# (key, value, the time the message's own timestamp is checked against)
+TimedApply = Callable[[bytes | None, bytes | None, float], None]
 
 
 class TopicFollower(threading.Thread):
@@ -63,3 +66,17 @@ class TopicFollower(threading.Thread):
 
     def stop(self) -> None:
         self._stopping.set()
+
+
+class BrokerTimedFollower(TopicFollower):
+    """A follower whose reader checks each message's own timestamp: `apply(key, value, ref)` with
+    ref the time the broker took the record on a LogAppendTime topic (topics.BROKER_TIMED), else
+    the time it was read. Against the broker's time, a reader's own clock (behind or ahead) changes
+    nothing, and a re-read after a restart decides as the first reading did."""
+
+    def __init__(self, topic: str, apply: TimedApply, bus: Bus) -> None:
+        super().__init__(topic, None, bus)
+        self._timed = apply
+
+    def apply_record(self, record: Record, now: float) -> None:
+        self._timed(record.key, record.value, reference_time(record, now))

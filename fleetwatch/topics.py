@@ -50,8 +50,9 @@ COMPACTED = frozenset({STATE, NODES, JOBS, SLURM_NODES})
 # publisher (collectors/) must not import the pipeline.
 JOB_HISTORY_S = 7 * 86400.0
 # Topics written by nodes, the scheduler and training jobs, whose clocks fleetwatch does not own,
-# and by the Slurm adapter on the scheduler's host (its node views): kept with LogAppendTime, so
-# each record carries the time the broker took it, the reference its message's own timestamp is
-# checked against (fleetwatch.schemas.ClockLimits; act's view of Slurm, alerts/slurm_nodes.py). A
-# replay checks a record against the same reference as the first reading did.
-BROKER_TIMED = frozenset({TELEMETRY, JOBS, STEPS, SLURM_NODES})
+# by the Slurm adapter on the scheduler's host (its node views) and by operators' hosts (the drain
+# pause): kept with LogAppendTime, so each record carries the time the broker took it, the
+# reference its message's own timestamp is checked against (fleetwatch.schemas.ClockLimits; act's
+# view of Slurm, alerts/slurm_nodes.py; the pause, alerts/drain_pause.py). A replay checks a
+# record against the same reference as the first reading did.
+BROKER_TIMED = frozenset({TELEMETRY, JOBS, STEPS, SLURM_NODES, CONTROL})

@@ -98,10 +98,9 @@ def test_a_flood_of_hostile_node_states_shields_no_node_and_blocks_nothing(
     a, b, c = (f"{x}-{rig.group}" for x in ("flood-a", "flood-b", "flood-c"))
     drains = topic_tail(rig.drains)
     rig.census(a, b, c)
-    # as scheduler.nodes.v1 is made (topics.BROKER_TIMED): act checks each view's ts against the
-    # time the broker took it, the path a deployment takes (the rig's topic names are its own)
+    # the rig's Slurm-node topic is LogAppendTime, as scheduler.nodes.v1 (act_rig.py): act checks
+    # each view's ts against the time the broker took it, the path a deployment takes
     with Admin(rig.bootstrap) as admin:
-        admin.alter_configs(rig.slurm_nodes, {"message.timestamp.type": "LogAppendTime"})
         assert admin.describe_configs(rig.slurm_nodes)["message.timestamp.type"] == "LogAppendTime"
     port = free_port()
     act = rig.act("--fleet-size", "10", "--budget-min-nodes", "3", "--metrics-port", str(port))

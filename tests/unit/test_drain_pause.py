@@ -12,10 +12,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fleetwatch import schemas
+from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request
 from fleetwatch.alerts.drain_pause import PauseBook, make_control, parse_duration
 from fleetwatch.alerts.slurm_drainer import Drainer
+from fleetwatch.bus import Record
+from fleetwatch.bus.memory import MemoryBus
+from fleetwatch.follow import BrokerTimedFollower
 from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding, resolve
 from tests.helpers.messages import JSONISH
@@ -217,6 +220,40 @@ def test_a_record_from_a_clock_ahead_is_refused_and_no_pause_outlives_a_week_fro
     book.apply(b"drain_pause", control(True, T0 + 30, for_s=7 * 86400.0), now=T0)
     pause = book.active(T0 + 31)
     assert pause is not None and pause.until == T0 + 7 * 86400.0  # read at T0: a week from then
+
+
+def test_a_records_clock_is_checked_against_the_brokers_time_and_its_week_counted_from_it() -> None:
+    """fleet.control.v1 is a LogAppendTime topic, read as act reads it (BrokerTimedFollower): act's
+    own clock, behind or ahead, changes nothing; a re-read after a restart, a day later, takes and
+    refuses the same records and ends the pause at the same time."""
+    assert topics.CONTROL in topics.BROKER_TIMED
+    broker = T0
+
+    def rec(value: bytes) -> Record:
+        return Record(topics.CONTROL, 0, 0, b"drain_pause", value, int(broker * 1000), True)
+
+    def read(now: float) -> tuple[PauseBook, list[str]]:
+        refused: list[str] = []
+        book = PauseBook(KEY, refused.append)
+        book.read_up()
+        follower = BrokerTimedFollower(topics.CONTROL, book.apply, MemoryBus())
+        follower.apply_record(rec(control(True, broker + 3600)), now)  # an operator's clock an hour ahead
+        follower.apply_record(rec(control(True, broker + 30, for_s=7 * 86400.0)), now)
+        return book, refused
+
+    for now in (broker - 3600, broker + 86_400):  # act's clock an hour slow; a restart a day later
+        book, refused = read(now)
+        assert refused == ["clock_skew"]
+        pause = book.active(broker + 40)
+        assert pause is not None and pause.until == broker + 7 * 86400.0  # a week from the broker's time
+    # a topic that keeps the producer's time (one a site made itself): the reader's clock
+    refused: list[str] = []
+    book = PauseBook(KEY, refused.append)
+    follower = BrokerTimedFollower("site.control", book.apply, MemoryBus())
+    follower.apply_record(
+        Record("site.control", 0, 0, b"drain_pause", control(True, T0 + 3600), 0, False), T0
+    )
+    assert refused == ["clock_skew"]
 
 
 def test_until_the_control_topic_is_read_drains_are_held() -> None:

@@ -17,6 +17,8 @@ from fleetwatch import schemas, topics
 from fleetwatch.alerts.slurm import NodeInfo, SlurmError
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher, SlurmNodeBook, held_by, make_record
 from fleetwatch.bus import Record
+from fleetwatch.bus.memory import MemoryBus
+from fleetwatch.follow import BrokerTimedFollower
 from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding, resolve
 from tests.helpers.messages import JSONISH
@@ -330,13 +332,14 @@ def test_a_views_clock_is_checked_against_the_brokers_time_not_acts() -> None:
         value = record(node, "idle", maint=True, ts=ts)
         return Record(topics.SLURM_NODES, 0, 0, node.encode(), value, int(broker * 1000), True)
 
-    book.apply_record(rec("gpu-node-01", broker + 30), now=broker - 3600)  # act's clock an hour slow
-    book.apply_record(rec("gpu-node-02", broker + 86_400), now=broker + 86_400)  # read again a day later
+    follower = BrokerTimedFollower(topics.SLURM_NODES, book.apply, MemoryBus())  # as act follows it
+    follower.apply_record(rec("gpu-node-01", broker + 30), now=broker - 3600)  # act's clock an hour slow
+    follower.apply_record(rec("gpu-node-02", broker + 86_400), now=broker + 86_400)  # read a day later
     assert book.latest("gpu-node-01") is not None and book.latest("gpu-node-02") is None
     assert refused == ["clock_skew"]
     # a topic that keeps the producer's time (a site's own, not made by fleetwatch): act's clock
     plain = Record("site.nodes", 0, 0, b"gpu-node-03", record("gpu-node-03", ts=T0 + 30), 0, False)
-    book.apply_record(plain, now=T0)
+    follower.apply_record(plain, now=T0)
     assert book.latest("gpu-node-03") is not None
 
 
