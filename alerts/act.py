@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     followers: list[JobTableFollower | TopicFollower] = [
         JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
         TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
-        TopicFollower(args.results_topic, results.apply, bus),  # what the adapter did
+        BrokerTimedFollower(args.results_topic, results.apply, bus),  # what the adapter did
         control,
         BrokerTimedFollower(args.slurm_nodes_topic, slurm_nodes.apply, bus),  # nodes people hold
     ]
@@ -304,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
         dry_run=dry_run,
         held=slurm_nodes.held_nodes,
         slurm_record=slurm_nodes.latest,
+        slurm_seen=slurm_nodes.seen_at,
     )
     worker = act_worker(
         bus,

@@ -162,6 +162,7 @@ class Actor:
         dry_run: bool = False,
         held: Callable[[float], Mapping[str, str]] = lambda _now: {},
         slurm_record: Callable[[str], Mapping[str, Any] | None] = lambda _node: None,
+        slurm_seen: Callable[[str], float | None] = lambda _node: None,
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -203,6 +204,7 @@ class Actor:
         # a node's latest slurm_node/1 (alerts/slurm_nodes.SlurmNodeBook.latest): an operator's
         # resume of a node we drained frees its budget slot
         self.slurm_record = slurm_record
+        self.slurm_seen = slurm_seen  # when the broker took the node's latest Slurm view
 
     # ------------------------------------------------------------ input
 
@@ -362,6 +364,8 @@ class Actor:
                 # views before it may show the node in service inside its validation reservation,
                 # which is no operator's doing (_released_by_hand reads only later views).
                 st.confirmed_at = max(st.confirmed_at or 0.0, r.ts)
+                if r.seen is not None:
+                    st.confirmed_seen = max(st.confirmed_seen or 0.0, r.seen)
             if r.request_id not in self._counted:  # results are re-applied every decision: count once
                 self._counted.add(r.request_id)
                 self.metrics.results.labels(r.action, r.outcome).inc()
@@ -391,6 +395,12 @@ class Actor:
             # that time is not known (an older snapshot), well after the request
             after = st.confirmed_at if st.confirmed_at else (st.drained_at or now) + RELEASE_GRACE_S
             if rec is None or rec["ts"] <= after:
+                continue
+            # ... and one the broker took after the drain's answer: the adapter publishes in the
+            # order it reads Slurm, so a view that reached the broker first was taken before the
+            # drain even where its clock stepped ahead and back between them (the ts above)
+            seen = self.slurm_seen(node)
+            if st.confirmed_seen is not None and seen is not None and seen <= st.confirmed_seen:
                 continue
             if str(rec["state"]).startswith(("drain", "down", "fail", "maint")) or rec["maintenance"]:
                 continue

@@ -81,6 +81,9 @@ class Result:
     detail: str
     request_signature: str  # the signature of the request this answers
     ts: float = 0.0  # the adapter's clock when it answered
+    # when the broker took the answer (scheduler.drain.results.v1 is LogAppendTime; act's reading
+    # time on a topic that keeps the producer's); None: not known
+    seen: float | None = None
 
 
 MAX_ANSWERS = 8  # answers kept per request id (one per copy of the request act issued)
@@ -98,8 +101,9 @@ class ResultBook:
         self._refusals = RefusalLog(log)  # a flood of them must not flood the log
         self._by_id: dict[str, dict[str, Result]] = {}
 
-    def apply(self, _key: bytes | None, value: bytes | None) -> None:
-        """One record of the results topic; unsigned, forged, unbound or malformed ones are ignored."""
+    def apply(self, _key: bytes | None, value: bytes | None, now: float | None = None) -> None:
+        """One record of the results topic; unsigned, forged, unbound or malformed ones are ignored.
+        `now`: when the broker took it (act's follower, follow.BrokerTimedFollower), kept with it."""
         if value is None:
             return
         try:
@@ -121,7 +125,9 @@ class ResultBook:
                 "request signature (an adapter of an earlier release?)",
             )
             return
-        r = Result(m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig, float(m["ts"]))
+        r = Result(
+            m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig, float(m["ts"]), now
+        )
         with self._lock:
             answers = self._by_id.setdefault(r.request_id, {})
             if r.outcome == drain_result.DUPLICATE:
@@ -131,7 +137,16 @@ class ResultBook:
                 first = next((a for a in answers.values() if a.outcome != drain_result.DUPLICATE), None)
                 if first is None or sig in answers:
                     return
-                r = Result(r.request_id, first.node, first.action, first.outcome, first.detail, sig, first.ts)
+                r = Result(
+                    r.request_id,
+                    first.node,
+                    first.action,
+                    first.outcome,
+                    first.detail,
+                    sig,
+                    first.ts,
+                    first.seen,
+                )
             old = answers.get(sig)
             if old is None or old.outcome != drain_result.EXECUTED:  # done is done
                 answers[sig] = r

@@ -209,6 +209,9 @@ class NodeState:
     # when the adapter executed our drain, on the adapter's clock (its view of the node, also on
     # that clock, shows an operator's resume only if it was taken after): None = not known
     confirmed_at: float | None = None
+    # ... and when the broker took that answer: a view the broker took before it was taken before
+    # the drain, whatever the adapter's clock said (a clock that stepped ahead and back)
+    confirmed_seen: float | None = None
 
     def worthy(self) -> list[OpenFinding]:
         return sorted((f for f in self.open.values() if f.drain), key=lambda f: (f.ts, f.id))
@@ -419,7 +422,7 @@ class Policy:
             st.flapping = st.last_resume_at is not None and now - st.last_resume_at < c.cooldown_s
             st.drained, st.drained_at, st.refused, st.refused_detail = True, now, None, ""
             st.request_id, st.request_sig, st.confirmed = rid, "", False  # signed by the caller
-            st.confirmed_at = None
+            st.confirmed_at = st.confirmed_seen = None
             st.drain_findings = [f.id for f in worthy]
             st.drain_reason = ", ".join(reasons)
             st.drain_severity = severity
@@ -472,7 +475,7 @@ class Policy:
             st.drained, st.drained_at, st.drain_findings = True, issued_at, ids
             st.request_id, st.request_sig, st.confirmed = request_id, signature, False
             st.resuming, st.validation = False, ""  # a drain issued after any resume before it
-            st.confirmed_at = None
+            st.confirmed_at = st.confirmed_seen = None
             st.drain_reason = reason.removeprefix("fleetwatch: ")
             st.refused, st.refused_detail = None, ""
             if st.healthy_since is None and not st.blocking():
@@ -550,7 +553,7 @@ class Policy:
         st.onset = None
         st.drained = st.confirmed = False
         st.request_id = st.request_sig = ""  # its executed result must not be applied again
-        st.confirmed_at = None
+        st.confirmed_at = st.confirmed_seen = None
         st.last_resume_at, st.validation = now, ""
         st.refused, st.refused_detail = None, ""
         return True

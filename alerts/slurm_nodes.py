@@ -123,6 +123,7 @@ class SlurmNodeBook:
         self._on_refused = on_refused
         self._lock = threading.Lock()
         self._latest: dict[str, dict[str, Any]] = {}
+        self._seen: dict[str, float] = {}  # when the broker took each node's latest record
 
     def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
         """One record of the topic; `now`: the time its `ts` is checked against (act's follower,
@@ -146,6 +147,7 @@ class SlurmNodeBook:
             old = self._latest.get(msg["node"])
             if old is None or msg["ts"] > old["ts"]:
                 self._latest[msg["node"]] = msg
+                self._seen[msg["node"]] = now
 
     def _refuse(self, why: str, detail: str) -> None:
         self._refusals(why, f"slurm_node record refused: {detail[:200]}")
@@ -155,6 +157,11 @@ class SlurmNodeBook:
         """The node's latest verified record (its age is the caller's to judge)."""
         with self._lock:
             return self._latest.get(node)
+
+    def seen_at(self, node: str) -> float | None:
+        """When the broker took the node's latest record (the reference apply was given)."""
+        with self._lock:
+            return self._seen.get(node)
 
     def _why(self, node: str, rec: dict[str, Any] | None, now: float) -> str | None:
         """Why `node` (whose latest record is `rec`) is held at `now`: the opt-out list first, then

@@ -50,9 +50,10 @@ COMPACTED = frozenset({STATE, NODES, JOBS, SLURM_NODES})
 # publisher (collectors/) must not import the pipeline.
 JOB_HISTORY_S = 7 * 86400.0
 # Topics written by nodes, the scheduler and training jobs, whose clocks fleetwatch does not own,
-# by the Slurm adapter on the scheduler's host (its node views) and by operators' hosts (the drain
-# pause): kept with LogAppendTime, so each record carries the time the broker took it, the
-# reference its message's own timestamp is checked against (fleetwatch.schemas.ClockLimits; act's
-# view of Slurm, alerts/slurm_nodes.py; the pause, alerts/drain_pause.py). A replay checks a
-# record against the same reference as the first reading did.
-BROKER_TIMED = frozenset({TELEMETRY, JOBS, STEPS, SLURM_NODES, CONTROL})
+# by the Slurm adapter on the scheduler's host (its node views and its answers) and by operators'
+# hosts (the drain pause): kept with LogAppendTime, so each record carries the time the broker took
+# it, the reference its message's own timestamp is checked against (fleetwatch.schemas.ClockLimits;
+# act's view of Slurm, alerts/slurm_nodes.py; the pause, alerts/drain_pause.py), and the order of
+# one writer's records whatever its clock did (a Slurm view before or after a drain's answer,
+# alerts/actor.py). A replay checks a record against the same reference as the first reading did.
+BROKER_TIMED = frozenset({TELEMETRY, JOBS, STEPS, SLURM_NODES, CONTROL, DRAIN_RESULTS})

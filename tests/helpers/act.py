@@ -67,6 +67,7 @@ class Rig:
             dry_run=dry_run,
             held=held_book.held_nodes if held_book is not None else lambda _now: {},
             slurm_record=held_book.latest if held_book is not None else lambda _node: None,
+            slurm_seen=held_book.seen_at if held_book is not None else lambda _node: None,
         )
         self.task = self.tasks[("act", 0)] = ActTask(self.actor, 0)
 
@@ -78,9 +79,16 @@ class Rig:
         return [msg for _, _, msg in self.actor.decide()]
 
     def result(
-        self, req: dict[str, Any], outcome: str, key: bytes = KEY, node: str | None = None, detail: str = ""
+        self,
+        req: dict[str, Any],
+        outcome: str,
+        key: bytes = KEY,
+        node: str | None = None,
+        detail: str = "",
+        seen: float | None = None,
     ) -> None:
-        """The adapter's signed answer to `req` (bound to its signature), as slurm-drainer sends it."""
+        """The adapter's signed answer to `req` (bound to its signature), as slurm-drainer sends it;
+        `seen`: when the broker took it (None: not known, as from a topic act reads without it)."""
         r = drain_result.make_result(
             request_id=req["request_id"],
             node=node or req["node"],
@@ -91,7 +99,7 @@ class Rig:
             request_signature=req["signature"],
             key=key,
         )
-        self.results.apply(req["node"].encode(), schemas.encode(r))
+        self.results.apply(req["node"].encode(), schemas.encode(r), seen)
 
     def metric(self, name: str, **labels: str) -> float | None:
         """A sample of act's metrics for this rig (None: no such series)."""

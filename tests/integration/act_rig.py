@@ -51,11 +51,12 @@ class ActRig:
         ensure_topics(
             bootstrap, [self.findings, self.drains, self.nodes, self.results, self.control, self.slurm_nodes]
         )
-        # as fleet.control.v1 and scheduler.nodes.v1 are made (topics.BROKER_TIMED): act checks a
-        # pause's and a node view's clock against the time the broker took the record, the path a
-        # deployment takes (the rig's topic names are its own, which ensure_topics leaves as they are)
+        # as fleet.control.v1, scheduler.nodes.v1 and scheduler.drain.results.v1 are made
+        # (topics.BROKER_TIMED): act checks a pause's and a node view's clock against the time the
+        # broker took the record, and orders views and answers by it, the path a deployment takes
+        # (the rig's topic names are its own, which ensure_topics leaves as they are)
         with Admin(bootstrap) as admin:
-            for topic in (self.control, self.slurm_nodes):
+            for topic in (self.control, self.slurm_nodes, self.results):
                 admin.alter_configs(topic, {"message.timestamp.type": "LogAppendTime"})
         self.bus = KafkaBus(bootstrap)
         self.producer = self.bus.producer()

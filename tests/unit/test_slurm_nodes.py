@@ -294,6 +294,32 @@ def test_a_node_an_operator_resumed_by_hand_frees_its_slot_once_slurm_shows_it()
     assert again["action"] == "drain"
 
 
+def test_an_adapter_clock_that_steps_ahead_and_back_makes_no_earlier_view_a_resume_by_hand() -> None:
+    # Within the minute the ts check allows, the adapter's clock steps 50 s ahead as it publishes
+    # the node in service, then back before it executes our drain and answers. By its ts that view
+    # is after the drain; the broker took it before the answer, the order the adapter read Slurm in
+    # (scheduler.nodes.v1 and scheduler.drain.results.v1 are LogAppendTime): no resume by hand, and
+    # the node keeps its budget slot.
+    book = SlurmNodeBook(KEY, clock=read_at)
+    rig = Rig(NODES, held_book=book, budget_min_nodes=1)
+    (drain,) = rig.feed(finding("gpu-node-05", ts=T0))
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 55), now=T0 + 5)  # 50 s ahead
+    rig.now = T0 + 10  # the clock back: the drain executed, and answered
+    rig.result(drain, "executed", seen=T0 + 11)
+    rig.decide(T0 + 12)
+    rig.decide(T0 + 40)
+    st = rig.task.nodes["gpu-node-05"]
+    assert st.drained and st.confirmed and st.confirmed_seen == T0 + 11
+    assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 0
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 1
+    # an operator's resume afterwards: a view taken, and taken by the broker, after the answer
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 600), now=T0 + 601)
+    rig.decide(T0 + 602)
+    assert not rig.task.nodes["gpu-node-05"].drained
+    assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 1
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 0
+
+
 def test_a_view_from_an_adapter_clock_ahead_is_refused_and_frees_no_budget_slot() -> None:
     # The adapter's clock ran a day ahead when it published the node in service; its clock is
     # right again when it executes our drain. Taken, that view would outrank every later one (the
