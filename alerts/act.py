@@ -204,6 +204,27 @@ def mode_defaults(args: argparse.Namespace) -> tuple[bool, str, str]:
     return dry_run, group, drain_topic
 
 
+def follow_tables(
+    args: argparse.Namespace,
+    bus: Bus,
+    jobs: JobTable,
+    census: Census,
+    results: ResultBook,
+    pause: PauseBook,
+    slurm_nodes: SlurmNodeBook,
+) -> list[TopicFollower]:
+    """The topics act follows whole, each into its table. A topic whose messages' clocks act
+    checks, or whose records it orders, by the time the broker took them (topics.BROKER_TIMED) is
+    followed with the time of each record: the job table's own follower, BrokerTimedFollower."""
+    return [
+        JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
+        TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
+        BrokerTimedFollower(args.results_topic, results.apply, bus),  # what the adapter did
+        BrokerTimedFollower(args.control_topic, pause.apply, bus),  # an operator's pause
+        BrokerTimedFollower(args.slurm_nodes_topic, slurm_nodes.apply, bus),  # nodes people hold
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)  # fail fast, before touching Kafka
     # detect's key: verifies the census and the findings (never logged)
@@ -240,7 +261,6 @@ def run(args: argparse.Namespace) -> int:
         lambda why: metrics.control_refused.labels(why).inc(),
         read=lambda: control.caught_up.is_set(),
     )
-    control = BrokerTimedFollower(args.control_topic, pause.apply, bus)  # an operator's pause
     policy = policy_config(args)
     slurm_nodes = SlurmNodeBook(
         key,
@@ -248,13 +268,8 @@ def run(args: argparse.Namespace) -> int:
         opt_out_feature=policy.opt_out_feature,
         on_refused=lambda why: metrics.slurm_nodes_refused.labels(why).inc(),
     )
-    followers: list[JobTableFollower | TopicFollower] = [
-        JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
-        TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
-        BrokerTimedFollower(args.results_topic, results.apply, bus),  # what the adapter did
-        control,
-        BrokerTimedFollower(args.slurm_nodes_topic, slurm_nodes.apply, bus),  # nodes people hold
-    ]
+    followers = follow_tables(args, bus, jobs, census, results, pause, slurm_nodes)
+    (control,) = (f for f in followers if f.topic == args.control_topic)
     for f in followers:
         f.start()
     for f in followers:
@@ -303,8 +318,7 @@ def run(args: argparse.Namespace) -> int:
         pause=pause.active,
         dry_run=dry_run,
         held=slurm_nodes.held_nodes,
-        slurm_record=slurm_nodes.latest,
-        slurm_seen=slurm_nodes.seen_at,
+        slurm_view=slurm_nodes.view,
     )
     worker = act_worker(
         bus,

@@ -161,8 +161,10 @@ class Actor:
         pause: Callable[[float], Pause | None] = lambda _now: None,
         dry_run: bool = False,
         held: Callable[[float], Mapping[str, str]] = lambda _now: {},
-        slurm_record: Callable[[str], Mapping[str, Any] | None] = lambda _node: None,
-        slurm_seen: Callable[[str], float | None] = lambda _node: None,
+        slurm_view: Callable[[str], tuple[Mapping[str, Any] | None, float | None]] = lambda _node: (
+            None,
+            None,
+        ),
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -203,8 +205,8 @@ class Actor:
         self._held: Mapping[str, str] = {}
         # a node's latest slurm_node/1 (alerts/slurm_nodes.SlurmNodeBook.latest): an operator's
         # resume of a node we drained frees its budget slot
-        self.slurm_record = slurm_record
-        self.slurm_seen = slurm_seen  # when the broker took the node's latest Slurm view
+        # a node's latest Slurm view and when the broker took it (alerts/slurm_nodes.py)
+        self.slurm_view = slurm_view
 
     # ------------------------------------------------------------ input
 
@@ -390,16 +392,18 @@ class Actor:
         for node, st in nodes.items():
             if not (st.drained and st.confirmed):
                 continue
-            rec = self.slurm_record(node)
+            rec, seen = self.slurm_view(node)
             # A view taken after the drain was executed (the adapter's own clock on both); where
             # that time is not known (an older snapshot), well after the request
             after = st.confirmed_at if st.confirmed_at else (st.drained_at or now) + RELEASE_GRACE_S
             if rec is None or rec["ts"] <= after:
                 continue
-            # ... and one the broker took after the drain's answer: the adapter publishes in the
-            # order it reads Slurm, so a view that reached the broker first was taken before the
-            # drain even where its clock stepped ahead and back between them (the ts above)
-            seen = self.slurm_seen(node)
+            # ... and one the broker took after the drain's answer: the adapter sends the views it
+            # read before a drain, and waits for the broker to take them, before it sends that
+            # drain's answer (alerts/slurm_drainer.py), so a view that reached the broker first was
+            # taken before the drain, even where its clock stepped ahead and back between them
+            # (the ts above). Not where the two topics' leaders' clocks differ by more than that
+            # gap, nor after a failed flush: then only the ts decides, as it did before.
             if st.confirmed_seen is not None and seen is not None and seen <= st.confirmed_seen:
                 continue
             if str(rec["state"]).startswith(("drain", "down", "fail", "maint")) or rec["maintenance"]:

@@ -81,8 +81,8 @@ class Result:
     detail: str
     request_signature: str  # the signature of the request this answers
     ts: float = 0.0  # the adapter's clock when it answered
-    # when the broker took the answer (scheduler.drain.results.v1 is LogAppendTime; act's reading
-    # time on a topic that keeps the producer's); None: not known
+    # when the broker took the answer (scheduler.drain.results.v1 is LogAppendTime); None: not known
+    # (a topic that keeps the producer's time)
     seen: float | None = None
 
 
@@ -101,9 +101,14 @@ class ResultBook:
         self._refusals = RefusalLog(log)  # a flood of them must not flood the log
         self._by_id: dict[str, dict[str, Result]] = {}
 
-    def apply(self, _key: bytes | None, value: bytes | None, now: float | None = None) -> None:
+    def apply(
+        self, _key: bytes | None, value: bytes | None, now: float | None = None, broker: bool = False
+    ) -> None:
         """One record of the results topic; unsigned, forged, unbound or malformed ones are ignored.
-        `now`: when the broker took it (act's follower, follow.BrokerTimedFollower), kept with it."""
+        `now`, where `broker` says it is when the broker took the record (act's follower,
+        follow.BrokerTimedFollower, on a LogAppendTime topic), is kept with it; a reading time is not:
+        it orders nothing across a restart."""
+        seen = now if broker else None
         if value is None:
             return
         try:
@@ -126,7 +131,7 @@ class ResultBook:
             )
             return
         r = Result(
-            m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig, float(m["ts"]), now
+            m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig, float(m["ts"]), seen
         )
         with self._lock:
             answers = self._by_id.setdefault(r.request_id, {})

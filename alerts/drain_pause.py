@@ -149,10 +149,12 @@ class PauseBook:
         self._ready = threading.Event()
         self._read = read or self._ready.is_set
 
-    def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
+    def apply(
+        self, key: bytes | None, value: bytes | None, now: float | None = None, _broker: bool = False
+    ) -> None:
         """One record of the control topic; `now`: the time its `issued_at` is checked against and
         its week counted from (the broker's, from follow.BrokerTimedFollower; the reader's clock
-        where none is given)."""
+        where none is given), whichever clock that is."""
         now = time.time() if now is None else now
         if value is None:
             return  # a tombstone unsigned: it lifts nothing (an operator lifts with resume-drains)

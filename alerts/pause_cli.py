@@ -45,7 +45,9 @@ def next_issued_at(bus: KafkaBus, topic: str, key: bytes, now: float) -> float:
         follower.stop()
         follower.join(10)
     if not read:
-        raise BrokerUnavailable(f"{topic} was not read to its end in {READ_S:.0f} s; nothing changed")
+        raise BrokerUnavailable(
+            f"{topic} was not read to its end in {READ_S:.0f} s (a Read ACL missing?); nothing changed"
+        )
     return max(now, book.latest_issued_at() + 0.001)
 
 

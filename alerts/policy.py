@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 from fleetwatch.alerts.drain_request import request_id
@@ -229,7 +229,8 @@ class NodeState:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NodeState:
-        d = dict(d)
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}  # a later release's fields: a rollback loads
         d["open"] = {k: OpenFinding(**v) for k, v in d.get("open", {}).items()}
         if "confirmed" not in d:  # a snapshot from before drain results: its drains were believed done
             d["confirmed"] = bool(d.get("drained"))

@@ -125,10 +125,13 @@ class SlurmNodeBook:
         self._latest: dict[str, dict[str, Any]] = {}
         self._seen: dict[str, float] = {}  # when the broker took each node's latest record
 
-    def apply(self, key: bytes | None, value: bytes | None, now: float | None = None) -> None:
+    def apply(
+        self, key: bytes | None, value: bytes | None, now: float | None = None, broker: bool = False
+    ) -> None:
         """One record of the topic; `now`: the time its `ts` is checked against (act's follower,
         follow.BrokerTimedFollower, gives the time the broker took it: scheduler.nodes.v1 is a
-        LogAppendTime topic; the book's clock where none is given)."""
+        LogAppendTime topic, `broker` True; the book's clock where none is given). The broker's time
+        is kept with the record (view()); a reading time is not: it orders nothing across a restart."""
         if value is None:
             return  # unsigned: a tombstone cannot end a hold (records age out instead)
         msg, why, detail = signing.decode_verified(value, SLURM_NODE, key, self._key)
@@ -147,7 +150,10 @@ class SlurmNodeBook:
             old = self._latest.get(msg["node"])
             if old is None or msg["ts"] > old["ts"]:
                 self._latest[msg["node"]] = msg
-                self._seen[msg["node"]] = now
+                if broker:
+                    self._seen[msg["node"]] = now
+                else:
+                    self._seen.pop(msg["node"], None)
 
     def _refuse(self, why: str, detail: str) -> None:
         self._refusals(why, f"slurm_node record refused: {detail[:200]}")
@@ -158,10 +164,12 @@ class SlurmNodeBook:
         with self._lock:
             return self._latest.get(node)
 
-    def seen_at(self, node: str) -> float | None:
-        """When the broker took the node's latest record (the reference apply was given)."""
+    def view(self, node: str) -> tuple[dict[str, Any] | None, float | None]:
+        """The node's latest verified record and when the broker took it (None: not known), read
+        together: a newer record landing between two reads must not pair one's state with the
+        other's time."""
         with self._lock:
-            return self._seen.get(node)
+            return self._latest.get(node), self._seen.get(node)
 
     def _why(self, node: str, rec: dict[str, Any] | None, now: float) -> str | None:
         """Why `node` (whose latest record is `rec`) is held at `now`: the opt-out list first, then

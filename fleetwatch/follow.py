@@ -22,8 +22,9 @@ from fleetwatch.bus import Bus, Record, TopicPart, reference_time
 log = logging.getLogger(__name__)
 
 Apply = Callable[[bytes | None, bytes | None], None]
-# (key, value, the time the message's own timestamp is checked against)
-TimedApply = Callable[[bytes | None, bytes | None, float], None]
+# (key, value, the time the message's own timestamp is checked against, whether that time is the
+# broker's: a LogAppendTime topic; else the reading time, which orders nothing across a restart)
+TimedApply = Callable[[bytes | None, bytes | None, float, bool], None]
 
 
 class TopicFollower(threading.Thread):
@@ -69,14 +70,15 @@ class TopicFollower(threading.Thread):
 
 
 class BrokerTimedFollower(TopicFollower):
-    """A follower whose reader checks each message's own timestamp: `apply(key, value, ref)` with
-    ref the time the broker took the record on a LogAppendTime topic (topics.BROKER_TIMED), else
-    the time it was read. Against the broker's time, a reader's own clock (behind or ahead) changes
-    nothing, and a re-read after a restart decides as the first reading did."""
+    """A follower whose reader checks each message's own timestamp: `apply(key, value, ref, broker)`
+    with ref the time the broker took the record on a LogAppendTime topic (topics.BROKER_TIMED;
+    broker True), else the time it was read (broker False). Against the broker's time, a reader's
+    own clock (behind or ahead) changes nothing, and a re-read after a restart decides as the first
+    reading did."""
 
     def __init__(self, topic: str, apply: TimedApply, bus: Bus) -> None:
         super().__init__(topic, None, bus)
         self._timed = apply
 
     def apply_record(self, record: Record, now: float) -> None:
-        self._timed(record.key, record.value, reference_time(record, now))
+        self._timed(record.key, record.value, reference_time(record, now), record.log_append)

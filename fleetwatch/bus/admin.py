@@ -27,13 +27,15 @@ from fleetwatch.bus.config import BrokerUnavailable, connect_timeout_s, protocol
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0
-# What a group's coordinator answers while it is being elected or is loading the group's offsets
-# (a fresh broker, a moved coordinator): asked again, it answers.
-_COORDINATOR_PENDING = frozenset(
+# What a group's coordinator answers, for the request or a partition, while it is being elected or
+# is loading the group's offsets (a fresh broker, a moved coordinator), or while a transaction's
+# offsets are not settled: asked again, it answers.
+_ASK_AGAIN = frozenset(
     {
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
     }
 )
 # where a setting that nobody changed comes from (kafka-python's "modified" filter leaves these out)
@@ -183,18 +185,18 @@ class Admin:
             while True:
                 try:
                     got = consumer.committed(asked, timeout=max(0.1, deadline - time.monotonic()))
-                    break
+                    failed = next((tp.error for tp in got if tp.error is not None), None)
+                    if failed is None:
+                        break
+                    raise KafkaException(failed)
                 except KafkaException as e:
                     # librdkafka does not ask again by itself after these; its group has looked the
                     # coordinator up anew by the next try
-                    if e.args[0].code() not in _COORDINATOR_PENDING or time.monotonic() >= deadline:
+                    if e.args[0].code() not in _ASK_AGAIN or time.monotonic() >= deadline:
                         raise
                     time.sleep(0.2)
         finally:
             consumer.close()
-        for tp in got:
-            if tp.error is not None:
-                raise KafkaException(tp.error)
         return {TopicPart(tp.topic, tp.partition): max(-1, int(tp.offset)) for tp in got}
 
     def group_members(self, group: str) -> int:

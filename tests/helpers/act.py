@@ -66,8 +66,7 @@ class Rig:
             pause=pause.active if pause is not None else lambda _now: None,
             dry_run=dry_run,
             held=held_book.held_nodes if held_book is not None else lambda _now: {},
-            slurm_record=held_book.latest if held_book is not None else lambda _node: None,
-            slurm_seen=held_book.seen_at if held_book is not None else lambda _node: None,
+            slurm_view=held_book.view if held_book is not None else lambda _node: (None, None),
         )
         self.task = self.tasks[("act", 0)] = ActTask(self.actor, 0)
 
@@ -99,7 +98,7 @@ class Rig:
             request_signature=req["signature"],
             key=key,
         )
-        self.results.apply(req["node"].encode(), schemas.encode(r), seen)
+        self.results.apply(req["node"].encode(), schemas.encode(r), seen, seen is not None)
 
     def metric(self, name: str, **labels: str) -> float | None:
         """A sample of act's metrics for this rig (None: no such series)."""

@@ -48,16 +48,16 @@ class ActRig:
         # or maintenance would hold another's drains
         self.control, self.slurm_nodes = f"test.act.{tag}.control", f"test.act.{tag}.slurmnodes"
         self.group = f"act-{tag}"
-        ensure_topics(
-            bootstrap, [self.findings, self.drains, self.nodes, self.results, self.control, self.slurm_nodes]
-        )
-        # as fleet.control.v1, scheduler.nodes.v1 and scheduler.drain.results.v1 are made
-        # (topics.BROKER_TIMED): act checks a pause's and a node view's clock against the time the
-        # broker took the record, and orders views and answers by it, the path a deployment takes
-        # (the rig's topic names are its own, which ensure_topics leaves as they are)
+        # made LogAppendTime, as fleet.control.v1, scheduler.nodes.v1 and scheduler.drain.results.v1
+        # are (topics.BROKER_TIMED): act checks a pause's and a node view's clock against the time
+        # the broker took the record, and orders views and answers by it, the path a deployment
+        # takes (the rig's topic names are its own, which ensure_topics makes with no settings)
+        timed = (self.control, self.slurm_nodes, self.results)
         with Admin(bootstrap) as admin:
-            for topic in (self.control, self.slurm_nodes, self.results):
-                admin.alter_configs(topic, {"message.timestamp.type": "LogAppendTime"})
+            admin.create_topics(
+                timed, configs={t: {"message.timestamp.type": "LogAppendTime"} for t in timed}
+            )
+        ensure_topics(bootstrap, [self.findings, self.drains, self.nodes])
         self.bus = KafkaBus(bootstrap)
         self.producer = self.bus.producer()
         # the fake dcgmi's plan (tests/fakes/dcgmi): the adapter's validation passes unless a test

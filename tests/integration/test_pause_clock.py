@@ -16,7 +16,7 @@ import pytest
 from fleetwatch import follow, schemas
 from fleetwatch.alerts.drain_pause import PauseBook, make_control
 from fleetwatch.alerts.pause_cli import next_issued_at
-from fleetwatch.bus.admin import Admin, ensure_topics
+from fleetwatch.bus.admin import Admin
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.follow import BrokerTimedFollower
 from tests.integration.services import send
@@ -45,9 +45,10 @@ def test_an_operator_with_a_slow_clock_lifts_the_pause_act_holds(
     kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topic = f"test.control.{uuid.uuid4().hex[:8]}"
-    ensure_topics(kafka_bootstrap, [topic], partitions=1)
     with Admin(kafka_bootstrap) as admin:  # as fleet.control.v1 is made (topics.BROKER_TIMED)
-        admin.alter_configs(topic, {"message.timestamp.type": "LogAppendTime"})
+        admin.create_topics(
+            [topic], partitions=1, configs={topic: {"message.timestamp.type": "LogAppendTime"}}
+        )
     now = time.time()
     send(kafka_bootstrap, topic, [(b"drain_pause", _pause(now + 30))])  # the pausing host 30 s ahead
     send(kafka_bootstrap, topic, [(b"drain_pause", _pause(now + 86_400))])  # a day ahead: act refuses it

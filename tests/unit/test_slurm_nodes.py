@@ -303,7 +303,9 @@ def test_an_adapter_clock_that_steps_ahead_and_back_makes_no_earlier_view_a_resu
     book = SlurmNodeBook(KEY, clock=read_at)
     rig = Rig(NODES, held_book=book, budget_min_nodes=1)
     (drain,) = rig.feed(finding("gpu-node-05", ts=T0))
-    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 55), now=T0 + 5)  # 50 s ahead
+    book.apply(
+        b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 55), now=T0 + 5, broker=True
+    )  # 50 s ahead
     rig.now = T0 + 10  # the clock back: the drain executed, and answered
     rig.result(drain, "executed", seen=T0 + 11)
     rig.decide(T0 + 12)
@@ -313,7 +315,7 @@ def test_an_adapter_clock_that_steps_ahead_and_back_makes_no_earlier_view_a_resu
     assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 0
     assert rig.metric("fleetwatch_act_drain_budget_used") == 1
     # an operator's resume afterwards: a view taken, and taken by the broker, after the answer
-    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 600), now=T0 + 601)
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle", ts=T0 + 600), now=T0 + 601, broker=True)
     rig.decide(T0 + 602)
     assert not rig.task.nodes["gpu-node-05"].drained
     assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 1
