@@ -4,7 +4,8 @@ real broker and Alertmanager.
 - slurm_node/1: garbage, unsigned and forged "this node is in maintenance" claims, a genuine record
   under another node's key, a genuine record from an adapter clock a day ahead, oversized values.
 - control/1, drain results, the census, findings: garbage, forged pauses and a genuine pause from a
-  clock a day ahead, forged results, forged census records, a forged critical finding.
+  clock a day ahead, forged results, genuine results bound to no request (as an adapter of an earlier
+  release writes them), forged census records, a forged critical finding.
 
 act refuses and counts each by its reason (logging only the first of each and every 1000th),
 stays up, pauses nothing, shields no node it should drain and drains none on forged evidence,
@@ -21,7 +22,7 @@ import orjson
 
 from fleetwatch.alerts import drain_request
 from fleetwatch.alerts.drain_pause import make_control
-from fleetwatch.alerts.drain_result import make_result
+from fleetwatch.alerts.drain_result import BINDING, make_result
 from fleetwatch.alerts.slurm import NodeInfo
 from fleetwatch.alerts.slurm_nodes import make_record
 from fleetwatch.bus.admin import Admin
@@ -149,8 +150,8 @@ def issued(records: list[Any]) -> list[Any]:
 def test_a_flood_on_every_other_topic_act_reads_pauses_nothing_and_drains_only_what_is_signed(
     rig: ActRig, topic_tail: Callable[[str], TopicTail]
 ) -> None:
-    """Forged pauses, a genuine pause from a clock a day ahead, forged and garbage drain results,
-    census records and findings (a forged critical XID for a node of the fleet): none pauses act,
+    """Forged pauses, a genuine pause from a clock a day ahead, forged, garbage and unbound drain
+    results, census records and findings (a forged critical XID for a node of the fleet): none pauses act,
     drains a node or changes the fleet; each is counted by its reason; the genuine finding behind
     them all drains its node."""
     d, e = (f"{x}-{rig.group}" for x in ("flood-d", "flood-e"))
@@ -171,6 +172,12 @@ def test_a_flood_on_every_other_topic_act_reads_pauses_nothing_and_drains_only_w
         result = make_result(request_id=f"{i:032x}", node=d, action="resume", outcome="executed", detail="",
                              ts=now, request_signature="ab" * 32, key=ATTACKER_KEY)  # fmt: skip
         send(rig.results, key=d.encode(), value=orjson.dumps(result))
+        # signed with the real key but bound to no request's signature: counted, never filed
+        legacy = make_result(request_id=f"{i:032x}", node=d, action="resume", outcome="executed", detail="",
+                             ts=now, request_signature="ab" * 32, key=KEY.encode())  # fmt: skip
+        legacy = {k: v for k, v in legacy.items() if k not in (BINDING, "signature")}
+        legacy["signature"] = drain_request.sign(legacy, KEY.encode())
+        send(rig.results, key=d.encode(), value=orjson.dumps(legacy))
         send(rig.nodes, key=e.encode(), value=garbage[i])
         gone = node_message(e, now - 10, now + i * 1e-3, steady_since=now - 10, seen_at=now + i * 1e-3)
         send(rig.nodes, key=e.encode(), value=encode_signed({**gone, "gone": True}, ATTACKER_KEY))
@@ -192,7 +199,11 @@ def test_a_flood_on_every_other_topic_act_reads_pauses_nothing_and_drains_only_w
             "bad_signature": copies,
             "clock_skew": 1,
         },
-        "fleetwatch_act_drain_results_ignored_total": {"malformed": copies, "bad_signature": copies},
+        "fleetwatch_act_drain_results_ignored_total": {
+            "malformed": copies,
+            "bad_signature": copies,
+            "unbound": copies,
+        },
         "fleetwatch_act_census_refused_total": {"malformed": copies, "bad_signature": copies},
     }
     where = f'source_topic="{rig.findings}"'
@@ -216,4 +227,4 @@ def test_a_flood_on_every_other_topic_act_reads_pauses_nothing_and_drains_only_w
     assert metric(port, "fleetwatch_act_drains_paused") == 0
     assert act.poll() is None, rig.logs()
     log = (rig.tmp / "act-0.log").read_text(errors="replace")
-    assert log.count("\n") < 200, f"{log.count(chr(10))} log lines for {8 * copies} refused records"
+    assert log.count("\n") < 200, f"{log.count(chr(10))} log lines for {9 * copies} refused records"
