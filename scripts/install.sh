@@ -12,6 +12,9 @@ debian_packages=(prometheus-alertmanager slurmctld slurmd slurm-client munge pro
 debian_packages+=(systemd systemd-journal-remote)
 # a real browser for the reliability report's page (tests/integration/test_report_page.py)
 debian_packages+=(chromium)
+# gdb: a test whose child process crashed in native code reports the crashing thread's backtrace
+# from its core file (tests/helpers/crash.py)
+debian_packages+=(gdb)
 # A JDK or Maven from elsewhere (e.g. the image's own) also does; only install them when absent.
 command -v java >/dev/null || debian_packages+=(default-jre-headless)
 command -v mvn >/dev/null || debian_packages+=(maven)

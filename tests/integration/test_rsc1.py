@@ -8,11 +8,13 @@ the report names them (and no healthy node), and their drains cut the large jobs
 The benchmark runs as the command the README gives, in a process of its own: its Kafka clients
 (librdkafka) live there, so a crash of theirs fails this test instead of taking the whole test
 process (and every report before it) down. faulthandler prints the Python threads of a crash in
-Python's own threads; one in librdkafka's threads (which block signals) shows as exit -11 alone."""
+Python's own threads; for one in librdkafka's threads (which block signals) the failure carries the
+crashing thread's native backtrace from its core file (tests/helpers/crash.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import fisher_exact
 
+from tests.helpers.crash import dumping_core, native_backtrace
 from tests.integration.services import BESIDE_SLURM
 
 # its own private brokers only; ~75 s, run in the Slurm tests' process to balance the two (scripts/test.sh)
@@ -31,13 +34,19 @@ REPO = Path(__file__).resolve().parents[2]
 def rsc1(work: Path, port: int, *args: str) -> dict:
     """`python -m benchmarks.rsc1 --json ARGS` in a process of its own, on a private broker on
     `port` (each run its own: no run starts a broker on a port the last one is still leaving)."""
+    # run in `work`, so that a crash's core file lands there (tests/helpers/crash.py)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     r = subprocess.run(
-        [sys.executable, "-X", "faulthandler", "-m", "benchmarks.rsc1", "--json", "--keep", str(work),
-         "--broker-port", str(port), "--timeout", "240", *args],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+        dumping_core([sys.executable, "-X", "faulthandler", "-m", "benchmarks.rsc1", "--json", "--keep",
+                      str(work), "--broker-port", str(port), "--timeout", "240", *args]),
+        capture_output=True, text=True, timeout=600, cwd=work, env=env,
     )  # fmt: skip
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(work.glob("*.log")))
-    assert r.returncode == 0, f"benchmarks.rsc1 exited {r.returncode}:\n{r.stderr[-3000:]}\n{logs}"
+    crash = native_backtrace(r.returncode, work)
+    assert r.returncode == 0, f"benchmarks.rsc1 exited {r.returncode}:\n{r.stderr[-3000:]}\n{logs}\n{crash}"
     return json.loads(r.stdout)
 
 
