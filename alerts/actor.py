@@ -70,6 +70,7 @@ UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a dra
 RELEASE_GRACE_S = 120.0
 # a resume's answer comes once the node's validation ended: a level-3 dcgmi run takes ~15 minutes
 RESUME_TIMEOUT_S = 3600.0
+NO_VIEW: tuple[None, None] = (None, None)  # no Slurm view of the node (no adapter publishes them)
 
 
 def _done_at_once(st: NodeState, action: str) -> None:
@@ -161,10 +162,7 @@ class Actor:
         pause: Callable[[float], Pause | None] = lambda _now: None,
         dry_run: bool = False,
         held: Callable[[float], Mapping[str, str]] = lambda _now: {},
-        slurm_view: Callable[[str], tuple[Mapping[str, Any] | None, float | None]] = lambda _node: (
-            None,
-            None,
-        ),
+        slurm_view: Callable[[str], tuple[Mapping[str, Any] | None, float | None]] = lambda _node: NO_VIEW,
     ) -> None:
         self.policy = policy
         self.builder = builder
@@ -203,9 +201,8 @@ class Actor:
         # per batch and per decision
         self.held = held
         self._held: Mapping[str, str] = {}
-        # a node's latest slurm_node/1 (alerts/slurm_nodes.SlurmNodeBook.latest): an operator's
-        # resume of a node we drained frees its budget slot
-        # a node's latest Slurm view and when the broker took it (alerts/slurm_nodes.py)
+        # a node's latest slurm_node/1 and when the broker took it (alerts/slurm_nodes.SlurmNodeBook.view):
+        # an operator's resume of a node we drained frees its budget slot
         self.slurm_view = slurm_view
 
     # ------------------------------------------------------------ input

@@ -37,14 +37,7 @@ def next_issued_at(bus: KafkaBus, topic: str, key: bytes, now: float) -> float:
     against the time the broker took it), so a record act refuses never sets the next one's time.
     BrokerUnavailable where the topic is not read to its end within READ_S: nothing is sent then."""
     book = PauseBook(key)
-    follower = BrokerTimedFollower(topic, book.apply, bus)
-    follower.start()
-    try:
-        read = follower.caught_up.wait(READ_S)
-    finally:
-        follower.stop()
-        follower.join(10)
-    if not read:
+    if not BrokerTimedFollower(topic, book.apply, bus).read_once(READ_S):
         raise BrokerUnavailable(
             f"{topic} was not read to its end in {READ_S:.0f} s (a Read ACL missing?); nothing changed"
         )

@@ -15,7 +15,8 @@ and publishes what it sees:
 The publisher (in `slurm-drainer`) sends a node's record when it changes and every node's every
 `refresh_s`; act's book ignores a record older than `max_age_s` (a dead adapter's last word does
 not hold nodes out forever: act then acts as if it had no word from Slurm, which is what it had
-before this existed), and refuses one dated more than MAX_AHEAD_S ahead of its own clock.
+before this existed), and refuses one dated more than MAX_AHEAD_S ahead of the time the broker
+took it.
 Records are signed with the drain key: whoever could write the topic could otherwise shield a
 broken node from every drain by calling it "in maintenance".
 """

@@ -68,6 +68,16 @@ class TopicFollower(threading.Thread):
     def stop(self) -> None:
         self._stopping.set()
 
+    def read_once(self, timeout_s: float) -> bool:
+        """Start, apply what the topic holds now, stop: whether it was all applied within
+        timeout_s (for a command that reads a table once, not a service that follows it)."""
+        self.start()
+        try:
+            return self.caught_up.wait(timeout_s)
+        finally:
+            self.stop()
+            self.join(10)
+
 
 class BrokerTimedFollower(TopicFollower):
     """A follower whose reader checks each message's own timestamp: `apply(key, value, ref, broker)`

@@ -129,3 +129,14 @@ def test_a_follower_of_an_empty_or_absent_topic_is_caught_up_at_once() -> None:
         finally:
             follower.stop()
             follower.join(30)
+
+
+def test_a_follower_read_once_applies_what_the_topic_holds_and_stops() -> None:
+    bus = _bus()
+    for i in range(6):
+        bus.append(T, f"k{i % 3}".encode(), None if i == 5 else f"{i}".encode())
+    seen: list[tuple[bytes | None, bytes | None]] = []
+    follower = TopicFollower(T, lambda k, v: seen.append((k, v)), bus)
+    assert follower.read_once(30)
+    assert len(seen) == 6 and (b"k2", None) in seen  # every record the topic held, tombstone too
+    assert not follower.is_alive()
