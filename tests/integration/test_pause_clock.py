@@ -3,10 +3,14 @@ a LogAppendTime topic, and `fleetwatch pause` / `resume-drains` find the switch'
 as act does (follow.BrokerTimedFollower), whatever the operator's own clock says. An operator
 whose clock is an hour slow still issues a lift after the pause act holds (else every act would
 ignore it as a replay), and a record act refuses (a clock a day ahead) never sets the next
-record's time (else the operator's record would be a day ahead too, and refused)."""
+record's time (else the operator's record would be a day ahead too, and refused). The real command
+reads past garbage, oversized, truncated and forged records to the genuine one."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import types
 import uuid
@@ -32,11 +36,7 @@ def _pause(issued_at: float, paused: bool = True) -> bytes:
 
 def _as_act_reads(bus: KafkaBus, topic: str) -> PauseBook:
     book = PauseBook(KEY)
-    follower = BrokerTimedFollower(topic, book.apply, bus)
-    follower.start()
-    assert follower.caught_up.wait(30)
-    follower.stop()
-    follower.join(10)
+    assert BrokerTimedFollower(topic, book.apply, bus).read_once(30)
     book.read_up()
     return book
 
@@ -64,3 +64,43 @@ def test_an_operator_with_a_slow_clock_lifts_the_pause_act_holds(
     assert at == pytest.approx(now + 30.001, abs=1e-4)
     send(kafka_bootstrap, topic, [(b"drain_pause", _pause(at, paused=False))])
     assert _as_act_reads(bus, topic).active(now + 31) is None  # lifted
+
+
+def test_resume_drains_reads_past_hostile_records_and_lifts_the_genuine_pause(kafka_bootstrap: str) -> None:
+    """The real `fleetwatch resume-drains` on a switch that holds garbage, a 900 KB value, a
+    truncated genuine record and a pause forged with another key, dated a day ahead: it exits 0,
+    and its lift comes just after the genuine pause (what act takes), not after the forged one."""
+    topic = f"test.control.{uuid.uuid4().hex[:8]}"
+    with Admin(kafka_bootstrap) as admin:
+        admin.create_topics(
+            [topic], partitions=1, configs={topic: {"message.timestamp.type": "LogAppendTime"}}
+        )
+    now = time.time()
+    genuine = _pause(now + 30)
+    forged = schemas.encode(
+        make_control(
+            paused=True,
+            reason="forged",
+            by="mallory@x",
+            issued_at=now + 86_400,
+            until=now + 86_400 + 3600,
+            key=b"someone-elses-key-0123456789abcdef",
+        )
+    )
+    hostile = [b"\x00" * 64, b"{" * 10_000, b"x" * 900_000, genuine[: len(genuine) // 2], forged]
+    send(
+        kafka_bootstrap,
+        topic,
+        [(b"drain_pause", v) for v in [*hostile, genuine, *hostile]],
+        max_message_bytes=2 << 20,
+    )
+    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode()}
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetwatch.cli", "resume-drains", "--reason", "done",
+         "--bootstrap", kafka_bootstrap, "--control-topic", topic],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    book = _as_act_reads(KafkaBus(kafka_bootstrap), topic)
+    assert book.active(now + 31) is None  # lifted
+    assert now + 30 < book.latest_issued_at() < now + 600  # after the genuine pause, not the forged one
