@@ -1074,11 +1074,17 @@ def pipeline() -> dict:
                     f"(increase(fleetwatch_bus_rebalance_errors_total{{{C}}}[{RATE}]))",
                     "failed {{callback}}: {{group}}",
                 ),
+                (
+                    f"sum by (group) (increase(fleetwatch_bus_consumers_replaced_total{{{C}}}[{RATE}]))",
+                    "consumer replaced: {{group}}",
+                ),
             ),
             bars=True,
             desc="Snapshots written, restores that found a snapshot they could not use (the "
-            "partition started cold), and rebalance callbacks that raised (an assignment is then "
-            "retried; a revoke leaves its input uncommitted).",
+            "partition started cold), rebalance callbacks that raised (an assignment is then "
+            "retried; a revoke leaves its input uncommitted), and consumers replaced after a fatal "
+            "client error (a static member fenced: once after a broker restart; again and again, two "
+            "members with one instance id).",
         ),
         row("Node agents"),
         ts(

@@ -30,6 +30,12 @@ from fleetwatch.record_block import RecordBlock
 
 log = logging.getLogger(__name__)
 
+CONSUMERS_REPLACED = Counter(
+    "fleetwatch_bus_consumers_replaced_total",
+    "group consumers that hit a fatal client error (a static member fenced, e.g. after a broker "
+    "restart or by a second member with the same instance id) and were replaced by a new one",
+    ["group"],
+)
 REBALANCE_ERRORS = Counter(
     "fleetwatch_bus_rebalance_errors_total",
     "assign or revoke callbacks that raised (caught: the member stays; an assignment that failed "

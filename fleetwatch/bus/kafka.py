@@ -36,6 +36,7 @@ from confluent_kafka import Producer as _Producer
 
 from fleetwatch import topics
 from fleetwatch.bus import (
+    CONSUMERS_REPLACED,
     Delivery,
     OnAssign,
     OnRevoke,
@@ -62,6 +63,10 @@ log = logging.getLogger(__name__)
 
 METADATA_TIMEOUT_S = 10.0
 PRUNE_AT = 10_000  # sent records a producer keeps before it drops the acknowledged ones
+# A group consumer whose client hit a fatal error is replaced, the first time at once, then no
+# sooner than this after the last replacement, doubling to the most: two members given one
+# instance id fence each other in turn, and must not do so in a tight loop.
+REPLACE_FIRST_S, REPLACE_MAX_S = 1.0, 60.0
 
 # Answers a partition gives for a while after a topic is created or its broker restarts, before a
 # leader is elected and known: asked again, it answers.
@@ -289,6 +294,12 @@ class KafkaGroupConsumer:
         consumer = Consumer(cfg)
         _check_reachable(consumer, bus.bootstrap, cfg, bus.connect_timeout_s)
         self._native = _Native(consumer)
+        self._cfg, self._group = cfg, group
+        CONSUMERS_REPLACED.labels(group)  # exported at 0: increase() sees the first
+        self._topics: list[str] = []
+        self._fatal: KafkaError | None = None  # the error that ended the current client, if one did
+        self._replaced_at = -float("inf")
+        self._replace_wait_s = 0.0
         self._assigned: set[TopicPart] = set()
         self._on_assign: OnAssign | None = None
         self._on_revoke: OnRevoke | None = None
@@ -308,9 +319,47 @@ class KafkaGroupConsumer:
 
     def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._topics = list(topics)
         self._consumer.subscribe(
-            list(topics), on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
+            self._topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
         )
+
+    def _replace(self) -> None:
+        """A new client in place of one a fatal error ended. A fatal error is final for a librdkafka
+        consumer: it fetches, heartbeats and commits nothing more, while poll() goes on returning,
+        so the worker would sit in the group's place reading nothing (seen: a static member fenced
+        after a broker restart). Its partitions are given up as on a lost assignment (the owner's
+        uncommitted work is replayed by whoever gets them) and the new client joins under the same
+        settings, the same instance id included."""
+        err, self._fatal = self._fatal, None
+        CONSUMERS_REPLACED.labels(self._group).inc()
+        owned = set(self._assigned)  # as _revoke: a held (pending) assignment was never the owner's
+        if self._starts is not None:
+            owned.update(self._starts)
+        lost = sorted(owned)
+        self._pending.clear()
+        self._starts = None
+        self._assigned = set()
+        log.error(
+            "the consumer of group %s hit a fatal error (%s): replacing it; %d partitions handed back",
+            self._group, err, len(lost),
+        )  # fmt: skip
+        if lost and self._on_revoke is not None:
+            try:
+                self._on_revoke(lost)
+            except Exception as e:  # as in _revoke: the owner goes on without them
+                self._pending.failed("revoke", None, e)
+        try:
+            self._native.handle.close()
+        except Exception as e:  # a fatal client may refuse to leave the group cleanly
+            log.warning("closing the failed consumer of group %s: %s", self._group, e)
+        self._native = _Native(Consumer(self._cfg))
+        now = time.monotonic()
+        calm = now - self._replaced_at > 10 * REPLACE_MAX_S  # a fatal error long after the last
+        self._replace_wait_s = REPLACE_FIRST_S if calm else min(2 * self._replace_wait_s, REPLACE_MAX_S)
+        self._replaced_at = now
+        if self._topics:
+            self.subscribe(self._topics, self._on_assign, self._on_revoke)  # type: ignore[arg-type]
 
     # Nothing may escape these two: librdkafka's callbacks run inside poll(), and an exception
     # there comes out of consume() as a SystemError (see PendingAssignment).
@@ -396,6 +445,11 @@ class KafkaGroupConsumer:
         # consume(n, timeout) waits until n records are there or the timeout passes: asked for a
         # full batch while fewer were fetched, it idled the worker (70% of a plain topic's time).
         # So: what is there now; if nothing, wait for one record, and take what came with it.
+        if self._fatal is not None:
+            if time.monotonic() - self._replaced_at < self._replace_wait_s:
+                time.sleep(timeout_s)  # as an empty poll: the caller's loop does not spin
+                return {}
+            self._replace()
         if self._pending.due():
             self._retry_assign()
         msgs = self._consumer.consume(max_records, 0)
@@ -407,8 +461,11 @@ class KafkaGroupConsumer:
         columns: dict[TopicPart, tuple[list[Any], list[Any], list[int], list[int]]] = {}
         for m in msgs:
             if m.error() is not None:
-                # librdkafka retries what it can itself; what reaches here is for the log only
+                # librdkafka retries what it can itself; what reaches here is for the log only,
+                # but a fatal error, which it does not retry, gets the client replaced
                 log.warning("consumer: %s", m.error())
+                if m.error().fatal() or m.error().code() == KafkaError._FATAL:
+                    self._fatal = m.error()
                 continue
             tp = TopicPart(m.topic(), m.partition())
             cols = columns.get(tp)
