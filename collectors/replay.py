@@ -52,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
         path = Path(args.file)
         if not path.is_file():
             raise FileNotFoundError(f"no such file: {path}")
-        stream = path.open("rb")
+        try:
+            stream = path.open("rb")
+        except OSError as e:  # no permission: a one-line argument error, before the broker is asked
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
         name = str(path)
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker()

@@ -61,8 +61,22 @@ def _positive_int(text: str) -> int:
 
 def _nonneg_float(text: str) -> float:
     v = float(text)
-    if v < 0:
+    if not v >= 0:  # NaN too: it passes every comparison's "no", and a NaN limit refuses or lets all pass
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _port(text: str) -> int:
+    v = int(text)
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (0-65535; 0: off), got {text}")
+    return v
+
+
+def _year(text: str) -> int:
+    v = int(text)
+    if not 1 <= v <= 9999:
+        raise argparse.ArgumentTypeError(f"must be a year (1-9999), got {text}")
     return v
 
 
@@ -126,6 +140,8 @@ _EXPECTED: dict[Any, str] = {
     _positive_int: "an integer > 0",
     _positive_float: "a number > 0",
     _nonneg_float: "a number >= 0",
+    _port: "an integer 0-65535",
+    _year: "an integer 1-9999",
 }
 
 
@@ -227,7 +243,7 @@ def build_parser() -> _Parser:
     p.add_argument("--spool-dir", default=None, help="on-disk buffer for broker outages")
     p.add_argument("--spool-max-mib", type=_positive_float, default=256.0, help="spool bound in MiB")
     p.add_argument("--count", type=_positive_int, default=None, help="stop after this many samples")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument("--call-timeout", type=_positive_float, default=5.0, help="seconds per collector call")
     p.add_argument(
@@ -324,7 +340,7 @@ def build_parser() -> _Parser:
         default=None,
         help="unix time of simulated second 0 (default: early enough that no sample is in the future)",
     )
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.sim.cli:run")
@@ -342,7 +358,7 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--year",
-        type=int,
+        type=_year,
         default=None,
         help="the year of syslog lines, which carry none (default: this year)",
     )
@@ -360,7 +376,7 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("detect", help="detector worker (consumer group fleetwatch-detect)")
     _add_bootstrap(p)
-    p.add_argument("--metrics-port", type=int, default=9108, help="serve Prometheus metrics here (0: off)")
+    p.add_argument("--metrics-port", type=_port, default=9108, help="serve Prometheus metrics here (0: off)")
     _add_metrics_addr(p)
     p.add_argument("--group", default="fleetwatch-detect", help="consumer group (one per pipeline)")
     p.add_argument(
@@ -482,7 +498,7 @@ def build_parser() -> _Parser:
         help="alert when a drain has had no result from the adapter for this many seconds",
     )
     p.add_argument("--cluster", default="default", help="cluster label on alerts")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument("--resend-interval", type=_positive_float, default=60.0, help="seconds between re-sends")
     p.add_argument(
@@ -599,7 +615,7 @@ def build_parser() -> _Parser:
         "slurm-jobs", help="publish job/1 for every Slurm job's start and end (beside slurmctld)"
     )
     _add_bootstrap(p)
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument(
         "--interval", type=_positive_float, default=2.0, help="seconds between squeue polls (default 2)"
@@ -654,7 +670,7 @@ def build_parser() -> _Parser:
     from fleetwatch.pipeline.reliability import args as reliability
 
     reliability.add_window_args(p)
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument(
         "--census-key-file",
@@ -701,7 +717,7 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
     _add_bootstrap(p)
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
     p.add_argument(

@@ -84,8 +84,10 @@ def load(path: str | Path) -> dict[str, Any]:
             return tomllib.load(f)
     except OSError as e:
         raise ConfigError(f"{path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # arrays nested hundreds deep: no configuration's shape
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
 
 
 def table(data: Mapping[str, Any], name: str) -> dict[str, Any]:

@@ -87,7 +87,15 @@ def _chunks(reader: Iterator[list[str]]) -> Iterator[list[list[str]]]:
 
 
 def score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
-    """Score ``src`` into ``out``; returns the number of data rows."""
+    """Score ``src`` into ``out``; returns the number of data rows. A field past the csv module's
+    limit (128 KiB) is a ValueError naming its row, not a traceback."""
+    try:
+        return _score_stream(src, out, column, timestamp)
+    except csv.Error as e:
+        raise ValueError(f"not a readable CSV: {e}") from None
+
+
+def _score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
     reader = csv.reader(src)
     header = next(reader, None)
     if header is None or not any(h.strip() for h in header):
@@ -97,7 +105,10 @@ def score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
     single = len(header) == 1
     scorer = MultivariateScorer(1)
     scorer.add_groups(np.zeros(1, dtype=np.int64))
-    out.write("timestamp,value,anomaly_score\n")
+    # rows written through the csv module: a timestamp with a comma or a newline in it comes out
+    # quoted, one field, as it came in
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(("timestamp", "value", "anomaly_score"))
     r = 0  # data row number
     for chunk in _chunks(reader):
         raws, stamps, values = [], [], []
@@ -117,11 +128,8 @@ def score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
             continue
         x = np.array(values).reshape(-1, 1)
         scores = scorer.update(np.zeros(len(x), dtype=np.int64), x, sequential=True).score.tolist()
-        out.write(
-            "".join(
-                f"{ts},{raw},{'' if s != s else f'{s:.6f}'}\n"
-                for ts, raw, s in zip(stamps, raws, scores, strict=True)
-            )
+        writer.writerows(
+            (ts, raw, "" if s != s else f"{s:.6f}") for ts, raw, s in zip(stamps, raws, scores, strict=True)
         )
     return r
 

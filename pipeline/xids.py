@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import io
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -23,14 +24,18 @@ from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent, pc
 from fleetwatch.collectors.kernel_log.lines import LineReader, utc_offset
 from fleetwatch.detectors.kernel_events import judge
 
+MAX_GPU_INDEX = 4095
+
 
 def gpu_map(text: str | None) -> dict[str, int]:
     """`0=0000:9b:00.0,1=00000000:BB:00.0` -> {address: index}."""
     out: dict[str, int] = {}
     for item in filter(None, (text or "").split(",")):
         index, eq, address = item.partition("=")
-        if not eq or not index.strip().isdigit():
-            raise ValueError(f"--gpus: {item!r} is not INDEX=PCI_ADDRESS")
+        index = index.strip()
+        # ASCII digits only ("²".isdigit() is true), and an index a node can have
+        if not eq or not (index.isascii() and index.isdigit()) or int(index) > MAX_GPU_INDEX:
+            raise ValueError(f"--gpus: {item!r} is not INDEX=PCI_ADDRESS (INDEX 0-{MAX_GPU_INDEX})")
         try:
             out[pci_address(address.strip())] = int(index)
         except ValueError as e:
@@ -73,16 +78,26 @@ def events_of(
     yield from emit(held)
 
 
+def _open(path: str) -> TextIO:
+    try:
+        return open(path, encoding="utf-8", errors="backslashreplace")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such file: {path}") from None
+    except OSError as e:  # a directory, a symlink loop, no permission: still a one-line argument error
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     gpus = gpu_map(args.gpus)
     reader = LineReader(year=args.year, tz=utc_offset_flag(args.utc_offset))
     parser = EventParser()
     n = 0
     with contextlib.ExitStack() as stack:
+        # bytes that are not UTF-8 are kept as escapes, from a file and from stdin alike
         source = (
-            sys.stdin
+            io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="backslashreplace")
             if args.file == "-"
-            else stack.enter_context(open(args.file, encoding="utf-8", errors="backslashreplace"))
+            else stack.enter_context(_open(args.file))
         )
         out = sys.stdout.buffer
         for event in events_of(source, reader, parser, gpus):

@@ -56,22 +56,22 @@ _HUNG_TASK = re.compile(
 _NFS_TIMEOUT = re.compile(r"\bnfs: server (?P<server>\S{1,64}) not responding, (?:still trying|timed out)")
 _DEV = r"(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 _XID = re.compile(rf"NVRM: Xid \((?:PCI:)?{_DEV}\): (?P<code>\d{{1,12}}),\s*(?P<rest>.*)$", re.S)
-_PID = re.compile(r"^pid=(?P<pid>\d+|'?<unknown>'?)(?:, name=(?P<name>.*?))?, (?P<rest>.*)$", re.S)
+_PID = re.compile(r"^pid=(?P<pid>\d{1,10}|'?<unknown>'?)(?:, name=(?P<name>.*?))?, (?P<rest>.*)$", re.S)
 _NVLINK5 = re.compile(
-    r"^(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d+)\s+i(?P<inst>\d+)\s+"
-    r"Link\s+(?P<link>-?\d+)\s*\((?P<words>[^)]*)\)"
+    r"^(?P<unit>[A-Z][A-Z0-9_]{0,63})\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d{1,6})\s+i(?P<inst>\d{1,6})\s+"
+    r"Link\s+(?P<link>-?\d{1,6})\s*\((?P<words>[^)]*)\)"
 )
 _RECOVERY = re.compile(
-    r"GPU recovery action changed from (?P<from>0x[0-9a-fA-F]+) \((?P<from_name>[^)]*)\) "
-    r"to (?P<to>0x[0-9a-fA-F]+) \((?P<to_name>[^)]*)\)"
+    r"GPU recovery action changed from (?P<from>0x[0-9a-fA-F]{1,8}) \((?P<from_name>[^)]*)\) "
+    r"to (?P<to>0x[0-9a-fA-F]{1,8}) \((?P<to_name>[^)]*)\)"
 )
 _SXID = re.compile(
     rf"nvidia-nvswitch(?P<switch>\d{{1,4}}): SXid \((?:PCI:)?{_DEV}\): (?P<code>\d{{1,12}}),\s*(?P<rest>.*)$",
     re.S,
 )
-_SXID_MAIN = re.compile(r"^(?P<sev>Fatal|Non-fatal|Nonfatal), Link (?P<link>-?\d+)\s*(?P<text>.*)$", re.S)
+_SXID_MAIN = re.compile(r"^(?P<sev>Fatal|Non-fatal|Nonfatal), Link (?P<link>-?\d{1,6})\s*(?P<text>.*)$", re.S)
 _SXID_SEVERITY = re.compile(
-    r"^Severity (?P<level>\d+) Engine instance (?P<engine>\d+) Sub-engine instance (\d+)"
+    r"^Severity (?P<level>\d{1,6}) Engine instance (?P<engine>\d{1,6}) Sub-engine instance (\d{1,6})"
 )
 _SXID_DATA = re.compile(r"^Data \{(?P<data>[^}]*)\}")
 _FALLEN_ONE_LINE = re.compile(rf"NVRM: GPU {_DEV}: GPU has fallen off the bus")
@@ -89,7 +89,9 @@ _AER_BUS_ERROR = re.compile(r"PCIe Bus Error: severity=(?P<sev>[^,]+), type=(?P<
 _AER_DEVICE = re.compile(
     r"device \[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\] error status/mask"
 )
-_AER_BIT = re.compile(r"^\[\s*(?P<bit>\d{1,2})\s*\]\s*(?P<name>\S.*?)\s*(?:\(First\))?\s*$")
+# the name is the rest of the line, trimmed in code: a lazy name before optional spaces, an optional
+# "(First)" and more spaces backtracked in cubic time on a line of spaces (8,000: over a minute)
+_AER_BIT = re.compile(r"^\[\s*(?P<bit>\d{1,2})\s*\]\s*(?P<name>\S.*)$", re.S)
 
 FOLD_WINDOW_S = 2.0  # companion lines come within milliseconds of their first line
 XID_CACHE = 1024  # distinct XID lines whose parse is kept (a flood repeats one)
@@ -336,7 +338,7 @@ class EventParser:
         elif (bit := _AER_BIT.match(what.strip())) is not None:
             names = event.extra.setdefault("errors", [])
             if len(names) < 32:
-                names.append(bit.group("name")[:48])
+                names.append(bit.group("name").rstrip().removesuffix("(First)").rstrip()[:48])
         return []
 
     # ------------------------------------------------------------ folding

@@ -135,9 +135,24 @@ class _Err:
         return cls(f"scenario {self.source}: {where} {what}")
 
 
+def _shown(v: Any) -> str:
+    """A value for an error message: a scalar as written (cut short), a structure by its type only. A
+    structure's repr renders it out in full: one built from YAML anchors, each level nine
+    references to the one below, is billions of items."""
+    if isinstance(v, str | int | float | bool) or v is None:
+        return repr(v)[:80]
+    return f"a {type(v).__name__}"
+
+
+def _text(err: _Err, where: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise err(where, f"must be a string, got {_shown(v)}")
+    return v
+
+
 def _num(err: _Err, where: str, v: Any, lo: float | None = None, hi: float | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise err(where, f"must be a number, got {v!r}")
+        raise err(where, f"must be a number, got {_shown(v)}")
     if lo is not None and v < lo:
         raise err(where, f"must be >= {lo}, got {v}")
     if hi is not None and v > hi:
@@ -147,7 +162,7 @@ def _num(err: _Err, where: str, v: Any, lo: float | None = None, hi: float | Non
 
 def _int(err: _Err, where: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise err(where, f"must be an integer, got {v!r}")
+        raise err(where, f"must be an integer, got {_shown(v)}")
     if lo is not None and v < lo:
         raise err(where, f"must be >= {lo}, got {v}")
     if hi is not None and v > hi:
@@ -160,7 +175,7 @@ def _range(err: _Err, where: str, v: Any, lo: float = 0.0) -> tuple[float, float
         x = _num(err, where, v, lo)
         return (x, x)
     if not isinstance(v, list | tuple) or len(v) != 2:
-        raise err(where, f"must be a number or a [low, high] pair, got {v!r}")
+        raise err(where, f"must be a number or a [low, high] pair, got {_shown(v)}")
     a, b = _num(err, f"{where}[0]", v[0], lo), _num(err, f"{where}[1]", v[1], lo)
     if b < a:
         raise err(where, f"low {a} is above high {b}")
@@ -195,11 +210,11 @@ def _section(err: _Err, where: str, raw: Any, cls: type, ranges: set[str] = froz
             values[name] = _range(err, w, v)
         elif isinstance(d, bool):
             if not isinstance(v, bool):
-                raise err(w, f"must be true or false, got {v!r}")
+                raise err(w, f"must be true or false, got {_shown(v)}")
             values[name] = v
         elif isinstance(d, tuple):  # a list of positive integers (job sizes)
             if not isinstance(v, list) or not v:
-                raise err(w, f"must be a non-empty list, got {v!r}")
+                raise err(w, f"must be a non-empty list, got {_shown(v)}")
             values[name] = tuple(_int(err, f"{w}[{i}]", x, 1, MAX_NODES) for i, x in enumerate(v))
         elif isinstance(d, int):
             values[name] = _int(err, w, v, 0)
@@ -216,7 +231,7 @@ def _fault(err: _Err, i: int, raw: Any, sc: dict[str, Any], names: dict[str, int
     if "kind" not in obj:
         raise err(where, "needs a `kind`")
     try:
-        spec = kinds.kind(obj["kind"]) if isinstance(obj["kind"], str) else kinds.kind(repr(obj["kind"]))
+        spec = kinds.kind(obj["kind"]) if isinstance(obj["kind"], str) else kinds.kind(_shown(obj["kind"]))
     except ValueError as e:
         raise err(f"{where}.kind", str(e)) from None
     where = f"faults[{i}] ({spec.name})"
@@ -228,7 +243,7 @@ def _fault(err: _Err, i: int, raw: Any, sc: dict[str, Any], names: dict[str, int
     node_raw = obj["node"]
     if isinstance(node_raw, str):
         if node_raw not in names:
-            raise err(f"{where}.node", f"{node_raw!r} is not a node of this cluster", _OutsideRun)
+            raise err(f"{where}.node", f"{_shown(node_raw)} is not a node of this cluster", _OutsideRun)
         node = names[node_raw]
     else:
         node = _int(err, f"{where}.node", node_raw, 1) - 1
@@ -268,11 +283,11 @@ def _fault(err: _Err, i: int, raw: Any, sc: dict[str, Any], names: dict[str, int
             params[name] = None
         elif p.type is bool:
             if not isinstance(v, bool):
-                raise err(w, f"must be true or false, got {v!r}")
+                raise err(w, f"must be true or false, got {_shown(v)}")
             params[name] = v
         elif p.type is str:
             if p.choices and v not in p.choices:
-                raise err(w, f"must be one of {list(p.choices)}, got {v!r}")
+                raise err(w, f"must be one of {list(p.choices)}, got {_shown(v)}")
             params[name] = v
         elif p.type is int:
             params[name] = _int(
@@ -333,8 +348,10 @@ def parse_scenario(raw: Any, source: str = "<dict>", overridden: frozenset[str] 
         raise err("background", "fractions must be <= 1")
 
     sc: dict[str, Any] = {
-        "name": str(doc.get("name", Path(source).stem)),
-        "description": str(doc.get("description", "")),
+        # strings as written: str() of a structure built from YAML anchors (each level nine
+        # references to the one below) renders it out in full, billions of items
+        "name": _text(err, "name", doc.get("name", Path(source).stem)),
+        "description": _text(err, "description", doc.get("description", "")),
         "seed": _int(err, "seed", doc.get("seed", 0), 0),
         "epoch": None if doc.get("epoch") is None else _num(err, "epoch", doc["epoch"], 0.0),
         "nodes": _int(err, "nodes", doc.get("nodes", 32), 1, MAX_NODES),
@@ -348,7 +365,7 @@ def parse_scenario(raw: Any, source: str = "<dict>", overridden: frozenset[str] 
     }
     prefix = sc["node_prefix"]
     if not isinstance(prefix, str) or not prefix or not (prefix[0].isalnum() and prefix.isascii()):
-        raise err("node_prefix", f"must be a plain name prefix like 'gpu-node-', got {prefix!r}")
+        raise err("node_prefix", f"must be a plain name prefix like 'gpu-node-', got {_shown(prefix)}")
     if sc["duration_s"] < sc["interval_s"]:
         raise err("duration_s", f"{sc['duration_s']} is shorter than one interval ({sc['interval_s']} s)")
     sc["ib_ports"] = hw.ib_ports
@@ -401,14 +418,21 @@ def load_scenario(path: str | Path | None = None, overrides: Mapping[str, Any] |
     else:
         p = Path(path)
         source = str(p)
-        if not p.is_file():
+        if not p.exists():
             raise FileNotFoundError(f"scenario file {p} does not exist")
-        text = p.read_text("utf-8")
+        if not p.is_file():
+            raise ValueError(f"scenario {p}: not a regular file")
+        try:
+            text = p.read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as e:  # no permission, an I/O error, not UTF-8
+            raise ValueError(f"scenario {p}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
     try:
         doc = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"scenario {source}: not valid YAML/JSON ({first})") from None
+    except RecursionError:  # thousands of levels: no scenario's shape
+        raise ValueError(f"scenario {source}: not valid YAML/JSON (nested too deeply)") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

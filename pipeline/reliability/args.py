@@ -16,6 +16,20 @@ _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 DEFAULT_DB = "fleetwatch-accounting.sqlite"
 
 
+def count(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def positive_count(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
 def span_s(text: str) -> float:
     """'90s', '30m', '12h', '28d', '4w' -> seconds (argparse type)."""
     m = _SPAN.match(text.strip().lower())
@@ -74,12 +88,15 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--large-gpus",
-        type=int,
+        type=count,
         default=128,
         help="r_f counts jobs of more than this many GPUs (default 128, the paper's rule)",
     )
     p.add_argument(
-        "--gpus-per-node", type=int, default=8, help="GPUs of a node whose job/1 lists no gpus (default 8)"
+        "--gpus-per-node",
+        type=positive_count,
+        default=8,
+        help="GPUs of a node whose job/1 lists no gpus (default 8)",
     )
     p.add_argument(
         "--ckpt-interval",

@@ -35,7 +35,7 @@ def report_command(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        store = Store(args.db)
+        store = Store(args.db, create=False)
     except StoreError as e:
         print(f"fleetwatch report: {e}", file=sys.stderr)
         return 2

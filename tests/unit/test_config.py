@@ -144,7 +144,10 @@ def test_the_example_file_is_the_defaults() -> None:
         ("[act.policy]\nauto_resume = 1\n", "[act.policy] auto_resume: expected true or false, got 1"),
         ("[act.policy]\nstorm_nodes = 5.5\n", "[act.policy] storm_nodes: expected an integer >= 1, got 5.5"),
         ("[act.census]\nwarm_up_s = true\n", "[act.census] warm_up_s: expected a number >= 0, got true"),
-        ("[detect]\nmetrics_port = 9108.5\n", "[detect] metrics_port: expected an integer, got 9108.5"),
+        (
+            "[detect]\nmetrics_port = 9108.5\n",
+            "[detect] metrics_port: expected an integer 0-65535, got 9108.5",
+        ),
         ('[detect]\nsnapshot_every = "30"\n', '[detect] snapshot_every: expected a number > 0, got "30"'),
         ('[detect]\nno_skew_check = "yes"\n', '[detect] no_skew_check: expected true or false, got "yes"'),
         ("[act]\nalertmanager = 9093\n", "[act] alertmanager: expected a string, got 9093"),

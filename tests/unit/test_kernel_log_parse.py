@@ -8,6 +8,7 @@ import datetime as dt
 import re
 from pathlib import Path
 
+import orjson
 import pytest
 
 from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent, parse_events, pci_address
@@ -248,6 +249,32 @@ def test_hostile_lines_are_counted_and_skipped() -> None:
         if line is not None:
             assert parser.feed(line) == []
     assert parser.rejected == 2 and reader.unknown == 6
+
+
+def test_numbers_past_their_field_leave_the_field_out_and_the_event_whole() -> None:
+    """A pid, a link, an engine or a recovery action of more digits than the driver prints: the
+    event stands without that field (a number past 64 bits once made the JSON encoder raise, which
+    ended a whole `fleetwatch xids` run at that line)."""
+    reader, parser = LineReader(), EventParser()
+    nines, switch = "9" * 30, "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028,"
+    events = []
+    for raw in (
+        f"NVRM: Xid (PCI:0000:9b:00): 79, pid={nines}, name=python, GPU has fallen off the bus.",
+        f"NVRM: Xid (PCI:0000:9b:00): 145, pid=1, name=x, RLW_REMAP Nonfatal XC0 i0 Link {nines} (0x0)",
+        f"NVRM: Xid (PCI:0000:9b:00): 154, GPU recovery action changed from 0x0 (None) to 0x{'f' * 40} (R)",
+        f"{switch} Non-fatal, Link {nines} egress non-posted PRIV error",
+        f"{switch} Severity {nines} Engine instance 1 Sub-engine instance 0",
+    ):
+        line = reader.parse(raw)
+        assert line is not None
+        events += parser.feed(line)
+    events += parser.flush()
+    assert [e.code for e in events if e.kind == "xid"] == [79, 145, 154]
+    assert {e.code for e in events if e.kind == "sxid"} == {12028}
+    too_long = {"pid", "link", "recovery_action", "severity_level"}
+    for e in events:
+        fields = orjson.loads(orjson.dumps(e.to_dict()))  # as the agent and `xids` write it
+        assert not too_long & fields.get("extra", {}).keys(), fields
 
 
 def test_storage_errors_hung_tasks_and_nfs_timeouts_are_events_naming_what_failed() -> None:

@@ -1,0 +1,112 @@
+"""Hostile files and arguments given to the commands that read them without a broker (`xids`,
+`score`, `config --check`, `eval --scenario`, `report --db`): each gets one clear line and status 2,
+or its right answer, never a traceback, a hang or a write to a file that is not ours. Found by an
+adversarial probe of these commands; each case here failed before its fix."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetwatch.cli import main
+
+Capture = pytest.CaptureFixture[str]
+
+
+def run(capsys: Capture, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's own refusals
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_kernel_log_flags_out_of_range_are_argument_errors(capsys: Capture, tmp_path: Path) -> None:
+    log = tmp_path / "k.log"
+    log.write_text("Mar  5 10:11:12 host kernel: NVRM: Xid (PCI:0000:9b:00): 79, pid=1, name=x, fell\n")
+    for argv, said in (
+        (("--year", "0"), "must be a year"),  # every syslog line was silently "no kernel log line"
+        (("--year", "9" * 20), "must be a year"),  # an OverflowError traceback
+        (("--gpus", "\u00b2=0000:9b:00.0"), "INDEX"),  # "²".isdigit(): blamed on the address
+        (("--gpus", f"{'9' * 30}=0000:9b:00.0"), "INDEX"),  # an index past 64 bits
+    ):
+        code, _out, err = run(capsys, "xids", str(log), *argv)
+        assert code == 2 and said in err and "Traceback" not in err, (argv, err)
+    code, _out, err = run(capsys, "xids", str(tmp_path))  # a directory
+    assert code == 2 and "cannot read" in err
+
+
+def test_nan_and_ports_out_of_range_are_refused_on_the_command_line_and_in_the_file(
+    capsys: Capture, tmp_path: Path
+) -> None:
+    code, _out, err = run(capsys, "detect", "--max-clock-ahead", "nan", "--help")
+    assert code == 2 and "must be >= 0" in err  # a NaN limit: one clock check refused all, one none
+    code, _out, err = run(capsys, "detect", "--metrics-port", "99999", "--help")
+    assert code == 2 and "TCP port" in err
+    for body in ("[detect]\nmax_clock_ahead = nan\n", "[detect]\nmetrics_port = 70000\n"):
+        conf = tmp_path / "c.toml"
+        conf.write_text(body)
+        code, out, err = run(capsys, "config", "--check", str(conf))
+        assert code == 2 and "config error" in err and "ok" not in out, (body, out, err)
+
+
+def test_a_config_nested_hundreds_deep_is_a_config_error(capsys: Capture, tmp_path: Path) -> None:
+    conf = tmp_path / "deep.toml"
+    conf.write_text("[act]\ncluster = " + "[" * 500 + "]" * 500 + "\n")
+    code, _out, err = run(capsys, "config", "--check", str(conf))
+    assert code == 2 and "nested too deeply" in err and "Traceback" not in err
+
+
+def test_scenario_bombs_are_refused_at_once(capsys: Capture, tmp_path: Path) -> None:
+    # nine references a level, nine levels: 387 million strings if rendered out
+    levels = ["&a [" + ", ".join(['"lol"'] * 9) + "]"]
+    for name, below in zip("bcdefghi", "abcdefgh", strict=True):
+        levels.append(f"&{name} [" + ", ".join([f"*{below}"] * 9) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    for field in ("description", "name", "seed"):
+        bomb.write_text(f"{field}: [{', '.join(levels)}]\n")  # the field's value holds every level
+        t0 = time.monotonic()
+        code, _out, err = run(capsys, "eval", "--scenario", str(bomb))
+        assert code == 2 and f"{field} must be" in err, err
+        assert time.monotonic() - t0 < 30, "the structure was rendered out"
+    code, _out, err = run(capsys, "eval", "--scenario", str(deep))
+    assert code == 2 and "nested too deeply" in err
+    code, _out, err = run(capsys, "eval", "--scenario", str(tmp_path))
+    assert code == 2 and "not a regular file" in err
+
+
+def test_report_writes_nothing_into_a_file_that_is_not_a_store(capsys: Capture, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE t (x)")
+    before = other.read_bytes()
+    for path in (empty, other):
+        code, _out, err = run(capsys, "report", "--db", str(path))
+        assert code == 2 and "not an accounting store" in err, err
+    assert empty.read_bytes() == b"" and other.read_bytes() == before
+
+
+def test_score_refuses_an_oversized_field_and_quotes_what_it_echoes(capsys: Capture, tmp_path: Path) -> None:
+    big = tmp_path / "big.csv"
+    big.write_text("timestamp,value\n1," + "1" * 200_000 + "\n")
+    code, _out, err = run(capsys, "score", "--csv", str(big))
+    assert code == 2 and "field larger than field limit" in err
+    quoted = tmp_path / "q.csv"
+    quoted.write_text('timestamp,value\n"2024-01-01, 10:00",1\n"a\nb",2\n')
+    code, out, _err = run(capsys, "score", "--csv", str(quoted))
+    rows = list(csv.reader(io.StringIO(out)))
+    assert code == 0 and [r[:2] for r in rows] == [
+        ["timestamp", "value"],
+        ["2024-01-01, 10:00", "1"],
+        ["a\nb", "2"],
+    ]
