@@ -48,6 +48,7 @@ _S = len(SIGNALS)
 _PER_NODE = 8 * _S  # series per node: 8 GPU slots x signals
 _GROUP_STATE = (
     "count", "level", "scale", "cusum_pos", "cusum_neg", "z1", "z2", "complete", "mean", "cov", "prec",
+    "warm",  # absent when no GPU is warming up, and from an earlier release's snapshot (running estimates)
 )  # fmt: skip
 STATE_VERSION = 2  # 2: the multivariate scorer's groups (one per GPU); 1: RobustScorer's series
 
@@ -269,7 +270,12 @@ class GpuStats:
             "version": STATE_VERSION,
             # the node rows' names, as the previous release reads them (the task's index)
             "nodes": list(self.index.names),
-            "groups": {k: encode_array(st[k][: n * 8]) for k in _GROUP_STATE},
+            # the warm-up values only while some GPU is warming up (NaN otherwise: 320 B a GPU)
+            "groups": {
+                k: encode_array(st[k][: n * 8])
+                for k in _GROUP_STATE
+                if k != "warm" or not np.isnan(st[k][: n * 8]).all()
+            },
             "hists": {k: encode_array(st[k]) for k in ("hist", "comb")},
             "run": encode_array(self.run[: n * 8]),
             "run_signal": encode_array(self.run_signal[: n * 8]),

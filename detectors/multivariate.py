@@ -18,8 +18,9 @@ group is "each machine against its own past" (the benchmarks, one machine each);
 nodes in a few pools so that the histograms cost nothing per node. Every statistic is already in
 units of its own series' scale, so sharing a histogram compares like with like.
 
-Memory per group: 7 m floats of baselines and 2 m^2 of covariance and its inverse (m = 19: 6.8 kB,
-360 B a metric); per pool 4 m + 1 histograms of (bins + 2) floats. ``nbytes()`` counts both.
+Memory per group: 7 m floats of baselines, m x warmup (20) float32 warm-up values and 2 m^2 of
+covariance and its inverse (m = 19: 8.3 kB, 440 B a metric); per pool 4 m + 1 histograms of
+(bins + 2) floats. ``nbytes()`` counts both.
 
 The parameters are chosen by principle (benchmarks/README.md, "Choosing the parameters"); one,
 the calibration's halflife, was settled after the first dev-set figures, as that README says.
@@ -117,6 +118,7 @@ class Scores:
 
 _STATE = (
     "count", "level", "scale", "cusum_pos", "cusum_neg", "z1", "z2", "complete", "mean", "cov", "prec",
+    "warm",
 )  # fmt: skip
 
 
@@ -149,6 +151,9 @@ class MultivariateScorer:
             setattr(self, name, np.zeros((k, m)))
         self.cov = np.zeros((k, m, m))
         self.prec = np.zeros((k, m, m))
+        # each metric's warm-up values, from which its baseline starts (NaN once it has); float32:
+        # a median and a spread need no more, and a GPU's three metrics hold 240 B of them
+        self.warm = np.full((k, m, self.params.warmup), np.nan, dtype=np.float32)
 
     def add_groups(self, pools: np.ndarray) -> np.ndarray:
         """Room for len(pools) more groups in these calibration pools; returns their rows."""
@@ -165,7 +170,7 @@ class MultivariateScorer:
         forgetting some or growing; new groups in pool 0 unless `pools` (k,) says otherwise). The
         histograms, per pool, stay."""
         for name in _STATE:
-            setattr(self, name, groups.take(getattr(self, name), 0, k))
+            setattr(self, name, groups.take(getattr(self, name), np.nan if name == "warm" else 0, k))
         kept = groups.take(self.pools, 0, k)
         self.pools = kept if pools is None else np.asarray(pools, dtype=np.int64).copy()
         self.k = k
@@ -208,6 +213,7 @@ class MultivariateScorer:
             self.z1,
             self.z2,
             self.complete,
+            self.warm,
         )
         rel = (self.mean, self.cov, self.prec)
         params = (
@@ -271,6 +277,8 @@ class MultivariateScorer:
         obj = cls(len(st["floor"]), floor=st["floor"], params=chosen)
         obj.add_groups(st["pools"])
         for name in _STATE:
+            if name == "warm" and (name not in st or st[name].shape != obj.warm.shape):
+                continue  # an earlier release's snapshot, or another warm-up length: running estimates
             getattr(obj, name)[...] = st[name]  # a wrong shape raises here
         # The compiled pass indexes the histograms by pool without bounds checks: a snapshot's
         # must have this scorer's shape, and a row for every pool (a snapshot written before any

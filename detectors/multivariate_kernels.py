@@ -2,8 +2,9 @@
 samples, each a vector of M metrics of one group (a node, a machine).
 
 Per sample, in the group's order (state carried across batches):
-1. per metric, a robust baseline as RobustScorer's (EW level and mean absolute deviation, a
-   plain running mean and MAD during warm-up, updates clipped to `clip` scales) and its z;
+1. per metric, a robust baseline as RobustScorer's (EW level and mean absolute deviation, updates
+   clipped to `clip` scales), started from its warm-up's median and trimmed mean absolute
+   deviation (_robust_start), and its z;
 2. four statistics per metric, each a deviation >= 0:
    - point  |z|                                  (one sample far out)
    - short  |mean of the last 3 z|               (a short event: 3 samples of a moderate shift
@@ -136,6 +137,34 @@ def tail_p(hist_row: np.ndarray, suffix_row: np.ndarray, model_row: np.ndarray, 
     return p
 
 
+# The warm-up's scale, a mean absolute deviation from the median with the largest tenth of the
+# deviations left out, times this: consistent with the running mean absolute deviation (E|x - mu| =
+# 0.798 sigma) for Gaussian noise, whose lower nine tenths of |x - mu| average 0.657 sigma.
+TRIMMED_TO_MEAN_ABS = 0.7979 / 0.6573
+
+
+@njit(cache=True)
+def _robust_start(values: np.ndarray, level: np.ndarray, scale: np.ndarray) -> None:
+    """At the end of a metric's warm-up, its baseline from the warm-up's values (`values`, then
+    cleared to NaN): the median and a trimmed mean absolute deviation. The running mean and mean
+    absolute deviation kept during the warm-up take one wild value at full weight (NVML's
+    4294967295 "not available", a unit slip), and the clipped updates after it shrink an inflated
+    scale by only beta a sample: one such value among the first 20 left a series blind for ~650
+    samples. Both estimates ignore a tenth of the values; a buffer not filled in full (a snapshot of
+    an earlier release taken mid-warm-up) keeps the running ones."""
+    n = len(values)
+    if not np.all(np.isfinite(values)):
+        values[:] = np.nan
+        return
+    med = np.median(values)
+    dev = np.sort(np.abs(values - med))
+    spread = np.mean(dev[: n - n // 10]) * TRIMMED_TO_MEAN_ABS
+    if math.isfinite(spread):  # values near the float's limits of both signs overflow: keep the running
+        level[0] = med
+        scale[0] = spread
+    values[:] = np.nan
+
+
 @njit(cache=True, inline="always")
 def cauchy_term(p: float) -> float:
     """tan((0.5 - p) pi), written as cot(p pi) so that a tiny p keeps its precision, with p taken
@@ -162,7 +191,8 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     x: np.ndarray,  # (n, M) its metrics, NaN = absent
     pools: np.ndarray,  # (K,) each group's calibration pool
     floor: np.ndarray,  # (M,) the least scale of each metric (its resolution)
-    state: tuple,  # (count (K, M), level, scale, cusum_pos, cusum_neg, z1, z2 (K, M), complete (K,))
+    # (count (K, M), level, scale, cusum_pos, cusum_neg, z1, z2 (K, M), complete (K,), warm (K, M, warmup))
+    state: tuple,
     rel: tuple,  # (mean (K, M), cov (K, M, M), prec (K, M, M))
     params: tuple,  # (warmup, alpha, beta, clip, cusum_k, cov_alpha, shrink, refresh, min_complete)
     # (hist (P, M, S, cols), comb (P, 3, cols), lo, width, min_weight, decay, q_tail, min_tail)
@@ -174,7 +204,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     out_z: np.ndarray,  # (n, M) each metric's z
     sequential: bool,  # learn each sample before scoring the next (one stream), not once a batch
 ) -> None:
-    count, level, scale, cusum_pos, cusum_neg, z1, z2, complete = state
+    count, level, scale, cusum_pos, cusum_neg, z1, z2, complete, warm = state
     mean, cov, prec = rel
     warmup, alpha, beta, clip, cusum_k, cov_alpha, shrink, refresh, min_complete = params
     hist, comb, lo, width, min_weight, decay, q_tail, min_tail = calibration
@@ -231,7 +261,10 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                     e = v - level[g, i]
                     level[g, i] += e / (c + 1.0)
                     scale[g, i] += (abs(e) - scale[g, i]) / c
+                warm[g, i, c] = v
                 count[g, i] = c + 1
+                if c + 1 == warmup:
+                    _robust_start(warm[g, i], level[g, i : i + 1], scale[g, i : i + 1])
                 whole = False
                 continue
             s_eff = max(scale[g, i], floor[i])
@@ -269,9 +302,9 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                     out_stat_p[j, i, 3] = abs(acc) / math.sqrt(prec[g, i, i])
             joint = math.sqrt(max(joint, 0.0))
         if whole:  # the EW mean and covariance of the levels, and now and then the shrunk inverse
-            if complete[g] == 0:
+            if complete[g] == 0:  # from the baselines' robust levels, not this one sample's values
                 for i in range(m):
-                    mean[g, i] = x[j, i]
+                    mean[g, i] = level[g, i]
             else:
                 dev = np.empty(m)
                 for i in range(m):  # the poisoning guard: a deviation counts at most `clip` sds
