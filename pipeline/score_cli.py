@@ -13,7 +13,8 @@ on the rows before it and on itself.
   ``detectors.calibration``.
 - empty score: the value is missing (blank, ``nan``, ``NA``, ``null``; the row is echoed and the
   detector state is untouched) or the detector is still warming up (the first 20 values build
-  the baseline, then 30 more the calibration; scores can exceed ``t`` only after ~``1 / (1 - t)``
+  the baseline, then about 60 more the calibrations of its statistics and of their combination:
+  the first score comes with the 83rd value; scores can exceed ``t`` only after ~``1 / (1 - t)``
   values).
 - blank lines are skipped, except in a one-column CSV, where a blank line is a missing value.
 - ``timestamp``: echoed as written; the 0-based data row number if the column is absent.
@@ -65,6 +66,8 @@ def _parse(text: str, row: int, column: str) -> float:
     if t.lower() in MISSING:
         return math.nan
     try:
+        if "_" in t:  # float() takes Python's digit grouping ("1_0" is 10); a CSV value does not
+            raise ValueError(t)
         v = float(t)
     except ValueError:
         raise ValueError(f"row {row}: column {column!r} is not numeric: {text[:40]!r}") from None
@@ -118,7 +121,9 @@ def _score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
                     continue  # a blank line between rows
                 rec = [""]  # one-column CSV: a blank line is a missing value
             if len(rec) <= need:
-                raise ValueError(f"row {r}: has {len(rec)} fields, column {column!r} is field {vi + 1}")
+                short = column if len(rec) <= vi else timestamp  # the one of the two the row lacks
+                at = vi if short == column else ti
+                raise ValueError(f"row {r}: has {len(rec)} fields, column {short!r} is field {at + 1}")
             raw = rec[vi]
             values.append(_parse(raw, r, column))
             raws.append(raw.strip())

@@ -80,7 +80,7 @@ def events_of(
 
 def _open(path: str) -> TextIO:
     try:
-        return open(path, encoding="utf-8", errors="backslashreplace")
+        return open(path, encoding="utf-8-sig", errors="backslashreplace")  # a BOM is no part of line 1
     except FileNotFoundError:
         raise FileNotFoundError(f"no such file: {path}") from None
     except OSError as e:  # a directory, a symlink loop, no permission: still a one-line argument error

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so batch runs are byte-reproducible
 MAX_NODES = 65_536
+MAX_DURATION_S = 366 * 86_400.0  # a year of simulated time: 1e308 s ran until killed
 MAX_GPUS = 64
 
 
@@ -358,7 +359,7 @@ def parse_scenario(raw: Any, source: str = "<dict>", overridden: frozenset[str] 
         "gpus_per_node": _int(err, "gpus_per_node", doc.get("gpus_per_node", 8), 1, MAX_GPUS),
         "node_prefix": doc.get("node_prefix", "gpu-node-"),
         "interval_s": _num(err, "interval_s", doc.get("interval_s", 1.0), 0.01, 3600.0),
-        "duration_s": _num(err, "duration_s", doc.get("duration_s", 300.0), 0.01),
+        "duration_s": _num(err, "duration_s", doc.get("duration_s", 300.0), 0.01, MAX_DURATION_S),
         "detector_time_scale": _num(
             err, "detector_time_scale", doc.get("detector_time_scale", 1.0), 1e-6, 1.0
         ),

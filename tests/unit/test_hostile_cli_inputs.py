@@ -110,3 +110,28 @@ def test_score_refuses_an_oversized_field_and_quotes_what_it_echoes(capsys: Capt
         ["2024-01-01, 10:00", "1"],
         ["a\nb", "2"],
     ]
+
+
+def test_a_simulated_run_past_a_year_is_refused(capsys: Capture) -> None:
+    code, _out, err = run(capsys, "eval", "--duration", "1e308")  # ran until killed
+    assert code == 2 and "duration_s must be <=" in err
+
+
+def test_score_takes_no_digit_grouping_and_names_the_column_a_short_row_lacks(
+    capsys: Capture, tmp_path: Path
+) -> None:
+    grouped = tmp_path / "g.csv"
+    grouped.write_text("timestamp,value\n1,1_0\n")  # float() reads 10
+    code, _out, err = run(capsys, "score", "--csv", str(grouped))
+    assert code == 2 and "not numeric: '1_0'" in err
+    short = tmp_path / "s.csv"
+    short.write_text("value,ts\n1\n")
+    code, _out, err = run(capsys, "score", "--csv", str(short), "--timestamp", "ts")
+    assert code == 2 and "column 'ts' is field 2" in err
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_kernel_log_line(capsys: Capture, tmp_path: Path) -> None:
+    log = tmp_path / "bom.log"
+    log.write_bytes(b"\xef\xbb\xbf[ 1843.308145] NVRM: Xid (PCI:0000:9b:00): 79, pid=1, name=x, fell\n")
+    code, out, _err = run(capsys, "xids", str(log))
+    assert code == 0 and '"since_boot_s":1843.308145' in out, out
