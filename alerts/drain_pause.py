@@ -55,7 +55,7 @@ MAX_PAUSE_S = schemas.MAX_PAUSE_S
 MAX_AHEAD_S = 60.0
 NOT_READ = "the control topic has not been read yet (fleetwatch.control.v1 unreachable, or its ACL missing)"
 validate_control = schemas.validate_control
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")  # of the stripped text: linear (no \s* at both ends)
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -76,7 +76,7 @@ def load_control_key(control_key_file: str | None, drain_key_file: str | None) -
 
 def parse_duration(text: str) -> float:
     """'90s', '30m', '2h', '1d' or plain seconds -> seconds; ValueError for anything else."""
-    m = _DURATION.match(text.lower())
+    m = _DURATION.fullmatch(text.lower().strip())
     if m is None:
         raise ValueError(f"{text!r} is not a duration (e.g. 30m, 2h, 1d)")
     seconds = float(m.group(1)) * _UNIT_S[m.group(2)]

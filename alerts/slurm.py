@@ -143,7 +143,11 @@ class SlurmClient:
                 and "MAINT" in flags
                 and fields.get("Nodes", "(null)") != "(null)"
             ):
-                nodes.update(hostlist.expand_hostlist(fields["Nodes"]))
+                try:
+                    nodes.update(hostlist.expand_hostlist(fields["Nodes"]))
+                except (hostlist.BadHostlist, RecursionError) as e:  # read as Slurm not answering
+                    why = f"{fields.get('ReservationName', '?')[:80]}: {e or type(e).__name__}"
+                    raise SlurmError(f"a reservation's node list not understood ({why})") from None
         return nodes
 
     # ------------------------------------------------------------ validation (alerts/validation.py)

@@ -93,7 +93,10 @@ JOURNAL_STATUS = {
     "not_ours": "rejected",
     "failed": "failed",
 }
-_TOKEN = re.compile(r"\s*\[fw:[0-9a-f]{32}\]")
+# a token with the spaces before it; matched only where a run of spaces begins (the look-behind): tried
+# at every position inside a long run, `\s*` rescanned the run each time (64 KiB of an operator's
+# Comment took 3.6 s)
+_TOKEN = re.compile(r"(?<!\s)\s*\[fw:[0-9a-f]{32}\]")
 
 
 def comment_token(request_id: str) -> str:

@@ -62,8 +62,8 @@ _NVLINK5 = re.compile(
     r"Link\s+(?P<link>-?\d{1,6})\s*\((?P<words>[^)]*)\)"
 )
 _RECOVERY = re.compile(
-    r"GPU recovery action changed from (?P<from>0x[0-9a-fA-F]{1,8}) \((?P<from_name>[^)]*)\) "
-    r"to (?P<to>0x[0-9a-fA-F]{1,8}) \((?P<to_name>[^)]*)\)"
+    r"GPU recovery action changed from (?P<from>0x[0-9a-fA-F]{1,8}) \((?P<from_name>[^)]{0,64})\) "
+    r"to (?P<to>0x[0-9a-fA-F]{1,8}) \((?P<to_name>[^)]{0,64})\)"
 )
 _SXID = re.compile(
     rf"nvidia-nvswitch(?P<switch>\d{{1,4}}): SXid \((?:PCI:)?{_DEV}\): (?P<code>\d{{1,12}}),\s*(?P<rest>.*)$",
@@ -85,7 +85,8 @@ _AER_HEADER = re.compile(
     rf" error (?:message )?received(?::| from) (?:id=(?P<id>[0-9a-fA-F]{{4}})|(?P<src>{_BDF}))"
 )
 _AER_DETAIL = re.compile(rf"^\S+ (?P<dev>{_BDF}): (?:AER: )?\s*(?P<what>.*)$", re.S)
-_AER_BUS_ERROR = re.compile(r"PCIe Bus Error: severity=(?P<sev>[^,]+), type=(?P<type>[^,]+)")
+# bounded names: unbounded, each of a line's repeats of the phrase rescanned the rest of it (quadratic)
+_AER_BUS_ERROR = re.compile(r"PCIe Bus Error: severity=(?P<sev>[^,]{1,64}), type=(?P<type>[^,]{1,64})")
 _AER_DEVICE = re.compile(
     r"device \[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\] error status/mask"
 )
@@ -302,8 +303,7 @@ class EventParser:
             event.extra["link"] = int(main.group("link"))
         else:  # a companion whose first line was not in the log, or a line of its own (SOE)
             _companion(event.extra, rest)
-        self._sxid[switch] = event
-        return out
+        return out + _hold(self._sxid, switch, event)
 
     # ------------------------------------------------------------ PCIe AER
 
@@ -320,8 +320,7 @@ class EventParser:
                 source = f"{port[:4]}:{rid >> 8:02x}:{(rid >> 3) & 0x1F:02x}.{rid & 7}"
             event = _from_line("aer", line, source, severity=_severity(h.group("sev")), at=self.lines)
             event.extra["port"] = port
-            self._aer[port] = event
-            return out
+            return out + _hold(self._aer, port, event)
         d = _AER_DETAIL.match(text)
         if not d or not self._aer:
             return []
@@ -372,6 +371,19 @@ class EventParser:
             for key in [k for k, e in book.items() if _age(e, line) > FOLD_WINDOW_S]:
                 out.append(book.pop(key))
         return out
+
+
+MAX_OPEN = 64  # open multi-line events per kind: a node has a few NVSwitches and PCIe ports
+
+
+def _hold(book: dict[str, KernelEvent], key: str, event: KernelEvent) -> list[KernelEvent]:
+    """Hold `event` open for its companion lines; the oldest open one comes out complete as it
+    is when the book is full. Each later line looks at every open event (its device's, or the
+    stale ones): thousands of distinct ports or switches, which only forged lines name, made each
+    line cost thousands of steps (4,000 headers: 2 s)."""
+    out = [book.pop(next(iter(book)))] if len(book) >= MAX_OPEN and key not in book else []
+    book[key] = event
+    return out
 
 
 def _companion(extra: dict[str, Any], rest: str) -> bool:
