@@ -259,10 +259,11 @@ def format_table(card: Scorecard) -> str:
         cells = (name, k["category"], k["faults"], k["unobservable"], recall, prec, med, p95, early)
         rows.append(fmt.format(*cells))
     j = card.to_json()
+    rate = j["false_per_1000_healthy_node_hours"]  # None: no healthy node in the run
     rows.append(
         f"findings: {j['findings']} ({j['true_findings']} true); false on healthy nodes: "
         f"{j['false_findings_on_healthy_nodes']} in {j['healthy_node_hours']:.1f} node-hours "
-        f"({j['false_per_1000_healthy_node_hours']} per 1000 node-hours)"
+        f"({'no healthy node' if rate is None else f'{rate} per 1000 node-hours'})"
     )
     if card.drain_storm is not None:
         rows.append(storm_line(card.drain_storm))

@@ -214,6 +214,9 @@ class EventParser:
         m = _XID.search(text)
         if m:
             return self._xid(line, m)
+        if "NVRM: Xid" in text:  # cut short, or an address or code that is none: counted, not lost
+            self.rejected += 1
+            return []
         m = _GPU_AT.search(text)
         if m:
             if len(self.uuids) < 4096:  # a node has a handful of GPUs; a flood of names is not one
@@ -283,6 +286,7 @@ class EventParser:
     def _sxid_line(self, line: LogLine) -> list[KernelEvent]:
         m = _SXID.search(line.text)
         if not m:
+            self.rejected += ": SXid (" in line.text  # as an XID line that breaks its grammar
             return []
         code = int(m.group("code"))
         if code > MAX_CODE:

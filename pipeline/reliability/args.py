@@ -30,11 +30,15 @@ def positive_count(text: str) -> int:
     return v
 
 
+MAX_SPAN_S = 100 * 365.25 * 86_400
+
+
 def span_s(text: str) -> float:
     """'90s', '30m', '12h', '28d', '4w' -> seconds (argparse type)."""
     m = _SPAN.match(text.strip().lower())
-    if m is None or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a span such as 30m, 12h, 28d, 4w")
+    # at most a century: 999...9d was infinite, and a window from minus infinity failed as a NaN
+    if m is None or not 0 < float(m.group(1)) * _UNIT_S[m.group(2)] <= MAX_SPAN_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a span such as 30m, 12h, 28d, 4w (<= 100 years)")
     return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 

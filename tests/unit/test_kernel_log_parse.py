@@ -248,7 +248,16 @@ def test_hostile_lines_are_counted_and_skipped() -> None:
         line = reader.parse(raw)
         if line is not None:
             assert parser.feed(line) == []
-    assert parser.rejected == 2 and reader.unknown == 6
+    # rejected: the two codes past 2**32 and the XID line whose address is none
+    assert parser.rejected == 3 and reader.unknown == 6
+    for cut in (
+        "NVRM: Xid (PCI:0000:9b:00): 79",
+        "NVRM: Xid (PCI:0000:9b:00): -5, x",
+        "nvidia-nvswitch0: SXid (PCI:0",
+    ):
+        line = reader.parse(cut)
+        assert line is not None and parser.feed(line) == []
+    assert parser.rejected == 6  # cut short or with no code: counted, not silently lost
 
 
 def test_numbers_past_their_field_leave_the_field_out_and_the_event_whole() -> None:

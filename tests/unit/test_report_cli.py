@@ -3,6 +3,7 @@ Markdown and HTML files, and clear refusals."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -111,6 +112,10 @@ def test_times_and_spans():
     assert when("2026-01-01T01:00:00+01:00", now) == 1767225600.0
     assert when("1767225600", now) == 1767225600.0
     assert span_s("90s") == 90 and span_s("4w") == 28 * 86400
+    # a span past a century (999...9d was infinite: the window failed as a NaN) is no span
+    for text in ("9" * 40 + "d", "5300w"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            span_s(text)
 
 
 def _report_on_a_terminal(db, tmp_path, *argv: str) -> tuple[bytes, bytes]:

@@ -128,3 +128,10 @@ def test_a_drain_storm_is_on_the_scorecard_only_when_one_held_drains() -> None:
         "drain storm: 6 nodes became drain-worthy within 60 s (storm threshold 6), a likely shared cause: "
         "6 drains held"
     )
+
+
+def test_a_run_without_a_healthy_node_says_so_instead_of_none() -> None:
+    truths = [truth(n, "xid79", T0 + 10, gpu=0) for n in NODES]  # every node has a fault
+    card = score([finding(NODES[0], "xid", T0 + 11, gpu=0)], truths, NODES, T0, T0 + 60, 1.0)
+    assert card.to_json()["false_per_1000_healthy_node_hours"] is None
+    assert format_table(card).splitlines()[-1].endswith("(no healthy node)")  # it printed "None per 1000"
