@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleetwatch import config
+from fleetwatch.arg_types import nonneg_float, port, positive_float, positive_int, year
 from fleetwatch.bus.config import BrokerUnavailable
 from fleetwatch.runtime import METRICS_ADDR, setup_logging
 
@@ -43,41 +44,6 @@ class _Parser(argparse.ArgumentParser):
         action = super().add_argument(*args, **kwargs)
         self.options.append(action)
         return action
-
-
-def _positive_float(text: str) -> float:
-    v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    v = float(text)
-    if not v >= 0:  # NaN too: it passes every comparison's "no", and a NaN limit refuses or lets all pass
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
-def _port(text: str) -> int:
-    v = int(text)
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port (0-65535; 0: off), got {text}")
-    return v
-
-
-def _year(text: str) -> int:
-    v = int(text)
-    if not 1 <= v <= 9999:
-        raise argparse.ArgumentTypeError(f"must be a year (1-9999), got {text}")
-    return v
 
 
 def _checked(check: Callable[[str], Any], text: str) -> str:
@@ -137,11 +103,11 @@ def _file_list(action: argparse.Action) -> Callable[[Any], Any]:
 _EXPECTED: dict[Any, str] = {
     int: "an integer",
     float: "a number",
-    _positive_int: "an integer > 0",
-    _positive_float: "a number > 0",
-    _nonneg_float: "a number >= 0",
-    _port: "an integer 0-65535",
-    _year: "an integer 1-9999",
+    positive_int: "an integer > 0",
+    positive_float: "a number > 0",
+    nonneg_float: "a number >= 0",
+    port: "an integer 0-65535",
+    year: "an integer 1-9999",
 }
 
 
@@ -222,30 +188,30 @@ def build_parser() -> _Parser:
     p = sub.add_parser(
         "demo", help="the whole pipeline on this machine: Kafka, simulator, detectors, actions"
     )
-    p.add_argument("--nodes", type=_positive_int, default=None, help="nodes (default: the scenario's, 32)")
-    p.add_argument("--duration", type=_positive_float, default=None, help="simulated seconds (default 300)")
-    p.add_argument("--speed", type=_positive_float, default=10.0, help="simulated seconds per wall second")
+    p.add_argument("--nodes", type=positive_int, default=None, help="nodes (default: the scenario's, 32)")
+    p.add_argument("--duration", type=positive_float, default=None, help="simulated seconds (default 300)")
+    p.add_argument("--speed", type=positive_float, default=10.0, help="simulated seconds per wall second")
     p.add_argument("--scenario", default=None, help="scenario file (default: the built-in demo scenario)")
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
     p.add_argument(
         "--bootstrap", default=None, help="reuse this Kafka broker instead of starting a fresh one"
     )
-    p.add_argument("--drain-budget", type=_nonneg_float, default=0.02, help="fraction of the fleet drainable")
-    p.add_argument("--settle", type=_positive_float, default=8.0, help="seconds of quiet to wait at the end")
+    p.add_argument("--drain-budget", type=nonneg_float, default=0.02, help="fraction of the fleet drainable")
+    p.add_argument("--settle", type=positive_float, default=8.0, help="seconds of quiet to wait at the end")
     _add_config(p)  # checked here, read by the demo's detect and act
     p.set_defaults(handler="fleetwatch.demo:run")
 
     p = sub.add_parser("collect", help="node agent: stream this node's GPU/host/network telemetry")
     _add_bootstrap(p)
-    p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples")
+    p.add_argument("--interval", type=positive_float, default=1.0, help="seconds between samples")
     p.add_argument("--source", default="nvml,host,net", help="comma list of nvml,host,net,kernel,dcgm")
     p.add_argument("--node", default=None, help="node name (default: this host's short name)")
     p.add_argument("--spool-dir", default=None, help="on-disk buffer for broker outages")
-    p.add_argument("--spool-max-mib", type=_positive_float, default=256.0, help="spool bound in MiB")
-    p.add_argument("--count", type=_positive_int, default=None, help="stop after this many samples")
-    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--spool-max-mib", type=positive_float, default=256.0, help="spool bound in MiB")
+    p.add_argument("--count", type=positive_int, default=None, help="stop after this many samples")
+    p.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
-    p.add_argument("--call-timeout", type=_positive_float, default=5.0, help="seconds per collector call")
+    p.add_argument("--call-timeout", type=positive_float, default=5.0, help="seconds per collector call")
     p.add_argument(
         "--dcgm-url",
         default="http://127.0.0.1:9400/metrics",
@@ -253,7 +219,7 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--dcgm-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=2.0,
         help="seconds the dcgm source waits for the exporter's answer (the body: at most twice this)",
     )
@@ -286,14 +252,14 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--mount-deadline",
-        type=_positive_float,
+        type=positive_float,
         default=10.0,
         help="seconds after which a mount's probe that has not returned counts as hung (a loaded NFS "
         "or Lustre server answers a small fsync in a few seconds; a dead one, never)",
     )
     p.add_argument(
         "--mount-interval",
-        type=_positive_float,
+        type=positive_float,
         default=10.0,
         help="seconds between probes of one mount (a few metadata operations on a shared server, "
         "from every node)",
@@ -326,21 +292,21 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("simulate", help="simulated cluster with fault injection and ground truth")
     _add_bootstrap(p)
-    p.add_argument("--nodes", type=_positive_int, default=None, help="nodes (default: scenario's)")
-    p.add_argument("--gpus", type=_positive_int, default=None, help="GPUs per node (default 8)")
+    p.add_argument("--nodes", type=positive_int, default=None, help="nodes (default: scenario's)")
+    p.add_argument("--gpus", type=positive_int, default=None, help="GPUs per node (default 8)")
     p.add_argument("--scenario", default=None, help="scenario file (YAML or JSON); default: built-in")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: scenario's)")
     p.add_argument(
-        "--speed", type=_nonneg_float, default=1.0, help="simulated seconds per wall second; 0 = flat out"
+        "--speed", type=nonneg_float, default=1.0, help="simulated seconds per wall second; 0 = flat out"
     )
-    p.add_argument("--duration", type=_positive_float, default=None, help="simulated seconds to run")
+    p.add_argument("--duration", type=positive_float, default=None, help="simulated seconds to run")
     p.add_argument(
         "--epoch",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=None,
         help="unix time of simulated second 0 (default: early enough that no sample is in the future)",
     )
-    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.sim.cli:run")
@@ -358,7 +324,7 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--year",
-        type=_year,
+        type=year,
         default=None,
         help="the year of syslog lines, which carry none (default: this year)",
     )
@@ -376,18 +342,18 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("detect", help="detector worker (consumer group fleetwatch-detect)")
     _add_bootstrap(p)
-    p.add_argument("--metrics-port", type=_port, default=9108, help="serve Prometheus metrics here (0: off)")
+    p.add_argument("--metrics-port", type=port, default=9108, help="serve Prometheus metrics here (0: off)")
     _add_metrics_addr(p)
     p.add_argument("--group", default="fleetwatch-detect", help="consumer group (one per pipeline)")
     p.add_argument(
         "--time-scale",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="shorten day-long detector windows (lemon) by this factor, for compressed simulations",
     )
     p.add_argument(
         "--arrival-speed",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         help="telemetry reaches the broker this many times faster than the nodes' clocks run (a "
         "simulation or recording sent at N x; default [detect.node.silence] arrival_speed, 1)",
@@ -400,18 +366,16 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--forget-after",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         help="forget a node after this many seconds without telemetry (event time; default "
         "[detect.node] forget_after_s, one day; inf: never): its findings resolve, its state and "
         "series go, act drops it from the fleet",
     )
     p.add_argument(
-        "--snapshot-every", type=_positive_float, default=30.0, help="seconds between state snapshots"
+        "--snapshot-every", type=positive_float, default=30.0, help="seconds between state snapshots"
     )
-    p.add_argument(
-        "--idle-exit", type=_positive_float, default=None, help="exit after this many idle seconds"
-    )
+    p.add_argument("--idle-exit", type=positive_float, default=None, help="exit after this many idle seconds")
     p.add_argument(
         "--no-skew-check",
         action="store_true",
@@ -419,13 +383,13 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--max-clock-ahead",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=60.0,
         help="refuse a message timestamped more than this many seconds after it reached the broker",
     )
     p.add_argument(
         "--max-clock-behind",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=86400.0,
         help="refuse a message timestamped more than this many seconds before it reached the broker",
     )
@@ -436,7 +400,7 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--census-warm-up",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=None,
         help="seconds of steady telemetry before a node's per-node /metrics series are always exported "
         "(default [detect.node] warm_up_s, 1200)",
@@ -446,9 +410,9 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("eval", help="simulate -> detect -> score, without wall-clock waits")
     p.add_argument("--scenario", default=None, help="scenario file (default: the built-in default)")
-    p.add_argument("--nodes", type=_positive_int, default=None, help="override the scenario's node count")
+    p.add_argument("--nodes", type=positive_int, default=None, help="override the scenario's node count")
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
-    p.add_argument("--duration", type=_positive_float, default=None, help="override simulated seconds")
+    p.add_argument("--duration", type=positive_float, default=None, help="override simulated seconds")
     p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
     p.set_defaults(handler="fleetwatch.pipeline.evaluate:run")
 
@@ -458,14 +422,14 @@ def build_parser() -> _Parser:
     p.add_argument("--alertmanager", default="http://127.0.0.1:9093", help="Alertmanager base URL")
     p.add_argument(
         "--alertmanager-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         help="seconds one post to Alertmanager may take (a slow answer is not a failure); alerts are "
         "sent beside the drain path, so this never delays a drain",
     )
     p.add_argument(
         "--alert-flush-timeout",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=5.0,
         help="at exit, seconds to wait for Alertmanager to take the queued alerts (the rest stay in "
         "the closing snapshot and are sent after a restart)",
@@ -473,7 +437,7 @@ def build_parser() -> _Parser:
     # The policy's and the census's flags default to None: not given, [act.policy] / [act.census]
     # of the file decides, else the code default (alerts/policy.py PolicyConfig, census.CensusConfig).
     p.add_argument(
-        "--drain-budget", type=_nonneg_float, default=None, help="max fraction of the fleet drained (0.02)"
+        "--drain-budget", type=nonneg_float, default=None, help="max fraction of the fleet drained (0.02)"
     )
     p.add_argument(
         "--budget-min-nodes",
@@ -483,7 +447,7 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--fleet-size",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="nodes in the fleet (default: the census of reporting nodes on --nodes-topic)",
     )
@@ -493,23 +457,23 @@ def build_parser() -> _Parser:
     _add_results_topic(p)
     p.add_argument(
         "--pending-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=300.0,
         help="alert when a drain has had no result from the adapter for this many seconds",
     )
     p.add_argument("--cluster", default="default", help="cluster label on alerts")
-    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
-    p.add_argument("--resend-interval", type=_positive_float, default=60.0, help="seconds between re-sends")
+    p.add_argument("--resend-interval", type=positive_float, default=60.0, help="seconds between re-sends")
     p.add_argument(
         "--resume-after",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=None,
         help="healthy seconds before a drained node resumes (900)",
     )
     p.add_argument(
         "--cooldown",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=None,
         help="re-drain within this many seconds = flapping (3600)",
     )
@@ -520,21 +484,21 @@ def build_parser() -> _Parser:
         default=None,
         help="never request resumes",
     )
-    p.add_argument("--storm-window", type=_positive_float, default=None, help="storm window, seconds (60)")
+    p.add_argument("--storm-window", type=positive_float, default=None, help="storm window, seconds (60)")
     p.add_argument(
-        "--storm-nodes", type=_positive_int, default=None, help="nodes in a window that make a storm (5)"
+        "--storm-nodes", type=positive_int, default=None, help="nodes in a window that make a storm (5)"
     )
     p.add_argument(
         "--storm-fraction",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=None,
         help="fraction of the fleet that makes a storm (0.05)",
     )
-    p.add_argument("--storm-min-nodes", type=_positive_int, default=None, help="never a storm below this (3)")
+    p.add_argument("--storm-min-nodes", type=positive_int, default=None, help="never a storm below this (3)")
     p.add_argument(
-        "--storm-clear", type=_nonneg_float, default=None, help="quiet seconds that end a storm (120)"
+        "--storm-clear", type=nonneg_float, default=None, help="quiet seconds that end a storm (120)"
     )
-    p.add_argument("--settle", type=_nonneg_float, default=None, help="seconds to wait after an onset (0)")
+    p.add_argument("--settle", type=nonneg_float, default=None, help="seconds to wait after an onset (0)")
     p.add_argument(
         "--runbook-base",
         default=None,
@@ -568,26 +532,26 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--census-warm-up",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=None,
         help="seconds of steady telemetry before a census node counts toward the budget and storm guard "
         "(1200)",
     )
     p.add_argument(
         "--census-burst-fraction",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=None,
         help="new node names within --census-burst-window, as a fraction of the warm fleet, that raise "
         "fleetwatch_act_census_burst (0.1)",
     )
     p.add_argument(
         "--census-burst-min",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="never a census burst below this many names (10)",
     )
     p.add_argument(
-        "--census-burst-window", type=_positive_float, default=None, help="census burst window, s (600)"
+        "--census-burst-window", type=positive_float, default=None, help="census burst window, s (600)"
     )
     p.add_argument(
         "--group", default=None, help="consumer group (fleetwatch-act; fleetwatch-act-dry-run with --dry-run)"
@@ -598,16 +562,16 @@ def build_parser() -> _Parser:
         default=None,
         help="drain request topic (scheduler.drain.v1; scheduler.drain.dryrun.v1 with --dry-run)",
     )
-    p.add_argument("--snapshot-every", type=_positive_float, default=5.0, help="state snapshot period, s")
+    p.add_argument("--snapshot-every", type=positive_float, default=5.0, help="state snapshot period, s")
     p.add_argument(
         "--instance-id",
         default=None,
         help="static group membership id: a restart with the same id takes its partitions back at once",
     )
     p.add_argument(
-        "--session-timeout", type=_positive_float, default=10.0, help="group session timeout, seconds"
+        "--session-timeout", type=positive_float, default=10.0, help="group session timeout, seconds"
     )
-    p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
+    p.add_argument("--idle-exit", type=positive_float, default=None, help="exit after this many idle s")
     _add_config(p)
     p.set_defaults(handler="fleetwatch.alerts.act:run")
 
@@ -615,10 +579,10 @@ def build_parser() -> _Parser:
         "slurm-jobs", help="publish job/1 for every Slurm job's start and end (beside slurmctld)"
     )
     _add_bootstrap(p)
-    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument(
-        "--interval", type=_positive_float, default=2.0, help="seconds between squeue polls (default 2)"
+        "--interval", type=positive_float, default=2.0, help="seconds between squeue polls (default 2)"
     )
     p.add_argument("--slurm-conf", default=None, help="slurm.conf for squeue (default: $SLURM_CONF)")
     p.add_argument(
@@ -670,7 +634,7 @@ def build_parser() -> _Parser:
     from fleetwatch.pipeline.reliability import args as reliability
 
     reliability.add_window_args(p)
-    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument(
         "--census-key-file",
@@ -699,7 +663,7 @@ def build_parser() -> _Parser:
     p.add_argument("--findings-topic", default="fleet.findings.v1", help="finding/1")
     _add_results_topic(p)
     p.add_argument("--nodes-topic", default="fleet.nodes.v1", help="node/1: the census")
-    p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
+    p.add_argument("--idle-exit", type=positive_float, default=None, help="exit after this many idle s")
     p.set_defaults(handler="fleetwatch.pipeline.reliability.cli:account_command")
 
     p = sub.add_parser("report", help="the reliability report (r_f, MTTF, ETTR, lemons, lost GPU-hours)")
@@ -717,7 +681,7 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("slurm-drainer", help="execute signed drain/resume requests with scontrol")
     _add_bootstrap(p)
-    p.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics here")
+    p.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics here")
     _add_metrics_addr(p)
     p.add_argument("--drain-key-file", default=None, help="HMAC key file (default: $FLEETWATCH_DRAIN_KEY)")
     p.add_argument(
@@ -729,13 +693,13 @@ def build_parser() -> _Parser:
     _add_results_topic(p)
     p.add_argument(
         "--max-age",
-        type=_positive_float,
+        type=positive_float,
         default=600.0,
         help="refuse requests issued longer ago than this many seconds (rejected_stale)",
     )
     p.add_argument(
         "--max-skew",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=60.0,
         help="refuse requests issued more than this many seconds ahead of this clock (rejected_stale)",
     )
@@ -746,7 +710,7 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--node-states-every",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=30.0,
         help="seconds between sinfo reads for --slurm-nodes-topic (0: publish nothing)",
     )
@@ -759,7 +723,7 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--validate-level",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="dcgmi diag -r LEVEL (NVIDIA: 1 quick checks, seconds; 2 about 2 min; 3 about 15 min)",
     )
@@ -771,12 +735,12 @@ def build_parser() -> _Parser:
     )
     p.add_argument(
         "--validate-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=600.0,
         help="seconds the test may take on the node; past it the job is cancelled and fails",
     )
     p.add_argument("--dcgmi", default="dcgmi", help="dcgmi on the nodes (a path, or found on their PATH)")
-    p.add_argument("--idle-exit", type=_positive_float, default=None, help="exit after this many idle s")
+    p.add_argument("--idle-exit", type=positive_float, default=None, help="exit after this many idle s")
     _add_config(p)
     p.set_defaults(handler="fleetwatch.alerts.slurm_drainer:run")
     # --- end of the action layer's blocks

@@ -8,26 +8,13 @@ import datetime as dt
 import re
 import time
 
+from fleetwatch.arg_types import nonneg_int, positive_int
 from fleetwatch.pipeline.reliability.attribution import Window
 from fleetwatch.pipeline.reliability.figures import FigureConfig
 
 _SPAN = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 DEFAULT_DB = "fleetwatch-accounting.sqlite"
-
-
-def count(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
-def positive_count(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
 
 
 MAX_SPAN_S = 100 * 365.25 * 86_400
@@ -92,13 +79,13 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--large-gpus",
-        type=count,
+        type=nonneg_int,
         default=128,
         help="r_f counts jobs of more than this many GPUs (default 128, the paper's rule)",
     )
     p.add_argument(
         "--gpus-per-node",
-        type=positive_count,
+        type=positive_int,
         default=8,
         help="GPUs of a node whose job/1 lists no gpus (default 8)",
     )

@@ -1,19 +1,18 @@
 """Whatever a kernel log holds, the parser never raises, and what it reports holds its grammar:
 codes within 32 bits, addresses in one spelling, texts bounded, every number one a JSON encoder
-takes (hypothesis: lines made of real fragments and arbitrary text); and no line costs more than
-linear time."""
+takes (hypothesis: lines made of real fragments and arbitrary text). What a line costs:
+tests/unit/test_linear_parsers.py."""
 
 from __future__ import annotations
 
 import re
-import threading
 
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwatch.collectors.kernel_log.events import MAX_CODE, MAX_TEXT, EventParser
-from fleetwatch.collectors.kernel_log.lines import MAX_LINE, LineReader
+from tests.helpers.kernel_lines import parse_all
 
 FRAGMENTS = [
     "NVRM: Xid (PCI:0000:9b:00): ",
@@ -58,13 +57,8 @@ line = st.lists(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(line, max_size=30))
 def test_any_log_parses_without_raising_and_events_keep_their_grammar(log: list[str]) -> None:
-    reader, parser = LineReader(), EventParser()
-    events = []
-    for raw in log:
-        parsed = reader.parse(raw)
-        if parsed is not None:
-            events += parser.feed(parsed)
-    events += parser.flush()
+    parser = EventParser()
+    events = parse_all(log, parser)
     for e in events:
         assert e.kind in ("xid", "sxid", "fallen_off_bus", "aer")
         assert e.code is None or 0 <= e.code <= MAX_CODE
@@ -75,29 +69,3 @@ def test_any_log_parses_without_raising_and_events_keep_their_grammar(log: list[
         # Link 999...9) made orjson raise and ended a whole `xids` run
         assert orjson.loads(orjson.dumps(e.to_dict()))["kind"] == e.kind
     assert len(parser.uuids) <= 4096
-
-
-def test_a_detail_line_of_spaces_costs_linear_time() -> None:
-    """An AER detail line whose name is followed by thousands of spaces and then more text: the
-    name's pattern once backtracked in cubic time (4,000 spaces took 55 s, and the 8,000 here,
-    within the reader's MAX_LINE, minutes), stalling the node's kernel source on one line. Run
-    beside the test, with a generous limit: linear time parses it in milliseconds."""
-    reader, parser = LineReader(), EventParser()
-    header = "[ 1.0] pcieport 0000:00:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:9b:00.0"
-    detail = "[ 1.0] nvidia 0000:9b:00.0:    [ 1] a" + " " * (MAX_LINE - 100) + "b"
-    lines = [header, detail, "[ 1.0] next"]
-    events: list = []
-
-    def parse() -> None:
-        for raw in lines:
-            parsed = reader.parse(raw)
-            if parsed is not None:
-                events.extend(parser.feed(parsed))
-        events.extend(parser.flush())
-
-    worker = threading.Thread(target=parse, daemon=True)
-    worker.start()
-    worker.join(timeout=60)
-    assert not worker.is_alive(), "one detail line took over a minute"
-    (aer,) = [e for e in events if e.kind == "aer"]
-    assert aer.extra["errors"] == [("a" + " " * MAX_LINE)[:48]]

@@ -17,9 +17,10 @@ import pytest
 from fleetwatch.alerts.drain_pause import parse_duration
 from fleetwatch.alerts.slurm import SlurmClient, SlurmError
 from fleetwatch.alerts.slurm_drainer import with_token
-from fleetwatch.collectors.kernel_log.events import MAX_OPEN, EventParser
-from fleetwatch.collectors.kernel_log.lines import MAX_LINE, LineReader
+from fleetwatch.collectors.kernel_log.events import MAX_OPEN
+from fleetwatch.collectors.kernel_log.lines import MAX_LINE
 from fleetwatch.collectors.slurm_jobs.model import SlurmParseError, expand_nodes
+from tests.helpers.kernel_lines import parse_all
 
 
 def within(limit_s: float, fn: Callable[[], Any]) -> Any:
@@ -62,14 +63,14 @@ def test_a_pause_duration_with_a_long_run_of_spaces() -> None:
     assert parse_duration("  2h ") == 7200 and parse_duration("1.5 m") == 90 and parse_duration("30") == 30
 
 
-def parse(raw_lines: list[str]) -> list[Any]:
-    reader, parser = LineReader(), EventParser()
-    events = []
-    for raw in raw_lines:
-        line = reader.parse(raw)
-        if line is not None:
-            events += parser.feed(line)
-    return events + parser.flush()
+def test_an_aer_detail_line_of_spaces() -> None:
+    # the name's pattern backtracked in cubic time: 4,000 spaces took 55 s, the 8,000 here (within
+    # the reader's MAX_LINE) minutes, stalling the node's kernel source on one line
+    header = "[ 1.0] pcieport 0000:00:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:9b:00.0"
+    detail = "[ 1.0] nvidia 0000:9b:00.0:    [ 1] a" + " " * (MAX_LINE - 100) + "b"
+    events = within(10, lambda: parse_all([header, detail, "[ 1.0] next"]))
+    (aer,) = [e for e in events if e.kind == "aer"]
+    assert aer.extra["errors"] == [("a" + " " * MAX_LINE)[:48]]
 
 
 def test_kernel_lines_repeating_a_phrase_of_a_multi_line_event() -> None:
@@ -79,7 +80,7 @@ def test_kernel_lines_repeating_a_phrase_of_a_multi_line_event() -> None:
     recovery = "GPU recovery action changed from 0x1 ("
     xid = "NVRM: Xid (PCI:0000:9b:00): 154, " + recovery * ((MAX_LINE - 100) // len(recovery))
     lines = [header, bus, xid] * 200  # each line was milliseconds (quadratic in its length)
-    events = within(30, lambda: parse(lines))
+    events = within(30, lambda: parse_all(lines))
     assert (
         len([e for e in events if e.kind == "aer"]) == 200
         and len([e for e in events if e.kind == "xid"]) == 200
@@ -96,7 +97,7 @@ def test_thousands_of_open_multi_line_events_are_not_rescanned_by_every_line() -
         for i in range(n)
     ]
     details = ["[1.0] nvidia 0000:ff:1f.7: [ 0] RxErr" for _ in range(n)]  # all in one fold window
-    events = within(10, lambda: parse(headers + details))
+    events = within(10, lambda: parse_all(headers + details))
     assert len([e for e in events if e.kind == "aer"]) == n and n > MAX_OPEN
 
 
