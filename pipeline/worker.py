@@ -179,7 +179,7 @@ class Worker:
             instance_id=instance_id,
             on_commit_failure=self._on_commit_failure,
         )
-        self.consumer.subscribe(sorted(self.topic_stage), self._on_assign, self._on_revoke)
+        self.consumer.subscribe(sorted(self.topic_stage), self._on_assign, self._on_revoke, self._on_lost)
 
     # ------------------------------------------------------------ what this member owns
 
@@ -354,6 +354,34 @@ class Worker:
         self._rebalanced_at = time.monotonic()
         PARTITIONS.labels(self.group).inc(len(restoring))
 
+    def _on_lost(self, lost: list[TopicPart]) -> None:
+        """Partitions this member lost without a rebalance (its session expired, it was fenced):
+        another member may own them already, and may have snapshotted past this one. Nothing is
+        written for them (a snapshot here would replace that newer one, a commit would move the
+        group's offsets under it); their tasks are closed, not parked: a task handed back later
+        is restored from the group's latest snapshot, not resumed from this member's stale state.
+        What they processed since their last snapshot is replayed (at-least-once)."""
+        keys = {self._task_key(tp) for tp in lost}
+        for key in keys:
+            _close(self.tasks.pop(key, None))
+            _close(self._parked.pop(key, None))
+        self._drop(lost, keys)
+        if lost:
+            log.warning("lost %s", sorted(f"{tp.topic}:{tp.partition}" for tp in lost))
+
+    def _drop(self, parts: list[TopicPart], keys: set[tuple[str, int]]) -> None:
+        """Forget what this member kept of the partitions and their tasks (revoked or lost)."""
+        for key in keys:
+            self._snap_offsets.pop(key, None)
+            self._failing.pop(key, None)
+            self._distrusted.discard(key)
+        PARTITIONS.labels(self.group).dec(len([tp for tp in parts if tp not in self._restoring]))
+        self._restoring.difference_update(parts)
+        for tp in parts:
+            self.offsets.pop(tp, None)
+            self._poison.pop(tp, None)
+            self._suspect.pop(tp, None)
+
     def _on_revoke(self, revoked: list[TopicPart]) -> None:
         # Everything processed is already produced (see step()). The revoked tasks are
         # snapshotted first, and only the input of those whose snapshot the broker acknowledged
@@ -378,19 +406,11 @@ class Worker:
             task = self.tasks.pop(key, None)
             if task is not None:
                 self._parked[key] = task
-            self._snap_offsets.pop(key, None)
         for tp in revoked:
-            off = self.offsets.pop(tp, None)
+            off = self.offsets.get(tp)
             if off is not None:
                 self._parked_offsets[tp] = off
-        PARTITIONS.labels(self.group).dec(len([tp for tp in revoked if tp not in self._restoring]))
-        self._restoring.difference_update(revoked)
-        for tp in revoked:
-            self._poison.pop(tp, None)
-            self._suspect.pop(tp, None)
-        for key in keys:
-            self._failing.pop(key, None)
-            self._distrusted.discard(key)
+        self._drop(revoked, keys)
         if revoked:
             log.info("revoked %s", sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
 

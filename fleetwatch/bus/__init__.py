@@ -152,7 +152,13 @@ class GroupConsumer(Protocol):
     """A member of a consumer group. Rebalance callbacks run on the thread that calls poll(),
     inside it; the member's heartbeats do not depend on that thread."""
 
-    def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None: ...
+    def subscribe(
+        self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke, on_lost: OnRevoke | None = None
+    ) -> None:
+        """on_revoke: partitions given up in a rebalance (the owner snapshots and commits them);
+        on_lost (default on_revoke): partitions the member lost without one (its session expired,
+        it was fenced), which may be another member's already: the owner drops them without
+        writing anything."""
 
     def poll(self, max_records: int, timeout_s: float) -> dict[TopicPart, RecordBlock]:
         """Up to max_records records, each partition's in offset order."""

@@ -75,6 +75,12 @@ _LEADER_PENDING = frozenset(
 )
 
 
+def _is_fatal(err: KafkaError) -> bool:
+    """A fatal client error: a group consumer's comes out of consume() as a message with code
+    _FATAL, whose fatal() is False (the flag is on the error_cb's)."""
+    return bool(err.fatal() or err.code() == KafkaError._FATAL)
+
+
 def watermarks(consumer: Any, part: TopicPartition, timeout_s: float = METADATA_TIMEOUT_S) -> tuple[int, int]:
     """The partition's (low, high) offsets; a partition whose leader is not known yet is asked again
     until timeout_s has passed, then the broker's last answer is raised."""
@@ -298,8 +304,9 @@ class KafkaGroupConsumer:
         CONSUMERS_REPLACED.labels(group)  # exported at 0: increase() sees the first
         self._topics: list[str] = []
         self._fatal: KafkaError | None = None  # the error that ended the current client, if one did
-        self._replaced_at = -float("inf")
-        self._replace_wait_s = 0.0
+        self._on_lost: OnRevoke | None = None
+        self._replaced_at = -float("inf")  # when the last new client joined
+        self._replace_wait_s = 0.0  # how long after that the next may
         self._assigned: set[TopicPart] = set()
         self._on_assign: OnAssign | None = None
         self._on_revoke: OnRevoke | None = None
@@ -317,22 +324,25 @@ class KafkaGroupConsumer:
 
     # --------------------------------------------------------- group membership
 
-    def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
+    def subscribe(
+        self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke, on_lost: OnRevoke | None = None
+    ) -> None:
         self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._on_lost = on_lost or on_revoke
         self._topics = list(topics)
         self._consumer.subscribe(
-            self._topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
+            self._topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._lose
         )
 
-    def _replace(self) -> None:
-        """A new client in place of one a fatal error ended. A fatal error is final for a librdkafka
-        consumer: it fetches, heartbeats and commits nothing more, while poll() goes on returning,
-        so the worker would sit in the group's place reading nothing (seen: a static member fenced
-        after a broker restart). Its partitions are given up as on a lost assignment (the owner's
-        uncommitted work is replayed by whoever gets them) and the new client joins under the same
-        settings, the same instance id included."""
-        err, self._fatal = self._fatal, None
-        CONSUMERS_REPLACED.labels(self._group).inc()
+    def _give_up(self, err: KafkaError) -> None:
+        """The first half of replacing a client a fatal error ended, at once: a fatal error is final
+        for a librdkafka consumer (it fetches, heartbeats and commits nothing more, while poll()
+        goes on returning: seen, a static member fenced after a broker restart, sitting in the
+        group's place reading nothing), and librdkafka unassigns without calling back. Its
+        partitions are the owner's no longer, and may be another member's already: they go to
+        the owner's on_lost (no snapshot, no commit; whoever has them replays from the last
+        snapshot)."""
+        self._fatal = err
         owned = set(self._assigned)  # as _revoke: a held (pending) assignment was never the owner's
         if self._starts is not None:
             owned.update(self._starts)
@@ -341,25 +351,37 @@ class KafkaGroupConsumer:
         self._starts = None
         self._assigned = set()
         log.error(
-            "the consumer of group %s hit a fatal error (%s): replacing it; %d partitions handed back",
-            self._group, err, len(lost),
+            "the consumer of group %s hit a fatal error (%s): %d partitions given up; a new consumer "
+            "joins in %.0f s", self._group, err, len(lost), self._replace_wait_s,
         )  # fmt: skip
-        if lost and self._on_revoke is not None:
+        if lost and self._on_lost is not None:
             try:
-                self._on_revoke(lost)
+                self._on_lost(lost)
             except Exception as e:  # as in _revoke: the owner goes on without them
                 self._pending.failed("revoke", None, e)
+
+    def _next_wait_s(self) -> float:
+        """How long after the last replacement the next may come: none the first time (or ten
+        minutes after the last), then 1 s doubling to REPLACE_MAX_S."""
+        if time.monotonic() - self._replaced_at > 10 * REPLACE_MAX_S:
+            return 0.0
+        return min(max(2 * self._replace_wait_s, REPLACE_FIRST_S), REPLACE_MAX_S)
+
+    def _rejoin(self) -> None:
+        """The second half: a new client under the same settings (the same instance id) in place of
+        the failed one, subscribed as the owner subscribed."""
         try:
-            self._native.handle.close()
-        except Exception as e:  # a fatal client may refuse to leave the group cleanly
+            self._native.handle.close()  # returns at once on a fatal client, calling nothing back
+        except Exception as e:
             log.warning("closing the failed consumer of group %s: %s", self._group, e)
         self._native = _Native(Consumer(self._cfg))
-        now = time.monotonic()
-        calm = now - self._replaced_at > 10 * REPLACE_MAX_S  # a fatal error long after the last
-        self._replace_wait_s = REPLACE_FIRST_S if calm else min(2 * self._replace_wait_s, REPLACE_MAX_S)
-        self._replaced_at = now
+        self._replaced_at = time.monotonic()
         if self._topics:
-            self.subscribe(self._topics, self._on_assign, self._on_revoke)  # type: ignore[arg-type]
+            assert self._on_assign is not None and self._on_revoke is not None
+            self.subscribe(self._topics, self._on_assign, self._on_revoke, self._on_lost)
+        self._fatal = None  # only once the new client stands
+        CONSUMERS_REPLACED.labels(self._group).inc()
+        log.info("the consumer of group %s replaced", self._group)
 
     # Nothing may escape these two: librdkafka's callbacks run inside poll(), and an exception
     # there comes out of consume() as a SystemError (see PendingAssignment).
@@ -401,15 +423,16 @@ class KafkaGroupConsumer:
         except Exception as e:
             self._pending.failed("assign", tps, e)
 
-    def _revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
-        assert self._on_revoke is not None
+    def _revoke(self, consumer: Consumer, parts: list[TopicPartition], owner: OnRevoke | None = None) -> None:
+        owner = owner or self._on_revoke
+        assert owner is not None
         tps = [TopicPart(p.topic, p.partition) for p in parts]
         self._pending.clear()
         if self._starts is not None:  # the owner took them (only assign() failed): it gives them up
             self._assigned.update(self._starts)
             self._starts = None
         try:
-            self._on_revoke([t for t in tps if t in self._assigned])
+            owner([t for t in tps if t in self._assigned])
         except Exception as e:  # the owner goes on without them; what it did not commit is replayed
             self._pending.failed("revoke", None, e)
         finally:
@@ -418,6 +441,12 @@ class KafkaGroupConsumer:
                 consumer.unassign()
             except Exception as e:  # nothing may escape the callback
                 log.error("unassign after revoke: %s", e)
+
+    def _lose(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        """librdkafka's on_lost (the session expired, or the member was fenced): as _revoke, but
+        the owner's on_lost, which neither snapshots nor commits (the partitions may be another
+        member's already, and its newer snapshot must stand)."""
+        self._revoke(consumer, parts, self._on_lost)
 
     def _committed(self, err: KafkaError | None, _parts: list[TopicPartition]) -> None:
         if err is not None:
@@ -446,10 +475,11 @@ class KafkaGroupConsumer:
         # full batch while fewer were fetched, it idled the worker (70% of a plain topic's time).
         # So: what is there now; if nothing, wait for one record, and take what came with it.
         if self._fatal is not None:
-            if time.monotonic() - self._replaced_at < self._replace_wait_s:
-                time.sleep(timeout_s)  # as an empty poll: the caller's loop does not spin
+            left = self._replace_wait_s - (time.monotonic() - self._replaced_at)
+            if left > 0:
+                time.sleep(min(timeout_s, left))  # as an empty poll: the caller's loop does not spin
                 return {}
-            self._replace()
+            self._rejoin()
         if self._pending.due():
             self._retry_assign()
         msgs = self._consumer.consume(max_records, 0)
@@ -458,14 +488,16 @@ class KafkaGroupConsumer:
             if not msgs:
                 return {}
             msgs += self._consumer.consume(max_records - 1, 0)
+        fatal = next((e for m in msgs if (e := m.error()) is not None and _is_fatal(e)), None)
+        if fatal is not None:  # the batch's partitions are given up with it: their owners replay it
+            self._replace_wait_s = self._next_wait_s()
+            self._give_up(fatal)
+            return {}
         columns: dict[TopicPart, tuple[list[Any], list[Any], list[int], list[int]]] = {}
         for m in msgs:
             if m.error() is not None:
-                # librdkafka retries what it can itself; what reaches here is for the log only,
-                # but a fatal error, which it does not retry, gets the client replaced
+                # librdkafka retries what it can itself; what reaches here is for the log only
                 log.warning("consumer: %s", m.error())
-                if m.error().fatal() or m.error().code() == KafkaError._FATAL:
-                    self._fatal = m.error()
                 continue
             tp = TopicPart(m.topic(), m.partition())
             cols = columns.get(tp)

@@ -207,8 +207,10 @@ class MemoryGroupConsumer:
     def _group(self) -> _Group:
         return self.bus._group(self.group_name)
 
-    def subscribe(self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke) -> None:
-        self.topics = list(topics)
+    def subscribe(
+        self, topics: Sequence[str], on_assign: OnAssign, on_revoke: OnRevoke, on_lost: OnRevoke | None = None
+    ) -> None:
+        self.topics = list(topics)  # on_lost: a member of the in-memory bus never loses its partitions
         self._on_assign, self._on_revoke = on_assign, on_revoke
         with self.bus._lock:
             self._group.members.append(self)

@@ -480,3 +480,25 @@ def test_a_stages_tick_runs_from_the_loop_while_it_owns_a_task_and_is_produced_a
     assert b.owned("count") == {} and set(a.owned("count")) == {0}
     a.close()
     b.close()
+
+
+def test_lost_partitions_are_dropped_without_a_snapshot_or_a_commit() -> None:
+    """A member whose partitions were lost (its session expired, it was fenced) may no longer own
+    them: another member may have snapshotted past it. It writes nothing for them and keeps no
+    task to resume: whoever takes them restores the group's snapshot and replays what follows."""
+    bus = _bus()
+    _feed(bus, range(3))
+    a = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _drain(a)
+    parts = sorted(a.consumer.assignment())
+    snapshots, committed = len(bus.records(topics.STATE)), a.consumer.group_offsets(parts)
+    a._on_lost(parts)  # as the bus calls it
+    assert len(bus.records(topics.STATE)) == snapshots and a.consumer.group_offsets(parts) == committed
+    assert not a.tasks and not a._parked and not a.offsets
+    a.close()  # nothing of the lost tasks is written at close either
+    assert len(bus.records(topics.STATE)) == snapshots and a.consumer.group_offsets(parts) == committed
+    b = Worker(bus, "g", [counting_stage("count", IN, OUT)], snapshot_every_s=3600)
+    _feed(bus, range(3, 4))
+    _drain(b)  # from the group's snapshot, the input after it replayed: nothing lost
+    assert _latest(bus) == {n: 4 for n in NODES}
+    b.close()
