@@ -146,7 +146,7 @@ class SlurmClient:
                 try:
                     nodes.update(hostlist.expand_hostlist(fields["Nodes"]))
                 except (hostlist.BadHostlist, RecursionError) as e:  # read as Slurm not answering
-                    why = f"{fields.get('ReservationName', '?')[:80]}: {e or type(e).__name__}"
+                    why = f"{fields.get('ReservationName', '?')[:80]}: {str(e) or type(e).__name__}"
                     raise SlurmError(f"a reservation's node list not understood ({why})") from None
         return nodes
 

@@ -270,7 +270,7 @@ class GpuStats:
             "version": STATE_VERSION,
             # the node rows' names, as the previous release reads them (the task's index)
             "nodes": list(self.index.names),
-            # the warm-up values only while some GPU is warming up (NaN otherwise: 320 B a GPU)
+            # the warm-up values only while some GPU is warming up (NaN otherwise: 640 B a GPU)
             "groups": {
                 k: encode_array(st[k][: n * 8])
                 for k in _GROUP_STATE
@@ -305,7 +305,10 @@ class GpuStats:
 
         st = self.scorer.to_state()
         for k, enc in d["groups"].items():
-            place(decode_array(enc), st[k])
+            values = decode_array(enc)
+            if k == "warm" and values.shape[1:] != st[k].shape[1:]:
+                continue  # another warm-up length: those GPUs keep their running estimates
+            place(values, st[k])
         for k, enc in d["hists"].items():
             st[k] = decode_array(enc)
         self.scorer = MultivariateScorer.from_state(st, self.scorer.params)

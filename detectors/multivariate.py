@@ -18,8 +18,8 @@ group is "each machine against its own past" (the benchmarks, one machine each);
 nodes in a few pools so that the histograms cost nothing per node. Every statistic is already in
 units of its own series' scale, so sharing a histogram compares like with like.
 
-Memory per group: 7 m floats of baselines, m x warmup (20) float32 warm-up values and 2 m^2 of
-covariance and its inverse (m = 19: 8.3 kB, 440 B a metric); per pool 4 m + 1 histograms of
+Memory per group: 7 m floats of baselines, m x warmup (20) of warm-up values and 2 m^2 of
+covariance and its inverse (m = 19: 9.8 kB, 520 B a metric); per pool 4 m + 1 histograms of
 (bins + 2) floats. ``nbytes()`` counts both.
 
 The parameters are chosen by principle (benchmarks/README.md, "Choosing the parameters"); one,
@@ -151,9 +151,9 @@ class MultivariateScorer:
             setattr(self, name, np.zeros((k, m)))
         self.cov = np.zeros((k, m, m))
         self.prec = np.zeros((k, m, m))
-        # each metric's warm-up values, from which its baseline starts (NaN once it has); float32:
-        # a median and a spread need no more, and a GPU's three metrics hold 240 B of them
-        self.warm = np.full((k, m, self.params.warmup), np.nan, dtype=np.float32)
+        # each metric's warm-up values, from which its baseline starts (NaN once it has); float64:
+        # float32's 7 digits made 1e8 + noise 20 equal values, a spread of 0 (480 B a GPU)
+        self.warm = np.full((k, m, self.params.warmup), np.nan)
 
     def add_groups(self, pools: np.ndarray) -> np.ndarray:
         """Room for len(pools) more groups in these calibration pools; returns their rows."""

@@ -150,8 +150,9 @@ def _robust_start(values: np.ndarray, level: np.ndarray, scale: np.ndarray) -> N
     absolute deviation kept during the warm-up take one wild value at full weight (NVML's
     4294967295 "not available", a unit slip), and the clipped updates after it shrink an inflated
     scale by only beta a sample: one such value among the first 20 left a series blind for ~650
-    samples. Both estimates ignore a tenth of the values; a buffer not filled in full (a snapshot of
-    an earlier release taken mid-warm-up) keeps the running ones."""
+    samples. Both estimates ignore a tenth of the values (the spread takes them all where nine
+    tenths sit at the median: a quantised series' rare steps are its noise); a buffer not filled in
+    full (a snapshot of an earlier release taken mid-warm-up) keeps the running ones."""
     n = len(values)
     if not np.all(np.isfinite(values)):
         values[:] = np.nan
@@ -159,6 +160,8 @@ def _robust_start(values: np.ndarray, level: np.ndarray, scale: np.ndarray) -> N
     med = np.median(values)
     dev = np.sort(np.abs(values - med))
     spread = np.mean(dev[: n - n // 10]) * TRIMMED_TO_MEAN_ABS
+    if spread == 0.0:  # a quantised series, nine tenths at its median: the rare steps are its spread
+        spread = np.mean(dev)
     if math.isfinite(spread):  # values near the float's limits of both signs overflow: keep the running
         level[0] = med
         scale[0] = spread

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleetwatch import config
-from fleetwatch.arg_types import nonneg_float, port, positive_float, positive_int, year
+from fleetwatch.arg_types import nonneg_float, nonneg_int, port, positive_float, positive_int, year
 from fleetwatch.bus.config import BrokerUnavailable
 from fleetwatch.runtime import METRICS_ADDR, setup_logging
 
@@ -106,6 +106,7 @@ _EXPECTED: dict[Any, str] = {
     positive_int: "an integer > 0",
     positive_float: "a number > 0",
     nonneg_float: "a number >= 0",
+    nonneg_int: "an integer >= 0",
     port: "an integer 0-65535",
     year: "an integer 1-9999",
 }

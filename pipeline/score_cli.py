@@ -90,8 +90,8 @@ def _chunks(reader: Iterator[list[str]]) -> Iterator[list[list[str]]]:
 
 
 def score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
-    """Score ``src`` into ``out``; returns the number of data rows. A field past the csv module's
-    limit (128 KiB) is a ValueError naming its row, not a traceback."""
+    """Score ``src`` into ``out``; returns the number of data rows. What the csv module cannot
+    read (a field past its 128 KiB limit) is a ValueError, not a traceback."""
     try:
         return _score_stream(src, out, column, timestamp)
     except csv.Error as e:

@@ -93,9 +93,10 @@ def run(args: argparse.Namespace) -> int:
     parser = EventParser()
     n = 0
     with contextlib.ExitStack() as stack:
-        # bytes that are not UTF-8 are kept as escapes, from a file and from stdin alike
+        # bytes that are not UTF-8 are kept as escapes, and a byte order mark dropped, from a file
+        # and from stdin alike
         source = (
-            io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="backslashreplace")
+            io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", errors="backslashreplace")
             if args.file == "-"
             else stack.enter_context(_open(args.file))
         )

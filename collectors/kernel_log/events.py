@@ -341,7 +341,8 @@ class EventParser:
         elif (bit := _AER_BIT.match(what.strip())) is not None:
             names = event.extra.setdefault("errors", [])
             if len(names) < 32:
-                names.append(bit.group("name").rstrip().removesuffix("(First)").rstrip()[:48])
+                whole = bit.group("name").strip()
+                names.append((whole.removesuffix("(First)").rstrip() or whole)[:48])  # "(First)" alone: kept
         return []
 
     # ------------------------------------------------------------ folding

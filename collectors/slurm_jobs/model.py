@@ -87,7 +87,7 @@ def expand_nodes(text: str, raw: str) -> tuple[str, ...]:
         # python-hostlist refuses unbalanced brackets and ranges over its MAX_SIZE (100,000)
         names = hostlist.expand_hostlist(text)
     except (hostlist.BadHostlist, RecursionError) as e:  # the library recurses once a bracket group
-        raise SlurmParseError("nodelist", f"{text[:200]!r}: {e or type(e).__name__}", raw) from None
+        raise SlurmParseError("nodelist", f"{text[:200]!r}: {str(e) or type(e).__name__}", raw) from None
     if len(names) > schemas.MAX_JOB_NODES:
         raise SlurmParseError("nodelist", f"{len(names)} nodes", raw)
     for n in names:

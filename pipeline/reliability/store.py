@@ -133,13 +133,15 @@ class Progress:
 class Store:
     def __init__(self, path: Path | str, *, create: bool = True) -> None:
         """create=False (a reader: `fleetwatch report`): the file must already be an accounting
-        store, and nothing is written to one that is not (an empty file, another program's
-        database): before, its tables and version row were added to whatever --db named."""
+        store of this release's schema, and nothing is written to it (no journal mode, no tables):
+        before, its tables and version row were added to whatever --db named (an empty file,
+        another program's database)."""
         self.path = str(path)
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             if not create:
                 self._check_is_store()
+                return
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(DDL)
@@ -158,9 +160,13 @@ class Store:
             found = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         except sqlite3.DatabaseError:  # no meta table, or not a database at all
             found = None
-        if found is None:
+        if found is None or found[0] != str(SCHEMA_VERSION):
             self.db.close()
-            raise StoreError(f"{self.path} is not an accounting store (run `fleetwatch account`)")
+            if found is None:
+                raise StoreError(f"{self.path} is not an accounting store (run `fleetwatch account`)")
+            raise StoreError(
+                f"{self.path} holds accounting schema {found[0]}; this release reads {SCHEMA_VERSION}"
+            )
 
     def close(self) -> None:
         self.db.close()

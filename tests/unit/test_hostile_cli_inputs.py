@@ -89,11 +89,20 @@ def test_report_writes_nothing_into_a_file_that_is_not_a_store(capsys: Capture, 
     other = tmp_path / "other.sqlite"
     with sqlite3.connect(other) as db:
         db.execute("CREATE TABLE t (x)")
-    before = other.read_bytes()
-    for path in (empty, other):
+    later = tmp_path / "later.sqlite"  # a meta table as ours, of another version (or program)
+    with sqlite3.connect(later) as db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+        db.execute("INSERT INTO meta VALUES ('schema_version', '7')")
+    before = {p: p.read_bytes() for p in (other, later)}
+    for path, said in (
+        (empty, "not an accounting store"),
+        (other, "not an accounting store"),
+        (later, "schema 7"),
+    ):
         code, _out, err = run(capsys, "report", "--db", str(path))
-        assert code == 2 and "not an accounting store" in err, err
-    assert empty.read_bytes() == b"" and other.read_bytes() == before
+        assert code == 2 and said in err, err
+    assert empty.read_bytes() == b"" and all(p.read_bytes() == b for p, b in before.items())
+    assert not (tmp_path / "later.sqlite-wal").exists()  # not switched to WAL either
 
 
 def test_score_refuses_an_oversized_field_and_quotes_what_it_echoes(capsys: Capture, tmp_path: Path) -> None:

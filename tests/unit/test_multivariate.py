@@ -130,6 +130,31 @@ def test_one_wild_value_in_the_warm_up_does_not_blind_the_series() -> None:
     assert (wild[spikes] < 0.05).all(), wild[spikes]
 
 
+def one_series(series: np.ndarray, floor: float = 1e-9) -> np.ndarray:
+    sc = MultivariateScorer(1, floor=floor)
+    sc.add_groups(np.zeros(1, dtype=np.int64))
+    return sc.update(np.zeros(len(series), dtype=np.int64), series.reshape(-1, 1), sequential=True).p
+
+
+def test_the_warm_up_keeps_the_precision_of_a_large_offset() -> None:
+    # 1e8 + noise: in float32 the 20 warm-up values were one number, a spread of 0 (a review's find)
+    rng = np.random.default_rng(5)
+    x = rng.normal(0.0, 1.0, 700)
+    x[[300, 600]] += 10.0
+    np.testing.assert_allclose(one_series(x + 1e8)[[300, 600]], one_series(x)[[300, 600]], rtol=1e-6)
+
+
+def test_a_quantised_series_is_flagged_at_about_the_nominal_rate() -> None:
+    # whole degrees, nine tenths at one value: the trimmed spread is 0, the steps are the noise
+    flagged = total = 0
+    for seed in range(20):
+        x = np.round(60.0 + np.random.default_rng(seed).normal(0.0, 0.3, 2000))
+        p = one_series(x)[100:]
+        flagged += int(np.sum(p <= 1e-3))
+        total += int(np.sum(~np.isnan(p)))
+    assert flagged / total <= 0.001, flagged / total
+
+
 def test_a_snapshot_without_warm_up_values_restores() -> None:
     """An earlier release's snapshot has no warm-up values: its groups mid-warm-up keep the running
     estimates, the others go on as they were."""
