@@ -192,7 +192,8 @@ def _mapping(err: _Err, where: str, v: Any) -> Mapping[str, Any]:
 
 
 def _unknown(err: _Err, where: str, obj: Mapping[str, Any], allowed: set[str]) -> None:
-    extra = sorted(set(obj) - allowed)
+    # keys as text: YAML reads `yes:` as True, and sorting True beside strings raised TypeError
+    extra = sorted(_shown(k) if not isinstance(k, str) else k for k in set(obj) - allowed)
     if extra:
         raise err(where, f"has unknown field(s) {extra} (allowed: {sorted(allowed)})")
 

@@ -144,3 +144,15 @@ def test_a_byte_order_mark_is_no_part_of_the_first_kernel_log_line(capsys: Captu
     log.write_bytes(b"\xef\xbb\xbf[ 1843.308145] NVRM: Xid (PCI:0000:9b:00): 79, pid=1, name=x, fell\n")
     code, out, _err = run(capsys, "xids", str(log))
     assert code == 0 and '"since_boot_s":1843.308145' in out, out
+
+
+def test_numbers_are_plain_and_a_yaml_boolean_key_is_an_unknown_field(
+    capsys: Capture, tmp_path: Path
+) -> None:
+    for value in ("9_108", "\u0669\u0661\u0660\u0668"):  # int() reads digit grouping and Arabic-Indic digits
+        code, _out, err = run(capsys, "detect", "--metrics-port", value, "--help")
+        assert code == 2 and "not a plain number" in err, (value, err)
+    scenario = tmp_path / "yes.yaml"
+    scenario.write_text("yes: 1\n")  # YAML 1.1: the key is True (sorting it beside strings raised TypeError)
+    code, _out, err = run(capsys, "eval", "--scenario", str(scenario))
+    assert code == 2 and "unknown field(s) ['True']" in err, err
