@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fleetwatch import schemas
@@ -142,16 +142,7 @@ class ResultBook:
                 first = next((a for a in answers.values() if a.outcome != drain_result.DUPLICATE), None)
                 if first is None or sig in answers:
                     return
-                r = Result(
-                    r.request_id,
-                    first.node,
-                    first.action,
-                    first.outcome,
-                    first.detail,
-                    sig,
-                    first.ts,
-                    first.seen,
-                )
+                r = replace(first, request_signature=sig)  # the same request id: answers are by id
             old = answers.get(sig)
             if old is None or old.outcome != drain_result.EXECUTED:  # done is done
                 answers[sig] = r

@@ -343,22 +343,15 @@ class KafkaGroupConsumer:
         the owner's on_lost (no snapshot, no commit; whoever has them replays from the last
         snapshot)."""
         self._fatal = err
-        owned = set(self._assigned)  # as _revoke: a held (pending) assignment was never the owner's
-        if self._starts is not None:
-            owned.update(self._starts)
-        lost = sorted(owned)
-        self._pending.clear()
-        self._starts = None
-        self._assigned = set()
+        owned = sorted(self._assigned | set(self._starts or ()))
         log.error(
             "the consumer of group %s hit a fatal error (%s): %d partitions given up; a new consumer "
-            "joins in %.0f s", self._group, err, len(lost), self._replace_wait_s,
+            "joins in %.0f s", self._group, err, len(owned), self._replace_wait_s,
         )  # fmt: skip
-        if lost and self._on_lost is not None:
-            try:
-                self._on_lost(lost)
-            except Exception as e:  # as in _revoke: the owner goes on without them
-                self._pending.failed("revoke", None, e)
+        self._pending.clear()  # a held (pending) assignment was never the owner's
+        if owned:
+            assert self._on_lost is not None
+            self._hand_back(owned, self._on_lost)
 
     def _next_wait_s(self) -> float:
         """How long after the last replacement the next may come: none the first time (or ten
@@ -426,7 +419,17 @@ class KafkaGroupConsumer:
     def _revoke(self, consumer: Consumer, parts: list[TopicPartition], owner: OnRevoke | None = None) -> None:
         owner = owner or self._on_revoke
         assert owner is not None
-        tps = [TopicPart(p.topic, p.partition) for p in parts]
+        try:
+            self._hand_back([TopicPart(p.topic, p.partition) for p in parts], owner)
+        finally:
+            try:
+                consumer.unassign()
+            except Exception as e:  # nothing may escape the callback
+                log.error("unassign after revoke: %s", e)
+
+    def _hand_back(self, tps: list[TopicPart], owner: OnRevoke) -> None:
+        """The owner's partitions among `tps` to `owner` (its on_revoke or on_lost), and forgotten
+        here; nothing escapes (a rebalance callback's rule)."""
         self._pending.clear()
         if self._starts is not None:  # the owner took them (only assign() failed): it gives them up
             self._assigned.update(self._starts)
@@ -437,10 +440,6 @@ class KafkaGroupConsumer:
             self._pending.failed("revoke", None, e)
         finally:
             self._assigned.difference_update(tps)
-            try:
-                consumer.unassign()
-            except Exception as e:  # nothing may escape the callback
-                log.error("unassign after revoke: %s", e)
 
     def _lose(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         """librdkafka's on_lost (the session expired, or the member was fenced): as _revoke, but
