@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import logging
 import math
 import sys
@@ -42,22 +41,12 @@ from typing import TextIO
 import numpy as np
 
 from fleetwatch.detectors.multivariate import MultivariateScorer
+from fleetwatch.text_input import open_text
 
 log = logging.getLogger("fleetwatch.score")
 
 CHUNK_ROWS = 8192
 MISSING = frozenset(("", "nan", "na", "n/a", "null", "none"))
-
-
-def _open(path: str) -> TextIO:
-    if path == "-":
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
-    try:
-        return open(path, encoding="utf-8-sig", newline="")  # closed by run()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no such file: {path}") from None
-    except OSError as e:  # a directory, no permission: still a one-line argument error
-        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def _parse(text: str, row: int, column: str) -> float:
@@ -141,7 +130,7 @@ def _score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    src = _open(args.csv)  # FileNotFoundError -> exit 2 with its message
+    src = open_text(args.csv, newline="")  # the csv module's newlines; unreadable: exit 2
     try:
         rows = score_stream(src, sys.stdout, args.column, args.timestamp)
     finally:

@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import io
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Any, TextIO
+from typing import Any
 
 import orjson
 
 from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent, pci_address
 from fleetwatch.collectors.kernel_log.lines import LineReader, utc_offset
 from fleetwatch.detectors.kernel_events import judge
+from fleetwatch.text_input import open_text
 
 MAX_GPU_INDEX = 4095
 
@@ -78,28 +78,16 @@ def events_of(
     yield from emit(held)
 
 
-def _open(path: str) -> TextIO:
-    try:
-        return open(path, encoding="utf-8-sig", errors="backslashreplace")  # a BOM is no part of line 1
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no such file: {path}") from None
-    except OSError as e:  # a directory, a symlink loop, no permission: still a one-line argument error
-        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     gpus = gpu_map(args.gpus)
     reader = LineReader(year=args.year, tz=utc_offset_flag(args.utc_offset))
     parser = EventParser()
     n = 0
     with contextlib.ExitStack() as stack:
-        # bytes that are not UTF-8 are kept as escapes, and a byte order mark dropped, from a file
-        # and from stdin alike
-        source = (
-            io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", errors="backslashreplace")
-            if args.file == "-"
-            else stack.enter_context(_open(args.file))
-        )
+        # bytes that are not UTF-8 are kept as escapes, from a file and from stdin alike
+        source = open_text(args.file, errors="backslashreplace")
+        if args.file != "-":
+            stack.enter_context(source)
         out = sys.stdout.buffer
         for event in events_of(source, reader, parser, gpus):
             out.write(orjson.dumps(event) + b"\n")
