@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
         issued=issued,
         task_for_node=owner.task_for_node,
         census=census,
-        results=results.get,
+        results=results.answers,
         pending_timeout_s=args.pending_timeout,
         finding_key=census_key,  # detect's key signs its findings too: one that does not verify is refused
         metrics=metrics,

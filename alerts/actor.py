@@ -155,7 +155,7 @@ class Actor:
         issued: Callable[[], dict[str, dict[str, Any]]] = dict,
         task_for_node: Callable[[str], ActTask | None] = lambda _n: None,
         census: Collection[str] | None = None,
-        results: Callable[[str, str], Result | None] = lambda _rid, _sig: None,
+        results: Callable[[str, str], Sequence[Result]] = lambda _rid, _sig: (),
         pending_timeout_s: float = 300.0,
         finding_key: bytes | None = None,
         metrics: ActMetrics | None = None,
@@ -177,7 +177,8 @@ class Actor:
         self.issued = issued  # reads the drain log: node -> latest request (alerts/drain_log.py)
         self.task_for_node = task_for_node  # the owned task whose partition `node` hashes to
         self.census = census  # the reporting nodes (fleetwatch/census.py); None: no census check
-        # (request id, request signature) -> the adapter's answer (alerts/drain_log.py ResultBook)
+        # (request id, request signature) -> the adapter's answers, one per node it names
+        # (alerts/drain_log.py ResultBook.answers)
         self.results = results
         self.pending_timeout_s = pending_timeout_s
         # detect's key (the census key): every finding must verify under it; None (in-process unit
@@ -191,6 +192,7 @@ class Actor:
         self.last: Evaluation | None = None
         self._exported_drained: set[str] = set()
         self._counted: set[str] = set()  # request ids whose result this process has counted
+        self._counted_wrong: set[str] = set()  # ... and those whose answer naming another node it has
         # the operator's pause in force at a wall time (alerts/drain_pause.PauseBook.active)
         self.pause = pause
         # --dry-run: requests are marked and go to a topic no adapter reads; each drain counts as
@@ -343,16 +345,18 @@ class Actor:
         and only an answer about the same node counts: an answer planted before its request, or
         given to a forged copy of it, is never filed (alerts/drain_log.py)."""
         for node, st in nodes.items():
-            r = self.results(st.request_id, st.request_sig) if st.request_id and st.request_sig else None
-            if r is None:
-                continue
-            if r.node != node:
-                if r.request_id not in self._counted:
-                    self._counted.add(r.request_id)
+            answers = self.results(st.request_id, st.request_sig) if st.request_id and st.request_sig else ()
+            r = None
+            for a in answers:
+                if a.node == node:
+                    r = a
+                elif a.request_id not in self._counted_wrong:
+                    self._counted_wrong.add(a.request_id)
                     self.metrics.results_ignored.labels("wrong_node").inc()
                     log.warning(
-                        "ignoring a result for request %s naming %s, not %s", r.request_id, r.node, node
+                        "ignoring a result for request %s naming %s, not %s", a.request_id, a.node, node
                     )
+            if r is None:
                 continue
             why = self.policy.apply_result(
                 st, r.request_id, r.action, r.outcome, r.detail, request_sig=r.request_signature
@@ -378,7 +382,9 @@ class Actor:
                 self.metrics.refused.labels(why).inc()
                 log.warning("drain of %s refused: %s (%s)", node, why, r.detail)
         # only a node's latest request is looked up: the ids of older ones need not be remembered
-        self._counted.intersection_update(st.request_id for st in nodes.values())
+        current = {st.request_id for st in nodes.values()}
+        self._counted &= current
+        self._counted_wrong &= current
 
     def _released_by_hand(self, nodes: Mapping[str, NodeState], now: float) -> None:
         """A node we hold drained that Slurm has shown back in service since (a record written well

@@ -9,7 +9,8 @@ no second node is drained in place of the first. The topic is keyed by node, so 
 is the order of the requests; it is small (one message per drain or resume).
 
 What became of each request is on the adapter's results topic (scheduler.drain.results.v1,
-drain_result/1): `ResultBook` holds the signed results by (request id, request signature), fed
+drain_result/1): `ResultBook` holds the signed results by (request id, request signature and the
+node each names), fed
 from the whole topic by a follower thread (fleetwatch/follow.py) that act starts before its first
 decision, so a restarted act knows which drains were confirmed and which were refused (stale,
 unknown node, ...). A result is looked up only for a request act issued, by that request's id AND
@@ -17,7 +18,9 @@ signature (alerts/actor.py): request ids are predictable from finding ids, so an
 an answer written before (or for another copy of) the request pre-empt it; the signature, an HMAC
 over the whole request, cannot be predicted, and the adapter puts it into a result only after it
 verified it. Results without it (an adapter of an earlier release, which also signed answers to
-forged requests) are never applied.
+forged requests) are never applied. An answer bound to a request that names another node (a
+defective adapter) is kept apart from the answer naming the request's own node: it is counted, never
+filed, and cannot stand in the way of the genuine answer behind it.
 """
 
 from __future__ import annotations
@@ -86,12 +89,12 @@ class Result:
     seen: float | None = None
 
 
-MAX_ANSWERS = 8  # answers kept per request id (one per copy of the request act issued)
+MAX_ANSWERS = 8  # answers kept per request id (one per copy of the request act issued and node named)
 
 
 class ResultBook:
-    """(request_id, request signature) -> the adapter's result, from scheduler.drain.results.v1
-    (thread-safe: a follower thread applies, act's worker thread reads)."""
+    """(request_id, request signature) -> the adapter's answers, one per node named, from
+    scheduler.drain.results.v1 (thread-safe: a follower thread applies, act's worker thread reads)."""
 
     def __init__(self, key: bytes, metrics: ActMetrics | None = None) -> None:
         self._key = key
@@ -99,7 +102,8 @@ class ResultBook:
         self._ignored = (metrics or ActMetrics()).results_ignored
         self._lock = threading.Lock()
         self._refusals = RefusalLog(log)  # a flood of them must not flood the log
-        self._by_id: dict[str, dict[str, Result]] = {}
+        # request id -> (request signature, node named) -> the answer
+        self._by_id: dict[str, dict[tuple[str, str], Result]] = {}
 
     def apply(
         self, _key: bytes | None, value: bytes | None, now: float | None = None, broker: bool = False
@@ -135,21 +139,28 @@ class ResultBook:
         )
         with self._lock:
             answers = self._by_id.setdefault(r.request_id, {})
+            slot = (sig, r.node)
             if r.outcome == drain_result.DUPLICATE:
-                # "handled before": the answer to this copy is the first answer to the request id,
-                # which the adapter gave to a request that verified too (same node, action and
-                # findings: the id hashes them), e.g. one act issued before a restart.
-                first = next((a for a in answers.values() if a.outcome != drain_result.DUPLICATE), None)
-                if first is None or sig in answers:
+                # "handled before": the answer to this copy is the first answer to the request id
+                # about the same node, which the adapter gave to a request that verified too (same
+                # node, action and findings: the id hashes them), e.g. one act issued before a restart.
+                first = next(
+                    (a for a in answers.values() if a.node == r.node and a.outcome != drain_result.DUPLICATE),
+                    None,
+                )
+                if first is None or slot in answers:
                     return
                 r = replace(first, request_signature=sig)  # the same request id: answers are by id
-            old = answers.get(sig)
+            old = answers.get(slot)
             if old is None or old.outcome != drain_result.EXECUTED:  # done is done
-                answers[sig] = r
+                answers[slot] = r
             while len(answers) > MAX_ANSWERS:
                 del answers[next(iter(answers))]
 
-    def get(self, request_id: str, request_signature: str) -> Result | None:
-        """The answer to exactly this request (id and signature), if the adapter has given one."""
+    def answers(self, request_id: str, request_signature: str) -> tuple[Result, ...]:
+        """The answers to exactly this request (id and signature), one per node named: none until
+        the adapter answers, and more than one only where an answer names another node than the
+        request (the caller, who knows the request's node, files the right one)."""
         with self._lock:
-            return self._by_id.get(request_id, {}).get(request_signature)
+            got = self._by_id.get(request_id, {})
+            return tuple(r for (sig, _node), r in got.items() if sig == request_signature)

@@ -59,7 +59,7 @@ class Rig:
             fleet_size=fleet_size,
             clock=lambda: self.now,
             census=census,
-            results=self.results.get,
+            results=self.results.answers,
             pending_timeout_s=300.0,
             finding_key=finding_key,
             metrics=given,

@@ -51,7 +51,7 @@ actor = Actor(
     policy=Policy(PolicyConfig(budget_min_nodes=1)), builder=AlertBuilder("test"), dispatcher=sender,
     jobs=JobTable(), key=KEY, drain_topic=DRAINS, tasks=owner.tasks, share=owner.share,
     task_for_node=owner.task_for_node, fleet_size=100, clock=time.time, census={"gpu-node-01"},
-    results=ResultBook(KEY).get, finding_key=DETECT_KEY,
+    results=ResultBook(KEY).answers, finding_key=DETECT_KEY,
 )
 worker = act_worker(bus, actor, owner, group="act", findings_topic=topics.FINDINGS, snapshot_every_s=3600,
                     instance_id="act-0", session_timeout_s=10, poll_stall_s=1.0)

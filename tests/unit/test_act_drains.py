@@ -152,12 +152,33 @@ def test_a_duplicate_answers_a_reissued_request_with_the_first_answer_to_its_id(
     assert again["request_id"] == first["request_id"] and again["signature"] != first["signature"]
     rig.result(first, "executed")
     rig.result(again, "duplicate")
-    answer = rig.results.get(again["request_id"], again["signature"])
-    assert answer is not None and (answer.outcome, answer.request_signature) == (
-        "executed",
-        again["signature"],
-    )
-    assert rig.results.get(again["request_id"], "e" * 64) is None
+    [answer] = rig.results.answers(again["request_id"], again["signature"])
+    assert (answer.outcome, answer.request_signature) == ("executed", again["signature"])
+    assert rig.results.answers(again["request_id"], "e" * 64) == ()
+
+
+def test_an_executed_answer_naming_another_node_neither_counts_nor_blocks_the_genuine_answer() -> None:
+    """A defective adapter answers n1's request (its id and signature, signed) with `executed` for n2,
+    under either node's key: n1 stays pending and n2 is not drained; counted once, however many
+    decisions see it. n1's genuine answer behind it is filed and counted (done is done per node
+    named, not per request), and a `duplicate` naming n2 borrows nothing from n1's answer."""
+    rig = Rig({"n1", "n2"}, budget_min_nodes=1)
+    real = rig.feed(finding("n1", ts=T0))[0]
+    rig.result(real, "executed", node="n2")
+    rig.result(real, "duplicate", node="n2")
+    for at in (T0 + 10, T0 + 11, T0 + 12):
+        assert rig.decide(at) == []
+    st = rig.task.nodes["n1"]
+    assert st.pending and not st.confirmed and "n2" not in rig.task.nodes
+    assert rig.metric("fleetwatch_act_drain_results_ignored_total", reason="wrong_node") == 1
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 0
+    rig.result(real, "executed")  # the genuine answer
+    rig.result(real, "duplicate", node="n2")  # a copy for n2 still finds no answer about n2
+    assert rig.decide(T0 + 20) == [] and st.confirmed and not st.pending
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 1
+    assert rig.metric("fleetwatch_act_drain_results_total", action="drain", outcome="executed") == 1
+    assert rig.metric("fleetwatch_act_drain_results_ignored_total", reason="wrong_node") == 1
+    assert [a.node for a in rig.results.answers(real["request_id"], real["signature"])] == ["n2", "n1"]
 
 
 DETECT_KEY = b"test-detect-key-0123456789abcdef"

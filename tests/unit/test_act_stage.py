@@ -52,7 +52,7 @@ def _actor(clock: list[float], **cfg: Any) -> tuple[Actor, Ownership]:
         fleet_size=100,
         clock=lambda: clock[0],
         census=set(NODES),
-        results=ResultBook(KEY).get,
+        results=ResultBook(KEY).answers,
         finding_key=DETECT_KEY,
     )
     return actor, owner
