@@ -241,6 +241,10 @@ def source_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     options["dcgm"] = _dcgm_options(args)
     if host := _host_options(args):
         options["host"] = host
+    options["net"] = {
+        "include_virtual": bool(getattr(args, "net_virtual", False)),
+        "skip_prefixes": tuple(getattr(args, "net_skip", None) or ()),
+    }
     return options
 
 

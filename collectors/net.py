@@ -50,8 +50,13 @@ drivers/pci/pci-sysfs.c (max_link_speed, current_link_width, ...) and drivers/pc
 (pci_speed_string). Whether an HCA lowers its link speed when idle as GPUs do (collectors/nvml.py)
 is not documented that we found: judge its generation under traffic too.
 
-Ethernet, one entry per interface in <proc_root>/net/dev except `lo` (and names starting with
-`skip_prefixes`, e.g. ("veth", "cali") on container hosts with hundreds of virtual interfaces):
+Ethernet, one entry per interface in <proc_root>/net/dev that is a device on a bus: the kernel's
+virtual interfaces (<sys_root>/class/net/<iface> a link into devices/virtual/: `lo`, bridges,
+veth pairs, VLANs, bonds, tunnels, ifb) are left out unless `include_virtual` (`collect
+--net-virtual`). A container host makes a veth pair per pod, each a name never seen before, and
+their counters say nothing of the node's hardware: the physical ports under a bond or a bridge carry
+its errors. Names starting with one of `skip_prefixes` (`collect --net-skip`) are left out too.
+Each entry:
 iface, rx_bytes, rx_errors, rx_dropped, tx_bytes, tx_errors, tx_dropped, and `state` from
 <sys_root>/class/net/<iface>/operstate ("up", "down", "unknown", ...). Link flaps from the same
 directory: `carrier_changes` (carrier_changes: ups and downs of the carrier since the device was
@@ -177,11 +182,16 @@ class NetSource:
     name = "net"
 
     def __init__(
-        self, sys_root: str = "/sys", proc_root: str = "/proc", skip_prefixes: tuple[str, ...] = ()
+        self,
+        sys_root: str = "/sys",
+        proc_root: str = "/proc",
+        skip_prefixes: tuple[str, ...] = (),
+        include_virtual: bool = False,
     ) -> None:
         self._sys = os.fspath(sys_root)
         self._proc = os.fspath(proc_root)
         self._skip_prefixes = tuple(skip_prefixes)
+        self._include_virtual = include_virtual
         self._guard = SingleFlight(self.name)
 
     def sample(self) -> dict[str, Any]:
@@ -239,6 +249,8 @@ class NetSource:
         for iface, counters in parse_net_dev(text).items():
             if iface == "lo" or (self._skip_prefixes and iface.startswith(self._skip_prefixes)):
                 continue
+            if not self._include_virtual and self._virtual(iface):
+                continue
             entry: dict[str, Any] = {"iface": iface}
             state = read_stripped(os.path.join(self._sys, "class", "net", iface, "operstate"))
             if state:
@@ -250,6 +262,16 @@ class NetSource:
                     entry[filename] = value
             interfaces.append(entry)
         return interfaces
+
+    def _virtual(self, iface: str) -> bool:
+        """Whether the kernel registered `iface` as a virtual device (its class entry links into
+        devices/virtual/net). An interface whose entry cannot be resolved is kept: a missing
+        answer must not hide a port."""
+        try:
+            target = os.readlink(os.path.join(self._sys, "class", "net", iface))
+        except OSError:
+            return False
+        return "/devices/virtual/" in "/" + target.replace(os.sep, "/")
 
 
 def _pcie_link(device_dir: str) -> dict[str, int]:

@@ -67,6 +67,14 @@ def _probe_dir(text: str) -> str:
     return _checked(check_probe_dir, text)
 
 
+def _iface_prefix(text: str) -> str:
+    """An interface name prefix: what Linux allows in a name (at most 15 bytes, no '/', ':' or
+    whitespace), not empty."""
+    if not 0 < len(text.encode()) <= 15 or any(c in text for c in "/:") or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"not an interface name prefix: {text[:40]!r}")
+    return text
+
+
 def _blockdev(text: str) -> str:
     from fleetwatch.collectors.blockdevs import check_blockdev_name
 
@@ -287,6 +295,21 @@ def build_parser() -> _Parser:
         metavar="NAME",
         help="a block device this node must have: sda, nvme0n1, or all (every fixed whole disk the "
         "first sample finds); give the flag once per device (in the file, a list)",
+    )
+    p.add_argument(
+        "--net-virtual",
+        action="store_true",
+        help="the net source also reports the kernel's virtual interfaces (bridges, veth, VLANs, "
+        "bonds, tunnels); by default only interfaces that are devices on a bus",
+    )
+    p.add_argument(
+        "--net-skip",
+        action=_Repeated,
+        type=_iface_prefix,
+        default=None,
+        metavar="PREFIX",
+        help="the net source leaves out interfaces whose name starts with PREFIX; give the flag once "
+        "per prefix (in the file, a list)",
     )
     _add_config(p)
     p.set_defaults(handler="fleetwatch.collectors.agent:run")

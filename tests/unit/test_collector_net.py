@@ -130,6 +130,67 @@ def test_skip_prefixes_drop_virtual_interfaces(tmp_path: Path) -> None:
     assert [e["iface"] for e in eth] == ["eth0", "eth1", "ib0"]
 
 
+def virtual(sysfs: Path, *names: str) -> None:
+    """Make `names` virtual interfaces as the kernel lays them out: class/net/NAME a link into
+    devices/virtual/net/NAME; a physical one links into its bus device's directory."""
+    for name in names:
+        target = sysfs / "devices" / "virtual" / "net" / name
+        target.mkdir(parents=True, exist_ok=True)
+        entry = sysfs / "class" / "net" / name
+        if entry.is_dir() and not entry.is_symlink():  # the fake tree's plain directory: move it
+            for f in entry.iterdir():
+                f.rename(target / f.name)
+            entry.rmdir()
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.symlink_to(Path("..") / ".." / "devices" / "virtual" / "net" / name)
+
+
+def physical(sysfs: Path, name: str, pci: str) -> None:
+    target = sysfs / "devices" / "pci0000:00" / pci / "net" / name
+    target.mkdir(parents=True)
+    entry = sysfs / "class" / "net" / name
+    if entry.is_dir() and not entry.is_symlink():
+        for f in entry.iterdir():
+            f.rename(target / f.name)
+        entry.rmdir()
+    entry.symlink_to(Path("..") / ".." / "devices" / "pci0000:00" / pci / "net" / name)
+
+
+def test_virtual_interfaces_are_left_out_unless_asked_for(tmp_path: Path) -> None:
+    """A container host's veth pairs (a new name per pod) and its bridges are the kernel's virtual
+    devices: left out by default, their counters are no hardware's; the bus device eth0 stays, and
+    its operstate is read through the link. An entry with no link (not resolvable) is kept."""
+    sysfs, proc = fake_tree(tmp_path)
+    physical(sysfs, "eth0", "0000:00:03.0")
+    virtual(sysfs, "veth9a1b", "eth1")
+    eth = NetSource(sys_root=str(sysfs), proc_root=str(proc)).sample()["net"]["eth"]
+    assert [e["iface"] for e in eth] == ["eth0", "ib0"]  # ib0: a plain directory here, kept
+    assert eth[0]["state"] == "up"
+    every = NetSource(sys_root=str(sysfs), proc_root=str(proc), include_virtual=True).sample()["net"]["eth"]
+    assert [e["iface"] for e in every] == ["eth0", "eth1", "ib0", "veth9a1b"]
+    assert every[1]["state"] == "down"  # read through its link into devices/virtual
+
+
+def test_collect_flags_reach_the_net_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetwatch import cli, config
+    from fleetwatch.collectors.agent import source_options
+
+    monkeypatch.delenv(config.ENV, raising=False)
+
+    assert source_options(cli.parse(["collect"]))["net"] == {"include_virtual": False, "skip_prefixes": ()}
+    args = cli.parse(["collect", "--net-virtual", "--net-skip", "veth", "--net-skip", "cali"])
+    assert source_options(args)["net"] == {"include_virtual": True, "skip_prefixes": ("veth", "cali")}
+    f = tmp_path / "fleetwatch.toml"
+    f.write_text('[collect]\nnet_virtual = true\nnet_skip = ["docker"]\n')
+    assert source_options(cli.parse(["collect", "--config", str(f)]))["net"] == {
+        "include_virtual": True,
+        "skip_prefixes": ("docker",),
+    }
+    for bad in ("", "a/b", "eth:0", "x y", "x" * 16):
+        with pytest.raises(SystemExit):
+            cli.parse(["collect", "--net-skip", bad])
+
+
 def test_no_infiniband_and_no_net_dev_leave_keys_out(tmp_path: Path) -> None:
     proc = write_tree(tmp_path / "proc", {"net/dev": NET_DEV})
     net = NetSource(sys_root=str(tmp_path / "sys"), proc_root=str(proc)).sample()["net"]
@@ -156,8 +217,11 @@ def test_parsers() -> None:
 def test_real_proc_net_dev() -> None:
     net = NetSource().sample()["net"]
     schemas.validate(telemetry_message({"net": net}))
-    # Independent view of the same namespace: /sys/class/net lists the same interfaces.
-    expected = sorted(set(os.listdir("/sys/class/net")) - {"lo"})
+    # Independent view of the same namespace: /sys/class/net lists the same interfaces; those
+    # whose device the kernel keeps under /sys/devices/virtual (lo among them) are left out
+    real = Path("/sys/class/net")
+    expected = sorted(n for n in os.listdir(real) if "/devices/virtual/" not in os.path.realpath(real / n))
+    assert sorted(set(os.listdir(real)) - set(expected)) == sorted(os.listdir("/sys/devices/virtual/net"))
     eth = net.get("eth", [])
     assert sorted(e["iface"] for e in eth) == expected
     for entry in eth:
