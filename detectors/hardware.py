@@ -116,6 +116,7 @@ Thresholds (HardwareConfig) and why:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,8 +144,9 @@ from fleetwatch.detectors.findings import (
     severity_score,
 )
 from fleetwatch.detectors.node_index import NodeIndex
+from fleetwatch.detectors.port_map import PortMap
 from fleetwatch.detectors.protocol import NodeContext
-from fleetwatch.detectors.rows import Compaction, RowIndex, grow
+from fleetwatch.detectors.rows import Compaction, first_appearances, grow
 from fleetwatch.schemas import GPU_COUNTERS
 
 STATE_VERSION = 1
@@ -324,20 +326,16 @@ class HardwareDetector:
         # columns: sbe (1 h), nvlink crc, nvlink replay, pcie replay (rate window)
         self.gpu_decay = DecayingCount((3600.0, w, w, w))
         self.gpu_runs = RunLength(2)  # thermal, power brake
-        # IB port entities: a node row x port code table (-1 = never seen) of entity rows, for
-        # vectorised lookups; snapshots keep it as (node row, "device/port", entity row) triples.
-        self.ib_ports = RowIndex()  # "device/port" -> port code
-        self.ib_table = np.full((0, 0), -1, dtype=np.int64)
-        self.n_ib = 0
+        # IB port entities: (node row, "device/port") -> entity row, sparse and capped per node
+        # (detectors/port_map.py); snapshots keep it as (node row, "device/port", entity row) triples.
+        self.ib_map = PortMap("IB port")
         self.ib_counters = CounterTracker(IB_COUNTERS, IB_LIMITS)
         iw = self.cfg.ib_window_s
         self.ib_decay = DecayingCount((iw, iw, iw))  # symbol, rcv, xmit_discards
         self.ib_ext_counters = CounterTracker(IB_EXT_COUNTERS, IB_EXT_LIMITS)
         self.ib_ext_decay = DecayingCount((iw,) * len(IB_EXT_COUNTERS))
-        # Ethernet interface entities, as IB ports: a node row x iface code table of entity rows
-        self.eth_ifaces = RowIndex()  # iface name -> iface code
-        self.eth_table = np.full((0, 0), -1, dtype=np.int64)
-        self.n_eth = 0
+        # Ethernet interface entities, as IB ports: (node row, iface) -> entity row
+        self.eth_map = PortMap("Ethernet interface")
         self.eth_counters = CounterTracker(ETH_COUNTERS)
         ew = self.cfg.eth_window_s
         self.eth_decay = DecayingCount((ew, ew, self.cfg.eth_flap_window_s))  # rx, tx, carrier changes
@@ -359,15 +357,15 @@ class HardwareDetector:
             "gpu_counters": self.gpu_counters.to_state(self.n_gpu),
             "gpu_decay": self.gpu_decay.to_state(self.n_gpu),
             "gpu_runs": self.gpu_runs.to_state(self.n_gpu),
-            "ib_rows": _triples(self.ib_table, self.ib_ports.names),
-            "ib_counters": self.ib_counters.to_state(self.n_ib),
-            "ib_decay": self.ib_decay.to_state(self.n_ib),
-            "ib_ext_counters": self.ib_ext_counters.to_state(self.n_ib),
-            "ib_ext_decay": self.ib_ext_decay.to_state(self.n_ib),
-            "eth_rows": _triples(self.eth_table, self.eth_ifaces.names),
-            "eth_counters": self.eth_counters.to_state(self.n_eth),
-            "eth_decay": self.eth_decay.to_state(self.n_eth),
-            "eth_was_up": encode_array(grow(self.eth_was_up, self.n_eth, False)[: self.n_eth]),
+            "ib_rows": self.ib_map.triples(),
+            "ib_counters": self.ib_counters.to_state(self.ib_map.n),
+            "ib_decay": self.ib_decay.to_state(self.ib_map.n),
+            "ib_ext_counters": self.ib_ext_counters.to_state(self.ib_map.n),
+            "ib_ext_decay": self.ib_ext_decay.to_state(self.ib_map.n),
+            "eth_rows": self.eth_map.triples(),
+            "eth_counters": self.eth_counters.to_state(self.eth_map.n),
+            "eth_decay": self.eth_decay.to_state(self.eth_map.n),
+            "eth_was_up": encode_array(grow(self.eth_was_up, self.eth_map.n, False)[: self.eth_map.n]),
             "incidents": self.book.to_state(),
         }
 
@@ -397,9 +395,7 @@ class HardwareDetector:
         self.gpu_counters = CounterTracker.from_state(d["gpu_counters"], GPU_COUNTERS)
         self.gpu_decay = DecayingCount.from_state(d["gpu_decay"], tuple(self.gpu_decay.tau))
         self.gpu_runs = RunLength.from_state(d["gpu_runs"])
-        self.ib_table, self.n_ib = self._restore_table(
-            d["ib_rows"], saved, self.ib_table, self.ib_ports, "IB port"
-        )
+        self.ib_map.restore(d["ib_rows"], saved, self.index.rows)
         self.ib_counters = CounterTracker.from_state(d["ib_counters"], IB_COUNTERS)
         self.ib_decay = DecayingCount.from_state(d["ib_decay"], tuple(self.ib_decay.tau))
         # the extended IB counters and Ethernet came later: a snapshot without them starts them
@@ -412,39 +408,15 @@ class HardwareDetector:
         self.book = IncidentBook.from_state(d["incidents"], self._clear_after)
         return self
 
-    def _restore_table(
-        self, triples: list[list[Any]], saved: list[str], table: np.ndarray, names: RowIndex, what: str
-    ) -> tuple[np.ndarray, int]:
-        """A snapshot's (node row, "device/port" or iface, entity row) triples into `table` (node
-        row x name code -> entity row), its node rows in this index's order: (the table, the
-        entities). Entity rows are dense and each belongs to a node's cell: numbers beyond that (a
-        hostile record on the state topic) would size arrays past the worker's memory."""
-        n = len(triples)
-        if not all(0 <= int(r) < len(saved) and 0 <= int(e) < n for r, _k, e in triples):
-            raise ValueError(f"{what} rows out of range")
-        if triples and saved != self.index.names:  # a snapshot's node rows in this index's order
-            at = self.index.rows
-            triples = [[at[saved[r]], k, e] for r, k, e in triples if saved[r] in at]
-        if triples:
-            table = _table_set(
-                table,
-                np.fromiter((r for r, _k, _e in triples), np.int64, len(triples)),
-                names.lookup([str(k) for _r, k, _e in triples]),
-                np.fromiter((e for _r, _k, e in triples), np.int64, len(triples)),
-            )
-        return table, n
-
     def _eth_restore(self, d: dict[str, Any], saved: list[str]) -> None:
         """The Ethernet interfaces of a snapshot: (node row, iface, entity row) triples, checked as
         the IB ports' are, and each entity's counters, decaying counts and was-up flag."""
-        self.eth_table, self.n_eth = self._restore_table(
-            d["eth_rows"], saved, self.eth_table, self.eth_ifaces, "Ethernet interface"
-        )
+        self.eth_map.restore(d["eth_rows"], saved, self.index.rows)
         self.eth_counters = CounterTracker.from_state(d["eth_counters"], ETH_COUNTERS)
         self.eth_decay = DecayingCount.from_state(d["eth_decay"], tuple(self.eth_decay.tau))
         was_up = decode_array(d["eth_was_up"]).astype(bool)
-        if was_up.ndim != 1 or len(was_up) > self.n_eth:
-            raise ValueError(f"eth_was_up of shape {was_up.shape} for {self.n_eth} interfaces")
+        if was_up.ndim != 1 or len(was_up) > self.eth_map.n:
+            raise ValueError(f"eth_was_up of shape {was_up.shape} for {self.eth_map.n} interfaces")
         self.eth_was_up = was_up
 
     @classmethod
@@ -464,14 +436,10 @@ class HardwareDetector:
         self.gpu_rows, self.n_gpu = gpus.renumber(grid), len(gpus.keep)
         for gpu_state in (self.gpu_counters, self.gpu_decay, self.gpu_runs):
             gpu_state.compact(gpus)
-        table = nodes.take(self.ib_table, -1)
-        ports = Compaction.referenced(self.n_ib, table)
-        self.ib_table, self.n_ib = ports.renumber(table), len(ports.keep)
+        ports = self.ib_map.compact(nodes)
         for port_state in (self.ib_counters, self.ib_decay, self.ib_ext_counters, self.ib_ext_decay):
             port_state.compact(ports)
-        table = nodes.take(self.eth_table, -1)
-        ifaces = Compaction.referenced(self.n_eth, table)
-        self.eth_table, self.n_eth = ifaces.renumber(table), len(ifaces.keep)
+        ifaces = self.eth_map.compact(nodes)
         for iface_state in (self.eth_counters, self.eth_decay):
             iface_state.compact(ifaces)
         self.eth_was_up = ifaces.take(self.eth_was_up, False)
@@ -522,7 +490,7 @@ class HardwareDetector:
         first_pos = np.full(self.n_gpu, -1, dtype=np.int64)
         if new.any():
             key = mrow[mi[new]] * self.gpu_rows.shape[1] + gi[new]
-            first_ix = _first_appearances(key)  # allocate in order of appearance
+            first_ix = first_appearances(key)  # allocate in order of appearance
             uniq = key[first_ix]
             rows = np.arange(self.n_gpu, self.n_gpu + len(uniq))
             self.gpu_rows[uniq // self.gpu_rows.shape[1], uniq % self.gpu_rows.shape[1]] = rows
@@ -1021,11 +989,10 @@ class HardwareDetector:
 
     def _ib_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
         sel, pos = _port_elements(batch.size, acc, batch.ib_msg)
+        sel, pos, ent = _port_entities(self.ib_map, ctx.mrow, batch.ib_key_names, batch.ib_key_idx, sel, pos)
         if len(sel) == 0:
             return []
-        code = self.ib_ports.lookup(batch.ib_key_names)[batch.ib_key_idx[sel]]
-        self.ib_table, self.n_ib, ent = _entities(self.ib_table, self.n_ib, ctx.mrow[pos], code)
-        keys = _Names(self.ib_ports.names, code)
+        keys = _Names(self.ib_map.names.names, self.ib_map.name_codes(ent))
         vals = batch.ib[sel]
         active = batch.ib_active[sel]
         te = ctx.mts[pos]
@@ -1144,11 +1111,12 @@ class HardwareDetector:
 
     def _eth_rules(self, batch: TelemetryBatch, acc: np.ndarray, ctx: SampleTimes) -> list[dict[str, Any]]:
         sel, pos = _port_elements(batch.size, acc, batch.eth_msg)
+        sel, pos, ent = _port_entities(
+            self.eth_map, ctx.mrow, batch.eth_iface_names, batch.eth_iface_idx, sel, pos
+        )
         if len(sel) == 0:
             return []
-        code = self.eth_ifaces.lookup(batch.eth_iface_names)[batch.eth_iface_idx[sel]]
-        self.eth_table, self.n_eth, ent = _entities(self.eth_table, self.n_eth, ctx.mrow[pos], code)
-        names = _Names(self.eth_ifaces.names, code)
+        names = _Names(self.eth_map.names.names, self.eth_map.name_codes(ent))
         rows = batch.eth[sel]
         vals = rows[:, _ETH_COUNTER_COLS]
         # carrier_changes is the sum of the up and down counts (net-sysfs.c): where only they came
@@ -1161,7 +1129,7 @@ class HardwareDetector:
         spread[:, cc] = 0.0  # a sample's carrier changes count whole (a burst stays a burst)
         win = self.eth_decay.update(ent, te, cu.delta, spread)
         up = batch.eth_up[sel]
-        self.eth_was_up = grow(self.eth_was_up, self.n_eth, False)
+        self.eth_was_up = grow(self.eth_was_up, self.eth_map.n, False)
         down = up == 0
         if down.any():
             down &= _was_before(self.eth_was_up, ent, up == 1)
@@ -1374,54 +1342,24 @@ class _XidBurst:
         return cls(worst, rank, sum(counts.values()), listed)
 
 
-def _table_set(table: np.ndarray, rows: np.ndarray, codes: np.ndarray, ents: np.ndarray) -> np.ndarray:
-    """`table` (node row x port or interface code -> entity row, -1: none) with table[rows, codes]
-    = ents, grown (a new array) where they fall outside it."""
-    need_r, need_c = int(rows.max()) + 1, int(codes.max()) + 1
-    h, w = table.shape
-    if need_r > h or need_c > w:
-        wider = np.full((max(need_r, 2 * h, 16), max(need_c, w, 8)), -1, dtype=np.int64)
-        wider[:h, :w] = table
-        table = wider
-    table[rows, codes] = ents
-    return table
-
-
-def _entities(
-    table: np.ndarray, n: int, rows: np.ndarray, codes: np.ndarray
-) -> tuple[np.ndarray, int, np.ndarray]:
-    """Entity row of each (node row, port code) of a port table with n entities, allocating new
-    ones in order of appearance: (the table, the entities now, each element's entity row)."""
-    h, w = table.shape
-    ent = np.full(len(rows), -1, dtype=np.int64)
-    known = (rows < h) & (codes < w)
-    ent[known] = table[rows[known], codes[known]]
-    new = ent < 0
-    if new.any():
-        first_ix = _first_appearances(rows[new] * (int(codes.max()) + 1) + codes[new])
-        nr, nc = rows[new][first_ix], codes[new][first_ix]
-        table = _table_set(table, nr, nc, np.arange(n, n + len(first_ix)))
-        n += len(first_ix)
-        ent = table[rows, codes]
-    return table, n, ent
-
-
-def _triples(table: np.ndarray, names: list[str]) -> list[list[Any]]:
-    """[node row, port or interface name, entity row] of every entity of a port table, in entity
-    order: how snapshots keep it."""
-    rows, codes = np.nonzero(table >= 0)
-    ents = table[rows, codes]
-    order = np.argsort(ents, kind="stable")
-    return [
-        [r, names[c], e]
-        for r, c, e in zip(rows[order].tolist(), codes[order].tolist(), ents[order].tolist(), strict=True)
-    ]
-
-
-def _first_appearances(key: np.ndarray) -> np.ndarray:
-    """Index of each distinct key's first occurrence, in order of first occurrence."""
-    _, first_ix = np.unique(key, return_index=True)
-    return np.sort(first_ix)
+def _port_entities(
+    ports: PortMap,
+    mrow: np.ndarray,
+    names: Sequence[str],
+    name_idx: np.ndarray,
+    sel: np.ndarray,
+    pos: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entity of each list entry (`sel`, `pos` as _port_elements gives them; `mrow`: each
+    message's node row): (sel, pos, entity rows), the entries a node past its cap of ports or
+    interfaces names left out (detectors/port_map.py counts and logs them)."""
+    if len(sel) == 0:
+        return sel, pos, sel
+    ent = ports.entities(mrow[pos], names, name_idx[sel])
+    keep = ent >= 0
+    if keep.all():
+        return sel, pos, ent
+    return sel[keep], pos[keep], ent[keep]
 
 
 class _Names:

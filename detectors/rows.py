@@ -138,3 +138,9 @@ class Compaction:
     def renumber(self, rows: np.ndarray) -> np.ndarray:
         """Old row numbers (any shape; -1 = none) -> new ones (-1: none, or dropped)."""
         return np.where(rows >= 0, self.new[np.maximum(rows, 0)], -1)
+
+
+def first_appearances(key: np.ndarray) -> np.ndarray:
+    """Index of each distinct key's first occurrence, in order of first occurrence."""
+    _, first_ix = np.unique(key, return_index=True)
+    return np.sort(first_ix)

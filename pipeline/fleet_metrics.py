@@ -123,6 +123,14 @@ class FleetStateCollector(Collector):
             "nodes forgotten after forget_after_s without telemetry",
             registry=None,
         )
+        self.ports_refused = Counter(
+            "fleetwatch_detect_ports_refused_total",
+            "IB ports (kind ib) and Ethernet interfaces (eth) of a sample left unjudged: their node "
+            "already has as many as one sample may list (new names in every sample: a hostile or "
+            "misconfigured agent)",
+            ["kind"],
+            registry=None,
+        )
         self.stale_job_records = Counter(
             "fleetwatch_detect_stale_job_records_total",
             "step and node-feature records dropped as duplicate, out of order, or sent after their job ended",
@@ -239,7 +247,13 @@ class FleetStateCollector(Collector):
                     step.add_metric([job, node], t)
                     slow.add_metric([job, node], sd)
         yield from (health, state, value, score, skew, step, median, slow, opened, held, unexported)
-        for counter in (self.new_nodes, self.stale_samples, self.nodes_forgotten, self.stale_job_records):
+        for counter in (
+            self.new_nodes,
+            self.stale_samples,
+            self.nodes_forgotten,
+            self.ports_refused,
+            self.stale_job_records,
+        ):
             yield from counter.collect()
 
 

@@ -215,6 +215,10 @@ class NodeTask:
         findings: list[dict[str, Any]] = []
         for detector in self.detectors:
             findings += detector.observe(batch, replace(ctx, findings=findings))
+        if self.metrics is not None:
+            for kind, ports in (("ib", self.hardware.ib_map), ("eth", self.hardware.eth_map)):
+                if refused := ports.take_refused():
+                    self.metrics.ports_refused.labels(kind).inc(refused)
         nodes = ctx.nodes
         jobs = self.jobs.jobs_of(nodes)
         out: list[Output] = [(topics.FINDINGS, f["node"], f) for f in findings]

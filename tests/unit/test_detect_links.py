@@ -356,7 +356,7 @@ def test_a_snapshot_of_the_release_before_these_rules_restores_and_starts_them_a
     for k in NEW_STATE:
         del old[k]
     restored = HardwareDetector.from_state(old, HardwareConfig(), restored_index(det.index))
-    assert restored.n_eth == 0 and len(restored.ib_ext_counters.last_val) == 0
+    assert restored.eth_map.n == 0 and len(restored.ib_ext_counters.last_val) == 0
     after = [
         sample(
             k,
@@ -383,11 +383,11 @@ def test_bad_snapshot_rows_are_refused() -> None:
 def test_forgotten_nodes_take_their_interfaces_and_extended_counters_with_them() -> None:
     det = HardwareDetector()
     run(faulty(120), det)
-    assert det.n_eth == 4 and det.n_ib == 2
+    assert det.eth_map.n == 4 and det.ib_map.n == 2
     rows = det.index.drop(["node-a"])
     out = det.forget(Forgotten({"node-a": T0 + 119 * STEP}, 600.0), rows)
     assert out and {f["node"] for f in out} == {"node-a"} and all(f["resolved"] for f in out)
-    assert det.n_eth == 2 and det.n_ib == 1
+    assert det.eth_map.n == 2 and det.ib_map.n == 1
     assert len(det.eth_counters.last_val) >= 2 and len(det.ib_ext_decay.s) >= 1
     # node-b goes on as before: its interfaces kept their state
     rest = run([m for m in faulty(240)[240:] if m["node"] == "node-b"], det)
