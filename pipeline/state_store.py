@@ -5,7 +5,11 @@ message size limit, and written to the SAME partition number of the state topic 
 that takes over input partition p reads only state partition p). A manifest record,
 written last, names the generation, the chunk count and the input offset the state
 corresponds to; chunks of another generation are ignored, so a snapshot interrupted half
-way is never half-loaded. Compaction keeps the newest record per key.
+way is never half-loaded. Compaction keeps the newest record per key, so the chunks past a
+snapshot's count (left by a larger one before it) are deleted with tombstones once its manifest
+is written: a flood's high-water snapshot must not stay on the topic, read at every restore, for
+good. A state over MAX_CHUNKS chunks is not written at all (no reader would load it): the
+previous snapshot stays the one to restore.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ class Unreadable(ValueError):
     """A record on the state topic that is not what write_snapshot writes."""
 
 
+class TooLarge(ValueError):
+    """A state of more than MAX_CHUNKS chunks: written, no reader would load it."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
     offsets: dict[str, int]  # input topic -> next offset to process after restoring this state
@@ -50,8 +58,23 @@ def _key(stage: str, partition: int, part: str) -> bytes:
     return f"{stage}/{partition}/{part}".encode()
 
 
-def write_snapshot(producer: Any, stage: str, partition: int, offsets: dict[str, int], state: bytes) -> None:
-    """Queue the chunks and the manifest on the producer (the caller flushes)."""
+def write_snapshot(
+    producer: Any,
+    stage: str,
+    partition: int,
+    offsets: dict[str, int],
+    state: bytes,
+    on_topic: Iterable[int] = (),
+) -> int:
+    """Queue the chunks and the manifest on the producer (the caller flushes), then tombstones for
+    the chunks of `on_topic` (the chunk numbers the topic holds for this key, read_snapshots'
+    `stored`) past this snapshot's; returns its chunk count. TooLarge, with nothing queued, for a
+    state of more than MAX_CHUNKS chunks."""
+    if len(state) > MAX_CHUNKS * CHUNK_BYTES:
+        raise TooLarge(
+            f"state of {len(state) / 2**20:.0f} MiB, over the {MAX_CHUNKS * CHUNK_BYTES / 2**20:.0f} MiB "
+            "a snapshot may hold: not written, the previous snapshot stays the one to restore"
+        )
     generation = hashlib.sha1(state + orjson.dumps(offsets, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
     chunks = [state[i : i + CHUNK_BYTES] for i in range(0, len(state), CHUNK_BYTES)] or [b""]
     for i, chunk in enumerate(chunks):
@@ -73,6 +96,10 @@ def write_snapshot(producer: Any, stage: str, partition: int, offsets: dict[str,
         value=orjson.dumps(manifest),
         partition=partition,
     )
+    for i in sorted(i for i in set(on_topic) if len(chunks) <= i < MAX_CHUNKS):
+        tombstone = _key(stage, partition, f"chunk-{i:05d}")
+        producer.send(topics.STATE, key=tombstone, value=None, partition=partition)
+    return len(chunks)
 
 
 def read_snapshots(
@@ -80,6 +107,7 @@ def read_snapshots(
     wanted: Iterable[tuple[str, int]],
     timeout_s: float = 60.0,
     on_lost: Callable[[tuple[str, int], str], None] = lambda _key, _reason: None,
+    stored: dict[tuple[str, int], set[int]] | None = None,
 ) -> dict[tuple[str, int], Snapshot | None]:
     """The newest complete snapshot of each (stage, partition) in `wanted` (None: there is none).
 
@@ -89,7 +117,10 @@ def read_snapshots(
     end in `timeout_s`), "incomplete" (a chunk of its generation is missing) or "unreadable" (its
     manifest or a chunk is not what write_snapshot writes). Whatever the topic holds, this returns:
     the state topic is written by every worker of the group, and a record that raised here would
-    stop every worker that is assigned its partition, on every restart (compaction keeps it)."""
+    stop every worker that is assigned its partition, on every restart (compaction keeps it).
+    `stored`, where given, gets the chunk numbers (below MAX_CHUNKS) the topic holds for each
+    (stage, partition) read, whatever their generation: the next write_snapshot deletes those past
+    its own."""
     keys = set(wanted)
     found: dict[tuple[str, int], Snapshot | None] = dict.fromkeys(keys)
     if not keys:
@@ -109,7 +140,22 @@ def read_snapshots(
         prefixes = {k: v for k, v in prefixes.items() if v[1] not in late}
     for prefix, key in prefixes.items():
         found[key] = _assemble(records, prefix, key, on_lost)
+    if stored is not None:
+        for prefix, key in prefixes.items():
+            stored[key] = _chunk_numbers(records, prefix)
     return found
+
+
+def _chunk_numbers(records: dict[bytes, bytes | None], prefix: bytes) -> set[int]:
+    """The chunk numbers below MAX_CHUNKS with a live record under `prefix`."""
+    out: set[int] = set()
+    for k, v in records.items():
+        if v is None or not k.startswith(prefix + b"chunk-"):
+            continue
+        digits = k[len(prefix) + 6 :]
+        if 0 < len(digits) <= 5 and digits.isdigit() and int(digits) < MAX_CHUNKS:
+            out.add(int(digits))
+    return out
 
 
 def _assemble(

@@ -135,6 +135,9 @@ class Worker:
         self.tasks: dict[tuple[str, int], Task] = {}
         # input offsets each task's newest snapshot reflects (where to resume after a restore)
         self._snap_offsets: dict[tuple[str, int], dict[str, int]] = {}
+        # the chunk numbers the state topic holds for each task's key (pipeline/state_store.py): the
+        # next snapshot deletes those past its own
+        self._chunks_on_topic: dict[tuple[str, int], set[int]] = {}
         # tasks of revoked partitions, kept in case the rebalance hands them straight back
         self._parked: dict[tuple[str, int], Task] = {}
         self._parked_offsets: dict[TopicPart, int] = {}  # where each parked task's input resumes
@@ -221,6 +224,7 @@ class Worker:
             for key in keys:
                 _close(self.tasks.pop(key, None))
                 self._snap_offsets.pop(key, None)
+                self._chunks_on_topic.pop(key, None)
             for task in self._parked.values():
                 _close(task)
             self._parked, self._parked_offsets = {}, {}
@@ -275,14 +279,17 @@ class Worker:
             return {}, set()
         keys = {self._task_key(tp) for tp in parts}
         names = {self._state_name(s): s for s, _p in keys}
+        stored: dict[tuple[str, int], set[int]] = {}
         snaps = read_snapshots(
             self.bus,
             [(self._state_name(s), p) for s, p in keys],
             on_lost=lambda key, why: STATE_LOST.labels(self.group, names[key[0]], why).inc(),
+            stored=stored,
         )
         for name, p in sorted(keys):
             stage = self.stages[name]
             snap = snaps[(self._state_name(name), p)]
+            self._chunks_on_topic[(name, p)] = stored.get((self._state_name(name), p), set())
             if (name, p) in self._distrusted:  # counted when it was found out (_quarantine)
                 self._distrusted.discard((name, p))
                 snap = None
@@ -373,6 +380,7 @@ class Worker:
         """Forget what this member kept of the partitions and their tasks (revoked or lost)."""
         for key in keys:
             self._snap_offsets.pop(key, None)
+            self._chunks_on_topic.pop(key, None)
             self._failing.pop(key, None)
             self._distrusted.discard(key)
         PARTITIONS.labels(self.group).dec(len([tp for tp in parts if tp not in self._restoring]))
@@ -699,13 +707,17 @@ class Worker:
                 if off is not None:
                     offsets[topic] = off
             try:
-                write_snapshot(self.producer, self._state_name(key[0]), key[1], offsets, task.to_bytes())
+                on_topic = self._chunks_on_topic.get(key, ())
+                n = write_snapshot(
+                    self.producer, self._state_name(key[0]), key[1], offsets, task.to_bytes(), on_topic
+                )
             except Exception as e:
                 INTERNAL_ERRORS.labels(self.group, key[0]).inc()
                 log.error("could not snapshot %s partition %d: %s", key[0], key[1], _describe(e), exc_info=e)
                 failed.add(key)
                 continue
             self._snap_offsets[key] = offsets
+            self._chunks_on_topic[key] = set(range(n))
             SNAPSHOTS.labels(self.group, key[0]).inc()
         return failed
 
