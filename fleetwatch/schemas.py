@@ -70,6 +70,9 @@ REASONS = (
     # under detect's key (issue 23)
     "unsigned",
     "bad_signature",
+    # refused by the node stage (pipeline/node_stage.py): a sample of a new node name past the
+    # names one partition holds (max_nodes)
+    "too_many_nodes",
 )
 
 # Node and job names end up in Kafka keys, Prometheus labels and scontrol argv: keep them plain.

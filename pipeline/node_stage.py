@@ -53,7 +53,8 @@ from fleetwatch.detectors.rows import Compaction, grow
 from fleetwatch.detectors.silence import SilenceConfig, SilenceDetector, reference_time
 from fleetwatch.pipeline import fleet_metrics, steady
 from fleetwatch.pipeline.job_table import JobTable
-from fleetwatch.pipeline.tasks import Output
+from fleetwatch.pipeline.tasks import Output, Refused
+from fleetwatch.refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,12 @@ class NodeTaskConfig:
         gt=0,
     )
     forget_every_s: float = knob(60.0, "event-time period (s) of the check for nodes to forget", gt=0)
+    max_nodes: int = knob(
+        8192,
+        "node names one partition holds at most; samples of a new name past it are dead-lettered "
+        "(too_many_nodes): names come from the agents, unsigned, and each one held costs state",
+        gt=0,
+    )
     emit_features: bool = knob(
         True, "re-key node features by job onto fleet.nodefeatures.v1 (the job stage's input)"
     )
@@ -157,6 +164,9 @@ class NodeTask:
     # where the task exports its nodes and counts (fleetwatch detect: fleet_metrics.exported());
     # None, as eval and tests build it: nothing exported, the global registry untouched
     metrics: fleet_metrics.FleetStateCollector | None = field(default=None, repr=False)
+    # the samples the latest process() refused (the worker dead-letters them: pipeline/tasks.py)
+    refused: list[Refused] = field(default_factory=list, repr=False)
+    _refusals: RefusalLog = field(default_factory=lambda: RefusalLog(log), repr=False)
 
     def __post_init__(self) -> None:
         for reg in NODE_DETECTORS:  # each one the task was not given starts empty, on its index
@@ -203,6 +213,10 @@ class NodeTask:
         dicts (eval, tests) are converted by TelemetryBatch.from_messages."""
         if not isinstance(batch, TelemetryBatch):
             raise TypeError(f"the node stage takes a TelemetryBatch, not {type(batch).__name__}")
+        self.refused = []
+        batch = self._within_max_nodes(batch)
+        if len(batch) == 0:
+            return []
         admitted, new, ctx = admit(batch, self.index, self.config.max_clock_lead_s)
         keep = admitted.keep
         self._stale(keep)
@@ -227,6 +241,22 @@ class NodeTask:
             out += self._features(batch, nodes, jobs)
         out += self._sweep(float(batch.ts.max()), ctx.seen)
         return out
+
+    def _within_max_nodes(self, batch: TelemetryBatch) -> TelemetryBatch:
+        """The batch without the samples of new names that would take the index past max_nodes
+        (those refused, in self.refused); the first new names of the batch take the room left."""
+        held = self.index.rows
+        new = [j for j, name in enumerate(batch.node_names) if name not in held]
+        room = self.config.max_nodes - len(self.index)
+        if len(new) <= room:
+            return batch
+        out = np.isin(batch.node_idx, new[max(room, 0) :])
+        for i in np.flatnonzero(out).tolist():
+            name = batch.node_names[int(batch.node_idx[i])]
+            why = f"node {name}: this partition holds {self.config.max_nodes} nodes (max_nodes)"
+            self.refused.append(Refused(topics.TELEMETRY, "too_many_nodes", why, {"node": name}, i))
+        self._refusals("too_many_nodes", f"telemetry refused: {self.refused[0].detail[:200]}")
+        return batch.select(~out)
 
     def _stale(self, keep: np.ndarray) -> list[Output]:
         """Count the samples admission dropped (duplicates or out of order)."""
