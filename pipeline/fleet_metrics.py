@@ -22,8 +22,9 @@ Per-node series (node, GPU and clock-skew gauges) are bounded against a flood of
 (issue 23, item 9: 10,000 names sent once each had taken /metrics from 9 KB to 15 MB): they are
 exported for every warm node (one that has reported steadily for the node stage's warm_up_s,
 pipeline/steady.py) and for at most COLD_NODES others per worker, those with the worst health
-first; the rest are counted in fleetwatch_detect_nodes_unexported. A new fleet's first warm-up
-(20 minutes by default) shows at most COLD_NODES nodes per worker.
+first, and for at most MAX_EXPORTED_NODES in all (names warm up by reporting steadily, which a
+made-up name can do too); the rest are counted in fleetwatch_detect_nodes_unexported. A new
+fleet's first warm-up (20 minutes by default) shows at most COLD_NODES nodes per worker.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ LATENCY = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
 COLD_NODES = 256  # per-node series exported per worker for nodes not warm yet (worst health first)
+# per-node series exported per worker in all (worst health first): names warm up by reporting
+# steadily, which an agent that makes them up can do too; twice a 16k-GPU fleet's nodes
+MAX_EXPORTED_NODES = 4096
 
 CONSUMER_LAG = Gauge(
     "fleetwatch_consumer_lag_messages",
@@ -199,6 +203,9 @@ class FleetStateCollector(Collector):
                     cold.append((h, node))
         cold.sort()
         hidden = {node for _, node in cold[COLD_NODES:]}
+        if len(healths) - len(hidden) > MAX_EXPORTED_NODES:
+            shown = sorted((h, node) for node, h, _st in healths if node not in hidden)
+            hidden.update(node for _h, node in shown[MAX_EXPORTED_NODES:])
         held = GaugeMetricFamily(
             "fleetwatch_detect_nodes", "nodes this worker holds, warm or not yet", labels=["warmth"]
         )
@@ -206,7 +213,8 @@ class FleetStateCollector(Collector):
         held.add_metric(["cold"], len(cold))
         unexported = GaugeMetricFamily(
             "fleetwatch_detect_nodes_unexported",
-            f"nodes not warm yet whose per-node series are not exported (beyond {COLD_NODES} per worker)",
+            f"nodes whose per-node series are not exported: not warm yet beyond {COLD_NODES} per worker, "
+            f"or any beyond {MAX_EXPORTED_NODES} (the worst health first are exported)",
         )
         unexported.add_metric([], len(hidden))
         for node, h, st in healths:

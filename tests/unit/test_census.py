@@ -284,3 +284,29 @@ def test_no_record_raises_out_of_the_census(key: bytes | None, value: bytes | No
     c = census_of(("n1", record("n1", T0)))
     c.apply(key, value)
     assert c.fleet_size() <= 1 and set(c.refused()) <= set(REFUSE_REASONS)
+
+
+def test_warm_made_up_names_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names kept reporting steadily warm up, made up or not: at most MAX_EXPORTED_NODES nodes'
+    series in all (here 30 of 50 warm nodes), the worst health first, the rest counted."""
+    monkeypatch.setattr(fleet_metrics, "MAX_EXPORTED_NODES", 30)
+    task = NodeTask(JobTable(), NodeTaskConfig(warm_up_s=60.0))
+    collector = fleet_metrics.FleetStateCollector()
+    collector.add_nodes(task)
+    names = [f"warm-{i:02d}" for i in range(50)]
+    try:
+        for t in range(0, 121, 10):
+            msgs = [telemetry(node=n, ts=T0 + t, seq=t) for n in names]
+            if t == 120:
+                msgs[-1]["gpus"][2]["xids"] = [79]  # warm-49 falls off the bus
+            task.process(topics.TELEMETRY, TelemetryBatch.from_messages(msgs))
+        families = {f.name: f for f in collector.collect()}
+        warmth = {s.labels["warmth"]: s.value for s in families["fleetwatch_detect_nodes"].samples}
+        assert warmth == {"warm": 50, "cold": 0}
+        health = {s.labels["node"] for s in families["fleetwatch_node_health_score"].samples}
+        assert len(health) == 30 and "warm-49" in health
+        per_node = {s.labels["node"] for f in families.values() for s in f.samples if "node" in s.labels}
+        assert per_node == health
+        assert families["fleetwatch_detect_nodes_unexported"].samples[0].value == 20
+    finally:
+        task.close()
