@@ -22,6 +22,7 @@ from typing import Any
 from fleetwatch import schemas, topics
 from fleetwatch.bus import Bus, Record, reference_time
 from fleetwatch.follow import TopicFollower
+from fleetwatch.refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,11 @@ ACTIVE_STATES = frozenset({"started", "running"})
 
 FAILED_KEEP_S = topics.JOB_HISTORY_S  # failed jobs kept this long (event time) for the lemon detector
 MAX_FAILED = 100_000  # and never more than this many, the oldest dropped first
+# Running jobs leave at their end record or tombstone; a publisher that missed ends, or a flood of
+# job/1 records (unsigned: the topic's ACL is what guards it), must not grow every worker's table,
+# nor one node's list (each job of a node gets its features per sample) without bound
+MAX_RUNNING = 100_000  # running jobs in all: the least recently announced leaves first
+MAX_JOBS_PER_NODE = 256  # running jobs of one node: its job announced first leaves that node
 
 
 class JobTable:
@@ -45,11 +51,24 @@ class JobTable:
     order, leaves by the cap or when those added before it have left), and forgets a job at its
     tombstone (`forget`)."""
 
-    def __init__(self, failed_keep_s: float = FAILED_KEEP_S, max_failed: int = MAX_FAILED) -> None:
+    def __init__(
+        self,
+        failed_keep_s: float = FAILED_KEEP_S,
+        max_failed: int = MAX_FAILED,
+        max_running: int = MAX_RUNNING,
+        max_jobs_per_node: int = MAX_JOBS_PER_NODE,
+    ) -> None:
         self._lock = threading.Lock()
         # node -> its running jobs, sorted (tuples: readers get them without a copy)
         self._node_jobs: dict[str, tuple[str, ...]] = {}
+        # job -> its nodes, in the order the jobs were last announced (the least recent first)
         self._job_nodes: dict[str, tuple[str, ...]] = {}
+        self._announced: dict[str, int] = {}  # job -> when it was last announced (a count)
+        self._announcements = 0
+        self.max_running = max_running
+        self.max_jobs_per_node = max_jobs_per_node
+        self.dropped = 0  # running jobs (or a job's place on one node) dropped by the two bounds
+        self._refusals = RefusalLog(log)  # a flood logs its first drop and every 1000th
         self.failed_keep_s = failed_keep_s
         self.max_failed = max_failed
         self.failed_jobs: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # job -> its nodes
@@ -79,13 +98,28 @@ class JobTable:
                 del self._failed_at[job]
 
     def _start(self, job: str, nodes: tuple[str, ...]) -> None:
+        while len(self._job_nodes) >= self.max_running:
+            oldest = next(iter(self._job_nodes))
+            self._stop(oldest)
+            self.dropped += 1
+            self._refusals("running", f"{self.max_running} running jobs: {oldest[:64]} leaves the table")
         self._job_nodes[job] = nodes
+        self._announcements += 1
+        self._announced[job] = self._announcements
         node_jobs = self._node_jobs
         for n in dict.fromkeys(nodes):
-            node_jobs[n] = tuple(sorted({*node_jobs.get(n, ()), job}))
+            jobs = node_jobs.get(n, ())
+            if len(jobs) >= self.max_jobs_per_node:
+                first = min(jobs, key=self._announced.__getitem__)
+                jobs = tuple(j for j in jobs if j != first)
+                self._job_nodes[first] = tuple(x for x in self._job_nodes[first] if x != n)
+                self.dropped += 1
+                self._refusals("per_node", f"node {n[:64]} runs {len(jobs) + 1} jobs: {first[:64]} leaves it")
+            node_jobs[n] = tuple(sorted({*jobs, job}))
 
     def _stop(self, job: str) -> None:
         node_jobs = self._node_jobs
+        self._announced.pop(job, None)
         for n in self._job_nodes.pop(job, ()):
             rest = tuple(j for j in node_jobs.get(n, ()) if j != job)
             if rest:

@@ -44,6 +44,37 @@ def test_a_node_maps_to_all_its_running_jobs() -> None:
     assert list(t.failed_jobs) == ["b"] and t.nodes_of("b") == ()
 
 
+def test_running_jobs_are_bounded_in_all_and_per_node() -> None:
+    """job/1 is unsigned (the topic's ACL guards it) and a publisher can miss ends: the table holds
+    at most max_running jobs (the least recently announced leaves first) and max_jobs_per_node jobs
+    on one node (the node's job announced first leaves that node, still on its other nodes)."""
+    t = JobTable(max_running=4, max_jobs_per_node=3)
+    for name in ("a", "b", "c"):
+        t.apply(job(name, ["n1", "n2"]))
+    t.apply(job("d", ["n1"]))  # n1 is full: a, announced first, leaves n1 and stays on n2
+    assert t.jobs_on("n1") == ("b", "c", "d") and t.jobs_on("n2") == ("a", "b", "c")
+    assert t.nodes_of("a") == ("n2",)
+    t.apply(job("a", ["n2"], ts=T0 + 1))  # announced again: now the most recent
+    t.apply(job("e", ["n3"]))  # five running: b, the least recently announced, leaves
+    assert t.nodes_of("b") == () and t.jobs_on("n1") == ("c", "d") and t.jobs_on("n2") == ("a", "c")
+    assert t.dropped == 2
+    t.apply(job("c", ["n1", "n2"], "finished", T0 + 2))  # ends go on as before
+    assert t.jobs_of(["n1", "n2", "n3"]) == [("d",), ("a",), ("e",)]
+
+
+def test_a_flood_of_running_jobs_on_one_node_stays_bounded_and_quick() -> None:
+    """10,000 running jobs naming one node (the probe took 14 s to load them, re-sorting the node's
+    growing list at each): the node keeps MAX_JOBS_PER_NODE, the most recent, so each insert sorts
+    at most that many, and its features go to that many jobs."""
+    t = JobTable()
+    for i in range(10_000):
+        t.apply(job(f"flood-{i:05d}", ["n1", f"other-{i}"]))
+    assert t.jobs_on("n1") == tuple(
+        f"flood-{i:05d}" for i in range(10_000 - job_table.MAX_JOBS_PER_NODE, 10_000)
+    )
+    assert t.jobs_on("other-0") == ("flood-00000",) and t.dropped == 10_000 - job_table.MAX_JOBS_PER_NODE
+
+
 def test_a_tombstone_forgets_a_job_running_or_failed() -> None:
     t = JobTable()
     t.apply(job("run", ["n1", "n2"]))
