@@ -90,6 +90,10 @@ class Result:
 
 
 MAX_ANSWERS = 8  # answers kept per request id (one per copy of the request act issued and node named)
+# request ids kept, the first answered leaving first: a node's state keeps what its answer decided
+# (confirmed, refused), and only its latest request is looked up, so an old id is not needed again;
+# years of drains of a large fleet, with a bound on a long-running act's memory
+MAX_REQUESTS = 100_000
 
 
 class ResultBook:
@@ -139,6 +143,8 @@ class ResultBook:
         )
         with self._lock:
             answers = self._by_id.setdefault(r.request_id, {})
+            while len(self._by_id) > MAX_REQUESTS:
+                del self._by_id[next(iter(self._by_id))]
             slot = (sig, r.node)
             if r.outcome == drain_result.DUPLICATE:
                 # "handled before": the answer to this copy is the first answer to the request id

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request, drain_result
 from tests.helpers.act import KEY, Rig
@@ -252,3 +254,23 @@ def test_a_decision_that_fails_keeps_the_batchs_findings_and_the_next_tick_drain
     assert rig.feed(finding("gpu-node-01", ts=T0)) == []
     assert rig.task.refused == [] and "gpu-node-01" in rig.task.nodes
     assert [(m["action"], m["node"]) for m in rig.decide(T0 + 1)] == [("drain", "gpu-node-01")]
+
+
+def test_the_results_book_keeps_a_bounded_number_of_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-running act's answers: the first answered request ids leave past MAX_REQUESTS (a node's
+    state keeps what its answer decided; only its latest request is looked up)."""
+    from fleetwatch.alerts import drain_log
+
+    monkeypatch.setattr(drain_log, "MAX_REQUESTS", 3)
+    rig = Rig({f"n{i}" for i in range(5)}, budget_min_nodes=5)
+    reqs = []
+    for i in range(5):  # minutes apart: no storm
+        rig.now = T0 + 600 * i
+        [r] = rig.feed(finding(f"n{i}", ts=rig.now))
+        rig.result(r, "executed")
+        assert rig.decide(rig.now + 1) == [] and rig.task.nodes[f"n{i}"].confirmed
+        reqs.append(r)
+    kept = [bool(rig.results.answers(r["request_id"], r["signature"])) for r in reqs]
+    assert kept == [False, False, True, True, True]
+    assert rig.decide(T0 + 3000) == [] and all(rig.task.nodes[f"n{i}"].confirmed for i in range(5))
+    assert rig.metric("fleetwatch_act_drain_budget_used") == 5
