@@ -54,9 +54,14 @@ class PortMap:
         """Entity row of each element: node row rows[i], name names[idx[i]] (`names`: the batch's
         distinct names). New pairs get new entities in order of first appearance while their node
         is under the cap; -1 for an element whose pair is refused."""
-        known = np.fromiter((self.names.rows.get(x, -1) for x in names), dtype=np.int64, count=len(names))
-        # a name not registered yet gets a provisional code past every real one, one per name
-        provisional = np.where(known >= 0, known, len(self.names) + np.arange(len(names)))
+        # a name not registered yet gets a provisional code past every real one, one per name (a
+        # batch's list may hold one name twice: the decoder keeps its list as the message had it)
+        held, n_real = self.names.rows, len(self.names)
+        unseen: dict[str, int] = {}
+        provisional = np.empty(len(names), dtype=np.int64)
+        for j, x in enumerate(names):
+            c = held.get(x)
+            provisional[j] = c if c is not None else n_real + unseen.setdefault(x, len(unseen))
         code = provisional[idx]
         key = (rows << _SHIFT) | code
         ent = self._find(key)
@@ -78,12 +83,19 @@ class PortMap:
         first, pair_rows = first[admit], pair_rows[admit]
         if len(first):
             pair_name = idx[first]  # each admitted new pair's name, in order of first appearance
-            real = known.copy()
+            registered: dict[int, int] = {}  # provisional code -> the real one
             for j in pair_name.tolist():  # their new names registered in that order (replays agree)
-                if real[j] < 0:
-                    real[j] = self.names.row(names[j])
+                c = int(provisional[j])
+                if c >= n_real and c not in registered:
+                    registered[c] = self.names.row(names[j])
+            # -1: a name only refused pairs have, never registered
+            real = np.fromiter(
+                (c if c < n_real else registered.get(c, -1) for c in provisional.tolist()),
+                dtype=np.int64,
+                count=len(provisional),
+            )
             self._add(pair_rows, real[pair_name])
-            code = real[idx]  # -1: a name only refused pairs have, never registered
+            code = real[idx]
             ent = np.where(code >= 0, self._find((rows << _SHIFT) | np.maximum(code, 0)), -1)
         return ent
 
@@ -150,7 +162,8 @@ class PortMap:
         by_ent = sorted(triples, key=lambda t: int(t[2]))
         rows = np.fromiter((at.get(saved[int(r)], -1) for r, _k, _e in by_ent), np.int64, n)
         codes = self.names.lookup([str(k) for _r, k, _e in by_ent])
-        if len(np.unique((rows << _SHIFT) | codes)) != n:
+        placed = rows >= 0  # (a node the index does not have: never looked up, dropped at compaction)
+        if len(np.unique(((rows << _SHIFT) | codes)[placed])) != int(placed.sum()):
             raise ValueError(f"{self.what} rows name one port twice")
         self.row_of, self.code_of = rows, codes
         self._sort()

@@ -143,3 +143,38 @@ def test_the_node_stage_counts_the_refused_ports_in_its_metrics() -> None:
     assert 'fleetwatch_detect_ports_refused_total{kind="ib"} 344.0' in text
     assert 'fleetwatch_detect_ports_refused_total{kind="eth"} 344.0' in text
     task.close()
+
+
+def test_a_name_the_batch_lists_twice_is_one_entity() -> None:
+    """A batch's name list can hold a name twice (blocks of a batch decoded apart and joined): the
+    pairs are one entity, in the snapshot once, and a restore of it loads (a worker's restore once
+    refused it as a port named twice)."""
+    pm = PortMap("IB port")
+    got = pm.entities(np.array([0, 0, 1, 1]), ["mlx5_0/1", "mlx5_0/1"], np.array([0, 1, 0, 1]))
+    assert got.tolist() == [0, 0, 1, 1] and pm.names.names == ["mlx5_0/1"]
+    got = pm.entities(np.array([0, 2]), ["mlx5_0/1", "x", "x"], np.array([2, 1]))
+    assert got.tolist() == [2, 3] and pm.triples()[2:] == [[0, "x", 2], [2, "x", 3]]
+    back = PortMap("IB port")
+    back.restore(pm.triples(), ["a", "b", "c"], {"a": 0, "b": 1, "c": 2})
+    assert back.triples() == pm.triples()
+
+
+def test_a_joined_batch_through_the_detector_snapshots_and_restores() -> None:
+    """Through the detector, on a batch joined from two (TelemetryBatch.concat keeps each part's
+    port names), as the worker joins the blocks of one poll."""
+    from fleetwatch.detectors.batch import TelemetryBatch
+    from tests.helpers.admission import observe
+
+    parts = [
+        TelemetryBatch.from_messages(
+            [telemetry(f"n{i}", T0 + k, 2, seq=k + 1, ib=[ib_port("mlx5_0", 1), ib_port("mlx5_1", 1)])]
+        )
+        for k in range(2)
+        for i in range(2)
+    ]
+    det = HardwareDetector(HardwareConfig())
+    observe(det, det.index, TelemetryBatch.concat(parts))
+    assert det.ib_map.n == 4 and det.ib_map.names.names == ["mlx5_0/1", "mlx5_1/1"]
+    state = orjson.loads(det.to_bytes())
+    back = HardwareDetector.from_state(state, HardwareConfig(), restored_index(det.index))
+    assert back.ib_map.triples() == det.ib_map.triples()
