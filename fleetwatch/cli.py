@@ -886,6 +886,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokerUnavailable as e:
         print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
         return 3
+    except BrokenPipeError:
+        # whoever reads our output stopped (`| head`): no traceback, and none at exit either,
+        # when Python flushes stdout again; 141, as a shell reports a pipe's SIGPIPE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except (FileNotFoundError, ValueError) as e:  # ConfigError among them: "config error: [act] ..."
         print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
         return 2

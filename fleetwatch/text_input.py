@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import sys
-from typing import TextIO
+from collections.abc import Iterable, Iterator
+from typing import TextIO, TypeVar
+
+T = TypeVar("T")
 
 
 def open_text(path: str, *, errors: str = "strict", newline: str | None = None) -> TextIO:
@@ -20,3 +23,19 @@ def open_text(path: str, *, errors: str = "strict", newline: str | None = None) 
         raise FileNotFoundError(f"no such file: {path}") from None
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def read_guard(lines: Iterable[T], path: str) -> Iterator[T]:
+    """`lines` (a file's lines, or a reader over them), a read error part way through (EIO from a
+    failing disk, a network file system gone) turned into a one-line error: ValueError, which
+    fleetwatch.cli turns into status 2, with what was written until then standing."""
+    it = iter(lines)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except OSError as e:
+            where = "stdin" if path == "-" else path
+            raise ValueError(f"cannot read {where}: {e.strerror or e}") from None
+        yield item

@@ -19,7 +19,10 @@ on the rows before it and on itself.
 - blank lines are skipped, except in a one-column CSV, where a blank line is a missing value.
 - ``timestamp``: echoed as written; the 0-based data row number if the column is absent.
 - errors (one line on stderr, exit 2 via ``fleetwatch.cli``): missing file, empty input (no
-  header), missing ``--column``, a non-numeric or infinite value (with its row number).
+  header), missing ``--column``, a non-numeric or infinite value (with its row number), a read
+  error part way through. The output is a stream: the rows before the error stand, the exit
+  status says they are not all. Output cut off by its reader (``| head``) ends the command
+  quietly, status 141 as a shell reports a pipe's SIGPIPE.
 
 The input is read and written in chunks of rows, each chunk one compiled sequential pass (every
 value scored against the calibration as it was just before it, exactly as one value at a time).
@@ -34,14 +37,14 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import TextIO
 
 import numpy as np
 
 from fleetwatch.detectors.multivariate import MultivariateScorer
-from fleetwatch.text_input import open_text
+from fleetwatch.text_input import open_text, read_guard
 
 log = logging.getLogger("fleetwatch.score")
 
@@ -78,7 +81,7 @@ def _chunks(reader: Iterator[list[str]]) -> Iterator[list[list[str]]]:
         yield chunk
 
 
-def score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
+def score_stream(src: Iterable[str], out: TextIO, column: str, timestamp: str) -> int:
     """Score ``src`` into ``out``; returns the number of data rows. What the csv module cannot
     read (a field past its 128 KiB limit) is a ValueError, not a traceback."""
     try:
@@ -87,7 +90,7 @@ def score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
         raise ValueError(f"not a readable CSV: {e}") from None
 
 
-def _score_stream(src: TextIO, out: TextIO, column: str, timestamp: str) -> int:
+def _score_stream(src: Iterable[str], out: TextIO, column: str, timestamp: str) -> int:
     reader = csv.reader(src)
     header = next(reader, None)
     if header is None or not any(h.strip() for h in header):
@@ -132,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     src = open_text(args.csv, newline="")  # the csv module's newlines; unreadable: exit 2
     try:
-        rows = score_stream(src, sys.stdout, args.column, args.timestamp)
+        rows = score_stream(read_guard(src, args.csv), sys.stdout, args.column, args.timestamp)
     finally:
         if args.csv != "-":
             src.close()

@@ -22,7 +22,7 @@ import orjson
 from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent, pci_address
 from fleetwatch.collectors.kernel_log.lines import LineReader, utc_offset
 from fleetwatch.detectors.kernel_events import judge
-from fleetwatch.text_input import open_text
+from fleetwatch.text_input import open_text, read_guard
 
 MAX_GPU_INDEX = 4095
 
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         if args.file != "-":
             stack.enter_context(source)
         out = sys.stdout.buffer
-        for event in events_of(source, reader, parser, gpus):
+        for event in events_of(read_guard(source, args.file), reader, parser, gpus):
             out.write(orjson.dumps(event) + b"\n")
             n += 1
         out.flush()
