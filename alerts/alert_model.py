@@ -38,6 +38,8 @@ from typing import Any
 
 import orjson
 
+from fleetwatch.plain_text import no_markup
+
 EVIDENCE_MAX = 1500
 # where the pages are when act serves nothing (no --metrics-port): a path in its own package, which
 # exists wherever fleetwatch is installed; `fleetwatch act` prefers its own URL (runbooks.default_base)
@@ -171,11 +173,13 @@ class AlertBuilder:
             labels["gpu"] = str(f["gpu"])
         if f.get("job") is not None:
             labels["job"] = str(f["job"])
-        evidence = orjson.dumps(f.get("evidence", {})).decode()
+        # JSON (orjson escapes control characters), its strings as the node's agent sent them:
+        # chat markup in them made plain (fleetwatch/plain_text.py), the JSON still valid
+        evidence = no_markup(orjson.dumps(f.get("evidence", {})).decode())
         if len(evidence) > EVIDENCE_MAX:
             evidence = evidence[: EVIDENCE_MAX - 3] + "..."
         annotations = {
-            "summary": str(f["summary"]),
+            "summary": no_markup(str(f["summary"])),  # (detect's are plain; a finding of another writer)
             "evidence": evidence,
             "runbook_url": self.runbook_base + runbook_page(str(f["kind"])),
             "finding_id": str(f["id"]),

@@ -52,9 +52,10 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
+
+from fleetwatch.plain_text import clean_text
 
 MAX_OUTPUT_CHARS = 4 * 1024 * 1024  # parse at most this much output; more is a failure in itself
 MAX_TEXT = 200  # every string in an outcome
@@ -181,27 +182,6 @@ class DiagOutcome:
     failures: tuple[DiagFailure, ...] = ()
     warnings: tuple[str, ...] = ()
     detail: str = ""
-
-
-def clean_text(value: object, limit: int = MAX_TEXT) -> str:
-    """`value` as one bounded line: control, format (bidi, zero-width), surrogate, private-use and
-    unassigned characters and line/paragraph separators become spaces, whitespace runs one space,
-    and the result at most `limit` characters (an ellipsis marks a cut)."""
-    if isinstance(value, str):
-        text = value
-    elif value is None or isinstance(value, bool | int | float):
-        text = repr(value)
-    else:  # no repr of a container: it may be nested deep enough to exhaust the stack
-        text = f"<{type(value).__name__}>"
-    text = text[: limit * 4]  # the cut comes after cleaning; bound the work before it
-    chars = [
-        " " if unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp") else c
-        for c in text
-    ]
-    text = _SPACES.sub(" ", "".join(chars)).strip()
-    if len(text) > limit:
-        text = text[: limit - 3].rstrip() + "..."
-    return text
 
 
 def exit_meaning(returncode: int) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from fleetwatch import schemas, signing
+from fleetwatch.plain_text import clean_text, no_markup
 
 # The schema, its kinds and its limits live in the core (fleetwatch/schemas.py), which decodes
 # finding/1 without importing this layer.
@@ -88,7 +89,8 @@ def make_finding(
         kind=kind,
         severity=severity,
         score=float(score),
-        summary=summary[:MAX_SUMMARY],
+        # one plain line: its parts name ports, devices, paths and processes as the node's agent sent them
+        summary=no_markup(clean_text(summary, MAX_SUMMARY)),
         evidence=bounded_evidence({"rule": rule, **evidence}),
         first_seen=float(first_seen),
         ts=float(ts),

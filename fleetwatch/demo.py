@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
+from rich.markup import escape
 
 from fleetwatch import topics
 from fleetwatch.bus import TopicPart
@@ -246,7 +247,8 @@ class LiveView:
                 if "end_ts" not in m or m.get("end_ts") == m.get("onset_ts"):
                     where = m["node"] + (f" GPU{m['gpu']}" if m.get("gpu") is not None else "")
                     self.console.print(
-                        f"[dim]{self.t(m['onset_ts'])}[/]  [magenta]INJECT[/]   {m['fault']:<18} {where}"
+                        f"[dim]{self.t(m['onset_ts'])}[/]  [magenta]INJECT[/]   {escape(m['fault']):<18} "
+                        f"{escape(where)}"
                     )
             elif r.topic == topics.FINDINGS:
                 self.findings.append(m)
@@ -256,12 +258,15 @@ class LiveView:
                 self._seen.add(key)
                 style = "green" if m["resolved"] else SEVERITY_STYLE.get(m["severity"], "white")
                 label = "RESOLVED" if m["resolved"] else m["severity"].upper()
-                self.console.print(f"[dim]{self.t(m['ts'])}[/]  [{style}]{label:<8}[/] {m['summary']}")
+                # the summary names what the node's agent sent: text, never Rich markup
+                self.console.print(
+                    f"[dim]{self.t(m['ts'])}[/]  [{style}]{label:<8}[/] {escape(m['summary'])}"
+                )
             elif r.topic == topics.DRAIN:
                 self.drains.append(m)
                 self.console.print(
                     f"[dim]{self.t(self.clock.at(m['issued_at']))}[/]  "
-                    f"[bold blue]{m['action'].upper():<8}[/] {m['node']}: {m['reason']}"
+                    f"[bold blue]{m['action'].upper():<8}[/] {m['node']}: {escape(m['reason'])}"
                 )
             elif r.topic == topics.JOBS:
                 self.jobs.append(m)

@@ -201,7 +201,9 @@ class Publisher:
         self._logged[digest] = None
         while len(self._logged) > LOGGED_ERRORS:
             self._logged.popitem(last=False)
-        log.error("unparsable Slurm %s, not published: %s; text: %s", e.what, e, e.raw)
+        # the text as a quoted literal, bounded: a job's name is its user's, and a carriage return
+        # or a terminal escape in it must not forge or hide log lines
+        log.error("unparsable Slurm %s, not published: %s; text: %r", e.what, e, e.raw[:2000])
 
 
 class _LedgerReader(TopicFollower):

@@ -14,11 +14,14 @@ import datetime as dt
 import html
 import io
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fleetwatch.plain_text import clean_text
 
 Plot = Callable[[dict[str, Any]], "Any"]
 
@@ -362,8 +365,15 @@ def sections(r: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], s
     return out
 
 
+# what Markdown (or the HTML it may pass through) reads as markup, escaped with a backslash
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+!|~])")
+
+
 def _md_cell(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
+    """A table cell's text as Markdown shows it literally: one line, every markup character
+    escaped. Data-quality examples quote what others sent (a step record's job name): a link or a
+    tag in one is text."""
+    return _MD_SPECIAL.sub(r"\\\1", clean_text(s, 1000))
 
 
 def markdown(r: dict[str, Any], images: dict[str, str]) -> str:

@@ -1,0 +1,176 @@
+"""Text others sent, where it is shown (an adversarial probe's finds): a node's agent names its
+devices, ports, mounts, NFS servers and hung processes, and those names reach finding summaries,
+Alertmanager's annotations, the demo's console; a Slurm user names jobs, which reach report.md and
+the Slurm publisher's log. Each is shown as one plain line: no control or format character (a
+terminal escape, a carriage return forging a log line, a bidi override), no chat markup
+(`<!channel>`, `<url|text>`, a Markdown link), no Rich markup."""
+
+from __future__ import annotations
+
+import io
+import logging
+import unicodedata
+
+import orjson
+import pytest
+from rich.console import Console
+
+from fleetwatch import schemas, topics
+from fleetwatch.alerts.alert_model import AlertBuilder
+from fleetwatch.alerts.policy import drain_reason
+from fleetwatch.bus import Record
+from fleetwatch.demo import LiveView
+from fleetwatch.detectors.hardware import HardwareDetector
+from fleetwatch.detectors.node_checks import NodeChecks
+from fleetwatch.pipeline.reliability.render import _md_cell
+from fleetwatch.pipeline.telemetry_decode import decode_telemetry
+from fleetwatch.plain_text import clean_text, no_markup
+from tests.helpers.admission import observe
+from tests.helpers.batches import telemetry
+
+T0 = 1_760_000_000.0
+HOSTILE = {
+    "server": "<!channel> <https://evil.example/login|VPN re-auth>",
+    "device": "sda\n2026-01-01 ERROR forged\x1b[2K",
+    "process": "\x1b]8;;https://evil\x07click\x1b]8;;\x07",
+    "hca": "mlx5_0\r\n*all clear*",
+    "blockdev": "nvme0n1\n\x1b[1mOK\x1b[0m <@here>",
+    "mount": "/mnt/<!everyone> [click](https://evil.example)",
+    "ib": "mlx5_0\n<!here>\u202e\x1b[8m",
+    "eth": "eth0 <https://evil.example|x>",
+}
+
+
+def plain(text: str) -> bool:
+    """One line, no control or format character, no chat or Markdown link markup."""
+    return (
+        not any(unicodedata.category(c)[0] == "C" for c in text)
+        and "<" not in text
+        and ">" not in text
+        and "](" not in text
+    )
+
+
+def hostile_findings() -> list[dict]:
+    m = telemetry("gpu-node-07", T0, 8, seq=1)
+    m["kernel"] = {
+        "events": [
+            {"kind": "nfs_timeout", "server": HOSTILE["server"], "text": "x"},
+            {"kind": "io_error", "device": HOSTILE["device"]},
+            {"kind": "hung_task", "process": HOSTILE["process"]},
+            {"kind": "aer", "severity": "fatal", "hca": HOSTILE["hca"]},
+        ]
+    }
+    m["host"] = {**m.get("host", {}), "blockdevs_missing": 1, "mounts_missing": 1}
+    m["checks"] = {
+        "blockdevs": [{"name": HOSTILE["blockdev"], "problem": "missing"}],
+        "mounts": [{"path": HOSTILE["mount"], "problem": "missing"}],
+    }
+    found = []
+    for det in (HardwareDetector(), NodeChecks()):
+        raw = orjson.dumps(schemas.validate(m, schemas.TELEMETRY))
+        batch, bad = decode_telemetry([raw], now=T0 + 10, clock=None)
+        assert bad == []
+        found += observe(det, det.index, batch)
+    det = HardwareDetector()
+    for k, state in enumerate(("ACTIVE", "DOWN", "DOWN", "DOWN")):
+        s = telemetry("gpu-node-07", T0 + 10 * k, 8, seq=k + 1)
+        s["net"] = {
+            "ib": [{"device": HOSTILE["ib"], "port": 1, "state": state, "rate_gbps": 400}],
+            "eth": [{"iface": HOSTILE["eth"], "state": "up" if k == 0 else "down"}],
+        }
+        batch, bad = decode_telemetry(
+            [orjson.dumps(schemas.validate(s, schemas.TELEMETRY))], now=T0 + 100, clock=None
+        )
+        assert bad == []
+        found += observe(det, det.index, batch)
+    return found
+
+
+def test_node_text_in_summaries_and_alert_annotations_is_one_plain_line() -> None:
+    found = hostile_findings()
+    rules = {f["evidence"]["rule"] for f in found}
+    assert {
+        "aer",
+        "io_errors",
+        "hung_task_report",
+        "blockdev_missing",
+        "ib_port_state",
+        "eth_link_down",
+    } <= rules, rules
+    builder = AlertBuilder("prod")
+    for f in found:
+        schemas.validate(f, schemas.FINDING)
+        assert plain(f["summary"]), repr(f["summary"])
+        _labels, annotations = builder.from_finding(f, drain_reason(f))
+        assert plain(annotations["summary"]), repr(annotations["summary"])
+        assert "<" not in annotations["evidence"] and ">" not in annotations["evidence"]
+        orjson.loads(annotations["evidence"])  # still JSON
+        assert "<" not in annotations["evidence"] and ">" not in annotations["evidence"]
+        orjson.loads(annotations["evidence"])  # still JSON
+    # what the node named is still there to read, made plain
+    summaries = " ".join(f["summary"] for f in found)
+    assert "\u2039!channel\u203a" in summaries and "[click] (https://evil.example)" in summaries
+
+
+def test_clean_text_and_no_markup() -> None:
+    assert clean_text("a\r\nb\x1b[2K\u202ec\u200b d", 50) == "a b [2K c d"
+    assert clean_text("x" * 300, 10) == "xxxxxxx..."
+    assert no_markup("<!here> [a](b) x > y") == "\u2039!here\u203a [a] (b) x \u203a y"
+
+
+def test_the_demo_shows_a_summary_as_text_not_rich_markup() -> None:
+    """A summary with Rich markup ([link=...], a closing tag that matches nothing) was styled, or
+    stopped the demo's console with a MarkupError."""
+    view = LiveView.__new__(LiveView)
+    out = io.StringIO()
+    view.console = Console(file=out, width=300, color_system=None)
+    view.epoch, view.findings, view._seen, view.storms = T0, [], set(), None
+    finding = {
+        "id": "f1", "node": "n1", "severity": "critical", "resolved": False, "ts": T0 + 1, "kind": "xid",
+        "summary": "n1: x[/bold] [link=https://evil.example]click[/link] [bold red]ALL CLEAR[/]",
+    }  # fmt: skip
+
+    class Reader:
+        def poll(self, _timeout: float) -> list[Record]:
+            return [Record(topics.FINDINGS, 0, 0, b"n1", orjson.dumps(finding), -1, False)]
+
+    view.reader = Reader()  # type: ignore[assignment]
+    view.poll()
+    assert finding["summary"] in out.getvalue()  # shown as written, every bracket
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("[Re-auth](https://evil.example/sso)", r"\[Re-auth\]\(https://evil.example/sso\)"),
+        ("<img src=x onerror=alert(1)>", r"\<img src=x onerror=alert\(1\)\>"),
+        ("a|b\nc", r"a\|b c"),
+        ("gpu-node-01: 3 failures", "gpu-node-01: 3 failures"),
+    ],
+)
+def test_report_markdown_cells_show_their_text_literally(text: str, shown: str) -> None:
+    assert _md_cell(text) == shown
+
+
+def test_the_slurm_publisher_logs_an_unparsable_line_as_a_quoted_literal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job name repeating Slurm's fields (its user's to choose) with a carriage return and a
+    terminal escape: the line is logged as a quoted literal, which forges no log line."""
+    from collections import OrderedDict
+
+    from fleetwatch.collectors.slurm_jobs import jobcomp
+    from fleetwatch.collectors.slurm_jobs.model import SlurmParseError
+    from fleetwatch.collectors.slurm_jobs.publisher import Publisher
+
+    raw = "JobId=7 UserId=a(1) Name=x\r\x1b[2K2026-05-12 INFO all good JobId=8 JobState=COMPLETED"
+    with pytest.raises(SlurmParseError) as caught:
+        jobcomp.parse_line(raw)
+    pub = Publisher.__new__(Publisher)
+    pub._logged = OrderedDict()
+    caplog.set_level(logging.ERROR)
+    pub.report(caught.value)
+    assert "unparsable Slurm" in caplog.text
+    assert "\x1b" not in caplog.text and "\r" not in caplog.text
+    assert "\\r\\x1b[2K" in caplog.text  # the text is there, quoted
