@@ -44,7 +44,7 @@ def census_key() -> str:
 def kafka_bootstrap() -> str:
     """The broker this test process's tests share: FLEETWATCH_TEST_BOOTSTRAP where given (not
     started here), else the local one on FLEETWATCH_TEST_KAFKA_PORT (19092), started by kafka.sh.
-    scripts/test.sh gives each of its two integration processes a broker of its own: tests read
+    scripts/test.sh gives each of its three integration processes a broker of its own: tests read
     and write the pipeline's own topics (fleet.telemetry.v1, fleet.findings.v1, fleet.nodes.v1),
     and a detect or act of one process would otherwise take the other's records for its own."""
     port = int(os.environ.get("FLEETWATCH_TEST_KAFKA_PORT", "19092"))
@@ -77,12 +77,13 @@ def topic_tail(kafka_bootstrap: str) -> Iterator[Callable[[str], TopicTail]]:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """scripts/test.sh runs the tier as two pytest processes side by side (it mostly waits on the
-    services): the files that use the one Slurm cluster (`pytestmark = USES_SLURM`, marker
-    `slurm`), one after the other, since each resets the nodes and expects them idle; and the
-    rest. Each process has a broker of its own (FLEETWATCH_TEST_KAFKA_PORT, see kafka_bootstrap),
-    and a private broker that its tests stop and restart (FLEETWATCH_TEST_PRIVATE_PORT); what
-    they share, Alertmanager, is safe side by side by each test's own cluster labels. A test
+    """scripts/test.sh runs the tier as three pytest processes side by side (it mostly waits on
+    the services): the files that use the one Slurm cluster (`pytestmark = USES_SLURM`, marker
+    `slurm`), one after the other, since each resets the nodes and expects them idle; long files
+    that need no shared service (`pytestmark = APART`); and the rest. Each process has a broker of
+    its own (FLEETWATCH_TEST_KAFKA_PORT, see kafka_bootstrap), and a private broker that its tests
+    stop and restart (FLEETWATCH_TEST_PRIVATE_PORT); what they share, Alertmanager, is safe side by
+    side by each test's own cluster labels. A test
     that uses the Slurm cluster without the mark would run beside the others: refused here."""
     if "slurm" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
         raise pytest.UsageError(

@@ -43,6 +43,10 @@ USES_SLURM = pytest.mark.slurm
 # A long file that uses no shared service runs in that pytest too (`pytestmark = BESIDE_SLURM`): it
 # balances the two processes' times, which the slower one decides
 BESIDE_SLURM = pytest.mark.beside_slurm
+# Long files that use no shared service but Alertmanager run in a third pytest of their own
+# (`pytestmark = APART`), with a broker of its own: the tier mostly waits on its services (paced
+# producers, session timeouts), so three processes side by side end sooner than two
+APART = pytest.mark.apart
 SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 5)]
 
 

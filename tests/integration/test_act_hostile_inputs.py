@@ -31,9 +31,9 @@ from fleetwatch.census import node_message
 from fleetwatch.signing import encode_signed
 from tests.helpers.findings import finding, signed
 from tests.integration.act_rig import CENSUS_KEY, KEY, ActRig, free_port, metric
-from tests.integration.services import BESIDE_SLURM, Alertmanager, PrivateBroker, TopicTail
+from tests.integration.services import APART, Alertmanager, PrivateBroker, TopicTail
 
-pytestmark = BESIDE_SLURM
+pytestmark = APART
 
 ATTACKER_KEY = b"attacker-key-attacker-key-123456"
 REASONS = ("malformed", "bad_signature", "clock_skew")

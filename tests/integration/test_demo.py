@@ -18,7 +18,9 @@ from fleetwatch.alerts.alertmanager import AlertmanagerClient, Dispatcher
 from fleetwatch.collectors.sim.kinds import KINDS
 from fleetwatch.demo import StormWatch, storm_from_annotations
 from tests.helpers.paths import REPO
-from tests.integration.services import Alertmanager
+from tests.integration.services import APART, Alertmanager
+
+pytestmark = APART
 
 
 def test_demo_runs_and_writes_its_scorecard_and_picture(kafka_bootstrap: str) -> None:

@@ -51,7 +51,9 @@ from tests.integration.scale import (
     sim_ticks,
     wait_drained,
 )
-from tests.integration.services import TopicTail, read_quiet, reader_at
+from tests.integration.services import APART, TopicTail, read_quiet, reader_at
+
+pytestmark = APART
 
 PARTITIONS = 4  # ensure_topics' default, which the broker's topics were created with
 NODES = 64

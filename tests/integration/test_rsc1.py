@@ -23,10 +23,10 @@ import pytest
 from scipy.stats import fisher_exact
 
 from tests.helpers.crash import dumping_core, native_backtrace
-from tests.integration.services import BESIDE_SLURM
+from tests.integration.services import APART
 
 # its own private brokers only; ~75 s, run in the Slurm tests' process to balance the two (scripts/test.sh)
-pytestmark = BESIDE_SLURM
+pytestmark = APART
 
 REPO = Path(__file__).resolve().parents[2]
 

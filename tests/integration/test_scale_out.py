@@ -32,7 +32,9 @@ from tests.integration.scale import (
     wait_balanced,
     wait_drained,
 )
-from tests.integration.services import TopicTail
+from tests.integration.services import APART, TopicTail
+
+pytestmark = APART
 
 # ---------------------------------------------------------------- the test
 
