@@ -89,7 +89,8 @@ class Result:
     seen: float | None = None
 
 
-MAX_ANSWERS = 8  # answers kept per request id (one per copy of the request act issued and node named)
+MAX_ANSWERS = 8  # copies of a request (its id, another signature) whose answers are kept
+MAX_NODES_NAMED = 4  # answers kept per copy: the one naming the request's node, a few naming others
 # request ids kept, the first answered leaving first: a node's state keeps what its answer decided
 # (confirmed, refused), and only its latest request is looked up, so an old id is not needed again;
 # years of drains of a large fleet, with a bound on a long-running act's memory
@@ -142,9 +143,7 @@ class ResultBook:
             m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig, float(m["ts"]), seen
         )
         with self._lock:
-            answers = self._by_id.setdefault(r.request_id, {})
-            while len(self._by_id) > MAX_REQUESTS:
-                del self._by_id[next(iter(self._by_id))]
+            answers = self._by_id.get(r.request_id, {})
             slot = (sig, r.node)
             if r.outcome == drain_result.DUPLICATE:
                 # "handled before": the answer to this copy is the first answer to the request id
@@ -158,10 +157,24 @@ class ResultBook:
                     return
                 r = replace(first, request_signature=sig)  # the same request id: answers are by id
             old = answers.get(slot)
+            if old is None and sum(s == sig for s, _node in answers) >= MAX_NODES_NAMED:
+                # a copy of a request answered for this many nodes already: the answers stored
+                # first stay (the genuine one among them), more wrong ones are not kept
+                return
             if old is None or old.outcome != drain_result.EXECUTED:  # done is done
                 answers[slot] = r
-            while len(answers) > MAX_ANSWERS:
-                del answers[next(iter(answers))]
+            while len({s for s, _node in answers}) > MAX_ANSWERS:  # the oldest copy's answers leave
+                first = next(iter(answers))[0]
+                for key in [k for k in answers if k[0] == first]:
+                    del answers[key]
+            self._by_id[r.request_id] = answers
+            while len(self._by_id) > MAX_REQUESTS:
+                del self._by_id[next(iter(self._by_id))]
+
+    def __len__(self) -> int:
+        """The request ids with an answer held."""
+        with self._lock:
+            return len(self._by_id)
 
     def answers(self, request_id: str, request_signature: str) -> tuple[Result, ...]:
         """The answers to exactly this request (id and signature), one per node named: none until

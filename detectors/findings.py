@@ -90,7 +90,8 @@ def make_finding(
         severity=severity,
         score=float(score),
         # one plain line: its parts name ports, devices, paths and processes as the node's agent sent them
-        summary=no_markup(clean_text(summary, MAX_SUMMARY)),
+        # (the cut last: making markup plain lengthens a `](`)
+        summary=clean_text(no_markup(summary), MAX_SUMMARY),
         evidence=bounded_evidence({"rule": rule, **evidence}),
         first_seen=float(first_seen),
         ts=float(ts),

@@ -405,6 +405,10 @@ class HardwareDetector:
             self.ib_ext_decay = DecayingCount.from_state(d["ib_ext_decay"], tuple(self.ib_ext_decay.tau))
         if "eth_rows" in d:
             self._eth_restore(d, saved)
+        if self.ib_map.unplaced() or self.eth_map.unplaced():
+            # ports of nodes the index does not hold: gone now, or the next snapshot would name
+            # them with a row no restore takes
+            self._compact_ports(None)
         self.book = IncidentBook.from_state(d["incidents"], self._clear_after)
         return self
 
@@ -436,6 +440,12 @@ class HardwareDetector:
         self.gpu_rows, self.n_gpu = gpus.renumber(grid), len(gpus.keep)
         for gpu_state in (self.gpu_counters, self.gpu_decay, self.gpu_runs):
             gpu_state.compact(gpus)
+        self._compact_ports(nodes)
+        return out
+
+    def _compact_ports(self, nodes: Compaction | None) -> None:
+        """The IB ports' and interfaces' entities of the nodes that stay (`nodes`; None: every node
+        the index holds), renumbered densely with their counters, decaying counts and flags."""
         ports = self.ib_map.compact(nodes)
         for port_state in (self.ib_counters, self.ib_decay, self.ib_ext_counters, self.ib_ext_decay):
             port_state.compact(ports)
@@ -443,7 +453,6 @@ class HardwareDetector:
         for iface_state in (self.eth_counters, self.eth_decay):
             iface_state.compact(ifaces)
         self.eth_was_up = ifaces.take(self.eth_was_up, False)
-        return out
 
     def _clear_after(self, kind: str, rule: str) -> float:
         """An incident's healthy period before it resolves, as the rules below open it."""

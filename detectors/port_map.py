@@ -84,9 +84,10 @@ class PortMap:
         if len(first):
             pair_name = idx[first]  # each admitted new pair's name, in order of first appearance
             registered: dict[int, int] = {}  # provisional code -> the real one
-            for j in pair_name.tolist():  # their new names registered in that order (replays agree)
+            # their new names registered in that order (replays agree): once per name
+            for j in pair_name[first_appearances(provisional[pair_name])].tolist():
                 c = int(provisional[j])
-                if c >= n_real and c not in registered:
+                if c >= n_real:
                     registered[c] = self.names.row(names[j])
             # -1: a name only refused pairs have, never registered
             real = np.fromiter(
@@ -98,6 +99,10 @@ class PortMap:
             code = real[idx]
             ent = np.where(code >= 0, self._find((rows << _SHIFT) | np.maximum(code, 0)), -1)
         return ent
+
+    def unplaced(self) -> bool:
+        """Whether some entity's node is not in the index (restored from a snapshot that held it)."""
+        return bool((self.row_of < 0).any())
 
     def take_refused(self) -> int:
         """Elements refused since the last call (the node stage counts them in its metrics)."""
@@ -162,7 +167,7 @@ class PortMap:
         by_ent = sorted(triples, key=lambda t: int(t[2]))
         rows = np.fromiter((at.get(saved[int(r)], -1) for r, _k, _e in by_ent), np.int64, n)
         codes = self.names.lookup([str(k) for _r, k, _e in by_ent])
-        placed = rows >= 0  # (a node the index does not have: never looked up, dropped at compaction)
+        placed = rows >= 0  # (a node the index does not have: the detector compacts them away)
         if len(np.unique(((rows << _SHIFT) | codes)[placed])) != int(placed.sum()):
             raise ValueError(f"{self.what} rows name one port twice")
         self.row_of, self.code_of = rows, codes

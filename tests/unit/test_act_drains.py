@@ -274,3 +274,19 @@ def test_the_results_book_keeps_a_bounded_number_of_requests(monkeypatch: pytest
     assert kept == [False, False, True, True, True]
     assert rig.decide(T0 + 3000) == [] and all(rig.task.nodes[f"n{i}"].confirmed for i in range(5))
     assert rig.metric("fleetwatch_act_drain_budget_used") == 5
+
+
+def test_wrong_node_answers_after_the_genuine_one_do_not_push_it_out() -> None:
+    """A defective adapter answering one request for many other nodes after its genuine answer:
+    the genuine one stays filed; a `duplicate` answer with no answer before it leaves no entry."""
+    rig = Rig({"n1"}, budget_min_nodes=1)
+    [real] = rig.feed(finding("n1", ts=T0))
+    rig.result(real, "executed")
+    for i in range(20):
+        rig.result(real, "executed", node=f"other-{i}")
+    assert "n1" in [a.node for a in rig.results.answers(real["request_id"], real["signature"])]
+    assert rig.decide(T0 + 10) == [] and rig.task.nodes["n1"].confirmed
+    before = len(rig.results)
+    ghost = {**real, "request_id": "f" * 32}
+    rig.result(ghost, "duplicate")
+    assert len(rig.results) == before

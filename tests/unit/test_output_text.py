@@ -174,3 +174,23 @@ def test_the_slurm_publisher_logs_an_unparsable_line_as_a_quoted_literal(
     assert "unparsable Slurm" in caplog.text
     assert "\x1b" not in caplog.text and "\r" not in caplog.text
     assert "\\r\\x1b[2K" in caplog.text  # the text is there, quoted
+
+
+def test_a_summary_full_of_markup_stays_within_its_limit() -> None:
+    """Making a Markdown link plain lengthens it (`](` becomes `] (`): two hung mounts whose
+    paths are 127 of them each (within the 256 a path may have) made a summary past 500
+    characters, which the finding's own check refused, failing the node's whole batch."""
+    from tests.unit.test_detect_node_checks import T0 as T1
+    from tests.unit.test_detect_node_checks import detect
+    from tests.unit.test_detect_node_checks import sample as node_sample
+
+    path = "/" + "](" * 127
+    checks = {
+        "mounts": [
+            {"path": path, "problem": "hung", "fstype": "nfs", "took_s": 12.5},
+            {"path": path + "x", "problem": "hung", "fstype": "nfs", "took_s": 12.5},
+        ]
+    }
+    hung = {"mounts_hung": 2, "mounts_missing": 0}
+    found = detect([node_sample(T1 + k, host=hung, checks=checks) for k in range(3)])
+    assert found and all(len(f["summary"]) <= schemas.MAX_SUMMARY and plain(f["summary"]) for f in found)

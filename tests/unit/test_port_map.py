@@ -178,3 +178,26 @@ def test_a_joined_batch_through_the_detector_snapshots_and_restores() -> None:
     state = orjson.loads(det.to_bytes())
     back = HardwareDetector.from_state(state, HardwareConfig(), restored_index(det.index))
     assert back.ib_map.triples() == det.ib_map.triples()
+
+
+def test_ports_of_a_node_the_restoring_index_lacks_are_dropped_at_restore() -> None:
+    """A hardware snapshot naming a node the task's index does not hold (an older layout, or an
+    index of its own): that node's ports and their counters go at the restore, so the next
+    snapshot restores too (it would have named them with a row no restore takes)."""
+    from fleetwatch.detectors.node_index import NodeIndex
+
+    det = HardwareDetector(HardwareConfig())
+    msgs = [
+        telemetry(n, T0 + k * STEP, 2, seq=k + 1, ib=[ib_port("mlx5_0", 1), ib_port("mlx5_1", 1)])
+        for k in range(3)
+        for n in ("n0", "n1")
+    ]
+    run(msgs, det)
+    state = orjson.loads(det.to_bytes())
+    only_n1 = NodeIndex(["n1"], [T0 + 2 * STEP])
+    back = HardwareDetector.from_state(state, HardwareConfig(), only_n1)
+    assert back.ib_map.triples() == [[0, "mlx5_0/1", 0], [0, "mlx5_1/1", 1]]
+    assert len(back.ib_counters.last_val) >= 2 and back.ib_map.n == 2
+    state = orjson.loads(back.to_bytes())
+    again = HardwareDetector.from_state(state, HardwareConfig(), restored_index(only_n1))
+    assert again.ib_map.triples() == back.ib_map.triples()
