@@ -19,9 +19,7 @@ from fleetwatch.alerts.slurm import NodeInfo
 from fleetwatch.alerts.slurm_nodes import make_record
 from tests.helpers.findings import finding
 from tests.integration.act_rig import KEY, ActRig, free_port, metric, wait_for_metric
-from tests.integration.services import BESIDE_SLURM, TopicTail
-
-pytestmark = BESIDE_SLURM
+from tests.integration.services import TopicTail
 
 RESUMED = "fleetwatch_act_resumed_by_hand_total"
 USED = "fleetwatch_act_drain_budget_used"

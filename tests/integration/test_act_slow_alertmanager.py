@@ -16,9 +16,7 @@ from typing import Any
 
 from tests.helpers.findings import finding
 from tests.integration.act_rig import ActRig, free_port, metric
-from tests.integration.services import BESIDE_SLURM, TopicTail
-
-pytestmark = BESIDE_SLURM
+from tests.integration.services import TopicTail
 
 
 class SlowProxy:

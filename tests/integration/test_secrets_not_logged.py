@@ -9,9 +9,9 @@ import sys
 import uuid
 
 from tests.helpers.paths import REPO
-from tests.integration.services import BESIDE_SLURM
+from tests.integration.services import APART
 
-pytestmark = BESIDE_SLURM  # (balance: scripts/test.sh)
+pytestmark = APART  # (balance: scripts/test.sh)
 
 
 def run_cli(env: dict[str, str], *argv: str) -> str:

@@ -25,8 +25,10 @@ from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
 from tests.helpers.messages import telemetry
 from tests.helpers.paths import REPO
-from tests.integration.services import TopicTail, partition_count
+from tests.integration.services import APART, TopicTail, partition_count
 from tests.integration.workers import counting_stage, produce
+
+pytestmark = APART
 
 
 def _names() -> tuple[str, str, str, str]:
