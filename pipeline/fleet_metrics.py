@@ -56,8 +56,9 @@ LATENCY = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
 COLD_NODES = 256  # per-node series exported per worker for nodes not warm yet (worst health first)
-# per-node series exported per worker in all (worst health first): names warm up by reporting
-# steadily, which an agent that makes them up can do too; twice a 16k-GPU fleet's nodes
+# per-node series exported per worker in all (worst health first), where its tasks' configuration
+# says none ([detect.node] exported_nodes): names warm up by reporting steadily, which an agent that
+# makes them up can do too; twice a 16k-GPU fleet's nodes
 MAX_EXPORTED_NODES = 4096
 
 CONSUMER_LAG = Gauge(
@@ -203,9 +204,10 @@ class FleetStateCollector(Collector):
                     cold.append((h, node))
         cold.sort()
         hidden = {node for _, node in cold[COLD_NODES:]}
-        if len(healths) - len(hidden) > MAX_EXPORTED_NODES:
+        limit = max((getattr(src, "exported_nodes", MAX_EXPORTED_NODES) for src in nodes), default=0)
+        if len(healths) - len(hidden) > limit:
             shown = sorted((h, node) for node, h, _st in healths if node not in hidden)
-            hidden.update(node for _h, node in shown[MAX_EXPORTED_NODES:])
+            hidden.update(node for _h, node in shown[limit:])
         held = GaugeMetricFamily(
             "fleetwatch_detect_nodes", "nodes this worker holds, warm or not yet", labels=["warmth"]
         )
@@ -214,7 +216,7 @@ class FleetStateCollector(Collector):
         unexported = GaugeMetricFamily(
             "fleetwatch_detect_nodes_unexported",
             f"nodes whose per-node series are not exported: not warm yet beyond {COLD_NODES} per worker, "
-            f"or any beyond {MAX_EXPORTED_NODES} (the worst health first are exported)",
+            "or any beyond [detect.node] exported_nodes (4096; the worst health first are exported)",
         )
         unexported.add_metric([], len(hidden))
         for node, h, st in healths:

@@ -75,6 +75,12 @@ class NodeTaskConfig:
         gt=0,
     )
     forget_every_s: float = knob(60.0, "event-time period (s) of the check for nodes to forget", gt=0)
+    exported_nodes: int = knob(
+        fleet_metrics.MAX_EXPORTED_NODES,
+        "nodes whose per-node /metrics series a worker exports at most, the worst health first (the "
+        "rest counted in fleetwatch_detect_nodes_unexported); made-up names kept reporting warm up too",
+        gt=0,
+    )
     max_nodes: int = knob(
         8192,
         "node names one partition holds at most; samples of a new name past it are dead-lettered "
@@ -241,6 +247,11 @@ class NodeTask:
             out += self._features(batch, nodes, jobs)
         out += self._sweep(float(batch.ts.max()), ctx.seen)
         return out
+
+    @property
+    def exported_nodes(self) -> int:
+        """How many nodes' series the worker's collector exports at most (fleet_metrics)."""
+        return self.config.exported_nodes
 
     def _within_max_nodes(self, batch: TelemetryBatch) -> TelemetryBatch:
         """The batch without the samples of new names that would take the index past max_nodes

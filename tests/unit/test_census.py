@@ -286,11 +286,10 @@ def test_no_record_raises_out_of_the_census(key: bytes | None, value: bytes | No
     assert c.fleet_size() <= 1 and set(c.refused()) <= set(REFUSE_REASONS)
 
 
-def test_warm_made_up_names_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Names kept reporting steadily warm up, made up or not: at most MAX_EXPORTED_NODES nodes'
-    series in all (here 30 of 50 warm nodes), the worst health first, the rest counted."""
-    monkeypatch.setattr(fleet_metrics, "MAX_EXPORTED_NODES", 30)
-    task = NodeTask(JobTable(), NodeTaskConfig(warm_up_s=60.0))
+def test_warm_made_up_names_are_bounded_too() -> None:
+    """Names kept reporting steadily warm up, made up or not: at most [detect.node] exported_nodes
+    nodes' series in all (here 30 of 50 warm nodes), the worst health first, the rest counted."""
+    task = NodeTask(JobTable(), NodeTaskConfig(warm_up_s=60.0, exported_nodes=30))
     collector = fleet_metrics.FleetStateCollector()
     collector.add_nodes(task)
     names = [f"warm-{i:02d}" for i in range(50)]
