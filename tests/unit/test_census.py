@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -202,20 +203,33 @@ def test_the_node_stage_writes_the_run_and_a_gone_record_before_each_tombstone()
         task.close()
 
 
+def watched(**config: Any) -> tuple[NodeTask, fleet_metrics.FleetStateCollector]:
+    """A node task (a warm-up of 60 s, and `config`) whose metrics a collector of its own exports."""
+    task = NodeTask(JobTable(), NodeTaskConfig(warm_up_s=60.0, **config))
+    collector = fleet_metrics.FleetStateCollector()
+    collector.add_nodes(task)
+    return task, collector
+
+
+def report_steadily(task: NodeTask, names: list[str], sick: str | None = None) -> None:
+    """A sample of each node every 10 s for 120 s (past the warm-up); `sick` falls off the bus at
+    the last."""
+    for t in range(0, 121, 10):
+        msgs = [telemetry(node=n, ts=T0 + t, seq=t) for n in names]
+        for m in msgs:
+            if t == 120 and m["node"] == sick:
+                m["gpus"][2]["xids"] = [79]
+        task.process(topics.TELEMETRY, TelemetryBatch.from_messages(msgs))
+
+
 def test_metrics_stay_bounded_under_a_flood_of_new_names() -> None:
     """10,000 made-up names, one sample each: every warm node keeps its series, at most COLD_NODES
     others are exported (those with the worst health first), the rest are counted. (More names
     than a partition holds by default: the bound on the series, not max_nodes, is tested here.)"""
-    task = NodeTask(JobTable(), NodeTaskConfig(warm_up_s=60.0, max_nodes=20_000))
-    collector = fleet_metrics.FleetStateCollector()
-    collector.add_nodes(task)
+    task, collector = watched(max_nodes=20_000)
     steady_nodes = [f"steady-{i:02d}" for i in range(20)]
     try:
-        for t in range(0, 121, 10):
-            task.process(
-                topics.TELEMETRY,
-                TelemetryBatch.from_messages([telemetry(node=n, ts=T0 + t, seq=t) for n in steady_nodes]),
-            )
+        report_steadily(task, steady_nodes)
         flood = [telemetry(node=f"made-up-{i:05d}", ts=T0 + 121, seq=1) for i in range(10_000)]
         sick = telemetry(node="made-up-sick", ts=T0 + 121, seq=1)
         sick["gpus"][2]["xids"] = [79]
@@ -289,16 +303,10 @@ def test_no_record_raises_out_of_the_census(key: bytes | None, value: bytes | No
 def test_warm_made_up_names_are_bounded_too() -> None:
     """Names kept reporting steadily warm up, made up or not: at most [detect.node] exported_nodes
     nodes' series in all (here 30 of 50 warm nodes), the worst health first, the rest counted."""
-    task = NodeTask(JobTable(), NodeTaskConfig(warm_up_s=60.0, exported_nodes=30))
-    collector = fleet_metrics.FleetStateCollector()
-    collector.add_nodes(task)
+    task, collector = watched(exported_nodes=30)
     names = [f"warm-{i:02d}" for i in range(50)]
     try:
-        for t in range(0, 121, 10):
-            msgs = [telemetry(node=n, ts=T0 + t, seq=t) for n in names]
-            if t == 120:
-                msgs[-1]["gpus"][2]["xids"] = [79]  # warm-49 falls off the bus
-            task.process(topics.TELEMETRY, TelemetryBatch.from_messages(msgs))
+        report_steadily(task, names, sick="warm-49")
         families = {f.name: f for f in collector.collect()}
         warmth = {s.labels["warmth"]: s.value for s in families["fleetwatch_detect_nodes"].samples}
         assert warmth == {"warm": 50, "cold": 0}
