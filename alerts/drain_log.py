@@ -107,8 +107,8 @@ class ResultBook:
         self._ignored = (metrics or ActMetrics()).results_ignored
         self._lock = threading.Lock()
         self._refusals = RefusalLog(log)  # a flood of them must not flood the log
-        # request id -> (request signature, node named) -> the answer
-        self._by_id: dict[str, dict[tuple[str, str], Result]] = {}
+        # request id -> request signature (a copy of the request) -> node named -> the answer
+        self._by_id: dict[str, dict[str, dict[str, Result]]] = {}
 
     def apply(
         self, _key: bytes | None, value: bytes | None, now: float | None = None, broker: bool = False
@@ -143,31 +143,36 @@ class ResultBook:
             m["request_id"], m["node"], m["action"], m["outcome"], m["detail"], sig, float(m["ts"]), seen
         )
         with self._lock:
-            answers = self._by_id.get(r.request_id, {})
-            slot = (sig, r.node)
+            copies = self._by_id.get(r.request_id, {})
+            named = copies.get(sig, {})
             if r.outcome == drain_result.DUPLICATE:
                 # "handled before": the answer to this copy is the first answer to the request id
                 # about the same node, which the adapter gave to a request that verified too (same
                 # node, action and findings: the id hashes them), e.g. one act issued before a restart.
                 first = next(
-                    (a for a in answers.values() if a.node == r.node and a.outcome != drain_result.DUPLICATE),
+                    (
+                        a
+                        for answers in copies.values()
+                        for a in answers.values()
+                        if a.node == r.node and a.outcome != drain_result.DUPLICATE
+                    ),
                     None,
                 )
-                if first is None or slot in answers:
+                if first is None or r.node in named:
                     return
                 r = replace(first, request_signature=sig)  # the same request id: answers are by id
-            old = answers.get(slot)
-            if old is None and sum(s == sig for s, _node in answers) >= MAX_NODES_NAMED:
+            old = named.get(r.node)
+            if old is None and len(named) >= MAX_NODES_NAMED:
                 # a copy of a request answered for this many nodes already: the answers stored
                 # first stay (the genuine one among them), more wrong ones are not kept
                 return
-            if old is None or old.outcome != drain_result.EXECUTED:  # done is done
-                answers[slot] = r
-            while len({s for s, _node in answers}) > MAX_ANSWERS:  # the oldest copy's answers leave
-                first = next(iter(answers))[0]
-                for key in [k for k in answers if k[0] == first]:
-                    del answers[key]
-            self._by_id[r.request_id] = answers
+            if old is not None and old.outcome == drain_result.EXECUTED:  # done is done
+                return
+            named[r.node] = r
+            copies[sig] = named
+            while len(copies) > MAX_ANSWERS:  # the oldest copy's answers leave
+                del copies[next(iter(copies))]
+            self._by_id[r.request_id] = copies
             while len(self._by_id) > MAX_REQUESTS:
                 del self._by_id[next(iter(self._by_id))]
 
@@ -181,5 +186,4 @@ class ResultBook:
         the adapter answers, and more than one only where an answer names another node than the
         request (the caller, who knows the request's node, files the right one)."""
         with self._lock:
-            got = self._by_id.get(request_id, {})
-            return tuple(r for (sig, _node), r in got.items() if sig == request_signature)
+            return tuple(self._by_id.get(request_id, {}).get(request_signature, {}).values())
