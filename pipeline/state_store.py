@@ -141,21 +141,16 @@ def read_snapshots(
     for prefix, key in prefixes.items():
         found[key] = _assemble(records, prefix, key, on_lost)
     if stored is not None:
-        for prefix, key in prefixes.items():
-            stored[key] = _chunk_numbers(records, prefix)
+        stored.update((key, set()) for key in prefixes.values())
+        for k, v in records.items():  # one pass: chunk numbers below MAX_CHUNKS with a live record
+            prefix, _, part = k.rpartition(b"/")
+            key = prefixes.get(prefix + b"/")
+            if key is None or v is None or not part.startswith(b"chunk-"):
+                continue
+            digits = part[6:]
+            if 0 < len(digits) <= 5 and digits.isdigit() and int(digits) < MAX_CHUNKS:
+                stored[key].add(int(digits))
     return found
-
-
-def _chunk_numbers(records: dict[bytes, bytes | None], prefix: bytes) -> set[int]:
-    """The chunk numbers below MAX_CHUNKS with a live record under `prefix`."""
-    out: set[int] = set()
-    for k, v in records.items():
-        if v is None or not k.startswith(prefix + b"chunk-"):
-            continue
-        digits = k[len(prefix) + 6 :]
-        if 0 < len(digits) <= 5 and digits.isdigit() and int(digits) < MAX_CHUNKS:
-            out.add(int(digits))
-    return out
 
 
 def _assemble(
