@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TextIO, TypeVar
-
-T = TypeVar("T")
+from typing import TextIO
 
 
 def open_text(path: str, *, errors: str = "strict", newline: str | None = None) -> TextIO:
@@ -25,10 +24,20 @@ def open_text(path: str, *, errors: str = "strict", newline: str | None = None) 
         raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def read_guard(lines: Iterable[T], path: str) -> Iterator[T]:
-    """`lines` (a file's lines, or a reader over them), a read error part way through (EIO from a
-    failing disk, a network file system gone) turned into a one-line error: ValueError, which
-    fleetwatch.cli turns into status 2, with what was written until then standing."""
+@contextlib.contextmanager
+def read_lines(path: str, *, errors: str = "strict", newline: str | None = None) -> Iterator[Iterator[str]]:
+    """The lines of open_text(path, ...), a file closed at the end (stdin is not); a read error part
+    way through (EIO from a failing disk, a network file system gone) is a one-line error:
+    ValueError, which fleetwatch.cli turns into status 2, with what was written until then standing."""
+    source = open_text(path, errors=errors, newline=newline)
+    try:
+        yield _guarded(source, "stdin" if path == "-" else path)
+    finally:
+        if path != "-":
+            source.close()
+
+
+def _guarded(lines: Iterable[str], where: str) -> Iterator[str]:
     it = iter(lines)
     while True:
         try:
@@ -36,6 +45,5 @@ def read_guard(lines: Iterable[T], path: str) -> Iterator[T]:
         except StopIteration:
             return
         except OSError as e:
-            where = "stdin" if path == "-" else path
             raise ValueError(f"cannot read {where}: {e.strerror or e}") from None
         yield item

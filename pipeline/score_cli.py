@@ -44,7 +44,7 @@ from typing import TextIO
 import numpy as np
 
 from fleetwatch.detectors.multivariate import MultivariateScorer
-from fleetwatch.text_input import open_text, read_guard
+from fleetwatch.text_input import read_lines
 
 log = logging.getLogger("fleetwatch.score")
 
@@ -133,12 +133,8 @@ def _score_stream(src: Iterable[str], out: TextIO, column: str, timestamp: str) 
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    src = open_text(args.csv, newline="")  # the csv module's newlines; unreadable: exit 2
-    try:
-        rows = score_stream(read_guard(src, args.csv), sys.stdout, args.column, args.timestamp)
-    finally:
-        if args.csv != "-":
-            src.close()
+    with read_lines(args.csv, newline="") as lines:  # the csv module's newlines; unreadable: exit 2
+        rows = score_stream(lines, sys.stdout, args.column, args.timestamp)
     sys.stdout.flush()
     dt = time.perf_counter() - t0
     log.info("scored %d rows in %.2f s (%.0f rows/s)", rows, dt, rows / dt if dt > 0 else 0.0)

@@ -11,7 +11,6 @@ lines read, lines that are no kernel log line, lines that broke an event's gramm
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import sys
 from collections.abc import Iterable, Iterator
@@ -22,7 +21,7 @@ import orjson
 from fleetwatch.collectors.kernel_log.events import EventParser, KernelEvent, pci_address
 from fleetwatch.collectors.kernel_log.lines import LineReader, utc_offset
 from fleetwatch.detectors.kernel_events import judge
-from fleetwatch.text_input import open_text, read_guard
+from fleetwatch.text_input import read_lines
 
 MAX_GPU_INDEX = 4095
 
@@ -83,13 +82,10 @@ def run(args: argparse.Namespace) -> int:
     reader = LineReader(year=args.year, tz=utc_offset_flag(args.utc_offset))
     parser = EventParser()
     n = 0
-    with contextlib.ExitStack() as stack:
-        # bytes that are not UTF-8 are kept as escapes, from a file and from stdin alike
-        source = open_text(args.file, errors="backslashreplace")
-        if args.file != "-":
-            stack.enter_context(source)
+    # bytes that are not UTF-8 are kept as escapes, from a file and from stdin alike
+    with read_lines(args.file, errors="backslashreplace") as lines:
         out = sys.stdout.buffer
-        for event in events_of(read_guard(source, args.file), reader, parser, gpus):
+        for event in events_of(lines, reader, parser, gpus):
             out.write(orjson.dumps(event) + b"\n")
             n += 1
         out.flush()

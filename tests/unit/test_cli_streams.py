@@ -34,7 +34,7 @@ def test_score_reports_a_read_error_part_way_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rows = ["timestamp,value\n", *(f"{i},{i % 7}\n" for i in range(5))]
-    monkeypatch.setattr("fleetwatch.pipeline.score_cli.open_text", lambda *_a, **_k: FailingText(rows))
+    monkeypatch.setattr("fleetwatch.text_input.open_text", lambda *_a, **_k: FailingText(rows))
     assert cli.main(["score", "--csv", "data.csv", "--column", "value"]) == 2
     out, err = capsys.readouterr()
     assert err.strip().splitlines() == ["fleetwatch score: cannot read data.csv: Input/output error"]
@@ -45,7 +45,7 @@ def test_xids_reports_a_read_error_part_way_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = ["[ 12.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"]
-    monkeypatch.setattr("fleetwatch.pipeline.xids.open_text", lambda *_a, **_k: FailingText(lines))
+    monkeypatch.setattr("fleetwatch.text_input.open_text", lambda *_a, **_k: FailingText(lines))
     assert cli.main(["xids", "-"]) == 2
     _out, err = capsys.readouterr()
     assert err.strip().splitlines() == ["fleetwatch xids: cannot read stdin: Input/output error"]
