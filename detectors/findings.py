@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 
 from fleetwatch import schemas, signing
-from fleetwatch.plain_text import clean_text, no_markup
+from fleetwatch.plain_text import plain_line
 
 # The schema, its kinds and its limits live in the core (fleetwatch/schemas.py), which decodes
 # finding/1 without importing this layer.
@@ -90,8 +90,7 @@ def make_finding(
         severity=severity,
         score=float(score),
         # one plain line: its parts name ports, devices, paths and processes as the node's agent sent them
-        # (the cut last: making markup plain lengthens a `](`)
-        summary=clean_text(no_markup(summary), MAX_SUMMARY),
+        summary=plain_line(summary, MAX_SUMMARY),
         evidence=bounded_evidence({"rule": rule, **evidence}),
         first_seen=float(first_seen),
         ts=float(ts),

@@ -8,6 +8,8 @@ others read as one line: an alert's summary, a Slurm reason, a log line, a chat 
   `<!channel>`, `<@user>`, `<url|text>`) become the single guillemets, and `](` (a Markdown link)
   becomes `] (`. Alertmanager sends an annotation as it is; a receiver's template that shows the
   summary would otherwise let one node's made-up device name page a whole channel with a link.
+- `plain_line`: both, the cut last (making markup plain lengthens a `](`): what a finding's summary
+  is, and an alert's.
 """
 
 from __future__ import annotations
@@ -42,3 +44,8 @@ def clean_text(value: object, limit: int = 200) -> str:
 def no_markup(text: str) -> str:
     """`text` with chat markup made plain (above)."""
     return text.translate(_MARKUP).replace("](", "] (")
+
+
+def plain_line(text: str, limit: int) -> str:
+    """`text` as one bounded line with no chat markup (above)."""
+    return clean_text(no_markup(text), limit)
