@@ -38,7 +38,8 @@ from typing import Any
 
 import orjson
 
-from fleetwatch.plain_text import no_markup
+from fleetwatch import schemas
+from fleetwatch.plain_text import no_markup, plain_line
 
 EVIDENCE_MAX = 1500
 # where the pages are when act serves nothing (no --metrics-port): a path in its own package, which
@@ -179,7 +180,8 @@ class AlertBuilder:
         if len(evidence) > EVIDENCE_MAX:
             evidence = evidence[: EVIDENCE_MAX - 3] + "..."
         annotations = {
-            "summary": no_markup(str(f["summary"])),  # (detect's are plain; a finding of another writer)
+            # detect's are plain already; one of an earlier release holds the node's text as sent
+            "summary": plain_line(str(f["summary"]), schemas.MAX_SUMMARY),
             "evidence": evidence,
             "runbook_url": self.runbook_base + runbook_page(str(f["kind"])),
             "finding_id": str(f["id"]),

@@ -290,3 +290,33 @@ def test_a_broker_outage_in_the_middle_of_a_flood_loses_nothing_and_drains_each_
     finally:
         drains.close()
         rig.close()
+
+
+def test_a_genuine_finding_whose_text_carries_markup_and_escapes_pages_one_plain_line(
+    rig: ActRig, topic_tail: Callable[[str], TopicTail]
+) -> None:
+    """A finding detect signed whose summary and evidence hold a node's text as it sent it (a detect
+    of an earlier release made nothing plain): chat mentions and links, a forged line after a
+    newline, terminal escapes, a bidi override. The real act pages it to the real Alertmanager as
+    one plain line, the evidence still JSON without markup, and drains the node once."""
+    n = f"markup-{rig.group}"
+    drains = topic_tail(rig.drains)
+    rig.census(n)
+    rig.act("--fleet-size", "10", "--budget-min-nodes", "3")
+    rig.wait_for_log(0, "assigned")
+    f = finding(n, ts=time.time() - 1)
+    f["summary"] = (
+        f"{n}: XID 79 on <!channel> <https://evil.example|re-auth>\n2026 INFO ok\x1b[2K\u202e [x](y)"
+    )
+    f["evidence"] = {**f["evidence"], "device": "<@here>\r\n\x1b]8;;https://evil\x07"}
+    rig.send_raw((n, signed(f, CENSUS_KEY)))
+    got = rig.am.wait_for(lambda a: any(x["labels"].get("node") == n for x in a), cluster=rig.cluster)
+    [alert] = [a for a in got if a["labels"]["node"] == n and a["labels"]["alertname"] == "FleetwatchXid"]
+    summary, evidence = alert["annotations"]["summary"], alert["annotations"]["evidence"]
+    for text in (summary, evidence):
+        assert not any(c in text for c in "<>\n\r\x1b\u202e") and "](" not in text, repr(text)
+    assert summary.startswith(f"{n}: XID 79 on \u2039!channel\u203a")  # what the node sent, made plain
+    assert orjson.loads(evidence)["device"].startswith("\u2039@here\u203a")
+    out = drains.collect(lambda rs: len(issued(rs)) >= 1, timeout_s=30)
+    out += drains.collect(lambda rs: False, timeout_s=2)
+    assert [r.key for r in issued(out)] == [n.encode()], rig.logs()
