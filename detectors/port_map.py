@@ -52,8 +52,8 @@ class PortMap:
 
     def entities(self, rows: np.ndarray, names: Sequence[str], idx: np.ndarray) -> np.ndarray:
         """Entity row of each element: node row rows[i], name names[idx[i]] (`names`: the batch's
-        distinct names). New pairs get new entities in order of first appearance while their node
-        is under the cap; -1 for an element whose pair is refused."""
+        name list, which may hold a name twice). New pairs get new entities in order of first
+        appearance while their node is under the cap; -1 for an element whose pair is refused."""
         # a name not registered yet gets a provisional code past every real one, one per name (a
         # batch's list may hold one name twice: the decoder keeps its list as the message had it)
         held, n_real = self.names.rows, len(self.names)
@@ -157,9 +157,9 @@ class PortMap:
     def restore(self, triples: list[list[Any]], saved: list[str], at: dict[str, int]) -> None:
         """A snapshot's triples, its node rows (`saved`: their names) placed by this index's rows
         (`at`: name -> row). Entity rows must be 0..n-1, each once, and each node row in range: a
-        hostile record on the state topic must not size arrays past the worker's memory. A node
-        this index no longer has keeps its entities' rows (dropped at the next compaction: -1 row
-        is no node's)."""
+        hostile record on the state topic must not size arrays past the worker's memory. The
+        entities of a node this index does not have get row -1 (no node's), for the caller to
+        compact away with their counters (HardwareDetector.from_state does)."""
         n = len(triples)
         ents = [int(e) for _r, _k, e in triples]
         if sorted(ents) != list(range(n)) or not all(0 <= int(r) < len(saved) for r, _k, _e in triples):
