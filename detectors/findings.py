@@ -174,6 +174,28 @@ class Forgotten:
         return self.last_seen[node] + self.after_s
 
 
+QUIET_JOB, CROWDED_OUT = "quiet", "max_jobs"  # why the job stage forgot a running job
+
+
+@dataclass(frozen=True, slots=True)
+class ForgottenJob:
+    """A running job the job stage forgets (pipeline/job_members.py) without having seen it end:
+    quiet for its forget_after_s (a missed end), or pushed out by its max_jobs. Every job detector
+    resolves its findings in the job, as forgotten, and drops its state of the job."""
+
+    job: str
+    at: float  # the event time it is forgotten at
+    unseen_for_s: float  # how long before `at` its last record was
+    reason: str  # QUIET_JOB or CROWDED_OUT
+
+    @property
+    def why(self) -> str:
+        """What a resolved finding's summary says."""
+        if self.reason == QUIET_JOB:
+            return f"job forgotten: no record of it for {self.unseen_for_s:.0f} s, its end missed"
+        return "job forgotten: its partition holds as many running jobs as it may"
+
+
 @dataclass(slots=True)
 class Incident:
     node: str
@@ -195,10 +217,13 @@ class Incident:
     def key(self) -> Key:
         return (self.node, self.gpu, self.job, self.kind, self.rule)
 
-    def finding(self, ts: float, resolved: bool = False, unseen_for_s: float | None = None) -> dict[str, Any]:
+    def finding(
+        self, ts: float, resolved: bool = False, unseen_for_s: float | None = None, why: str | None = None
+    ) -> dict[str, Any]:
         """The finding/1 of this incident at `ts`. Resolved with `unseen_for_s`: not healthy but
-        forgotten (the node sent nothing for that long), which the evidence says, so that act
-        ends the alert without taking the node for repaired (alerts/policy.py)."""
+        forgotten (the node sent nothing for that long; `why`, where something else was forgotten,
+        says what), which the evidence says, so that act ends the alert without taking the node for
+        repaired (alerts/policy.py)."""
         evidence = dict(self.evidence)
         summary = self.summary
         if resolved and unseen_for_s is not None:
@@ -208,7 +233,8 @@ class Incident:
                 resolution=FORGOTTEN,
                 unseen_for_s=round(unseen_for_s, 3),
             )
-            summary = f"resolved (node forgotten: no telemetry for {unseen_for_s:.0f} s): {summary}"
+            why = why or f"node forgotten: no telemetry for {unseen_for_s:.0f} s"
+            summary = f"resolved ({why}): {summary}"
         elif resolved:
             evidence.update(last_bad_ts=self.last_bad, healthy_for_s=self.clear_after, bad_samples=self.count)
             summary = f"resolved: {summary}"

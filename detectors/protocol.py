@@ -19,13 +19,14 @@ detectors/registry.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from fleetwatch.detectors.batch import TelemetryBatch
-from fleetwatch.detectors.findings import Forgotten, IncidentBook
+from fleetwatch.detectors.findings import Forgotten, ForgottenJob, IncidentBook
 from fleetwatch.detectors.job_batch import JobBatch
 from fleetwatch.detectors.node_index import CLOCK_LEAD_S, Admission, NodeIndex
 from fleetwatch.detectors.rows import Compaction
@@ -130,6 +131,12 @@ class JobDetector(Protocol):
 
     def observe(self, batch: JobBatch) -> list[Finding]:
         """Learn from records of one job-keyed partition, in offset order (any of the three schemas)."""
+        ...
+
+    def forget(self, gone: Sequence[ForgottenJob]) -> list[Finding]:
+        """Resolve these running jobs' open incidents as forgotten (each at its `at`, saying why)
+        and drop their state: the stage forgot them without seeing them end
+        (pipeline/job_members.py)."""
         ...
 
     def to_state(self) -> Any: ...

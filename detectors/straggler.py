@@ -41,7 +41,7 @@ import numpy as np
 import orjson
 
 from fleetwatch.config import knob
-from fleetwatch.detectors.findings import IncidentBook, severity_score
+from fleetwatch.detectors.findings import ForgottenJob, IncidentBook, severity_score
 from fleetwatch.detectors.job_batch import FEATURES_RECORD, JOB_RECORD, STEP_RECORD, JobBatch
 
 NAN = np.nan
@@ -218,6 +218,20 @@ class StragglerDetector:
             inc = self.book.open.pop(key)
             out.append(inc.finding(max(ts, inc.last_bad), resolved=True))
         for k in [k for k in self.windows if k[0] == job]:
+            del self.windows[k]
+        return out
+
+    def forget(self, gone: Sequence[ForgottenJob]) -> list[dict[str, Any]]:
+        """The JobDetector protocol: the stage forgot these running jobs (a missed end, its bound):
+        their findings resolve as forgotten, their windows go."""
+        forgotten = {j.job: j for j in gone}
+        out = []
+        for key in [k for k in self.book.open if k[2] in forgotten]:
+            job = forgotten[key[2]]
+            inc = self.book.open.pop(key)
+            out.append(inc.finding(max(job.at, inc.last_bad), resolved=True, unseen_for_s=job.unseen_for_s,
+                                   why=job.why))  # fmt: skip
+        for k in [k for k in self.windows if k[0] in forgotten]:
             del self.windows[k]
         return out
 

@@ -38,6 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import REGISTRY, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fleetwatch.detectors.findings import CROWDED_OUT, QUIET_JOB
 from fleetwatch.schemas import FINDING_KINDS
 
 FINDINGS = Counter(
@@ -136,6 +137,15 @@ class FleetStateCollector(Collector):
             ["kind"],
             registry=None,
         )
+        self.jobs_forgotten = Counter(
+            "fleetwatch_detect_jobs_forgotten_total",
+            "running jobs the job stage forgot without seeing them end: no record for forget_after_s "
+            "(reason quiet: the job/1 publisher missed its end) or past max_jobs / max_members (max_jobs)",
+            ["reason"],
+            registry=None,
+        )
+        for reason in (QUIET_JOB, CROWDED_OUT):  # exported at 0: an alert rule sees the series
+            self.jobs_forgotten.labels(reason)
         self.stale_job_records = Counter(
             "fleetwatch_detect_stale_job_records_total",
             "step and node-feature records dropped as duplicate, out of order, or sent after their job ended",
@@ -263,6 +273,7 @@ class FleetStateCollector(Collector):
             self.nodes_forgotten,
             self.ports_refused,
             self.stale_job_records,
+            self.jobs_forgotten,
         ):
             yield from counter.collect()
 

@@ -24,6 +24,17 @@ loses its oldest record first), and `hold_s` of event time: a held record is ref
 job's records are hold_s newer, or, for a job that went quiet, once the partition's are 2 x hold_s
 newer, so that one record stamped up to hold_s ahead (the broker's clock check allows 60 s) cannot
 cut another job's hold short.
+
+The running jobs are bounded too (RunningConfig): a job/1 publisher that missed a job's end (the
+adapter was down when the job ended) leaves it running here for good, with its detectors' windows
+and any open finding in it; and job/1 records are unsigned (the topic's ACL guards them), so a
+flood of made-up jobs must not grow the stage without bound. A running job without any record
+(its job/1, a step or a feature record taken) for `forget_after_s` of the partition's event time is
+forgotten, and the jobs past `max_jobs`, or listing more than `max_members` nodes in all, are
+forgotten the least recently active first. A forgotten job's detectors resolve its findings as
+forgotten (act ends their alerts without taking the node for repaired) and drop their state of
+it; its later records are judged as any job's whose job/1 the stage has not read (the worker's
+JobTable, else the hold).
 """
 
 from __future__ import annotations
@@ -36,7 +47,9 @@ from typing import Any, Protocol
 
 from fleetwatch import schemas, topics
 from fleetwatch.config import knob
+from fleetwatch.detectors.findings import CROWDED_OUT, QUIET_JOB, ForgottenJob
 from fleetwatch.detectors.job_batch import ENDED_STATES
+from fleetwatch.pipeline.job_table import MAX_RUNNING
 from fleetwatch.pipeline.tasks import Refused
 from fleetwatch.schemas import JOB, NODE_FEATURES, STEP
 
@@ -53,6 +66,29 @@ class HoldConfig:
     hold_records: int = knob(4096, "records held at once, all jobs together (bounds memory)", ge=0)
 
 
+@dataclass(frozen=True)
+class RunningConfig:
+    forget_after_s: float = knob(
+        86400.0,
+        "a running job with no record this long (event time, s) is forgotten, its findings resolved "
+        "(its end was missed); inf: never",
+        gt=0,
+    )
+    forget_every_s: float = knob(60.0, "event-time period (s) of the check for jobs to forget", gt=0)
+    max_jobs: int = knob(
+        MAX_RUNNING,
+        "running jobs one partition keeps at most, the least recently active forgotten first "
+        "(job/1 records are unsigned: the topic's ACL guards them)",
+        gt=0,
+    )
+    max_members: int = knob(
+        1_048_576,
+        "nodes listed by the running jobs of one partition, all jobs together, at most (a job/1 may "
+        "list 32768): past it the least recently active jobs are forgotten",
+        gt=0,
+    )
+
+
 class NodesOf(Protocol):
     """What the stage reads of the worker's JobTable (pipeline/job_table.py)."""
 
@@ -62,10 +98,22 @@ class NodesOf(Protocol):
 class JobMembers:
     """Each running job's nodes, and the records held for jobs whose nodes are not known yet."""
 
-    def __init__(self, config: HoldConfig | None = None, table: NodesOf | None = None) -> None:
+    def __init__(
+        self,
+        config: HoldConfig | None = None,
+        table: NodesOf | None = None,
+        running: RunningConfig | None = None,
+    ) -> None:
         self.cfg = config or HoldConfig()
+        self.bounds = running or RunningConfig()
         self.table = table  # configuration, not state: the worker's JobTable, if it has one
         self.nodes: dict[str, frozenset[str]] = {}
+        self.n_members = 0  # the nodes `nodes` lists, all jobs together
+        # running job -> the ts of its newest record taken (its job/1 or a step or feature record),
+        # in the order they were last active: the least recently active first
+        self.active: OrderedDict[str, float] = OrderedDict()
+        self.clock = -math.inf  # the newest ts of any record of the partition, job/1 included
+        self.swept = -math.inf  # the clock at the last check for quiet jobs
         # job -> its run's start_ts (None where job/1 gives none), for running and ended jobs
         self.start: dict[str, float | None] = {}
         self.ended: OrderedDict[str, float | None] = OrderedDict()  # newest last
@@ -75,6 +123,7 @@ class JobMembers:
         self.newest = -math.inf  # the newest step or feature ts of the partition
         self._index: dict[int, int] = {}  # id(msg) -> its place in the current call's messages
         self.late = 0  # records of ended jobs the latest admit() dropped (see _expire)
+        self.forgotten: list[ForgottenJob] = []  # running jobs the latest admit() forgot, in order
 
     # ------------------------------------------------------------ the gate
 
@@ -85,7 +134,9 @@ class JobMembers:
         refused: list[Refused] = []
         self._index = {}
         self.late = 0
+        self.forgotten = []
         for i, m in enumerate(msgs):
+            self.clock = max(self.clock, float(m["ts"]))
             if m["schema"] == JOB:
                 if not self._stale(m):
                     taken.append(m)
@@ -98,11 +149,15 @@ class JobMembers:
                 self._hold(m, i, refused)
             elif m["node"] in nodes:
                 taken.append(m)
+                self._touch(job, ts)
             else:
                 refused.append(self._refusal(m, NOT_IN_JOB, f"the job/1 of {job} does not list this node", i))
         for job in [j for j in self.held if j not in self.ended]:  # the table may know them by now
             self._nodes_of(job, self.span[job][1], taken, refused)
         self._expire(refused)
+        self._crowd()
+        if self.clock - self.swept >= self.bounds.forget_every_s:
+            self._sweep()
         self._index = {}
         return taken, refused
 
@@ -120,8 +175,7 @@ class JobMembers:
         job = m["job"]
         start = None if m.get("start_ts") is None else float(m["start_ts"])
         if m["state"] in ENDED_STATES:
-            self.nodes.pop(job, None)
-            self.start.pop(job, None)
+            self._drop(job)
             self.ended[job] = start
             self.ended.move_to_end(job)
             while len(self.ended) > ENDED_MEMORY:
@@ -132,6 +186,7 @@ class JobMembers:
         self.ended.pop(job, None)
         self.start[job] = start
         self._learn(job, m["nodes"], taken, refused)
+        self._touch(job, float(m["ts"]))
 
     def _nodes_of(
         self, job: str, ts: float, taken: list[dict[str, Any]], refused: list[Refused]
@@ -144,18 +199,55 @@ class JobMembers:
             return None
         # the detectors learn the nodes as from a job/1, so they too drop any other node they hold
         taken.append({"schema": JOB, "job": job, "nodes": list(listed), "state": "running", "ts": ts})
-        return self._learn(job, listed, taken, refused)
+        nodes = self._learn(job, listed, taken, refused)
+        self._touch(job, ts)
+        return nodes
 
     def _learn(
         self, job: str, listed: Sequence[str], taken: list[dict[str, Any]], refused: list[Refused]
     ) -> frozenset[str]:
-        nodes = self.nodes[job] = frozenset(listed)
+        nodes = frozenset(listed)
+        self.n_members += len(nodes) - len(self.nodes.get(job, ()))
+        self.nodes[job] = nodes
         for r in self._unhold(job):
             if r["node"] in nodes:
                 taken.append(r)
             else:
                 refused.append(self._refusal(r, NOT_IN_JOB, f"the job/1 of {job} does not list this node"))
         return nodes
+
+    # ------------------------------------------------------------ running jobs, bounded
+
+    def _touch(self, job: str, ts: float) -> None:
+        """A record of the running job was taken at ts: it is active."""
+        last = self.active.pop(job, -math.inf)
+        self.active[job] = last if last >= ts else ts  # NaN (a snapshot without it) gives way
+
+    def _drop(self, job: str) -> None:
+        self.n_members -= len(self.nodes.pop(job, ()))
+        self.start.pop(job, None)
+        self.active.pop(job, None)
+
+    def _forget(self, job: str, at: float, reason: str) -> None:
+        last = self.active.get(job, at)
+        self._drop(job)
+        unseen = at - last if at >= last else 0.0  # NaN: a snapshot's job never active since
+        self.forgotten.append(ForgottenJob(job, at, unseen, reason))
+
+    def _crowd(self) -> None:
+        """Past max_jobs or max_members: the least recently active jobs go, at the partition's
+        clock."""
+        lim = self.bounds
+        while self.active and (len(self.active) > lim.max_jobs or self.n_members > lim.max_members):
+            self._forget(next(iter(self.active)), self.clock, CROWDED_OUT)
+
+    def _sweep(self) -> None:
+        """Forget the running jobs quiet for forget_after_s, each at its last record + forget_after_s
+        (which depends on the job alone, not on when the check ran: a replay resolves the same)."""
+        self.swept = self.clock
+        after = self.bounds.forget_after_s
+        for job in [job for job, last in self.active.items() if self.clock - last > after]:
+            self._forget(job, self.active[job] + after, QUIET_JOB)
 
     # ------------------------------------------------------------ the hold
 
@@ -221,17 +313,31 @@ class JobMembers:
             "ended": [[job, start] for job, start in self.ended.items()],
             "held": [[job, list(q)] for job, q in self.held.items()],
             "newest": None if self.newest == -math.inf else self.newest,
+            "active": [[job, None if math.isnan(t) else t] for job, t in self.active.items()],
+            "clock": None if self.clock == -math.inf else self.clock,
         }
 
     @classmethod
     def from_state(
-        cls, d: dict[str, Any] | None, config: HoldConfig | None = None, table: NodesOf | None = None
+        cls,
+        d: dict[str, Any] | None,
+        config: HoldConfig | None = None,
+        table: NodesOf | None = None,
+        running: RunningConfig | None = None,
     ) -> JobMembers:
-        """None: a snapshot from before the check, which knew no job's nodes (the table does)."""
-        self = cls(config, table)
+        """None: a snapshot from before the check, which knew no job's nodes (the table does). More
+        running jobs than this deployment's bounds are forgotten at the next admit()."""
+        self = cls(config, table, running)
         if d is None:
             return self
         self.nodes = {job: frozenset(nodes) for job, nodes in d["nodes"].items()}
+        self.n_members = sum(len(nodes) for nodes in self.nodes.values())
+        # a snapshot of an earlier release knew no job's last record: NaN, until its next record
+        active = {job: math.nan if t is None else float(t) for job, t in d.get("active", ())}
+        self.active = OrderedDict((job, active.get(job, math.nan)) for job in active if job in self.nodes)
+        for job in self.nodes.keys() - self.active.keys():
+            self.active[job] = math.nan
+        self.clock = -math.inf if d.get("clock") is None else float(d["clock"])
         self.start = {job: None if t is None else float(t) for job, t in d["start"].items()}
         self.ended = OrderedDict((job, None if t is None else float(t)) for job, t in d["ended"])
         if len(self.ended) > ENDED_MEMORY:

@@ -22,7 +22,7 @@ from fleetwatch.detectors.protocol import JobDetector
 from fleetwatch.detectors.registry import JOB_DETECTORS
 from fleetwatch.detectors.straggler import StragglerConfig, StragglerDetector
 from fleetwatch.pipeline import fleet_metrics
-from fleetwatch.pipeline.job_members import HoldConfig, JobMembers, NodesOf
+from fleetwatch.pipeline.job_members import HoldConfig, JobMembers, NodesOf, RunningConfig
 from fleetwatch.pipeline.tasks import Output, Refused
 from fleetwatch.schemas import JOB
 
@@ -37,6 +37,9 @@ class JobTaskConfig:
     )
     hold: HoldConfig = field(
         default_factory=HoldConfig, metadata=why("records of a job waiting for its job/1")
+    )
+    running: RunningConfig = field(
+        default_factory=RunningConfig, metadata=why("running jobs the stage keeps: a missed end, a flood")
     )
 
 
@@ -61,7 +64,7 @@ class JobTask:
             if getattr(self, reg.name) is None:
                 setattr(self, reg.name, reg.detector(getattr(self.config, reg.name)))
         if self.members is None:
-            self.members = JobMembers(self.config.hold, self.jobs)
+            self.members = JobMembers(self.config.hold, self.jobs, self.config.running)
         if self.metrics is not None:
             self.metrics.add_jobs(self)
 
@@ -90,10 +93,18 @@ class JobTask:
         if self.members.late and self.metrics is not None:
             self.metrics.stale_job_records.inc(self.members.late)
         fresh = self._fresh(taken)
-        if not fresh:
-            return []
-        batch = JobBatch.from_records(fresh)
-        return [(topics.FINDINGS, f["node"], f) for d in self.detectors for f in d.observe(batch)]
+        found = []
+        if fresh:
+            batch = JobBatch.from_records(fresh)
+            found = [f for d in self.detectors for f in d.observe(batch)]
+        gone = self.members.forgotten  # after what the batch brought: the least recently active go
+        if gone:
+            for job in gone:
+                self.last_ts.pop(job.job, None)
+                if self.metrics is not None:
+                    self.metrics.jobs_forgotten.labels(job.reason).inc()
+            found += [f for d in self.detectors for f in d.forget(gone)]
+        return [(topics.FINDINGS, f["node"], f) for f in found]
 
     def _fresh(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
@@ -137,5 +148,5 @@ class JobTask:
             reg.name: reg.detector.from_state(d[reg.name], getattr(config, reg.name)) for reg in JOB_DETECTORS
         }
         # snapshots before the membership check have no "members": the JobTable tells the nodes
-        members = JobMembers.from_state(d.get("members"), config.hold, jobs)
+        members = JobMembers.from_state(d.get("members"), config.hold, jobs, config.running)
         return cls(config, **detectors, last_ts=d["last_ts"], jobs=jobs, members=members, metrics=metrics)
