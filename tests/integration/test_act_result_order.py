@@ -111,3 +111,44 @@ def test_an_answer_naming_another_node_than_its_request_is_counted_once_and_neve
     assert metric(port, "fleetwatch_act_drains_pending") == 0
     assert metric(port, wrong_node) == 1
     assert act.poll() is None, rig.logs()
+
+
+def test_more_wrong_node_answers_than_a_request_keeps_leave_the_drain_pending_and_alerted(
+    rig: ActRig, topic_tail: Callable[[str], TopicTail]
+) -> None:
+    """A defective adapter (it holds the drain key) answers n's request for five other nodes before
+    it answers for n. act keeps at most four answers per request copy (alerts/drain_log.py: memory
+    bounded against the adapter's own floods), the first four, so n's genuine answer is not kept:
+    the drain stays pending, holds its budget slot, and once --pending-timeout passes act says so
+    (FleetwatchDrainRefused, adapter:no_result). Nothing is hidden and nothing counts as drained."""
+    n = f"flooded-{rig.group}"
+    others = [f"wrong{i}-{rig.group}" for i in range(5)]
+    drains = topic_tail(rig.drains)
+    rig.census(n, *others)
+    port = free_port()
+    act = rig.act(
+        "--fleet-size", "10", "--budget-min-nodes", "3", "--metrics-port", str(port), "--pending-timeout", "3"
+    )
+    rig.wait_for_log(0, "assigned")
+    rig.send(finding(n, ts=time.time() - 1))
+    request = request_for(n, drains)
+    for m in others:
+        wrong = drain_result.make_result(
+            request_id=request["request_id"], node=m, action="drain", outcome="executed", detail="",
+            ts=time.time(), request_signature=request["signature"], key=KEY.encode(),
+        )  # fmt: skip
+        rig.producer.send(rig.results, key=m.encode(), value=schemas.encode(wrong))
+    rig.flush()
+    rig.result(request, "executed")  # the genuine answer, sixth
+    wrong_node = 'fleetwatch_act_drain_results_ignored_total{reason="wrong_node"}'
+    assert wait_for_metric(port, wrong_node, 1), rig.logs()  # counted once for the request
+    refused = rig.am.wait_for(
+        lambda a: any(x["labels"]["alertname"] == "FleetwatchDrainRefused" for x in a), cluster=rig.cluster
+    )
+    [alert] = [a for a in refused if a["labels"]["alertname"] == "FleetwatchDrainRefused"]
+    assert (alert["labels"]["node"], alert["labels"]["reason"]) == (n, "adapter:no_result"), rig.logs()
+    assert request["request_id"] in alert["annotations"]["summary"]
+    assert metric(port, "fleetwatch_act_drains_pending") == 1
+    assert metric(port, USED) == 0  # nothing counts as drained
+    steady(port, wrong_node, 1, for_s=2)
+    assert act.poll() is None, rig.logs()
