@@ -76,17 +76,31 @@ def _columns(header: list[str], column: str, timestamp: str) -> tuple[int, int |
     return names.index(column), ts
 
 
-def _chunks(reader: Iterator[list[str]]) -> Iterator[list[list[str]]]:
-    while chunk := list(islice(reader, CHUNK_ROWS)):
-        yield chunk
+def _chunks(reader: Iterator[list[str]]) -> Iterator[tuple[list[list[str]], ValueError | None]]:
+    """Rows in chunks, each with the error that cut it short (None: whole): the rows read before a
+    read error or an unreadable CSV record are scored and written before the command stops."""
+    while True:
+        chunk: list[list[str]] = []
+        try:
+            chunk.extend(islice(reader, CHUNK_ROWS))
+        except csv.Error as e:
+            yield chunk, ValueError(f"not a readable CSV: {e}")
+            return
+        except ValueError as e:  # a read error part way (fleetwatch.text_input), bytes not UTF-8
+            yield chunk, e
+            return
+        if not chunk:
+            return
+        yield chunk, None
 
 
 def score_stream(src: Iterable[str], out: TextIO, column: str, timestamp: str) -> int:
     """Score ``src`` into ``out``; returns the number of data rows. What the csv module cannot
-    read (a field past its 128 KiB limit) is a ValueError, not a traceback."""
+    read (a field past its 128 KiB limit) is a ValueError, not a traceback; every row before the
+    first that cannot be read or scored is written first."""
     try:
         return _score_stream(src, out, column, timestamp)
-    except csv.Error as e:
+    except csv.Error as e:  # the header's
         raise ValueError(f"not a readable CSV: {e}") from None
 
 
@@ -105,29 +119,35 @@ def _score_stream(src: Iterable[str], out: TextIO, column: str, timestamp: str) 
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(("timestamp", "value", "anomaly_score"))
     r = 0  # data row number
-    for chunk in _chunks(reader):
+    for chunk, bad in _chunks(reader):
         raws, stamps, values = [], [], []
         for rec in chunk:
             if not rec:
                 if not single:
                     continue  # a blank line between rows
                 rec = [""]  # one-column CSV: a blank line is a missing value
-            if len(rec) <= need:
-                short = column if len(rec) <= vi else timestamp  # the one of the two the row lacks
-                at = vi if short == column else ti
-                raise ValueError(f"row {r}: has {len(rec)} fields, column {short!r} is field {at + 1}")
-            raw = rec[vi]
-            values.append(_parse(raw, r, column))
+            try:
+                if len(rec) <= need:
+                    short = column if len(rec) <= vi else timestamp  # the one of the two the row lacks
+                    at = vi if short == column else ti
+                    raise ValueError(f"row {r}: has {len(rec)} fields, column {short!r} is field {at + 1}")
+                raw = rec[vi]
+                values.append(_parse(raw, r, column))
+            except ValueError as e:
+                bad = e
+                break
             raws.append(raw.strip())
             stamps.append(rec[ti] if ti is not None else str(r))
             r += 1
-        if not values:
-            continue
-        x = np.array(values).reshape(-1, 1)
-        scores = scorer.update(np.zeros(len(x), dtype=np.int64), x, sequential=True).score.tolist()
-        writer.writerows(
-            (ts, raw, "" if s != s else f"{s:.6f}") for ts, raw, s in zip(stamps, raws, scores, strict=True)
-        )
+        if values:
+            x = np.array(values).reshape(-1, 1)
+            scores = scorer.update(np.zeros(len(x), dtype=np.int64), x, sequential=True).score.tolist()
+            writer.writerows(
+                (ts, raw, "" if s != s else f"{s:.6f}")
+                for ts, raw, s in zip(stamps, raws, scores, strict=True)
+            )
+        if bad is not None:
+            raise bad
     return r
 
 

@@ -38,7 +38,28 @@ def test_score_reports_a_read_error_part_way_in_one_line(
     assert cli.main(["score", "--csv", "data.csv", "--column", "value"]) == 2
     out, err = capsys.readouterr()
     assert err.strip().splitlines() == ["fleetwatch score: cannot read data.csv: Input/output error"]
-    assert out.splitlines()[0] == "timestamp,value,anomaly_score"  # the stream until the error
+    # the stream until the error: every row read before it, scored (warming up: no score yet)
+    assert out.splitlines() == ["timestamp,value,anomaly_score", *(f"{i},{i % 7}," for i in range(5))]
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [("abc", "row 5: column 'value' is not numeric"), ("9" * 200_000, "not a readable CSV")],
+)
+def test_score_writes_every_row_before_the_first_it_cannot_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str, needle: str
+) -> None:
+    """The rows before a bad one are scored and written, however far into a chunk of rows it is: the
+    output is a stream and the rows before the error stand (contract); the status says the rest
+    does not."""
+    data = tmp_path / "data.csv"
+    data.write_bytes(
+        ("timestamp,value\n" + "".join(f"{i},{i % 7}\n" for i in range(5)) + f"5,{bad}\n6,1\n").encode()
+    )
+    assert cli.main(["score", "--csv", str(data), "--column", "value"]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+    assert out.splitlines() == ["timestamp,value,anomaly_score", *(f"{i},{i % 7}," for i in range(5))]
 
 
 def test_xids_reports_a_read_error_part_way_in_one_line(
