@@ -174,26 +174,28 @@ class Forgotten:
         return self.last_seen[node] + self.after_s
 
 
-QUIET_JOB, CROWDED_OUT = "quiet", "max_jobs"  # why the job stage forgot a running job
+# why the job stage forgot a running job (pipeline/job_members.py): its bound on running jobs, or on
+# the nodes they list in all
+TOO_MANY_JOBS, TOO_MANY_MEMBERS = "max_jobs", "max_members"
 
 
 @dataclass(frozen=True, slots=True)
 class ForgottenJob:
-    """A running job the job stage forgets (pipeline/job_members.py) without having seen it end:
-    quiet for its forget_after_s (a missed end), or pushed out by its max_jobs. Every job detector
-    resolves its findings in the job, as forgotten, and drops its state of the job."""
+    """A running job the job stage forgets (pipeline/job_members.py) without having seen it end: its
+    partition went past max_jobs running jobs or max_members nodes in them, and this job was the
+    least recently active. Every job detector resolves its findings in the job, as forgotten, and
+    drops its state of the job."""
 
     job: str
-    at: float  # the event time it is forgotten at
+    at: float  # the event time it is forgotten at: the record that went past the bound
     unseen_for_s: float  # how long before `at` its last record was
-    reason: str  # QUIET_JOB or CROWDED_OUT
+    reason: str  # TOO_MANY_JOBS or TOO_MANY_MEMBERS
 
     @property
     def why(self) -> str:
         """What a resolved finding's summary says."""
-        if self.reason == QUIET_JOB:
-            return f"job forgotten: no record of it for {self.unseen_for_s:.0f} s, its end missed"
-        return "job forgotten: its partition holds as many running jobs as it may"
+        bound = "running jobs" if self.reason == TOO_MANY_JOBS else "the nodes its running jobs list"
+        return f"job forgotten: the least recently active at its partition's bound on {bound}"
 
 
 @dataclass(slots=True)

@@ -38,7 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import REGISTRY, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetwatch.detectors.findings import CROWDED_OUT, QUIET_JOB
+from fleetwatch.detectors.findings import TOO_MANY_JOBS, TOO_MANY_MEMBERS
 from fleetwatch.schemas import FINDING_KINDS
 
 FINDINGS = Counter(
@@ -139,12 +139,12 @@ class FleetStateCollector(Collector):
         )
         self.jobs_forgotten = Counter(
             "fleetwatch_detect_jobs_forgotten_total",
-            "running jobs the job stage forgot without seeing them end: no record for forget_after_s "
-            "(reason quiet: the job/1 publisher missed its end) or past max_jobs / max_members (max_jobs)",
+            "running jobs the job stage forgot without seeing them end, the least recently active past "
+            "its bound on running jobs (reason max_jobs) or on the nodes they list (max_members)",
             ["reason"],
             registry=None,
         )
-        for reason in (QUIET_JOB, CROWDED_OUT):  # exported at 0: an alert rule sees the series
+        for reason in (TOO_MANY_JOBS, TOO_MANY_MEMBERS):  # exported at 0: an alert rule sees the series
             self.jobs_forgotten.labels(reason)
         self.stale_job_records = Counter(
             "fleetwatch_detect_stale_job_records_total",

@@ -25,16 +25,19 @@ job's records are hold_s newer, or, for a job that went quiet, once the partitio
 newer, so that one record stamped up to hold_s ahead (the broker's clock check allows 60 s) cannot
 cut another job's hold short.
 
-The running jobs are bounded too (RunningConfig): a job/1 publisher that missed a job's end (the
-adapter was down when the job ended) leaves it running here for good, with its detectors' windows
-and any open finding in it; and job/1 records are unsigned (the topic's ACL guards them), so a
-flood of made-up jobs must not grow the stage without bound. A running job without any record
-(its job/1, a step or a feature record taken) for `forget_after_s` of the partition's event time is
-forgotten, and the jobs past `max_jobs`, or listing more than `max_members` nodes in all, are
-forgotten the least recently active first. A forgotten job's detectors resolve its findings as
-forgotten (act ends their alerts without taking the node for repaired) and drop their state of
-it; its later records are judged as any job's whose job/1 the stage has not read (the worker's
-JobTable, else the hold).
+The running jobs are bounded too (RunningConfig): job/1 records are unsigned (the topic's ACL guards
+them), so a flood of made-up running jobs must not grow the stage and its snapshot without bound (a
+probe measured 0.74 MB of snapshot per 1,000 running jobs). Past `max_jobs` running jobs, or
+`max_members` nodes listed by them in all, the least recently active jobs (the longest without a
+record taken: its job/1, a step or a feature record) are forgotten, at the time of the record that
+went past the bound, so which jobs go and when does not depend on how the stream was batched. A
+forgotten job's detectors resolve its findings as forgotten (act ends their alerts without taking
+the node for repaired) and drop their state of it; its later records are judged as any job's whose
+job/1 the stage has not read (the worker's JobTable, else the hold). Time does not forget a running
+job: a job's end is the publisher's to tell, and `slurm-jobs` publishes the end of a running job
+Slurm no longer lists (collectors/slurm_jobs/publisher.py), so an end it missed while down comes
+later; the node stage's features of a running job keep coming from the JobTable, which would keep
+such a job alive anyway.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import Any, Protocol
 
 from fleetwatch import schemas, topics
 from fleetwatch.config import knob
-from fleetwatch.detectors.findings import CROWDED_OUT, QUIET_JOB, ForgottenJob
+from fleetwatch.detectors.findings import TOO_MANY_JOBS, TOO_MANY_MEMBERS, ForgottenJob
 from fleetwatch.detectors.job_batch import ENDED_STATES
 from fleetwatch.pipeline.job_table import MAX_RUNNING
 from fleetwatch.pipeline.tasks import Refused
@@ -68,13 +71,6 @@ class HoldConfig:
 
 @dataclass(frozen=True)
 class RunningConfig:
-    forget_after_s: float = knob(
-        86400.0,
-        "a running job with no record this long (event time, s) is forgotten, its findings resolved "
-        "(its end was missed); inf: never",
-        gt=0,
-    )
-    forget_every_s: float = knob(60.0, "event-time period (s) of the check for jobs to forget", gt=0)
     max_jobs: int = knob(
         MAX_RUNNING,
         "running jobs one partition keeps at most, the least recently active forgotten first "
@@ -87,6 +83,9 @@ class RunningConfig:
         "list 32768): past it the least recently active jobs are forgotten",
         gt=0,
     )
+
+
+Taken = dict[str, Any] | ForgottenJob  # what admit() passes on, in order
 
 
 class NodesOf(Protocol):
@@ -112,8 +111,6 @@ class JobMembers:
         # running job -> the ts of its newest record taken (its job/1 or a step or feature record),
         # in the order they were last active: the least recently active first
         self.active: OrderedDict[str, float] = OrderedDict()
-        self.clock = -math.inf  # the newest ts of any record of the partition, job/1 included
-        self.swept = -math.inf  # the clock at the last check for quiet jobs
         # job -> its run's start_ts (None where job/1 gives none), for running and ended jobs
         self.start: dict[str, float | None] = {}
         self.ended: OrderedDict[str, float | None] = OrderedDict()  # newest last
@@ -127,16 +124,17 @@ class JobMembers:
 
     # ------------------------------------------------------------ the gate
 
-    def admit(self, msgs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Refused]]:
+    def admit(self, msgs: Sequence[dict[str, Any]]) -> tuple[list[Taken], list[Refused]]:
         """The records the job detectors may see, in order (job records, then any held records a
-        job/1 releases, and step or feature records of listed nodes), and those refused."""
-        taken: list[dict[str, Any]] = []
+        job/1 releases, and step or feature records of listed nodes), with each running job the
+        bounds forgot in its place among them (a ForgottenJob: what the detectors learnt of it
+        before it goes, and anything after it is a new start); and the records refused."""
+        taken: list[Taken] = []
         refused: list[Refused] = []
         self._index = {}
         self.late = 0
         self.forgotten = []
         for i, m in enumerate(msgs):
-            self.clock = max(self.clock, float(m["ts"]))
             if m["schema"] == JOB:
                 if not self._stale(m):
                     taken.append(m)
@@ -155,9 +153,6 @@ class JobMembers:
         for job in [j for j in self.held if j not in self.ended]:  # the table may know them by now
             self._nodes_of(job, self.span[job][1], taken, refused)
         self._expire(refused)
-        self._crowd()
-        if self.clock - self.swept >= self.bounds.forget_every_s:
-            self._sweep()
         self._index = {}
         return taken, refused
 
@@ -171,7 +166,7 @@ class JobMembers:
         again = job in self.ended and m["state"] not in ENDED_STATES
         return float(start) < known or (again and float(start) == known)
 
-    def _job(self, m: dict[str, Any], taken: list[dict[str, Any]], refused: list[Refused]) -> None:
+    def _job(self, m: dict[str, Any], taken: list[Taken], refused: list[Refused]) -> None:
         job = m["job"]
         start = None if m.get("start_ts") is None else float(m["start_ts"])
         if m["state"] in ENDED_STATES:
@@ -185,11 +180,10 @@ class JobMembers:
             return
         self.ended.pop(job, None)
         self.start[job] = start
-        self._learn(job, m["nodes"], taken, refused)
-        self._touch(job, float(m["ts"]))
+        self._learn(job, m["nodes"], float(m["ts"]), taken, refused)
 
     def _nodes_of(
-        self, job: str, ts: float, taken: list[dict[str, Any]], refused: list[Refused]
+        self, job: str, ts: float, taken: list[Taken], refused: list[Refused]
     ) -> frozenset[str] | None:
         nodes = self.nodes.get(job)
         if nodes is not None or job in self.ended or self.table is None:
@@ -199,16 +193,16 @@ class JobMembers:
             return None
         # the detectors learn the nodes as from a job/1, so they too drop any other node they hold
         taken.append({"schema": JOB, "job": job, "nodes": list(listed), "state": "running", "ts": ts})
-        nodes = self._learn(job, listed, taken, refused)
-        self._touch(job, ts)
-        return nodes
+        return self._learn(job, listed, ts, taken, refused)
 
     def _learn(
-        self, job: str, listed: Sequence[str], taken: list[dict[str, Any]], refused: list[Refused]
+        self, job: str, listed: Sequence[str], ts: float, taken: list[Taken], refused: list[Refused]
     ) -> frozenset[str]:
         nodes = frozenset(listed)
         self.n_members += len(nodes) - len(self.nodes.get(job, ()))
         self.nodes[job] = nodes
+        self._touch(job, ts)
+        self._crowd(ts, taken)
         for r in self._unhold(job):
             if r["node"] in nodes:
                 taken.append(r)
@@ -228,26 +222,27 @@ class JobMembers:
         self.start.pop(job, None)
         self.active.pop(job, None)
 
-    def _forget(self, job: str, at: float, reason: str) -> None:
+    def _forget(self, job: str, at: float, reason: str, taken: list[Taken]) -> None:
         last = self.active.get(job, at)
         self._drop(job)
-        unseen = at - last if at >= last else 0.0  # NaN: a snapshot's job never active since
-        self.forgotten.append(ForgottenJob(job, at, unseen, reason))
+        unseen = at - last if at >= last else 0.0  # NaN: a snapshot's job not active since
+        gone = ForgottenJob(job, at, unseen, reason)
+        self.forgotten.append(gone)
+        taken.append(gone)
 
-    def _crowd(self) -> None:
-        """Past max_jobs or max_members: the least recently active jobs go, at the partition's
-        clock."""
+    def _crowd(self, at: float, taken: list[Taken]) -> None:
+        """Past max_jobs or max_members, the least recently active jobs go, at `at` (the record
+        that went past): never the job just learnt, which is the most recent, so one job that lists
+        more than max_members nodes stays alone."""
         lim = self.bounds
-        while self.active and (len(self.active) > lim.max_jobs or self.n_members > lim.max_members):
-            self._forget(next(iter(self.active)), self.clock, CROWDED_OUT)
-
-    def _sweep(self) -> None:
-        """Forget the running jobs quiet for forget_after_s, each at its last record + forget_after_s
-        (which depends on the job alone, not on when the check ran: a replay resolves the same)."""
-        self.swept = self.clock
-        after = self.bounds.forget_after_s
-        for job in [job for job, last in self.active.items() if self.clock - last > after]:
-            self._forget(job, self.active[job] + after, QUIET_JOB)
+        while len(self.active) > 1:
+            if len(self.active) > lim.max_jobs:
+                why = TOO_MANY_JOBS
+            elif self.n_members > lim.max_members:
+                why = TOO_MANY_MEMBERS
+            else:
+                return
+            self._forget(next(iter(self.active)), at, why, taken)
 
     # ------------------------------------------------------------ the hold
 
@@ -314,7 +309,6 @@ class JobMembers:
             "held": [[job, list(q)] for job, q in self.held.items()],
             "newest": None if self.newest == -math.inf else self.newest,
             "active": [[job, None if math.isnan(t) else t] for job, t in self.active.items()],
-            "clock": None if self.clock == -math.inf else self.clock,
         }
 
     @classmethod
@@ -326,18 +320,22 @@ class JobMembers:
         running: RunningConfig | None = None,
     ) -> JobMembers:
         """None: a snapshot from before the check, which knew no job's nodes (the table does). More
-        running jobs than this deployment's bounds are forgotten at the next admit()."""
+        running jobs than this deployment's bounds are forgotten when the next job is learnt."""
         self = cls(config, table, running)
         if d is None:
             return self
         self.nodes = {job: frozenset(nodes) for job, nodes in d["nodes"].items()}
         self.n_members = sum(len(nodes) for nodes in self.nodes.values())
-        # a snapshot of an earlier release knew no job's last record: NaN, until its next record
-        active = {job: math.nan if t is None else float(t) for job, t in d.get("active", ())}
-        self.active = OrderedDict((job, active.get(job, math.nan)) for job in active if job in self.nodes)
-        for job in self.nodes.keys() - self.active.keys():
-            self.active[job] = math.nan
-        self.clock = -math.inf if d.get("clock") is None else float(d["clock"])
+        # a snapshot of an earlier release knew no job's last record: those jobs are the least
+        # recently active (in the snapshot's order), their time NaN until their next record
+        active: dict[str, float] = {}
+        for job, t in d.get("active", ()):
+            if t is not None and not (isinstance(t, int | float) and math.isfinite(t)):
+                raise ValueError(f"running job {str(job)[:64]!r}: last active {str(t)[:32]!r} is not a time")
+            if job in self.nodes:
+                active[job] = math.nan if t is None else float(t)
+        self.active = OrderedDict((job, math.nan) for job in self.nodes if job not in active)
+        self.active.update(active)
         self.start = {job: None if t is None else float(t) for job, t in d["start"].items()}
         self.ended = OrderedDict((job, None if t is None else float(t)) for job, t in d["ended"])
         if len(self.ended) > ENDED_MEMORY:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import groupby
+from typing import Any, cast
 
 import orjson
 
 from fleetwatch import topics
 from fleetwatch.config import why
+from fleetwatch.detectors.findings import ForgottenJob
 from fleetwatch.detectors.job_batch import ENDED_STATES, JobBatch
 from fleetwatch.detectors.protocol import JobDetector
 from fleetwatch.detectors.registry import JOB_DETECTORS
@@ -39,7 +41,7 @@ class JobTaskConfig:
         default_factory=HoldConfig, metadata=why("records of a job waiting for its job/1")
     )
     running: RunningConfig = field(
-        default_factory=RunningConfig, metadata=why("running jobs the stage keeps: a missed end, a flood")
+        default_factory=RunningConfig, metadata=why("running jobs the stage keeps at most (a flood of job/1)")
     )
 
 
@@ -92,18 +94,19 @@ class JobTask:
         taken, self.refused = self.members.admit(msgs)
         if self.members.late and self.metrics is not None:
             self.metrics.stale_job_records.inc(self.members.late)
-        fresh = self._fresh(taken)
-        found = []
-        if fresh:
-            batch = JobBatch.from_records(fresh)
-            found = [f for d in self.detectors for f in d.observe(batch)]
-        gone = self.members.forgotten  # after what the batch brought: the least recently active go
-        if gone:
-            for job in gone:
-                self.last_ts.pop(job.job, None)
-                if self.metrics is not None:
-                    self.metrics.jobs_forgotten.labels(job.reason).inc()
-            found += [f for d in self.detectors for f in d.forget(gone)]
+        found: list[dict[str, Any]] = []
+        # the records in order, and a job the bounds forgot in its place among them
+        for forgets, run in groupby(taken, key=lambda r: isinstance(r, ForgottenJob)):
+            if forgets:
+                gone = cast(list[ForgottenJob], list(run))
+                for job in gone:
+                    self.last_ts.pop(job.job, None)
+                    if self.metrics is not None:
+                        self.metrics.jobs_forgotten.labels(job.reason).inc()
+                found += [f for d in self.detectors for f in d.forget(gone)]
+            elif fresh := self._fresh(cast(list[dict[str, Any]], list(run))):
+                batch = JobBatch.from_records(fresh)
+                found += [f for d in self.detectors for f in d.observe(batch)]
         return [(topics.FINDINGS, f["node"], f) for f in found]
 
     def _fresh(self, msgs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

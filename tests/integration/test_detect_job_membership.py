@@ -10,14 +10,17 @@ run, so the shared topics carry nothing else that matches."""
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import orjson
+import pytest
 from prometheus_client import REGISTRY
 
 from fleetwatch import schemas, topics
-from fleetwatch.pipeline.job_stage import JobTask
-from tests.integration.services import TopicTail
+from fleetwatch.pipeline.job_members import RunningConfig
+from fleetwatch.pipeline.job_stage import JobTask, JobTaskConfig
+from tests.integration.services import TopicTail, send
 from tests.integration.workers import Detect, produce
 
 
@@ -112,3 +115,72 @@ def test_steps_for_a_node_outside_the_job_are_dead_lettered_and_never_judged(
     assert not [r for r in dlq.collect(lambda _rs: False, 1) if j2.encode() in r.value]
     findings.close()
     dlq.close()
+
+
+def _forgotten(reason: str) -> float:
+    return REGISTRY.get_sample_value("fleetwatch_detect_jobs_forgotten_total", {"reason": reason}) or 0.0
+
+
+def test_running_jobs_past_the_bound_are_forgotten_the_least_recently_active_first(
+    kafka_bootstrap: str,
+) -> None:
+    """job/1 records are unsigned: a flood of running jobs must not grow the stage without bound.
+    Through the real broker and worker, with [detect.job.running] max_jobs = 2: a job with an open
+    straggler finding, then two other jobs' job/1 on its partition.
+    The second pushes it out: its finding resolves as forgotten at that job/1's time, the worker
+    counts it, and the job's next steps start it afresh from the worker's job table."""
+    run = uuid.uuid4().hex[:6]
+    p = f"f{run}-"
+    d = Detect(kafka_bootstrap, run, job_config=JobTaskConfig(running=RunningConfig(max_jobs=2)))
+    findings = TopicTail(kafka_bootstrap, topics.FINDINGS)
+    try:
+        a, b, c = (f"{p}{n}" for n in "abc")
+        job = f"{p}job"
+        now = time.time()
+        before = _forgotten("max_jobs")
+        produce(kafka_bootstrap, topics.JOBS, _job(job, [a, b, c], now - 600))
+        deadline = time.monotonic() + 90
+        while not d.jobs.nodes_of(job) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        produce(kafka_bootstrap, topics.STEPS, _steps(job, [a, b, c], now - 560, 200, {c: 0.3}))
+
+        def mine(recs: list[Any]) -> list[dict[str, Any]]:
+            return [schemas.decode(r.value) for r in recs if r.key and r.key.startswith(p.encode())]
+
+        got = mine(findings.collect(lambda rs: any(not m["resolved"] for m in mine(rs)), 120))
+        assert {(m["node"], m["job"]) for m in got if not m["resolved"]} == {(c, job)}
+        others = [
+            {
+                "schema": "job/1",
+                "job": f"{p}other{i}",
+                "nodes": [f"{p}z{i}"],
+                "state": "running",
+                "ts": now - 300 + i,
+            }
+            for i in range(2)
+        ]
+        # on the job's partition (a record's key must name its job: the partition is given)
+        [part] = [
+            k[1] for k, t in list(d.worker.tasks.items()) if isinstance(t, JobTask) and job in t.members.nodes
+        ]
+        send(
+            kafka_bootstrap,
+            topics.JOBS,
+            [(o["job"].encode(), orjson.dumps(o)) for o in others],
+            partition=part,
+        )
+        got = mine(findings.collect(lambda rs: any(m["resolved"] for m in mine(rs)), 60))
+        assert d.thread.is_alive(), "the worker died"
+        [resolved] = [m for m in got if m["resolved"]]
+        assert (resolved["node"], resolved["job"]) == (c, job)
+        assert resolved["evidence"]["resolution"] == "forgotten"
+        assert resolved["ts"] == pytest.approx(now - 299, abs=1e-3)
+        assert "bound on running jobs" in resolved["summary"]
+        assert _forgotten("max_jobs") == before + 1
+        # its next steps: the job table knows the job, so they are judged, not held or refused
+        produce(kafka_bootstrap, topics.STEPS, _steps(job, [a, b, c], now - 290, 60, {c: 0.3}, start=300))
+        got = mine(findings.collect(lambda rs: len([m for m in mine(rs) if not m["resolved"]]) >= 1, 120))
+        assert {(m["node"], m["job"]) for m in got if not m["resolved"]} == {(c, job)}
+    finally:
+        findings.close()
+        d.close()

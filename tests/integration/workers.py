@@ -10,6 +10,7 @@ import time
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline import fleet_metrics
 from fleetwatch.pipeline.detect import stages
+from fleetwatch.pipeline.job_stage import JobTaskConfig
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.worker import Worker
 from fleetwatch.runtime import StopFlag
@@ -21,7 +22,13 @@ class Detect:
     """A detect worker (the stages `fleetwatch detect` runs) in its own group, positioned at the end
     of every input partition before the test produces anything, running on a thread."""
 
-    def __init__(self, bootstrap: str, run: str, census_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        run: str,
+        census_key: bytes | None = None,
+        job_config: JobTaskConfig | None = None,
+    ) -> None:
         self.jobs = JobTable()
         self.follower = JobTableFollower(self.jobs, KafkaBus(bootstrap))
         self.follower.start()
@@ -29,7 +36,7 @@ class Detect:
             bootstrap,
             f"test-hostile-{run}",
             # the tasks export to this process's /metrics, as `fleetwatch detect` wires them
-            stages(self.jobs, census_key=census_key, metrics=fleet_metrics.exported()),
+            stages(self.jobs, census_key=census_key, job_config=job_config, metrics=fleet_metrics.exported()),
             snapshot_every_s=3600,
             start_at="latest",
         )
