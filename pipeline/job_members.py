@@ -214,8 +214,13 @@ class JobMembers:
 
     def _touch(self, job: str, ts: float) -> None:
         """A record of the running job was taken at ts: it is active."""
-        last = self.active.pop(job, -math.inf)
-        self.active[job] = last if last >= ts else ts  # NaN (a snapshot without it) gives way
+        active = self.active
+        last = active.get(job)
+        if last is not None:
+            active.move_to_end(job)  # the most recently active last
+            if last >= ts:  # False for NaN (a snapshot without it): it gives way
+                return
+        active[job] = ts
 
     def _drop(self, job: str) -> None:
         self.n_members -= len(self.nodes.pop(job, ()))
