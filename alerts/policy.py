@@ -46,10 +46,11 @@ a refused or failed drain frees its slot (`apply_result`; only the adapter's ans
 request issued, bound to it by the request's signature, since request ids are predictable).
 Hysteresis: a drained node is resumed only after it has had no open warning/critical finding for
 `resume_after_s`; findings that resolved because the detectors forgot the node (it sent nothing
-for their forget_after_s, evidence `resolution: forgotten`) end their alerts but do not start that
-clock, so a node is never resumed for having gone away. Cooldown: a node that needs draining
-again within `cooldown_s` of an automatic resume is flapping: it is drained, and its next resume
-waits `cooldown_s` instead.
+for their forget_after_s) or the job stage forgot its job (past its bounds on running jobs), both
+with evidence `resolution: forgotten`, end their alerts but do not start that clock, so a node is
+never resumed for having gone away or for the stage having let go of a job. Cooldown: a node
+that needs draining again within `cooldown_s` of an automatic resume is flapping: it is drained,
+and its next resume waits `cooldown_s` instead.
 """
 
 from __future__ import annotations
@@ -287,8 +288,8 @@ class Policy:
             st.onset = ts
         if was_blocking and not st.blocking():
             # A finding resolved because its node was forgotten (no telemetry for the detectors'
-            # forget_after_s) says nothing about its health: a drained node that went away is not
-            # resumed for it. It stays drained, in Slurm and in the budget, as it did while silent.
+            # forget_after_s), or its job (the job stage's bounds), says nothing about its health: a
+            # drained node is not resumed for it. It stays drained, in Slurm and in the budget.
             st.healthy_since = None if _forgotten(f) else ts
         elif st.blocking():
             st.healthy_since = None

@@ -194,8 +194,12 @@ class ForgottenJob:
     @property
     def why(self) -> str:
         """What a resolved finding's summary says."""
-        bound = "running jobs" if self.reason == TOO_MANY_JOBS else "the nodes its running jobs list"
-        return f"job forgotten: the least recently active at its partition's bound on {bound}"
+        bound = (
+            "max_jobs running jobs"
+            if self.reason == TOO_MANY_JOBS
+            else "max_members nodes in its running jobs"
+        )
+        return f"job forgotten: the least recently active when its partition passed {bound}"
 
 
 @dataclass(slots=True)

@@ -78,6 +78,7 @@ class Signal:
 
 STEP_TIME = Signal("step_time_s", True, "s")
 SM_CLOCK = Signal("sm_clock_mhz", False, "MHz")
+SIGNALS = (STEP_TIME, SM_CLOCK)  # what a job's windows are keyed by, beside the job
 
 
 def loo_median(values: np.ndarray) -> np.ndarray:
@@ -231,8 +232,9 @@ class StragglerDetector:
             inc = self.book.open.pop(key)
             out.append(inc.finding(max(job.at, inc.last_bad), resolved=True, unseen_for_s=job.unseen_for_s,
                                    why=job.why))  # fmt: skip
-        for k in [k for k in self.windows if k[0] in forgotten]:
-            del self.windows[k]
+        for job in forgotten:  # by key, not a scan: a flood past the bound forgets a job per record
+            for sig in SIGNALS:
+                self.windows.pop((job, sig.name), None)
         return out
 
     def job_nodes(self, job: str, nodes: Sequence[str], ts: float) -> list[dict[str, Any]]:

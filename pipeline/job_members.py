@@ -33,7 +33,12 @@ record taken: its job/1, a step or a feature record) are forgotten, at the time 
 went past the bound, so which jobs go and when does not depend on how the stream was batched. A
 forgotten job's detectors resolve its findings as forgotten (act ends their alerts without taking
 the node for repaired) and drop their state of it; its later records are judged as any job's whose
-job/1 the stage has not read (the worker's JobTable, else the hold). Time does not forget a running
+job/1 the stage has not read (the worker's JobTable, else the hold); its start_ts and the newest
+record taken of it are remembered (the last ENDED_MEMORY jobs forgotten), so that a republished
+job/1 of an earlier run stays stale and a record taken before, sent again, is late rather than new.
+Which job is the least recently active depends on the order the worker polls the jobs and steps
+topics, as any decision across the two does; where the bounds are not reached it decides nothing.
+Time does not forget a running
 job: a job's end is the publisher's to tell, and `slurm-jobs` publishes the end of a running job
 Slurm no longer lists (collectors/slurm_jobs/publisher.py), so an end it missed while down comes
 later; the node stage's features of a running job keep coming from the JobTable, which would keep
@@ -111,6 +116,10 @@ class JobMembers:
         # running job -> the ts of its newest record taken (its job/1 or a step or feature record),
         # in the order they were last active: the least recently active first
         self.active: OrderedDict[str, float] = OrderedDict()
+        # jobs the bounds forgot while running -> (their start_ts, the newest ts of a record taken for
+        # them), the most recently forgotten last: a republished job/1 of an earlier run stays stale,
+        # and a record taken before the forget, redelivered, is late, not new (at most ENDED_MEMORY)
+        self.gone: OrderedDict[str, tuple[float | None, float]] = OrderedDict()
         # job -> its run's start_ts (None where job/1 gives none), for running and ended jobs
         self.start: dict[str, float | None] = {}
         self.ended: OrderedDict[str, float | None] = OrderedDict()  # newest last
@@ -142,6 +151,9 @@ class JobMembers:
                 continue
             job, ts = m["job"], float(m["ts"])
             self.newest = max(self.newest, ts)
+            if self._taken_before(job, ts):  # sent again: nothing to judge, nor to bring the job back for
+                self.late += 1
+                continue
             nodes = self._nodes_of(job, ts, taken, refused)
             if nodes is None:
                 self._hold(m, i, refused)
@@ -161,6 +173,8 @@ class JobMembers:
         start of a run that has ended (a requeued run has a start_ts of its own)."""
         job, start = m["job"], m.get("start_ts")
         known = self.start.get(job, self.ended.get(job))
+        if known is None and job in self.gone:
+            known = self.gone[job][0]
         if start is None or known is None:
             return False
         again = job in self.ended and m["state"] not in ENDED_STATES
@@ -171,6 +185,7 @@ class JobMembers:
         start = None if m.get("start_ts") is None else float(m["start_ts"])
         if m["state"] in ENDED_STATES:
             self._drop(job)
+            self.gone.pop(job, None)  # its late records are the ended job's (the hold)
             self.ended[job] = start
             self.ended.move_to_end(job)
             while len(self.ended) > ENDED_MEMORY:
@@ -193,6 +208,8 @@ class JobMembers:
             return None
         # the detectors learn the nodes as from a job/1, so they too drop any other node they hold
         taken.append({"schema": JOB, "job": job, "nodes": list(listed), "state": "running", "ts": ts})
+        if job in self.gone:  # the run the bounds forgot, back: its start_ts still tells stale job/1s
+            self.start[job] = self.gone[job][0]
         return self._learn(job, listed, ts, taken, refused)
 
     def _learn(
@@ -204,7 +221,9 @@ class JobMembers:
         self._touch(job, ts)
         self._crowd(ts, taken)
         for r in self._unhold(job):
-            if r["node"] in nodes:
+            if self._taken_before(job, float(r["ts"])):
+                self.late += 1
+            elif r["node"] in nodes:
                 taken.append(r)
             else:
                 refused.append(self._refusal(r, NOT_IN_JOB, f"the job/1 of {job} does not list this node"))
@@ -227,8 +246,19 @@ class JobMembers:
         self.start.pop(job, None)
         self.active.pop(job, None)
 
+    def _taken_before(self, job: str, ts: float) -> bool:
+        """A record of a job the bounds forgot, no newer than what was taken of it before: sent
+        again (at-least-once delivery), and the detectors have forgotten they had it."""
+        gone = self.gone.get(job)
+        return gone is not None and ts <= gone[1]
+
     def _forget(self, job: str, at: float, reason: str, taken: list[Taken]) -> None:
         last = self.active.get(job, at)
+        newest = max(last, self.gone[job][1]) if job in self.gone else last  # NaN: nothing known
+        self.gone.pop(job, None)
+        self.gone[job] = (self.start.get(job), newest if newest == newest else -math.inf)
+        while len(self.gone) > ENDED_MEMORY:
+            self.gone.popitem(last=False)
         self._drop(job)
         unseen = at - last if at >= last else 0.0  # NaN: a snapshot's job not active since
         gone = ForgottenJob(job, at, unseen, reason)
@@ -314,6 +344,10 @@ class JobMembers:
             "held": [[job, list(q)] for job, q in self.held.items()],
             "newest": None if self.newest == -math.inf else self.newest,
             "active": [[job, None if math.isnan(t) else t] for job, t in self.active.items()],
+            "gone": [
+                [job, start, None if newest == -math.inf else newest]
+                for job, (start, newest) in self.gone.items()
+            ],
         }
 
     @classmethod
@@ -329,30 +363,59 @@ class JobMembers:
         self = cls(config, table, running)
         if d is None:
             return self
-        self.nodes = {job: frozenset(nodes) for job, nodes in d["nodes"].items()}
+        # The state topic is a write path of its own: what a snapshot holds is checked here, so that
+        # a made-up one makes the partition start cold instead of raising at every record later.
+        self.nodes = {_name(job): frozenset(_name(n) for n in nodes) for job, nodes in d["nodes"].items()}
         self.n_members = sum(len(nodes) for nodes in self.nodes.values())
         # a snapshot of an earlier release knew no job's last record: those jobs are the least
         # recently active (in the snapshot's order), their time NaN until their next record
         active: dict[str, float] = {}
         for job, t in d.get("active", ()):
-            if t is not None and not (isinstance(t, int | float) and math.isfinite(t)):
-                raise ValueError(f"running job {str(job)[:64]!r}: last active {str(t)[:32]!r} is not a time")
             if job in self.nodes:
-                active[job] = math.nan if t is None else float(t)
+                active[job] = _time(t, f"running job {str(job)[:64]!r}: last active", none=math.nan)
         self.active = OrderedDict((job, math.nan) for job in self.nodes if job not in active)
         self.active.update(active)
-        self.start = {job: None if t is None else float(t) for job, t in d["start"].items()}
-        self.ended = OrderedDict((job, None if t is None else float(t)) for job, t in d["ended"])
+        self.start = {_name(job): _time(t, f"job {job[:64]!r}: start_ts") for job, t in d["start"].items()}
+        if not self.start.keys() <= self.nodes.keys():
+            raise ValueError("the snapshot gives a start_ts for a job that is not running")
+        self.ended = OrderedDict(
+            (_name(job), _time(t, f"job {job[:64]!r}: start_ts")) for job, t in d["ended"]
+        )
         if len(self.ended) > ENDED_MEMORY:
             raise ValueError(f"{len(self.ended)} ended jobs in the snapshot (at most {ENDED_MEMORY})")
+        if self.ended.keys() & self.nodes.keys():
+            raise ValueError("the snapshot holds a job as running and as ended")
+        for job, start, newest in d.get("gone", ()):
+            self.gone[_name(job)] = (_time(start, "start_ts"), _time(newest, "newest", none=-math.inf))
+        if len(self.gone) > ENDED_MEMORY:
+            raise ValueError(f"{len(self.gone)} forgotten jobs in the snapshot (at most {ENDED_MEMORY})")
         for job, records in d["held"]:
+            if job in self.held:
+                raise ValueError(f"the snapshot holds records of {str(job)[:64]!r} twice")
             # a held record is judged later as the decoder passed it: one the state topic made up
             # must be refused here (the partition starts cold), not raise at every replay
             self.held[job] = deque(schemas.validate(r, HELD_SCHEMAS) for r in records)
+            if any(r["job"] != job for r in self.held[job]):
+                raise ValueError(f"the snapshot holds another job's records under {str(job)[:64]!r}")
             ts = [float(r["ts"]) for r in records]
             self.span[job] = [min(ts), max(ts)]
             self.n_held += len(records)
         if self.n_held > self.cfg.hold_records:
             raise ValueError(f"{self.n_held} held records in the snapshot (at most {self.cfg.hold_records})")
-        self.newest = -math.inf if d["newest"] is None else float(d["newest"])
+        self.newest = _time(d["newest"], "newest", none=-math.inf)
         return self
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"the snapshot holds {str(value)[:64]!r} where a name belongs")
+    return value
+
+
+def _time(value: Any, what: str, none: float | None = None) -> Any:
+    """A snapshot's time: a finite number, or None (returned as `none`)."""
+    if value is None:
+        return none
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} {str(value)[:32]!r} in the snapshot is not a time")
+    return float(value)

@@ -152,4 +152,10 @@ class JobTask:
         }
         # snapshots before the membership check have no "members": the JobTable tells the nodes
         members = JobMembers.from_state(d.get("members"), config.hold, jobs, config.running)
-        return cls(config, **detectors, last_ts=d["last_ts"], jobs=jobs, members=members, metrics=metrics)
+        last_ts = d["last_ts"]  # checked: a made-up one would raise at every step record, not here
+        if not isinstance(last_ts, dict) or not all(
+            isinstance(marks, dict) and all(type(t) in (int, float) for t in marks.values())
+            for marks in last_ts.values()
+        ):
+            raise ValueError("the snapshot's last_ts is not job -> record -> time")
+        return cls(config, **detectors, last_ts=last_ts, jobs=jobs, members=members, metrics=metrics)

@@ -175,7 +175,7 @@ def test_running_jobs_past_the_bound_are_forgotten_the_least_recently_active_fir
         assert (resolved["node"], resolved["job"]) == (c, job)
         assert resolved["evidence"]["resolution"] == "forgotten"
         assert resolved["ts"] == pytest.approx(now - 299, abs=1e-3)
-        assert "bound on running jobs" in resolved["summary"]
+        assert "passed max_jobs running jobs" in resolved["summary"]
         assert _forgotten("max_jobs") == before + 1
         # its next steps: the job table knows the job, so they are judged, not held or refused
         produce(kafka_bootstrap, topics.STEPS, _steps(job, [a, b, c], now - 290, 60, {c: 0.3}, start=300))
