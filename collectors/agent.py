@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from fleetwatch import __version__, schemas, topics
-from fleetwatch.collectors.forwarder import SpoolForwarder
+from fleetwatch.collectors.forwarder import REFUSED, SpoolForwarder
 from fleetwatch.collectors.sources import SOURCE_NAMES, Source, make_source
 from fleetwatch.collectors.spool import BOUND, DROP_REASONS, Spool
 from fleetwatch.runtime import StopFlag, serve_metrics
@@ -40,17 +40,30 @@ SPOOL_DEPTH = Gauge("fleetwatch_agent_spool_records", "samples waiting in the on
 SPOOL_DROPPED = Counter(
     "fleetwatch_agent_spool_dropped_total",
     "samples dropped from the spool: over its bound (bound), the disk full or failing a write "
-    "(disk_full), the spool file refusing writes (spool_error)",
+    "(disk_full), the spool file refusing writes (spool_error), Kafka refusing the record for its "
+    "size (refused)",
     ["reason"],
 )
-for _reason in DROP_REASONS:  # every reason's series exists from the start, at 0
+for _reason in (*DROP_REASONS, REFUSED):  # every reason's series exists from the start, at 0
     SPOOL_DROPPED.labels(_reason)
+# a sample's encoded bytes at most: under librdkafka's default message.max.bytes (1,000,000), which
+# refuses a larger record at produce(), and the pipeline's 1 MiB (MAX_MESSAGE_BYTES)
+MAX_SAMPLE_BYTES = 900_000
 BROKER_UP = Gauge("fleetwatch_agent_broker_up", "1 if the last delivery attempt reached Kafka")
 SENT = Counter("fleetwatch_agent_sent_total", "samples acknowledged by Kafka")
 
 
+class _StartFailed(Exception):
+    """The source could not be made (a missing driver or device): reported, retried later."""
+
+
 class SourceRunner:
-    """Calls one source's sample() in a dedicated thread so a hung call cannot block the agent."""
+    """Calls one source's sample() in a dedicated thread so a hung call cannot block the agent.
+
+    The source is made in that thread too (NVML's init and per-GPU setup can hang as its sample
+    can), under the same deadline. A call that returns after its deadline is not lost: its result
+    is the next tick's, in place of a new call (a stateful source has already drained what it read:
+    NVML's XID events, the kernel log's records)."""
 
     def __init__(self, name: str, factory: Any, reinit_every_s: float = 60.0) -> None:
         self.name = name
@@ -61,51 +74,59 @@ class SourceRunner:
         self._next_init = 0.0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"src-{name}")
         self._pending: Future[dict[str, Any]] | None = None
+        self._collected = True  # whether the pending call's result was taken
 
-    def _ensure_source(self) -> bool:
-        if self._source is not None:
-            return True
-        now = time.monotonic()
-        if now < self._next_init:
-            return False
-        try:
-            self._source = self._factory()
-            self._init_error = None
-            return True
-        except Exception as e:  # a missing driver or device is reported, not fatal
-            self._init_error = f"unavailable: {type(e).__name__}: {e}"[:200]
-            self._next_init = now + self._reinit_every_s
-            log.warning(
-                "source %s %s (retrying in %.0f s)", self.name, self._init_error, self._reinit_every_s
-            )
-            return False
+    def _call(self) -> dict[str, Any]:
+        """In the runner's thread: the source, made first where it is not yet, then its sample."""
+        if self._source is None:
+            try:
+                self._source = self._factory()
+                self._init_error = None
+            except Exception as e:  # a missing driver or device is reported, not fatal
+                self._init_error = f"unavailable: {type(e).__name__}: {e}"[:200]
+                self._next_init = time.monotonic() + self._reinit_every_s
+                log.warning(
+                    "source %s %s (retrying in %.0f s)", self.name, self._init_error, self._reinit_every_s
+                )
+                raise _StartFailed(self._init_error) from None
+        return self._source.sample()
 
     def start(self) -> str | None:
         """Kick off a sample; returns an error string instead if none can start."""
         if self._pending is not None and not self._pending.done():
+            if self._source is None:
+                return "hung: the source's start has not returned"
             return "hung: previous call has not returned"
-        if not self._ensure_source():
+        if self._pending is not None and not self._collected:
+            return None  # it returned after its deadline: its result is this tick's
+        if self._source is None and time.monotonic() < self._next_init:
             return self._init_error or "unavailable"
-        assert self._source is not None
         try:
-            self._pending = self._pool.submit(self._source.sample)
+            self._pending = self._pool.submit(self._call)
         except RuntimeError as e:  # no thread to be had (a thread, process or memory limit)
             # the refused call may sit in the pool's queue: drop that pool, a fresh one next time
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"src-{self.name}")
             self._pending = None
             return f"error: {type(e).__name__}: {e}"[:200]
+        self._collected = False
         return None
 
     def result(self, timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
         if self._pending is None:
             return None, "not started"
         try:
-            return self._pending.result(timeout=max(0.0, timeout_s)), None
+            part = self._pending.result(timeout=max(0.0, timeout_s))
         except FutureTimeout:
-            return None, "timeout"
+            return None, "timeout"  # not collected: if it returns, the next tick takes it
+        except _StartFailed as e:
+            self._collected = True
+            return None, str(e)
         except Exception as e:
+            self._collected = True
             return None, f"error: {type(e).__name__}: {e}"[:200]
+        self._collected = True
+        return part, None
 
     def close(self) -> None:
         if self._source is not None and (self._pending is None or self._pending.done()):
@@ -133,7 +154,10 @@ class Agent:
         self._cursors: dict[str, int | str] = {}
 
     def sample(self) -> dict[str, Any]:
-        """One telemetry/1 message from all sources (partial when some fail)."""
+        """One telemetry/1 message from all sources (partial when some fail). A source whose part
+        is out of contract, or so large that the message would be, is left out of it and says so in
+        `agent.source_errors`; the other sources' parts stay (one odd value on one GPU used to blank
+        the whole node's sample, every second it lasted)."""
         ts = time.time()
         errors: dict[str, str] = {}
         started = []
@@ -145,33 +169,70 @@ class Agent:
                 errors[r.name] = err
         deadline = time.monotonic() + self.call_timeout_s
         msg: dict[str, Any] = {"schema": schemas.TELEMETRY, "node": self.node, "ts": ts, "seq": self.seq}
-        body: dict[str, Any] = {"gpus": []}
+        parts: dict[str, tuple[dict[str, Any], dict[str, int | str]]] = {}
         for r in started:
             part, err = r.result(deadline - time.monotonic())
             if err is not None:
                 errors[r.name] = err
             elif part:
                 cursor = part.pop("_cursor", None)
-                if isinstance(cursor, dict):
-                    self._cursors.update(
-                        {k: v for k, v in cursor.items() if isinstance(v, int | str)}  # (a journal's: str)
-                    )
-                body.update(part)
-        msg.update(body)
-        # an error text longer than the contract allows would make the whole sample invalid
-        errors = {k: v[: schemas.MAX_ERROR_LEN] for k, v in errors.items()}
-        msg["agent"] = {"version": __version__, "instance": self.spool.instance, "source_errors": errors}
+                # (a journal's cursor is a str)
+                kept = (
+                    {k: v for k, v in cursor.items() if isinstance(v, int | str)}
+                    if isinstance(cursor, dict)
+                    else {}
+                )
+                parts[r.name] = (part, kept)
+        for name, (part, _cursor) in list(parts.items()):
+            why = self._unfit(msg, part)
+            if why is not None:
+                log.error("leaving the %s source's part out of the sample: %s", name, why)
+                errors[name] = why
+                del parts[name]  # and its cursor: what it read was not kept
+        while parts and len(self._encode(msg, parts, errors)) > MAX_SAMPLE_BYTES:
+            name = max(parts, key=lambda n: len(schemas.encode(parts[n][0])))
+            errors[name] = f"too large: {len(schemas.encode(parts[name][0]))} bytes left out"
+            log.error("leaving the %s source's part out of the sample: %s", name, errors[name])
+            del parts[name]
+        for _part, cursor in parts.values():
+            self._cursors.update(cursor)
         for name, err in errors.items():
             SOURCE_ERRORS.labels(name, err.split(":", 1)[0]).inc()
         self.seq += 1
-        return msg
+        return self._assemble(msg, parts, errors)
+
+    def _assemble(
+        self, msg: dict[str, Any], parts: dict[str, tuple[dict[str, Any], Any]], errors: dict[str, str]
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {**msg, "gpus": []}
+        for part, _cursor in parts.values():
+            out.update(part)
+        # an error text longer than the contract allows would make the whole sample invalid
+        errs = {k: v[: schemas.MAX_ERROR_LEN] for k, v in errors.items()}
+        out["agent"] = {"version": __version__, "instance": self.spool.instance, "source_errors": errs}
+        return out
+
+    def _encode(
+        self, msg: dict[str, Any], parts: dict[str, tuple[dict[str, Any], Any]], errors: dict[str, str]
+    ) -> bytes:
+        return schemas.encode(self._assemble(msg, parts, errors))
+
+    def _unfit(self, msg: dict[str, Any], part: dict[str, Any]) -> str | None:
+        """Why one source's part cannot go in a sample (None: it can), checked on its own."""
+        try:
+            schemas.encode(schemas.validate(self._assemble(msg, {"": (part, None)}, {}), schemas.TELEMETRY))
+        except schemas.MessageError as e:
+            return f"invalid: {e}"[:200]
+        except (TypeError, ValueError) as e:  # what the encoder refuses (a lone surrogate)
+            return f"invalid: cannot encode: {e}"[:200]
+        return None
 
     def tick(self) -> dict[str, Any]:
         msg = self.sample()
         try:
             value = schemas.encode(schemas.validate(msg, schemas.TELEMETRY))
-        except schemas.MessageError as e:
-            # A source produced something out of contract: keep the sample's skeleton and say so.
+        except (schemas.MessageError, TypeError, ValueError) as e:
+            # The parts fit one by one but not together: keep the sample's skeleton and say so.
             log.error("dropping invalid fields from sample: %s", e)
             bad = {k: msg[k] for k in ("schema", "node", "ts", "seq")}
             bad.update(
@@ -208,9 +269,10 @@ class Agent:
             now = time.monotonic()
             if next_at < now:  # fell behind (e.g. a slow source): skip missed ticks, keep the cadence
                 next_at = now
-            sent_before = self.forwarder.sent_total
+            sent_before, refused_before = self.forwarder.sent_total, self.forwarder.refused_total
             self.forwarder.pump(max(0.0, next_at - time.monotonic() - 0.01))
             SENT.inc(self.forwarder.sent_total - sent_before)
+            SPOOL_DROPPED.labels(REFUSED).inc(self.forwarder.refused_total - refused_before)
             SPOOL_DEPTH.set(len(self.spool))
             BROKER_UP.set(1 if self.forwarder.broker_up else 0)
             if count is not None and taken >= count:

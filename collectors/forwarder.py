@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from fleetwatch.bus import Delivery, SendError
+from fleetwatch.bus import Delivery, RecordTooLarge, SendError
 from fleetwatch.bus.config import BrokerUnavailable
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.spool import Spool
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 ProducerFactory = Callable[[], Any]
 DELIVERY_TIMEOUT_S = 15.0  # then the record is retried from the spool by a fresh producer
+REFUSED = "refused"  # a record Kafka refused for its size, dropped (the agent's spool drop reason)
 
 
 class SpoolForwarder:
@@ -52,6 +53,11 @@ class SpoolForwarder:
         self.broker_up = False
         self.sent_total = 0
         self.outages = 0
+        # records the client or the broker refused for their size, dropped: sending one again
+        # never helps, and the resend from the oldest record would send it first for ever, every
+        # good record behind it stuck in the spool
+        self.refused_total = 0
+        self._refused_id: int | None = None  # one refused by send(): dropped once all before it are acked
 
     @staticmethod
     def _default_producer(bootstrap: str) -> Any:
@@ -110,20 +116,44 @@ class SpoolForwarder:
         return True
 
     def _send_more(self) -> None:
+        if self._refused_id is not None and not self._drop_refused():
+            return  # the records before the refused one are still in flight
         room = self.max_in_flight - len(self._in_flight)
         if room <= 0:
             return
         for rec in self.spool.peek(after_id=self._last_sent_id, limit=room):
-            delivery = self._producer.send(self.topic, key=rec.key, value=rec.value)
+            try:
+                delivery = self._producer.send(self.topic, key=rec.key, value=rec.value)
+            except RecordTooLarge as e:
+                self._refused(rec.id, len(rec.value), e)
+                self._last_sent_id = rec.id
+                self._refused_id = rec.id
+                self._drop_refused()
+                return
             self._in_flight.append((rec.id, delivery))
             self._last_sent_id = rec.id
+
+    def _refused(self, rec_id: int, size: int, err: BaseException) -> None:
+        self.refused_total += 1
+        log.error("dropping spooled record %d (%d bytes): refused for its size: %s", rec_id, size, err)
+
+    def _drop_refused(self) -> bool:
+        """The record send() refused leaves the spool once every record before it is acknowledged
+        (the spool is acknowledged up to an id); True once it has."""
+        if self._in_flight or self._refused_id is None:
+            return self._refused_id is None
+        self.spool.ack(self._refused_id)
+        self._refused_id = None
+        return True
 
     def _retire(self) -> bool:
         """Acknowledge the completed head of the in-flight queue; False after a failure."""
         acked = None
         while self._in_flight and self._in_flight[0][1].done:
             rec_id, delivery = self._in_flight[0]
-            if delivery.error is not None:
+            if isinstance(delivery.error, RecordTooLarge):  # the broker's limit: dropped, not resent
+                self._refused(rec_id, len(delivery.item.value or b""), delivery.error)
+            elif delivery.error is not None:
                 self._fail(delivery.error)
                 return False
             self._in_flight.popleft()
@@ -137,6 +167,7 @@ class SpoolForwarder:
         self._mark_down(f"delivery failed: {err}")
         self._in_flight.clear()
         self._last_sent_id = 0  # resend from the oldest record still in the spool
+        self._refused_id = None  # (a refused one among them is refused again, and dropped then)
         if self._producer is not None:
             try:
                 self._producer.close(0)  # its queue purged: these records are resent from the spool

@@ -101,6 +101,11 @@ class SendError(RuntimeError):
     """The producer refused a record outright (too large, an unknown topic, a fatal client error)."""
 
 
+class RecordTooLarge(SendError):
+    """The client or the broker refuses this record for its size: sending it again never helps
+    (raised by send(), or a Delivery's error)."""
+
+
 # on_assign(partitions) -> the offset each partition is to be read from
 OnAssign = Callable[[list[TopicPart]], Mapping[TopicPart, int]]
 OnRevoke = Callable[[list[TopicPart]], None]

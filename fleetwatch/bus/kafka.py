@@ -43,6 +43,7 @@ from fleetwatch.bus import (
     Outgoing,
     PendingAssignment,
     Record,
+    RecordTooLarge,
     SendError,
     TopicPart,
     admin,
@@ -73,6 +74,10 @@ REPLACE_FIRST_S, REPLACE_MAX_S = 1.0, 60.0
 _LEADER_PENDING = frozenset(
     {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
 )
+
+
+# a record refused for its size: by the client (message.max.bytes) or the broker (its own limit)
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 
 def _is_fatal(err: KafkaError) -> bool:
@@ -591,7 +596,10 @@ class KafkaProducer:
         delivery = Delivery(Outgoing(topic, key, value, headers, partition))
 
         def settle(err: KafkaError | None, _msg: Any) -> None:
-            delivery.settle(None if err is None else KafkaException(err))
+            if err is not None and err.code() in _TOO_LARGE:  # the broker's limit, below the client's
+                delivery.settle(RecordTooLarge(str(err)))
+            else:
+                delivery.settle(None if err is None else KafkaException(err))
 
         kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": settle}
         if headers:
@@ -605,6 +613,8 @@ class KafkaProducer:
             except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.1)
             except KafkaException as e:
+                if e.args and isinstance(e.args[0], KafkaError) and e.args[0].code() in _TOO_LARGE:
+                    raise RecordTooLarge(str(e)) from e
                 raise SendError(str(e)) from e
         self._sent.append(delivery)
         producer.poll(0)  # serve callbacks of earlier sends

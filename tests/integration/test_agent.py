@@ -50,6 +50,30 @@ def test_agent_delivers_in_order(kafka_bootstrap: str, topic_tail: Any, tmp_path
     assert seqs == list(range(50))
 
 
+def test_a_spooled_record_kafka_refuses_for_its_size_is_dropped_not_resent_for_ever(
+    kafka_bootstrap: str, topic_tail: Any, tmp_path: Path
+) -> None:
+    """A record over librdkafka's message.max.bytes (one an earlier release spooled) among good ones,
+    through the real client and broker: the forwarder treated its refusal as an outage and sent it
+    first again for ever, every good record behind it stuck. Now it is dropped and counted."""
+    tail = topic_tail(topics.TELEMETRY)
+    spool = Spool(tmp_path / "spool.sqlite", max_bytes=64 << 20)
+    node = f"agent-big-{os.getpid()}"
+    good = [
+        {"schema": "telemetry/1", "node": node, "ts": time.time(), "seq": i, "gpus": []} for i in range(4)
+    ]
+    spool.append(node.encode(), schemas.encode(good[0]))
+    spool.append(node.encode(), b"x" * 1_100_000)
+    for m in good[1:]:
+        spool.append(node.encode(), schemas.encode(m))
+    fwd = SpoolForwarder(spool, topics.TELEMETRY, kafka_bootstrap, retry_backoff_s=0.2)
+    assert fwd.drain(30), f"{len(spool)} records still spooled, {fwd.outages} outages"
+    assert fwd.refused_total == 1 and fwd.outages == 0
+    fwd.close()
+    spool.close()
+    assert _seqs_for(tail, node, 4, 30) == [0, 1, 2, 3]
+
+
 def _kafka_clients() -> int:
     """librdkafka clients alive in this process: each has one thread named rdk:main (the threads
     are the library's own, so they are counted from /proc, not threading)."""

@@ -246,3 +246,113 @@ def test_collect_cli_unusable_spool_is_one_line_and_status_2(tmp_path: Path, cas
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fleetwatch collect: spool"), r.stderr[-2000:]
     assert str(spool_dir) in lines[0]
+
+
+class PartSource:
+    """A stand-in source that returns `part` (copied) at each call, after `delay_s` on the calls
+    listed in `slow`."""
+
+    def __init__(self, part: dict[str, Any], slow: tuple[int, ...] = (), delay_s: float = 0.0) -> None:
+        self.part, self.slow, self.delay_s, self.calls = part, slow, delay_s, 0
+
+    def sample(self) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls in self.slow:
+            time.sleep(self.delay_s)
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.part.items()}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_source_whose_part_is_out_of_contract_is_left_out_alone(tmp_path: Path) -> None:
+    """NVML's "not available" (0xFFFFFFFF) as one GPU's util: the GPU source's part is out of
+    contract. The whole sample used to become an empty skeleton (no host, no kernel log), every
+    second it lasted; now only that part is left out, said in source_errors, and the kernel log's
+    cursor of a part left out is not stored (a restart reads those records again)."""
+    gpus = PartSource({"gpus": [{"index": 0, "util": float(0xFFFFFFFF)}]})
+    host = PartSource({"host": {"load1": 1.0}})
+    kernel = PartSource(
+        {"kernel": {"records": 3, "events": [{"kind": "xid", "code": 79}]}, "_cursor": {"kmsg_seq": 7}}
+    )
+    agent = make_agent(
+        tmp_path,
+        "127.0.0.1:1",
+        [
+            SourceRunner("nvml", lambda: gpus),
+            SourceRunner("host", lambda: host),
+            SourceRunner("kernel", lambda: kernel),
+        ],
+    )
+    msg = agent.tick()
+    schemas.validate(msg, schemas.TELEMETRY)
+    assert msg["host"] == {"load1": 1.0} and msg["kernel"]["events"] == [{"kind": "xid", "code": 79}]
+    assert msg["gpus"] == [] and msg["agent"]["source_errors"]["nvml"].startswith("invalid: ")
+    assert agent.spool.get_meta("kmsg_seq", 0) == 7
+    kernel.part = {"kernel": {"records": -1}, "_cursor": {"kmsg_seq": 9}}
+    msg = agent.tick()
+    assert "kernel" not in msg and msg["host"] == {"load1": 1.0}
+    assert agent.spool.get_meta("kmsg_seq", 0) == 7  # the part left out: its cursor too
+    agent.close(drain_timeout_s=0)
+
+
+def test_a_part_too_large_for_a_record_is_left_out_and_the_rest_is_sent(tmp_path: Path) -> None:
+    """A sample over librdkafka's message.max.bytes is refused at produce(), and the forwarder
+    resent it for ever, every good sample behind it stuck in the spool."""
+    text = "\x01" * 512  # 6 bytes each in JSON
+    events = [{"kind": "other", "text": text, "data": text, "process": f"p{i}"} for i in range(256)]
+    kernel = PartSource({"kernel": {"records": 256, "events": events}})
+    host = PartSource({"host": {"load1": 1.0}})
+    agent = make_agent(
+        tmp_path, "127.0.0.1:1", [SourceRunner("kernel", lambda: kernel), SourceRunner("host", lambda: host)]
+    )
+    msg = agent.tick()
+    assert "kernel" not in msg and msg["host"] == {"load1": 1.0}
+    assert msg["agent"]["source_errors"]["kernel"].startswith("too large: ")
+    [rec] = agent.spool.peek(0, 1)
+    assert len(rec.value) <= 900_000
+    agent.close(drain_timeout_s=0)
+
+
+def test_a_call_that_returns_after_its_deadline_is_the_next_samples(tmp_path: Path) -> None:
+    """A slow NVML answer on a failing GPU is when XID 79 comes: the late call had drained the
+    event from NVML, and its result was thrown away when the next tick started a new call."""
+    gpus = PartSource({"gpus": [{"index": 0, "util": 5.0, "xids": [79]}]}, slow=(1,), delay_s=0.5)
+    agent = make_agent(tmp_path, "127.0.0.1:1", [SourceRunner("nvml", lambda: gpus)], call_timeout_s=0.2)
+    first = agent.sample()
+    assert first["agent"]["source_errors"] == {"nvml": "timeout"} and first["gpus"] == []
+    time.sleep(0.5)
+    second = agent.sample()
+    assert second["gpus"] == [{"index": 0, "util": 5.0, "xids": [79]}] and gpus.calls == 1
+    assert second["agent"]["source_errors"] == {}
+    third = agent.sample()
+    assert gpus.calls == 2 and third["gpus"][0]["util"] == 5.0
+    agent.close(drain_timeout_s=0)
+
+
+def test_a_source_whose_start_hangs_blocks_nothing(tmp_path: Path) -> None:
+    """NvmlSource() calls NVML (init, per GPU handles, UUIDs, event registration), which can hang as
+    its sample can: it was made in the agent's own thread, and no source was sampled meanwhile."""
+    release = threading.Event()
+    host = PartSource({"host": {"load1": 1.0}})
+
+    def hanging_nvml() -> Any:
+        release.wait(30)
+        return PartSource({"gpus": [{"index": 0, "util": 1.0}]})
+
+    agent = make_agent(
+        tmp_path,
+        "127.0.0.1:1",
+        [SourceRunner("nvml", hanging_nvml), SourceRunner("host", lambda: host)],
+        call_timeout_s=0.2,
+    )
+    t0 = time.monotonic()
+    first, second = agent.sample(), agent.sample()
+    assert time.monotonic() - t0 < 2.0
+    assert first["host"] == second["host"] == {"load1": 1.0}
+    assert first["agent"]["source_errors"] == {"nvml": "timeout"}
+    assert second["agent"]["source_errors"] == {"nvml": "hung: the source's start has not returned"}
+    release.set()
+    time.sleep(0.2)
+    assert agent.sample()["gpus"] == [{"index": 0, "util": 1.0}]
+    agent.close(drain_timeout_s=0)

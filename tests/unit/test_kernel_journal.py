@@ -421,8 +421,11 @@ def test_a_missing_journalctl_makes_the_source_unavailable(tmp_path: Path) -> No
     spool = Spool(tmp_path / "n1.sqlite", max_bytes=1 << 20)
     options = {"reader": "journal", "journalctl": missing, "boot_id": _boot(tmp_path)}
     runner = SourceRunner("kernel", source_factory("kernel", spool, options))
-    err = runner.start()
-    assert err is not None and err.startswith("unavailable: SourceUnavailable: journalctl not found")
+    assert runner.start() is None  # the source is made in the runner's thread, under the deadline
+    part, err = runner.result(5.0)
+    assert part is None and err is not None
+    assert err.startswith("unavailable: SourceUnavailable: journalctl not found")
+    assert runner.start() == err  # not made again before its retry is due
     runner.close()
     spool.close()
 
