@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from fleetwatch import schemas
 from fleetwatch.collectors.sources import SingleFlight, SourceUnavailable
 from fleetwatch.schemas import MAX_PCIE_GEN, MAX_PCIE_WIDTH
 
@@ -250,7 +251,24 @@ class NvmlSource:
         xids = self._drain_xids(gpu)
         if xids is not None:
             out["xids"] = xids
+        self._keep_within_contract(gpu, out)
         return out
+
+    def _keep_within_contract(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        """Leave out what NVML answered past what the contract allows (a "not available" of a wider
+        type than its field, a sum past 64 bits, an XID past 32 bits): one such value made the
+        agent leave the whole GPU source's part out of the sample, every GPU's. Logged once."""
+        xids = out.get("xids")
+        if xids:
+            kept = [x for x in xids if 0 <= x <= schemas.MAX_XID][: schemas.MAX_XIDS]
+            if len(kept) != len(xids):
+                self._note_value(gpu, "nvmlEventSetWait_v2", [x for x in xids if x not in kept][:8])
+            out["xids"] = kept
+        for key in [k for k in out if k in schemas.GPU_FIELDS]:
+            try:
+                schemas.GPU_FIELDS[key](f"gpus[{gpu.index}].{key}", out[key])
+            except schemas.MessageError:
+                self._note_value(gpu, key, out.pop(key))
 
     def _read_fields(self, gpu: _Gpu, out: dict[str, Any]) -> None:
         nv = self._nv
@@ -470,7 +488,12 @@ def _put(out: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _add(total: int | None, value: Any) -> int | None:
-    """Sum that stays None until some counter actually answered."""
-    if value is None:
+    """Sum that stays None until some counter actually answered. A link's "not available"
+    (NVML_VALUE_NOT_AVAILABLE_ulonglong, 2**64 - 1) is no count: left out of the sum, which the
+    other links' counts make."""
+    if value is None or int(value) >= NOT_AVAILABLE_U64:
         return total
     return int(value) if total is None else total + int(value)
+
+
+NOT_AVAILABLE_U64 = (1 << 64) - 1

@@ -282,6 +282,44 @@ def test_values_nothing_defines_are_left_out_not_sent(field: str, value: int) ->
     assert schemas.validate(telemetry_message(body))
 
 
+@pytest.mark.parametrize(
+    ("gpu", "left_out"),
+    [
+        (FakeGpu(util=2**32 - 1), "util"),  # an unsigned int's "not available"
+        (FakeGpu(temp_c=2**32 - 1), "temp_c"),
+        (
+            FakeGpu(nvlinks=[FakeLink(crc_flit=2**60, crc_data=2**60)] * 18),
+            "nvlink_crc_errors",
+        ),  # past 64 bits
+    ],
+)
+def test_any_gpu_field_past_the_contract_is_left_out_alone(gpu: FakeGpu, left_out: str) -> None:
+    """An adversarial probe's finds: each made the agent leave the whole GPU source's part out (every
+    GPU's fields), every second it lasted."""
+    body = NvmlSource(nvml=FakeNvml([FakeGpu(), gpu]).module).sample()
+    schemas.validate(telemetry_message(body))
+    assert left_out not in body["gpus"][1] and body["gpus"][1]["sm_clock_mhz"] == 1980
+    assert body["gpus"][0]["util"] == 0 and body["gpus"][0]["temp_c"] == 40  # the other GPU as read
+
+
+def test_a_links_not_available_counter_is_no_count_in_the_nvlink_sums() -> None:
+    """NVML_VALUE_NOT_AVAILABLE_ulonglong on two links' CRC counters summed past 64 bits: the other
+    links' counts are the sum."""
+    u64 = 2**64 - 1
+    links = [FakeLink(crc_flit=u64, crc_data=u64), FakeLink(crc_flit=3, crc_data=4)]
+    out = NvmlSource(nvml=FakeNvml([FakeGpu(nvlinks=links)]).module).sample()["gpus"][0]
+    assert out["nvlink_crc_errors"] == 7 and out["nvlink_links_active"] == 2
+
+
+def test_an_xid_past_32_bits_is_left_out_and_the_others_kept() -> None:
+    fake = FakeNvml([FakeGpu()])
+    src = NvmlSource(nvml=fake.module)
+    fake.inject_xid(0, 79, 2**40, 48)
+    body = src.sample()
+    schemas.validate(telemetry_message(body))
+    assert body["gpus"][0]["xids"] == [79, 48]
+
+
 def test_recovery_action_every_value_and_beyond() -> None:
     fake = FakeNvml([FakeGpu(recovery_action=a) for a in (0, 1, 2, 3, 4, 7)])
     gpus = NvmlSource(nvml=fake.module).sample()["gpus"]
