@@ -196,6 +196,7 @@ class KernelLogSource:
         self._budget_s = budget_s
         self._flight = SingleFlight(self.name)
         self._counted = {"unknown": 0, "rejected": 0, "missed": 0, "overruns": 0}
+        self._outside = 0  # event fields past the contract, left out (in `rejected`)
 
     @property
     def cursor(self) -> Cursor | str | None:
@@ -258,6 +259,7 @@ class KernelLogSource:
         below = self._below() if aer else {}
         hcas = self._hcas() if aer else {}
         out = []
+        outside = 0  # fields past the contract left out of the events (counted as rejected)
         for e in merged.values():
             # no boot id in an event: the section's `boot` is theirs (kmsg lines carry none, the
             # journal's are this boot's)
@@ -273,9 +275,11 @@ class KernelLogSource:
                     if len(nics) == 1:
                         d["hca"] = nics[0]
             out.append(d)
+            outside += _keep_within_contract(d)
+        self._outside += outside
         now = {
             "unknown": self._lines.unknown + getattr(self._reader, "unknown", 0),
-            "rejected": self._events.rejected,
+            "rejected": self._events.rejected + self._outside,
             "missed": self._reader.missed,
             "overruns": self._reader.overruns,
         }
@@ -295,3 +299,18 @@ class KernelLogSource:
 
     def close(self) -> None:
         self._reader.close()
+
+
+def _keep_within_contract(event: dict[str, Any]) -> int:
+    """Leave out an event's fields past what the contract allows (a pid past 32 bits, a link past
+    65535 or below -1, ...): one such field made the agent leave the whole kernel section out of the
+    sample, with every event in it. The event stays, with what it says within the contract; how
+    many fields were left out."""
+    gone = 0
+    for key in [k for k in event if k != "kind" and k in schemas.KERNEL_EVENT_FIELDS]:
+        try:
+            schemas.KERNEL_EVENT_FIELDS[key](f"kernel.events[].{key}", event[key])
+        except schemas.MessageError:
+            del event[key]
+            gone += 1
+    return gone

@@ -76,6 +76,25 @@ def test_events_since_the_last_sample_with_gpu_uuid_and_folded_sxid(tmp_path: Pa
     schemas.validate({"schema": "telemetry/1", "node": "n1", "ts": 1.0, "seq": 0, "gpus": [], **part})
 
 
+def test_an_event_field_past_the_contract_is_left_out_and_the_event_kept(tmp_path: Path) -> None:
+    """A pid past 32 bits (the XID grammar takes 10 digits), an SXid link past 65535: one such field
+    made the agent leave the whole kernel section out (the XID 79 beside it with it) and store the
+    cursor past it, so the records were lost for good. The field is left out, counted as rejected."""
+    ring = RingKmsg()
+    ring.log("NVRM: Xid (PCI:0000:91:00): 13, pid=9999999999, name=python, Graphics Exception")
+    ring.log("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 999999 LTSSM Fault Up")
+    ring.log(XID_79)
+    section = _source(ring, _boot(tmp_path)).sample()["kernel"]
+    schemas.validate(
+        {"schema": "telemetry/1", "node": "n1", "ts": 1.0, "seq": 0, "gpus": [], "kernel": section}
+    )
+    assert sorted(_codes(section)) == [("sxid", 20034, 1), ("xid", 13, 1), ("xid", 79, 1)]
+    by_code = {e["code"]: e for e in section["events"]}
+    assert "pid" not in by_code[13] and by_code[13]["process"] == "python"
+    assert "link" not in by_code[20034]
+    assert section["rejected"] == 2
+
+
 def test_a_restart_goes_on_from_the_cursor_without_repeating_or_losing(tmp_path: Path) -> None:
     ring, boot = RingKmsg(), _boot(tmp_path)
     ring.log(XID_79)
