@@ -60,8 +60,17 @@ class SlurmClient:
 
     def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         try:
+            # errors="replace": a node's Reason or Comment is whatever an admin typed, in any
+            # encoding; strict UTF-8 raised out of every sinfo, the adapter exiting at each restart
             return subprocess.run(
-                argv, env=self.env, capture_output=True, text=True, timeout=self.timeout_s, check=False
+                argv,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+                timeout=self.timeout_s,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             raise SlurmError(f"{argv[0]} did not answer in {self.timeout_s:.0f} s") from None

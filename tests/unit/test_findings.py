@@ -135,6 +135,9 @@ def test_a_signed_finding_verifies_as_its_reader_decodes_it_and_nothing_else_doe
     for field, value in (("resolved", True), ("severity", "warning"), ("node", "gpu-node-0008"), ("x", 1)):
         assert refusal({**got, field: value}) == "bad_signature"
     assert refusal({**got, "sig": None}) == "bad_signature"
+    # a signature with characters compare_digest refuses (it raised TypeError out of act's task)
+    for sig in ("é", "\u00e9" * 64, "ａ" * 64):
+        assert refusal({**got, "sig": sig}) == "bad_signature"
 
 
 def test_detect_signs_the_findings_of_both_stages_and_only_in_their_serializers() -> None:
