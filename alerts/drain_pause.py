@@ -168,8 +168,11 @@ class PauseBook:
         with self._lock:
             if self._latest is not None and msg["issued_at"] <= self._latest["issued_at"]:
                 return  # a replay of an older record: the latest switch stands
-            # never longer than a week from when the broker took it, whatever its `until` says
-            self._latest = {**msg, "until": min(msg["until"], now + MAX_PAUSE_S)}
+            # As long as the operator asked (`until - issued_at`), from when the broker took it, and
+            # never longer than a week: `until` on the operator's own clock ended a pause from a host
+            # an hour behind at once, while the command said "paused until" a time already past.
+            asked = max(0.0, msg["until"] - msg["issued_at"])
+            self._latest = {**msg, "until": now + min(asked, MAX_PAUSE_S)}
         what = "paused" if msg["paused"] else "lifted"
         log.warning("drains %s by %s: %s", what, msg["by"], msg["reason"])
 

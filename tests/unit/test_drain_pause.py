@@ -57,7 +57,7 @@ def test_a_signed_pause_holds_drains_alerts_go_on_and_say_so_and_it_expires_by_i
     book = PauseBook(KEY)
     book.read_up()  # the follower read the topic to its end
     rig = Rig(NODES, pause=book, budget_min_nodes=3)
-    book.apply(b"drain_pause", control(True, T0, for_s=3600), now=NOW)
+    book.apply(b"drain_pause", control(True, T0, for_s=3600), now=T0)  # the broker took it then
     out = rig.feed(finding("gpu-node-01", ts=T0 + 10), finding("gpu-node-02", ts=T0 + 11))
     assert out == [] and rig.decide(T0 + 60) == []
     assert {n: st.refused for n, st in rig.task.nodes.items()} == {
@@ -96,10 +96,10 @@ def test_a_pause_holds_resumes_too_and_resume_drains_lifts_it() -> None:
     (req,) = rig.feed(f)
     rig.result(req, "executed")
     rig.feed(resolve(f, T0 + 10))
-    book.apply(b"drain_pause", control(True, T0 + 20), now=NOW)
+    book.apply(b"drain_pause", control(True, T0 + 20), now=T0 + 20)
     assert rig.decide(T0 + 500) == []  # healthy long enough, but paused: no resume
     assert rig.task.nodes["gpu-node-01"].drained
-    book.apply(b"drain_pause", control(False, T0 + 600), now=NOW)
+    book.apply(b"drain_pause", control(False, T0 + 600), now=T0 + 600)
     (resume,) = rig.decide(T0 + 601)
     assert resume["action"] == "resume" and rig.alerts("FleetwatchDrainsPaused") == []
 
@@ -118,12 +118,26 @@ def test_forged_malformed_and_replayed_control_records_change_nothing() -> None:
     assert refused == ["bad_signature", "bad_signature", "malformed", "malformed", "malformed"]
     # a real pause, then a replay of an older (real, signed) lift: the pause stands
     older_lift = control(False, T0 + 5)
-    book.apply(b"drain_pause", control(True, T0 + 10), now=NOW)
-    book.apply(b"drain_pause", older_lift, now=NOW)
+    book.apply(b"drain_pause", control(True, T0 + 10), now=T0 + 10)
+    book.apply(b"drain_pause", older_lift, now=T0 + 11)
     pause = book.active(T0 + 20)
     assert pause is not None and pause.until == T0 + 10 + 7200
-    book.apply(b"drain_pause", control(False, T0 + 30), now=NOW)
+    book.apply(b"drain_pause", control(False, T0 + 30), now=T0 + 30)
     assert book.active(T0 + 31) is None
+
+
+def test_a_pause_lasts_as_long_as_asked_from_when_the_broker_took_it_whatever_the_operators_clock() -> None:
+    """`until` is the operator's clock: from a host an hour behind, `pause --for 30m` ended at once
+    (and "paused until" printed a time already past); two hours ahead of a host ten minutes behind
+    became 1 h 50 min. Now the pause lasts what was asked from the broker's time of the record
+    (and a week at most)."""
+    book = PauseBook(KEY)
+    book.read_up()
+    broker = T0 + 3600  # the operator's clock is an hour behind
+    book.apply(b"drain_pause", control(True, T0, for_s=1800), now=broker)
+    pause = book.active(broker + 1)
+    assert pause is not None and pause.until == broker + 1800
+    assert book.active(broker + 1801) is None
 
 
 def test_dry_run_publishes_marked_would_be_requests_and_behaves_as_if_they_ran() -> None:
