@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +23,14 @@ log = logging.getLogger(__name__)
 
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # of a validation's output read back (dcgm_diag parses at most this)
 TAG = "fleetwatch"  # every reason fleetwatch writes starts with it; resume only lifts those drains
+# ... and ends with its request's token: a human's "fleetwatch false positive? keep drained" starts
+# with the word too, and must not be taken for fleetwatch's drain (lifted by a resume, overwritten)
+_OURS_RE = re.compile(r"\[fw:[0-9a-f]{12}\]\Z")
+
+
+def ours(reason: str) -> bool:
+    """Whether a drain's Reason is one fleetwatch wrote: TAG first, its request's token last."""
+    return reason.startswith(TAG) and _OURS_RE.search(reason.rstrip()) is not None
 
 
 class SlurmError(RuntimeError):

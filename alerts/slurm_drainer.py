@@ -54,9 +54,9 @@ from prometheus_client import Counter
 from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.journal import Entry, Journal
-from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
+from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError, ours
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher
-from fleetwatch.alerts.validation import ValidationSettings, Validator, reservation_name
+from fleetwatch.alerts.validation import RESERVATION_PREFIX, ValidationSettings, Validator, reservation_name
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
@@ -285,10 +285,13 @@ class Drainer:
         if stale:
             self._settle(msg, prior, "rejected", stale, source)
             return self._reject(raw, target_of(msg), "stale", stale, source, topic)
-        ours = info.reason.startswith(TAG)
-        if action == "resume" and info.drained and not ours:
+        held = self._held(info)
+        if held is not None:
+            return self._refuse(msg, prior, source, held)
+        theirs = info.drained and not ours(info.reason)
+        if action == "resume" and theirs:
             return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
-        if action == "drain" and info.drained and not ours:
+        if action == "drain" and theirs:
             return self._refuse(msg, prior, source, f"already drained: {info.reason}")
         if action == "resume" and info.drained and self.validator is not None:
             self.journal.begin(rid, node, action, msg["issued_at"], source, None, msg["signature"])
@@ -327,7 +330,7 @@ class Drainer:
                 why = info.reason.removeprefix(f"{TAG}: ")
                 self.journal.finish(rid, "rejected", why)
                 return self._done(msg, "validation_failed", why)
-            if info.drained and not info.reason.startswith(TAG):
+            if info.drained and not ours(info.reason):
                 prior = Entry(rid, node, "resume", "executing", "", None)
                 return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
         self._submit(target_of(msg))
@@ -408,7 +411,7 @@ class Drainer:
             if self._stopping.wait(DRAINING_POLL_S):
                 return None
             info = self.slurm.node(node)
-        if info.drained and not info.reason.startswith(TAG):
+        if info.drained and not ours(info.reason):
             return None
         self.validator.prepare(node, drained=info.drained)
         outcome, label = self.validator.run(node)
@@ -426,7 +429,7 @@ class Drainer:
             log.info("resume %s done after validation (request %s): %s", node, rid, line)
             return "executed", f"validated: {line}"
         info = self.slurm.node(node)
-        if info.drained and not info.reason.startswith(TAG):
+        if info.drained and not ours(info.reason):
             self.validator.release(node)
             return "not_ours", f"taken over during the validation: {info.reason}"
         if not info.drained and not self.slurm.reservation_exists(reservation_name(node)):
@@ -505,6 +508,19 @@ class Drainer:
             self.slurm.cancel_reservation_jobs(reservation_name(node))
         for _node, t in list(self._running.values()):
             t.join(timeout_s)
+
+    def _held(self, info: NodeInfo) -> str | None:
+        """Why people (or Slurm) hold the node out of service, beside a drain: DOWN or FAIL, or an
+        active MAINT reservation that is not one of the adapter's validations. act does not ask
+        then (alerts/slurm_nodes.held_by), but a request issued before the admin acted may still
+        come within --max-age, and draining over it overwrote the admin's Reason (a RESUME would
+        clear their DOWN)."""
+        base = info.state.rstrip("*~#!%$@^-")
+        if base.startswith(("down", "fail")):
+            return f"held in Slurm: {info.state} ({info.reason})"
+        if info.name in self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX):
+            return "held in Slurm: in a maintenance reservation"
+        return None
 
     def _refuse(self, msg: dict[str, Any], prior: Entry | None, source: str, why: str) -> str:
         self._settle(msg, prior, "rejected", why, source)

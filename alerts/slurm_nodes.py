@@ -33,7 +33,7 @@ from typing import Any
 import hostlist
 
 from fleetwatch import schemas, signing
-from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError
+from fleetwatch.alerts.slurm import NodeInfo, SlurmClient, SlurmError, ours
 from fleetwatch.alerts.validation import RESERVATION_PREFIX
 from fleetwatch.refusal_log import RefusalLog
 
@@ -68,7 +68,7 @@ def make_record(
         "reason": one_line(info.reason)[: schemas.MAX_REASON] if info.reason else "",
         "features": [f[: schemas.MAX_ID_LEN] for f in features][: schemas.MAX_FEATURES],
         "maintenance": bool(maintenance),
-        "ours": info.drained and info.reason.startswith(TAG),
+        "ours": info.drained and ours(info.reason),
         "ts": float(ts),
     }
     msg["signature"] = signing.mac(msg, key, "signature")

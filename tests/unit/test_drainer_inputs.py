@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleetwatch.alerts.journal import Journal, JournalDamaged
-from fleetwatch.alerts.slurm import SlurmClient
+from fleetwatch.alerts.slurm import SlurmClient, ours
 
 
 def _journal(path: Path, rows: int = 300) -> None:
@@ -52,3 +52,20 @@ def test_a_node_reason_that_is_not_utf8_is_read_not_fatal(
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     [(info, _features)] = SlurmClient().node_states()
     assert (info.name, info.state, info.reason) == ("gpu01", "drained", "d\ufffdfaut")
+
+
+@pytest.mark.parametrize(
+    ("reason", "is_ours"),
+    [
+        ("fleetwatch: XID 79 [fw:6546dc87dbb1]", True),
+        ("fleetwatch: validation failed: dcgmi diag -r 1: GPU 3 [fw:0123456789ab]", True),
+        ("fleetwatch false positive? keep drained, RMA pending - alice", False),  # a human's
+        ("fleetwatch: XID 79", False),  # no request's token
+        ("RMA 4711 [fw:6546dc87dbb1]", False),
+        ("fleetwatch: XID 79 [fw:6546DC87DBB1]", False),
+    ],
+)
+def test_only_a_reason_fleetwatch_wrote_counts_as_its_drain(reason: str, is_ours: bool) -> None:
+    """A resume lifts, and a drain overwrites, only fleetwatch's own drains: `startswith("fleetwatch")`
+    took a human's reason that begins with the word for one (an adversarial probe's find)."""
+    assert ours(reason) is is_ours
