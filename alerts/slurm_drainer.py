@@ -238,6 +238,13 @@ class Drainer:
         prior = self.journal.get(rid)
         if prior is not None and prior.status != "executing":
             log.info("request %s (%s %s) already %s; skipping", rid, action, node, prior.status)
+            if prior.status == "executed":
+                # Its answer again, not `duplicate`: act resolves a duplicate from the first answer,
+                # and where that never reached Kafka (a crash after the journal, a result the
+                # broker refused) act waited for good and raised adapter:no_result for a done drain.
+                REQUESTS.labels("duplicate").inc()
+                self._result(target_of(msg), "executed", f"already executed {prior.detail}".rstrip())
+                return "duplicate"
             return self._done(msg, "duplicate", f"already {prior.status}")
         try:
             outcome = self._execute(raw, msg, prior, source, topic)
