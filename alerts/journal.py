@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,13 @@ CREATE TABLE IF NOT EXISTS requests (
     request_signature TEXT            -- a validated resume's: to answer it after a restart
 );
 CREATE INDEX IF NOT EXISTS requests_node ON requests (node, received_at);
+-- a validated resume's test verdict, written by the validation's thread before it is carried out:
+-- a crash or a Slurm outage after the test carries out this verdict, never a second test
+CREATE TABLE IF NOT EXISTS verdicts (
+    request_id TEXT PRIMARY KEY,
+    passed INTEGER NOT NULL,
+    line TEXT NOT NULL
+);
 """
 # Journals written before comment_before existed gain the column (NULL in their old rows).
 MIGRATIONS = {
@@ -57,7 +65,8 @@ class Entry:
 
 class Journal:
     def __init__(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path), isolation_level=None)  # autocommit; we commit per row
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -79,6 +88,24 @@ class Journal:
                 f"the journal {path} is damaged ({why}): move it aside and start again (a request "
                 "delivered again is then judged as new, one older than --max-age refused as stale)"
             ) from None
+
+    def save_verdict(self, request_id: str, passed: bool, line: str) -> None:
+        """A validation's verdict, from its own thread (a connection of its own: SQLite's locking
+        orders it with the main loop's writes), durable before it is carried out."""
+        with closing(sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)) as db:
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute(
+                "INSERT OR REPLACE INTO verdicts (request_id, passed, line) VALUES (?, ?, ?)",
+                (request_id, 1 if passed else 0, line),
+            )
+
+    def verdict(self, request_id: str) -> tuple[bool, str] | None:
+        """The verdict a validation of this request reached, if one did (any thread)."""
+        with closing(sqlite3.connect(str(self.path), timeout=30.0)) as db:
+            row = db.execute(
+                "SELECT passed, line FROM verdicts WHERE request_id = ?", (request_id,)
+            ).fetchone()
+        return None if row is None else (bool(row[0]), str(row[1]))
 
     def get(self, request_id: str) -> Entry | None:
         row = self.db.execute(

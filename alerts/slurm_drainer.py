@@ -375,9 +375,13 @@ class Drainer:
         rid, node = target[0], target[1]
         answered = False
         try:
-            verdict = self._retrying(node, "its test", lambda: self._test(node))
+            # a verdict reached before a crash or before Slurm went away: carried out, not tested again
+            verdict = self.journal.verdict(rid)
             if verdict is None:
-                return
+                verdict = self._retrying(node, "its test", lambda: self._test(node))
+                if verdict is None:
+                    return
+                self.journal.save_verdict(rid, *verdict)
             passed, line = verdict
             done = self._retrying(node, "the verdict", lambda: self._carry_out(node, rid, passed, line))
             if done is None:
