@@ -250,8 +250,11 @@ def _xid_code(series: Series) -> int | None:
     number, else its value; None where neither is a code (0 is "no XID yet", and is a code here)."""
     code: Any = None
     label = series.labels.get("err_code")
-    if label is not None and label.strip().isdigit():
-        code = int(label.strip())
+    text = label.strip() if label is not None else ""
+    # ASCII digits, at most 10 (an XID is a 32-bit number): str.isdigit() takes '²', which int()
+    # refuses, and 5000 nines pass it to int()'s digit limit; either raised out of every scrape
+    if text.isascii() and text.isdigit() and len(text) <= 10:
+        code = int(text)
     else:
         v = _number(series.value)
         if v is not None and (isinstance(v, int) or v.is_integer()):

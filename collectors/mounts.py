@@ -334,7 +334,10 @@ class MountChecker:
                 self._last.pop(spec.path, None)  # its answers were about a mount that is gone
                 report(spec, "missing")
                 continue
-            where = {"fstype": entry.fstype[: schemas.MAX_ID_LEN]}
+            # a FUSE subtype is whatever the mounting program named it: bytes that are not UTF-8
+            # (read with surrogateescape) shown as \xNN, not lone surrogates no encoder takes
+            fstype = entry.fstype.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            where = {"fstype": fstype[: schemas.MAX_ID_LEN]}
             if run is not None and now - run.started >= self._deadline_s:
                 report(spec, "hung", **where, took_s=round(now - run.started, 3))
             last = self._last.get(spec.path)

@@ -71,6 +71,7 @@ import os
 import re
 from typing import Any
 
+from fleetwatch import schemas
 from fleetwatch.collectors.sources import SingleFlight, leading_float, read_stripped
 from fleetwatch.schemas import MAX_PCIE_GEN, MAX_PCIE_WIDTH, U64_MAX
 
@@ -197,10 +198,13 @@ class NetSource:
     def sample(self) -> dict[str, Any]:
         with self._guard():
             net: dict[str, Any] = {}
-            ib = self._infiniband()
+            # at most what one sample may list (SR-IOV's virtual functions are PCI devices, so they
+            # are not left out as virtual; 257 made the whole part out of contract): the first ones
+            # as sysfs and /proc/net/dev list them (physical functions register before their VFs)
+            ib = self._infiniband()[: schemas.MAX_PORTS]
             if ib:
                 net["ib"] = ib
-            eth = self._ethernet()
+            eth = self._ethernet()[: schemas.MAX_PORTS]
             if eth:
                 net["eth"] = eth
             return {"net": net}

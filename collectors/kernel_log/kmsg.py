@@ -32,6 +32,7 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 KMSG = Path("/dev/kmsg")
 RECORD_MAX = 8192  # a read buffer the kernel's records (at most ~1 KB of text) always fit in
 _SEQ = re.compile(rb"^\d{1,4},(\d{1,20}),")
+MAX_SEQ = 2**62  # a boot would log a record every nanosecond for 146 years to get here
 
 
 class Device(Protocol):
@@ -104,6 +105,8 @@ class KmsgReader:
             if m is None:
                 continue  # not a record: nothing to number it by (the parser counts it if shown)
             seq = int(m.group(1))
+            if seq > MAX_SEQ:  # not a record the kernel numbered (a 64-bit counter from 0 at boot)
+                continue  # past what the spool's INTEGER keeps: the agent's loop raised at it
             if seq <= self.cursor.seq:
                 continue  # taken before a restart
             if self.cursor.seq >= 0 and seq > self.cursor.seq + 1:

@@ -202,6 +202,20 @@ def test_missing_readonly_unwritable_and_failed_mounts_are_named(tmp_path: Path)
     schemas.validate(telemetry_message(out))
 
 
+def test_an_fstype_that_is_not_utf8_is_sent_escaped(tmp_path: Path) -> None:
+    """A FUSE subtype is whatever the mounting program named it: a byte that is not UTF-8 came out of
+    mountinfo (read with surrogateescape) as a lone surrogate no encoder takes, and the host part
+    (every host field) was left out of the sample with it."""
+    bad = mount_dir(tmp_path, "scratch")
+    proc = mountinfo(tmp_path)
+    line = f"36 35 0:40 / {bad} ro,relatime - fuse.s".encode() + b"\xffx t rw\n"
+    (proc / "self" / "mountinfo").write_bytes((ROOT + "\n").encode() + line)
+    out = HostSource(proc_root=str(proc), disk_path=str(tmp_path), mounts=[str(bad)]).sample()
+    [entry] = out["checks"]["mounts"]
+    assert entry == {"path": str(bad), "problem": "readonly", "fstype": "fuse.s\\xffx"}
+    schemas.encode(schemas.validate(telemetry_message(out)))
+
+
 def test_the_probe_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     mnt = mount_dir(tmp_path, "scratch")
     victim = tmp_path / "victim"

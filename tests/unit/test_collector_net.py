@@ -198,6 +198,18 @@ def test_no_infiniband_and_no_net_dev_leave_keys_out(tmp_path: Path) -> None:
     assert NetSource(sys_root=str(tmp_path / "sys"), proc_root=str(tmp_path / "none")).sample() == {"net": {}}
 
 
+def test_more_ports_than_a_sample_may_list_send_the_first_256(tmp_path: Path) -> None:
+    """SR-IOV's virtual functions are PCI devices (kept as physical): 300 of them made the net part
+    out of contract, left out whole (before: the whole sample blanked)."""
+    header = "\n".join(NET_DEV.splitlines()[:2])
+    rows = "".join(f"enp1s0f0v{i}: 1 1 0 0 0 0 0 0 1 1 0 0 0 0 0 0\n" for i in range(300))
+    proc = write_tree(tmp_path / "proc", {"net/dev": f"{header}\n{rows}"})
+    body = NetSource(sys_root=str(tmp_path / "sys"), proc_root=str(proc)).sample()
+    schemas.validate(telemetry_message(body))
+    eth = body["net"]["eth"]
+    assert len(eth) == schemas.MAX_PORTS and [e["iface"] for e in eth[:2]] == ["enp1s0f0v0", "enp1s0f0v1"]
+
+
 def test_fake_tree_output_validates(tmp_path: Path) -> None:
     sysfs, proc = fake_tree(tmp_path)
     message = telemetry_message(NetSource(sys_root=str(sysfs), proc_root=str(proc)).sample())

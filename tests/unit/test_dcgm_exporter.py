@@ -293,6 +293,8 @@ def test_xid_codes_from_the_label_or_the_value(exporter: Exporter) -> None:
     # unreadable codes are no gauge: nothing sent, the state kept
     for extra, value in (
         (',err_code="x"', "NaN"),
+        (',err_code="²"', "NaN"),  # str.isdigit() takes it, int() does not: it raised out of the scrape
+        (',err_code="' + "9" * 5000 + '"', "NaN"),  # past int()'s digit limit: the same
         ("", "-3"),
         ("", "1.5"),
         ("", "1e300"),

@@ -95,6 +95,17 @@ def test_an_event_field_past_the_contract_is_left_out_and_the_event_kept(tmp_pat
     assert section["rejected"] == 2
 
 
+def test_a_record_numbered_past_what_the_spool_keeps_is_not_taken(tmp_path: Path) -> None:
+    """A record numbered 2**63 or more (no kernel numbers one so: a 64-bit count from 0 at boot) made
+    the agent's loop raise OverflowError storing the cursor in SQLite (an adversarial probe's find)."""
+    ring = RingKmsg(first_seq=2**63)
+    ring.log(XID_79)
+    src = _source(ring, _boot(tmp_path))
+    part = src.sample()
+    assert "kernel" not in part or part["kernel"]["events"] == []
+    assert part.get("_cursor", {}).get("kmsg_seq", -1) < 2**62
+
+
 def test_a_restart_goes_on_from_the_cursor_without_repeating_or_losing(tmp_path: Path) -> None:
     ring, boot = RingKmsg(), _boot(tmp_path)
     ring.log(XID_79)
