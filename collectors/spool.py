@@ -22,9 +22,11 @@ hand-rolled segment format. One agent process owns one spool file.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import sqlite3
 import threading
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,11 +70,28 @@ class SpoolUnusable(ValueError):
     """The spool path cannot hold a spool; the message is one line naming the path and why."""
 
 
+class _Damaged(Exception):
+    """A spool file (its header is SQLite's) that SQLite finds damaged: set aside, not refused."""
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def _reason(e: BaseException) -> str:
     code = getattr(e, "sqlite_errorcode", None)
     if code is not None and code & 0xFF in (_SQLITE_FULL, _SQLITE_IOERR):
         return DISK_FULL
     return SPOOL_ERROR
+
+
+def _header(path: Path) -> bytes:
+    """The file's first 16 bytes: SQLite's header says it was a database (a spool, damaged) and
+    not another program's file, which is refused instead."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(SQLITE_HEADER))
+    except OSError:
+        return b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +109,22 @@ class Spool:
         self.max_bytes = max_bytes
         self.memory_bytes = min(memory_bytes, max_bytes)
         self._lock = threading.Lock()
-        self._db = self._open(self.path)
+        self.set_aside: Path | None = None  # where a damaged spool file was moved at start
+        try:
+            self._db = self._open(self.path)
+        except _Damaged as e:
+            # A crash or a power loss on a disk that lies about its flushes: the node must not stay
+            # dark until someone deletes the file. It is kept for a post-mortem, a new spool starts
+            # (a new instance: consumers order its seq anew), and what it held is lost, said once.
+            self.set_aside = self.path.with_name(f"{self.path.name}.damaged-{int(time.time())}")
+            for suffix in ("", "-journal"):
+                src = Path(f"{self.path}{suffix}")
+                if src.exists():
+                    os.replace(src, Path(f"{self.set_aside}{suffix}"))
+            log.error(
+                "spool %s is damaged (%s): set aside as %s, a new spool started", self.path, e, self.set_aside
+            )
+            self._db = self._open(self.path)
         # Acknowledged records whose DELETE the disk refused: hidden from peek and the counts, and
         # deleted with the next write that succeeds.
         self._purge_to = 0
@@ -138,6 +172,10 @@ class Spool:
             # the oldest samples frees pages in place for the next ones.
             db.execute("PRAGMA journal_mode=PERSIST")
             db.execute("PRAGMA synchronous=FULL")
+            # a damaged page is found now, not by the first read of it (every restart's)
+            (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
+            if verdict != "ok":
+                raise sqlite3.DatabaseError(verdict)
             db.executescript(_SCHEMA)
             db.execute(
                 "INSERT OR IGNORE INTO meta (k, v) VALUES ('instance', ?)", (secrets.randbits(64) - 2**63,)
@@ -154,6 +192,11 @@ class Spool:
             if db is not None:
                 db.close()
             name = getattr(e, "sqlite_errorname", "")
+            damaged = name in ("SQLITE_NOTADB", "SQLITE_CORRUPT") or (
+                isinstance(e, sqlite3.DatabaseError) and not name  # quick_check's report
+            )
+            if damaged and _header(path) == SQLITE_HEADER:
+                raise _Damaged(" ".join(str(e).split())[:200]) from None
             if name in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
                 why = "is not a SQLite database (or is damaged)"
             elif name.startswith("SQLITE_CANTOPEN"):

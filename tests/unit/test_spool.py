@@ -217,3 +217,31 @@ def test_unusable_spool_path_is_one_line(tmp_path: Path, case: str) -> None:
     assert "\n" not in str(e.value)
     if case == "not_sqlite":
         assert path.read_bytes() == b"this is not a database\n" * 200  # left as it was
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled page"])
+def test_a_spool_damaged_while_the_agent_was_down_is_set_aside_and_a_new_one_started(
+    tmp_path: Path, damage: str
+) -> None:
+    """A crash or a power loss on a disk that lies about its flushes: the agent refused to start
+    (status 1 or 2), and the node stayed dark until someone deleted the file (an adversarial
+    probe's find). The file, whose header says it was a SQLite database, is kept aside for a
+    post-mortem and a new spool (a new instance) starts; another program's file is still refused."""
+    path = tmp_path / "n1.sqlite"
+    old = Spool(path, max_bytes=64 << 20)
+    _fill(old, 3000)
+    instance = old.instance
+    old.close()
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[: (len(data) // 2 // 4096) * 4096]
+    else:
+        middle = len(data) // 4096 // 2 * 4096  # a leaf page of records
+        data[middle : middle + 4096] = b"\xa5" * 4096
+    path.write_bytes(bytes(data))
+    s = Spool(path, max_bytes=64 << 20)
+    assert s.set_aside is not None and s.set_aside.read_bytes() == bytes(data)
+    assert s.instance != instance and len(s) == 0
+    _fill(s, 2)
+    assert [r.value[:8] for r in s.peek()] == [b"00000000", b"00000001"]
+    s.close()
