@@ -49,11 +49,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter
 
 from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
-from fleetwatch.alerts.drain_pause import NOT_READ, PauseBook, load_control_key
 from fleetwatch.alerts.journal import Entry, Journal
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError, ours
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher
@@ -61,7 +60,6 @@ from fleetwatch.alerts.validation import RESERVATION_PREFIX, ValidationSettings,
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
-from fleetwatch.follow import BrokerTimedFollower
 from fleetwatch.pipeline.worker import JOIN_WAIT_S  # the same allowance the workers give a join
 from fleetwatch.refusal_log import RefusalLog
 from fleetwatch.runtime import StopFlag, serve_metrics
@@ -69,14 +67,6 @@ from fleetwatch.runtime import StopFlag, serve_metrics
 log = logging.getLogger(__name__)
 
 REQUESTS = Counter("fleetwatch_drainer_requests_total", "drain/1 requests handled, by outcome", ["outcome"])
-CONTROL_REFUSED = Counter(
-    "fleetwatch_drainer_control_refused_total",
-    "control/1 records (the drain pause) refused: unsigned, forged, malformed, clock_skew",
-    ["reason"],
-)
-PAUSED = Gauge(
-    "fleetwatch_drainer_paused", "1 while an operator's pause holds this adapter's requests and validations"
-)
 MAX_ATTEMPTS = 5
 DEFAULT_GROUP = "fleetwatch-slurm"
 DEFAULT_MAX_AGE_S = 600.0
@@ -574,9 +564,7 @@ def run(args: argparse.Namespace) -> int:
     journal = Journal(state_dir / "journal.sqlite")
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker(30)
-    bus.ensure_topics(
-        [args.drain_topic, args.results_topic, topics.DEADLETTER, args.slurm_nodes_topic, args.control_topic]
-    )
+    bus.ensure_topics([args.drain_topic, args.results_topic, topics.DEADLETTER, args.slurm_nodes_topic])
     serve_metrics(args.metrics_port, args.metrics_addr)
     producer = bus.producer(linger_ms=5)
     consumer = bus.group_consumer(args.group, client_id=f"slurm-drainer-{socket.gethostname()}")
@@ -591,16 +579,6 @@ def run(args: argparse.Namespace) -> int:
         return consumer.group_offsets(parts)
 
     consumer.subscribe([args.drain_topic], on_assign, lambda _parts: None)
-    # An operator's pause (fleetwatch pause) holds this adapter too: requests act issued before it
-    # wait (and go stale past --max-age), and no validation starts. Held until the control topic
-    # has been read once, as act holds its drains (the switch fails closed).
-    pause = PauseBook(
-        load_control_key(args.control_key_file, args.drain_key_file),
-        lambda why: CONTROL_REFUSED.labels(why).inc(),
-        read=lambda: control.caught_up.is_set(),
-    )
-    control = BrokerTimedFollower(args.control_topic, pause.apply, bus)
-    control.start()
     drainer = Drainer(
         slurm,
         journal,
@@ -618,8 +596,7 @@ def run(args: argparse.Namespace) -> int:
         if args.node_states_every
         else None
     )
-    held: list[TopicPart] = []  # partitions not fetched while drains are paused
-    taken_up = 0 if pause.active(time.time()) else drainer.recover()
+    taken_up = drainer.recover()
     if taken_up:
         log.warning("%d validations interrupted before this start taken up again", taken_up)
     log.info(
@@ -635,25 +612,7 @@ def run(args: argparse.Namespace) -> int:
     idle_since = time.monotonic()
     try:
         while not stop:
-            paused = pause.active(time.time())
-            PAUSED.set(0 if paused is None else 1)
-            if paused is not None and not held:
-                held = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
-                consumer.pause(held)
-                if paused.reason != NOT_READ:  # (at start, until the control topic is read: said by act)
-                    log.warning("drains paused (%s): requests wait, no validation starts", paused.note())
-            elif paused is None and held:
-                consumer.resume(held)
-                held = []
-                log.info("drains not paused: requests handled")
             polled = consumer.poll(100, 0.2)
-            if paused is not None and polled:  # a partition assigned since the pause began: not now
-                for tp, block in polled.items():
-                    consumer.seek(tp, int(block.offsets[0]))
-                fresh = [tp for tp in polled if tp not in held]
-                consumer.pause(fresh)
-                held += fresh
-                polled = {}
             if polled:
                 idle_since = time.monotonic()
             elif drainer.busy:
@@ -679,7 +638,7 @@ def run(args: argparse.Namespace) -> int:
             # Results and dead letters first, then the commit that forgets the input.
             unsent = producer.flush(30)
             drainer.acknowledged(not unsent)  # validations' answers: journalled once Kafka has them
-            if time.monotonic() >= recover_at and paused is None:
+            if time.monotonic() >= recover_at:
                 recover_at = time.monotonic() + RECOVER_EVERY_S
                 drainer.recover()
             if unsent:
@@ -702,7 +661,6 @@ def run(args: argparse.Namespace) -> int:
             else:
                 backoff = 1.0
     finally:
-        control.stop()
         drainer.stop()
         consumer.close()
         producer.close(10)
