@@ -56,7 +56,7 @@ from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.journal import Entry, Journal
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError, ours
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher
-from fleetwatch.alerts.validation import RESERVATION_PREFIX, ValidationSettings, Validator, reservation_name
+from fleetwatch.alerts.validation import ValidationSettings, Validator, reservation_name
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
@@ -292,9 +292,6 @@ class Drainer:
         if stale:
             self._settle(msg, prior, "rejected", stale, source)
             return self._reject(raw, target_of(msg), "stale", stale, source, topic)
-        held = self._held(info)
-        if held is not None:
-            return self._refuse(msg, prior, source, held)
         theirs = info.drained and not ours(info.reason)
         if action == "resume" and theirs:
             return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
@@ -519,19 +516,6 @@ class Drainer:
             self.slurm.cancel_reservation_jobs(reservation_name(node))
         for _node, t in list(self._running.values()):
             t.join(timeout_s)
-
-    def _held(self, info: NodeInfo) -> str | None:
-        """Why people (or Slurm) hold the node out of service, beside a drain: DOWN or FAIL, or an
-        active MAINT reservation that is not one of the adapter's validations. act does not ask
-        then (alerts/slurm_nodes.held_by), but a request issued before the admin acted may still
-        come within --max-age, and draining over it overwrote the admin's Reason (a RESUME would
-        clear their DOWN)."""
-        base = info.state.rstrip("*~#!%$@^-")
-        if base.startswith(("down", "fail")):
-            return f"held in Slurm: {info.state} ({info.reason})"
-        if info.name in self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX):
-            return "held in Slurm: in a maintenance reservation"
-        return None
 
     def _refuse(self, msg: dict[str, Any], prior: Entry | None, source: str, why: str) -> str:
         self._settle(msg, prior, "rejected", why, source)

@@ -79,7 +79,8 @@ def test_a_pause_during_a_fault_storm_drains_nothing_says_so_and_drains_go_on_af
     slurm.reset(*SLURM_NODES)
     drains = topic_tail(rig.drains)
     rig.census(*SLURM_NODES)
-    r = rig.control_command("pause", "--reason", "switch firmware rollout", "--for", "9s")
+    # long enough to outlast act's group join (about 10 s on this broker), short enough to expire here
+    r = rig.control_command("pause", "--reason", "switch firmware rollout", "--for", "20s")
     assert r.returncode == 0 and "paused until" in r.stdout, r.stderr
     port = free_port()
     # the storm guard is set above these three nodes: the pause alone must hold them

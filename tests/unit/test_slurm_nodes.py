@@ -142,7 +142,8 @@ def test_a_node_we_drained_that_people_took_over_is_not_resumed() -> None:
     drained_then_healthy(rig, "gpu-node-05", healthy_at=T0 + 10)
     book.apply(b"gpu-node-05", record("gpu-node-05", "down", "swapping the GPU board (bob)", ts=T0 + 200))
     assert rig.decide(T0 + 500) == []  # healthy, but down for repair: not ours to resume
-    book.apply(b"gpu-node-05", record("gpu-node-05", "drained", "fleetwatch: XID 79", ts=T0 + 600))
+    ours = "fleetwatch: XID 79 [fw:3180243276ee]"  # the Reason the adapter writes: its request's token last
+    book.apply(b"gpu-node-05", record("gpu-node-05", "drained", ours, ts=T0 + 600))
     (resume,) = rig.decide(T0 + 601)
     assert resume["action"] == "resume"
 
