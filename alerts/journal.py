@@ -84,6 +84,10 @@ class Journal:
         except sqlite3.DatabaseError as e:
             self.db.close()
             why = " ".join(str(e).split())  # quick_check's report is several lines
+            name = getattr(e, "sqlite_errorname", "")
+            if name not in ("SQLITE_CORRUPT", "SQLITE_NOTADB", ""):  # "": quick_check's report
+                # read-only, locked, an I/O error: the journal is fine, moving it aside would lose it
+                raise JournalDamaged(f"the journal {path} cannot be opened: {why}") from None
             raise JournalDamaged(
                 f"the journal {path} is damaged ({why}): move it aside and start again (a request "
                 "delivered again is then judged as new, one older than --max-age refused as stale)"

@@ -152,6 +152,7 @@ class Agent:
         # sources' positions (the kernel log's cursor) reached by the sample being built: stored
         # with that sample, in the same spool transaction (collectors/sources.py)
         self._cursors: dict[str, int | str] = {}
+        self._sample_cursors: dict[str, int | str] = {}  # the cursors of the sample being built
 
     def sample(self) -> dict[str, Any]:
         """One telemetry/1 message from all sources (partial when some fail). A source whose part
@@ -194,8 +195,8 @@ class Agent:
             errors[name] = f"too large: {len(schemas.encode(parts[name][0]))} bytes left out"
             log.error("leaving the %s source's part out of the sample: %s", name, errors[name])
             del parts[name]
-        for _part, cursor in parts.values():
-            self._cursors.update(cursor)
+        # the cursors of the parts the sample carries, stored with it once it is spooled (tick)
+        self._sample_cursors = {k: v for _part, cursor in parts.values() for k, v in cursor.items()}
         for name, err in errors.items():
             SOURCE_ERRORS.labels(name, err.split(":", 1)[0]).inc()
         self.seq += 1
@@ -231,6 +232,7 @@ class Agent:
         msg = self.sample()
         try:
             value = schemas.encode(schemas.validate(msg, schemas.TELEMETRY))
+            self._cursors.update(self._sample_cursors)  # only what this sample carries
         except (schemas.MessageError, TypeError, ValueError) as e:
             # The parts fit one by one but not together: keep the sample's skeleton and say so.
             log.error("dropping invalid fields from sample: %s", e)

@@ -53,7 +53,7 @@ class SpoolForwarder:
         self.broker_up = False
         self.sent_total = 0
         self.outages = 0
-        # records the client or the broker refused for their size, dropped: sending one again
+        # records the client refused for their size (past its message.max.bytes), dropped: sending one again
         # never helps, and the resend from the oldest record would send it first for ever, every
         # good record behind it stuck in the spool
         self.refused_total = 0
@@ -151,9 +151,7 @@ class SpoolForwarder:
         acked = None
         while self._in_flight and self._in_flight[0][1].done:
             rec_id, delivery = self._in_flight[0]
-            if isinstance(delivery.error, RecordTooLarge):  # the broker's limit: dropped, not resent
-                self._refused(rec_id, len(delivery.item.value or b""), delivery.error)
-            elif delivery.error is not None:
+            if delivery.error is not None:  # (the broker's size refusal is its batch's: retried)
                 self._fail(delivery.error)
                 return False
             self._in_flight.popleft()

@@ -200,7 +200,7 @@ class NetSource:
             net: dict[str, Any] = {}
             # at most what one sample may list (SR-IOV's virtual functions are PCI devices, so they
             # are not left out as virtual; 257 made the whole part out of contract): the first ones
-            # as sysfs and /proc/net/dev list them (physical functions register before their VFs)
+            # in natural name order (IB) and as /proc/net/dev lists them (physical functions first)
             ib = self._infiniband()[: schemas.MAX_PORTS]
             if ib:
                 net["ib"] = ib
@@ -293,7 +293,13 @@ def _pcie_link(device_dir: str) -> dict[str, int]:
 
 
 def _listdir(path: str) -> list[str]:
+    """Names in natural order (mlx5_2 before mlx5_10): past the 256 a sample may list, the first
+    devices (the physical functions, registered before their VFs) are the ones kept."""
     try:
-        return sorted(os.listdir(path))
+        return sorted(os.listdir(path), key=_natural)
     except OSError:
         return []
+
+
+def _natural(name: str) -> list[tuple[int, int | str]]:
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part]

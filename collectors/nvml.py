@@ -488,11 +488,14 @@ def _put(out: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _add(total: int | None, value: Any) -> int | None:
-    """Sum that stays None until some counter actually answered. A link's "not available"
-    (NVML_VALUE_NOT_AVAILABLE_ulonglong, 2**64 - 1) is no count: left out of the sum, which the
-    other links' counts make."""
-    if value is None or int(value) >= NOT_AVAILABLE_U64:
+    """Sum that stays None until some counter actually answered; NOT_AVAILABLE_U64 once any link's
+    counter is "not available" (NVML_VALUE_NOT_AVAILABLE_ulonglong): the sum without that link
+    would drop by its count and jump back by all of it when it answers again, a burst of errors
+    that never happened. The schema's not-available value, which the detectors read as absent."""
+    if value is None:
         return total
+    if total == NOT_AVAILABLE_U64 or int(value) >= NOT_AVAILABLE_U64:
+        return NOT_AVAILABLE_U64
     return int(value) if total is None else total + int(value)
 
 

@@ -116,6 +116,9 @@ class Spool:
             # A crash or a power loss on a disk that lies about its flushes: the node must not stay
             # dark until someone deletes the file. It is kept for a post-mortem, a new spool starts
             # (a new instance: consumers order its seq anew), and what it held is lost, said once.
+            # only the newest damaged copy is kept: a disk that keeps failing must not fill up
+            for older in self.path.parent.glob(f"{self.path.name}.damaged-*"):
+                older.unlink(missing_ok=True)
             self.set_aside = self.path.with_name(f"{self.path.name}.damaged-{int(time.time())}")
             for suffix in ("", "-journal"):
                 src = Path(f"{self.path}{suffix}")

@@ -145,6 +145,8 @@ class JobMembers:
         self.forgotten = []
         for i, m in enumerate(msgs):
             if m["schema"] == JOB:
+                if m["state"] not in ENDED_STATES and self._taken_before(m["job"], float(m["ts"])):
+                    continue  # a job/1 of a job the bounds forgot, sent again: it brings nothing back
                 if not self._stale(m):
                     taken.append(m)
                     self._job(m, taken, refused)
@@ -225,6 +227,7 @@ class JobMembers:
                 self.late += 1
             elif r["node"] in nodes:
                 taken.append(r)
+                self._touch(job, float(r["ts"]))  # its newest record taken counts these too
             else:
                 refused.append(self._refusal(r, NOT_IN_JOB, f"the job/1 of {job} does not list this node"))
         return nodes

@@ -302,13 +302,17 @@ def test_any_gpu_field_past_the_contract_is_left_out_alone(gpu: FakeGpu, left_ou
     assert body["gpus"][0]["util"] == 0 and body["gpus"][0]["temp_c"] == 40  # the other GPU as read
 
 
-def test_a_links_not_available_counter_is_no_count_in_the_nvlink_sums() -> None:
-    """NVML_VALUE_NOT_AVAILABLE_ulonglong on two links' CRC counters summed past 64 bits: the other
-    links' counts are the sum."""
+def test_a_links_not_available_counter_makes_the_nvlink_sum_not_available() -> None:
+    """NVML_VALUE_NOT_AVAILABLE_ulonglong on a link's CRC counters: summed, they went past 64 bits
+    and the GPU source's part was out of contract; left out of the sum, the sum would drop by that
+    link's count and jump back when it answers (a burst that never happened). The sum is the
+    schema's not-available value, which the detectors read as absent."""
     u64 = 2**64 - 1
     links = [FakeLink(crc_flit=u64, crc_data=u64), FakeLink(crc_flit=3, crc_data=4)]
-    out = NvmlSource(nvml=FakeNvml([FakeGpu(nvlinks=links)]).module).sample()["gpus"][0]
-    assert out["nvlink_crc_errors"] == 7 and out["nvlink_links_active"] == 2
+    body = NvmlSource(nvml=FakeNvml([FakeGpu(nvlinks=links)]).module).sample()
+    schemas.validate(telemetry_message(body))
+    out = body["gpus"][0]
+    assert out["nvlink_crc_errors"] == u64 and out["nvlink_links_active"] == 2
 
 
 def test_an_xid_past_32_bits_is_left_out_and_the_others_kept() -> None:

@@ -308,3 +308,22 @@ def test_a_task_snapshot_whose_stale_record_marks_are_made_up_is_refused_at_rest
     with pytest.raises(ValueError, match="last_ts"):
         JobTask.from_bytes(orjson.dumps(state))
     task.close()
+
+
+def test_a_forgotten_jobs_job_1_or_held_records_sent_again_bring_nothing_back() -> None:
+    """A review's finds: the same job/1 delivered again revived a job the bounds had forgotten
+    (forgetting another in its place), and records released from the hold did not count among the
+    newest taken, so sent again they were judged anew."""
+    task = JobTask(JobTaskConfig(running=RunningConfig(max_jobs=1)))
+    early = steps(4, 5, job="job-1")  # before the job/1: held, then released by it
+    task.process(topics.STEPS, early)
+    start = job_start(4, ts=T0)
+    task.process(topics.JOBS, [start])
+    assert task.members.n_held == 0 and "job-1" in task.members.nodes
+    task.process(topics.JOBS, [_job("other", ["z"], early[-1]["ts"] + 1)])  # job-1 forgotten
+    assert [j.job for j in task.members.forgotten] == ["job-1"]
+    task.process(topics.JOBS, [start])  # sent again
+    assert set(task.members.nodes) == {"other"} and task.members.forgotten == []
+    task.process(topics.STEPS, early)  # sent again: taken before the forget, through the hold
+    assert set(task.members.nodes) == {"other"} and task.refused == []
+    task.close()
