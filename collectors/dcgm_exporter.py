@@ -177,6 +177,7 @@ def parse(text: str) -> list[Series]:
     line by line, so that a bad line costs only itself. Names are as written: the parser appends
     `_total` to the samples of a family typed `counter` (DCGM_FI_DEV_PCIE_REPLAY_COUNTER becomes
     ..._COUNTER_total), which is taken off again."""
+    text = _wanted_lines(text)
     try:
         return list(_samples(text))
     except Exception:  # the third-party parser on hostile text: reread it line by line
@@ -189,6 +190,33 @@ def parse(text: str) -> list[Series]:
             except Exception:
                 continue
         return out
+
+
+MAX_LINE = 16_384  # a DCGM sample line with pod labels is under 2 KiB
+
+
+def _wanted_lines(text: str) -> str:
+    """Only the lines about the metrics read here (their samples, TYPE and HELP), none longer than
+    MAX_LINE: prometheus_client's parser takes time quadratic in a line's length (a 1.5 MiB comment
+    line, or one sample with 40,000 labels, timed the source out at every scrape), and the lines of
+    every other metric are work for nothing."""
+    keep = []
+    for line in text.splitlines():
+        if len(line) > MAX_LINE or not line.strip():
+            continue
+        if line.startswith("#"):
+            words = line.split(None, 3)
+            if len(words) >= 3 and words[1] in ("TYPE", "HELP") and _wanted(words[2]):
+                keep.append(line)
+            continue
+        head = line.split("{", 1)[0].split(None, 1)  # the metric's name: before its labels or value
+        if head and _wanted(head[0]):
+            keep.append(line)
+    return "\n".join(keep) + "\n" if keep else ""
+
+
+def _wanted(name: str) -> bool:
+    return name in WANTED or name.removesuffix("_total") in WANTED
 
 
 def _samples(text: str) -> Iterator[Series]:

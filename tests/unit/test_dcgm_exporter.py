@@ -399,6 +399,21 @@ def test_garbage_gives_no_gpus_and_no_error(exporter: Exporter, text: str) -> No
     assert valid(source(exporter, any_host=True).sample()) == {"gpus": []}
 
 
+def test_lines_of_other_metrics_and_overlong_lines_are_not_parsed() -> None:
+    """prometheus_client's parser is quadratic in a line's length: a 1.5 MiB comment line or one
+    sample with 40,000 labels timed the source out at every scrape (an adversarial probe's find).
+    Only the lines of the metrics read here, none over MAX_LINE, reach it."""
+    labels = ",".join(f'l{i}="v"' for i in range(40_000))
+    text = (
+        "# " + " " * 1_500_000 + "x\n"
+        + f"DCGM_FI_DEV_GPU_TEMP{{{labels}}} 1\n"
+        + "# HELP node_cpu_seconds_total another exporter's\n"
+        + "node_cpu_seconds_total{cpu=\"0\"} 5\n"
+        + GOOD
+    )  # fmt: skip
+    assert [(s.name, s.value) for s in parse(text)] == [("DCGM_FI_DEV_GPU_TEMP", 33.0)]
+
+
 def test_one_bad_line_costs_only_itself(exporter: Exporter) -> None:
     text = fixture("upcloud_l40s.prom")
     broken = text.replace(
