@@ -113,20 +113,7 @@ class Spool:
         try:
             self._db = self._open(self.path)
         except _Damaged as e:
-            # A crash or a power loss on a disk that lies about its flushes: the node must not stay
-            # dark until someone deletes the file. It is kept for a post-mortem, a new spool starts
-            # (a new instance: consumers order its seq anew), and what it held is lost, said once.
-            # only the newest damaged copy is kept: a disk that keeps failing must not fill up
-            for older in self.path.parent.glob(f"{self.path.name}.damaged-*"):
-                older.unlink(missing_ok=True)
-            self.set_aside = self.path.with_name(f"{self.path.name}.damaged-{int(time.time())}")
-            for suffix in ("", "-journal"):
-                src = Path(f"{self.path}{suffix}")
-                if src.exists():
-                    os.replace(src, Path(f"{self.set_aside}{suffix}"))
-            log.error(
-                "spool %s is damaged (%s): set aside as %s, a new spool started", self.path, e, self.set_aside
-            )
+            self._set_aside(str(e))
             self._db = self._open(self.path)
         # Acknowledged records whose DELETE the disk refused: hidden from peek and the counts, and
         # deleted with the next write that succeeds.
@@ -154,6 +141,37 @@ class Spool:
         # spool (a reinstall, a lost disk) starts a new sequence under a new id. Kept as a signed
         # 64-bit integer in the integer-typed meta table, read back as 16 hex characters.
         self.instance = f"{self._read_meta('instance') + 2**63:016x}"
+
+    def _set_aside(self, why: str) -> None:
+        """A crash or a power loss on a disk that lies about its flushes, a bad sector: the node must
+        not stay dark until someone deletes the file. It is kept for a post-mortem (the newest copy
+        only: a disk that keeps failing must not fill up), a new spool starts (a new instance:
+        consumers order its seq anew), and what it held is lost, said once."""
+        for older in self.path.parent.glob(f"{self.path.name}.damaged-*"):
+            older.unlink(missing_ok=True)
+        self.set_aside = self.path.with_name(f"{self.path.name}.damaged-{int(time.time())}")
+        for suffix in ("", "-journal"):
+            src = Path(f"{self.path}{suffix}")
+            if src.exists():
+                os.replace(src, Path(f"{self.set_aside}{suffix}"))
+        log.error(
+            "spool %s is damaged (%s): set aside as %s, a new spool started", self.path, why, self.set_aside
+        )
+
+    def _restart_damaged(self, e: sqlite3.DatabaseError) -> bool:
+        """The file turned out damaged while running (a read hit a bad page): set it aside and go on
+        in a new one, the records waiting in memory kept, ids going on from the last one (the
+        forwarder's place stays valid). False where SQLite does not say the file is damaged."""
+        if getattr(e, "sqlite_errorname", "") not in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+            return False
+        self._db.close()
+        self._set_aside(" ".join(str(e).split())[:200])
+        self._db = self._open(self.path)
+        self.instance = f"{self._read_meta('instance') + 2**63:016x}"
+        self._purge_to = 0
+        self._bytes, self._count = self._mem_bytes, len(self._mem)
+        self._leave_failing()
+        return True
 
     @staticmethod
     def _open(path: Path) -> sqlite3.Connection:
@@ -385,7 +403,10 @@ class Spool:
             except sqlite3.DatabaseError as e:
                 if isinstance(e, sqlite3.ProgrammingError | sqlite3.InterfaceError):
                     raise
-                self._enter_failing(SPOOL_ERROR, e)
+                if self._restart_damaged(e):  # what it held is lost; what waits in memory goes out
+                    rows = []
+                else:
+                    self._enter_failing(SPOOL_ERROR, e)
                 busy = getattr(e, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
                 if busy and self._count > len(self._mem):
                     # the disk's records are older than memory's and only locked for now: sending

@@ -245,3 +245,30 @@ def test_a_spool_damaged_while_the_agent_was_down_is_set_aside_and_a_new_one_sta
     _fill(s, 2)
     assert [r.value[:8] for r in s.peek()] == [b"00000000", b"00000001"]
     s.close()
+
+
+def test_a_spool_damaged_while_the_agent_runs_is_set_aside_and_sending_goes_on(tmp_path: Path) -> None:
+    """A bad sector under a running agent's spool: appends went on (to the right-most page), but
+    every read of the oldest records hit the damaged page, so nothing, old or new, was sent again
+    and the spool grew past its bound (an adversarial probe's find). The first read that hits it
+    sets the file aside; new records go out, their ids after the last (the forwarder's place)."""
+    path = tmp_path / "n1.sqlite"
+    s = Spool(path, max_bytes=600_000)
+    _fill(s, 1500, size=300)
+    last = s.peek(after_id=0, limit=2000)[-1].id
+    pages = path.stat().st_size // 4096
+    with open(path, "r+b") as f:
+        for page in range(1, pages // 2):  # every page of the oldest half: the first read hits one
+            f.seek(page * 4096)
+            f.write(b"\xa5" * 4096)
+        f.seek(24)  # the file change counter, as another writer bumps it: SQLite drops its cache
+        counter = int.from_bytes(f.read(4), "big")
+        f.seek(24)
+        f.write((counter + 1).to_bytes(4, "big"))
+    instance = s.instance
+    assert s.peek(after_id=0, limit=10) == []  # the damaged file: set aside, what it held lost
+    assert s.set_aside is not None and s.set_aside.exists() and s.instance != instance
+    s.append(b"k", b"after")
+    [rec] = s.peek(after_id=last, limit=10)
+    assert rec.value == b"after" and rec.id > last and len(s) == 1 and s.failing is None
+    s.close()
