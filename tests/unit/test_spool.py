@@ -180,8 +180,9 @@ def test_a_spool_locked_even_for_reading_sends_nothing_past_its_unread_records(t
 
 def test_damaged_spool_file_never_raises_and_samples_still_go_out(tmp_path: Path) -> None:
     """A spool file damaged while the agent runs (SQLITE_CORRUPT/NOTADB on the next read or write):
-    append, peek and ack refuse without raising, new samples are still handed out (from memory)
-    and acknowledged, and memory stays bounded."""
+    append refuses without raising (the sample waits in memory), the next read sets the file aside
+    and starts a new one, and the sample in memory, then every new one, is handed out and
+    acknowledged (the file's own records are lost, said once)."""
     path = tmp_path / "s.sqlite"
     s = Spool(path, max_bytes=1 << 20, memory_bytes=5 * 101)
     _fill(s, 50)
@@ -190,11 +191,11 @@ def test_damaged_spool_file_never_raises_and_samples_still_go_out(tmp_path: Path
         f.write(b"\xa5" * (path.stat().st_size - 24))
     assert s.append(b"k", b"new".ljust(100, b".")) == {}
     recs = s.peek()
-    assert [r.value[:3] for r in recs] == [b"new"] and s.failing == "spool_error"
+    assert [r.value[:3] for r in recs] == [b"new"] and s.set_aside is not None
     s.ack(recs[0].id)
-    assert s.peek(after_id=recs[0].id) == []
-    dropped = sum(sum(s.append(b"k", b"x" * 100).values()) for _ in range(8))
-    assert dropped == 3 and s.dropped == {"spool_error": 3}  # room for 5 in memory
+    assert s.peek(after_id=recs[0].id) == [] and len(s) == 0
+    assert all(s.append(b"k", b"x" * 100) == {} for _ in range(8))  # the new file takes them
+    assert [r.value[:1] for r in s.peek(after_id=recs[0].id)] == [b"x"] * 8 and s.failing is None
     s.close()
 
 
