@@ -40,6 +40,7 @@ import errno
 import logging
 import os
 import re
+import secrets
 import socket
 import threading
 import time
@@ -178,7 +179,15 @@ def _write_probe(path: str, probe_dir: str, name: str) -> None:
         else:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(probe_dir, 0o755, dir_fd=root)
-            where = os.open(probe_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root)
+            try:
+                where = os.open(probe_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root)
+            except OSError as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                # Its name is taken by a file or a link (anyone who can write a shared mount can
+                # plant one): that says nothing of the mount, and it made the mount "unwritable"
+                # on every node. The probe goes in the mount's root, under a name nobody can guess.
+                where, name = root, f".fleetwatch-probe-{secrets.token_hex(8)}"
         try:
             # a leftover of an earlier run, or a link someone planted: never written through
             with contextlib.suppress(FileNotFoundError):

@@ -171,15 +171,15 @@ def test_missing_readonly_unwritable_and_failed_mounts_are_named(tmp_path: Path)
     present = mount_dir(tmp_path, "present")
     ro_ok = mount_dir(tmp_path, "datasets")
     ro_bad = mount_dir(tmp_path, "checkpoints")
-    blocked = mount_dir(tmp_path, "blocked")
-    (blocked / ".fleetwatch-probe").write_text("a file where the probe's directory should be")
+    # a mount that refuses writes even to root (procfs: no directory can be made in it)
+    blocked = Path("/proc/self")
     gone = tmp_path / "stale"  # listed as mounted, but statvfs fails on it (as ESTALE would)
     proc = mountinfo(
         tmp_path,
         NFS4.format(path=present),
         RO_BIND.format(path=ro_ok),
         EXT4_REMOUNTED_RO.format(path=ro_bad),
-        LUSTRE.format(path=blocked),
+        f"40 29 0:5 / {blocked} rw,nosuid,nodev,noexec,relatime - proc proc rw",
         NFS4.format(path=gone),
     )
     specs = [str(present), f"{ro_ok}:ro", str(ro_bad), str(blocked), str(gone), "/not/mounted"]
@@ -194,8 +194,8 @@ def test_missing_readonly_unwritable_and_failed_mounts_are_named(tmp_path: Path)
     assert named[str(blocked)] == {
         "path": str(blocked),
         "problem": "unwritable",
-        "fstype": "lustre",
-        "error": "ENOTDIR",
+        "fstype": "proc",
+        "error": "ENOENT",
     }
     assert named[str(gone)] == {"path": str(gone), "problem": "failed", "fstype": "nfs4", "error": "ENOENT"}
     assert set(named) == {"/not/mounted", str(ro_bad), str(blocked), str(gone)}
@@ -228,15 +228,23 @@ def test_the_probe_never_writes_through_a_planted_link(tmp_path: Path) -> None:
         str(mnt), writable=True, how="write", probe_dir=".fleetwatch-probe", probe_name=name
     ) == (ProbeOutcome())
     assert victim.read_text() == "keep me" and list(probe_dir.iterdir()) == []
-    # a probe directory that is a link elsewhere is refused, not followed
+    # a probe directory that is a link elsewhere, or a file, is never followed or written: a tenant
+    # could plant one on a shared mount, which made it "unwritable" on every node (an adversarial
+    # probe's find); the probe then writes in the mount's root under a name nobody can guess
     elsewhere = mount_dir(tmp_path, "elsewhere")
     other = mount_dir(tmp_path, "lustre")
     (other / ".fleetwatch-probe").symlink_to(elsewhere)
     outcome = probe_mount(
         str(other), writable=True, how="write", probe_dir=".fleetwatch-probe", probe_name=name
     )
-    assert outcome.problem == "unwritable" and outcome.error in ("ELOOP", "ENOTDIR")  # Linux says ENOTDIR
-    assert list(elsewhere.iterdir()) == []
+    assert outcome == ProbeOutcome() and list(elsewhere.iterdir()) == []
+    assert [p.name for p in other.iterdir()] == [".fleetwatch-probe"]  # the probe left nothing
+    squatted = mount_dir(tmp_path, "shared")
+    (squatted / ".fleetwatch-probe").write_text("a tenant's file")
+    outcome = probe_mount(
+        str(squatted), writable=True, how="write", probe_dir=".fleetwatch-probe", probe_name=name
+    )
+    assert outcome == ProbeOutcome() and (squatted / ".fleetwatch-probe").read_text() == "a tenant's file"
 
 
 def test_access_probe_and_the_mount_root_as_probe_dir(tmp_path: Path) -> None:
