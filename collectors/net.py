@@ -246,7 +246,9 @@ class NetSource:
     # ------------------------------------------------------------------ Ethernet
 
     def _ethernet(self) -> list[dict[str, Any]]:
-        text = read_stripped(os.path.join(self._proc, "net", "dev"))
+        # names as bytes (Linux takes any but '/' and NUL in one): its sysfs entries are opened by
+        # the name as it is, and it is sent printable (\xNN for what is not UTF-8)
+        text = read_stripped(os.path.join(self._proc, "net", "dev"), errors="surrogateescape")
         if text is None:
             return []
         interfaces: list[dict[str, Any]] = []
@@ -255,7 +257,8 @@ class NetSource:
                 continue
             if not self._include_virtual and self._virtual(iface):
                 continue
-            entry: dict[str, Any] = {"iface": iface}
+            shown = iface.encode("ascii", "surrogateescape").decode("utf-8", "backslashreplace")
+            entry: dict[str, Any] = {"iface": shown}
             state = read_stripped(os.path.join(self._sys, "class", "net", iface, "operstate"))
             if state:
                 entry["state"] = state

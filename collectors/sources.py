@@ -100,12 +100,12 @@ def make_source(name: str, **kwargs: Any) -> Source:
     raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")
 
 
-def read_stripped(path: str) -> str | None:
+def read_stripped(path: str, errors: str = "replace") -> str | None:
     """A small /proc or sysfs file's text without its surrounding whitespace; None where it cannot
     be read (gone, no permission, a device that answers EIO): a value that cannot be read is left
-    out."""
+    out. `errors="surrogateescape"` keeps bytes past ASCII as they were (a name to open files by)."""
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
+        with open(path, encoding="ascii", errors=errors) as f:
             return f.read().strip()
     except OSError:
         return None

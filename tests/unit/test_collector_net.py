@@ -210,6 +210,28 @@ def test_more_ports_than_a_sample_may_list_send_the_first_256(tmp_path: Path) ->
     assert len(eth) == schemas.MAX_PORTS and [e["iface"] for e in eth[:2]] == ["enp1s0f0v0", "enp1s0f0v1"]
 
 
+def test_interface_names_past_ascii_are_looked_up_as_they_are_and_sent_printable(tmp_path: Path) -> None:
+    """Linux takes any byte in a name but '/' and NUL: /proc/net/dev read as ASCII with replacement
+    mangled them, so their sysfs entries were missed (no state, and a virtual one sent although
+    virtual ones are left out; an adversarial probe's find)."""
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    (proc / "net").mkdir(parents=True)
+    (sysfs / "class" / "net").mkdir(parents=True)
+    names = {b"eth\xfc0": "pci0000:00/0000:00:03.0", "veth\u00fc1".encode(): "virtual"}
+    rows = [b"Inter-| hdr", b" face | hdr"] + [n + b": 1 2 0 0 0 0 0 0 3 4 0 0 0 0 0 0" for n in names]
+    (proc / "net" / "dev").write_bytes(b"\n".join(rows) + b"\n")
+    for name, where in names.items():
+        d = os.fsencode(sysfs / "devices" / where / "net") + b"/" + name
+        os.makedirs(d)
+        with open(d + b"/operstate", "wb") as f:
+            f.write(b"up\n")
+        os.symlink(d, os.fsencode(sysfs / "class" / "net") + b"/" + name)
+    body = NetSource(sys_root=str(sysfs), proc_root=str(proc)).sample()
+    schemas.encode(schemas.validate(telemetry_message(body)))
+    [eth] = body["net"]["eth"]  # the virtual one left out
+    assert (eth["iface"], eth["state"], eth["rx_bytes"], eth["tx_bytes"]) == ("eth\\xfc0", "up", 1, 3)
+
+
 def test_fake_tree_output_validates(tmp_path: Path) -> None:
     sysfs, proc = fake_tree(tmp_path)
     message = telemetry_message(NetSource(sys_root=str(sysfs), proc_root=str(proc)).sample())
