@@ -227,7 +227,10 @@ class NetSource:
         return ports
 
     def _ib_port(self, device: str, port: str, path: str) -> dict[str, Any]:
-        entry: dict[str, Any] = {"device": device, "port": int(port) if port.isdigit() else port}
+        entry: dict[str, Any] = {
+            "device": _printable(device),
+            "port": int(port) if port.isdigit() else _printable(port),
+        }
         for key, filename, parse in (
             ("state", "state", parse_ib_state),
             ("phys_state", "phys_state", parse_ib_state),
@@ -257,8 +260,7 @@ class NetSource:
                 continue
             if not self._include_virtual and self._virtual(iface):
                 continue
-            shown = iface.encode("ascii", "surrogateescape").decode("utf-8", "backslashreplace")
-            entry: dict[str, Any] = {"iface": shown}
+            entry: dict[str, Any] = {"iface": _printable(iface)}
             state = read_stripped(os.path.join(self._sys, "class", "net", iface, "operstate"))
             if state:
                 entry["state"] = state
@@ -293,6 +295,12 @@ def _pcie_link(device_dir: str) -> dict[str, int]:
         if value is not None:
             link[key] = value
     return link
+
+
+def _printable(name: str) -> str:
+    """A name read with surrogateescape (os.listdir's, /proc/net/dev's), as it is sent: UTF-8 as it
+    was, other bytes as \\xNN (a lone surrogate no encoder takes)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _listdir(path: str) -> list[str]:
