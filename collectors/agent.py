@@ -159,6 +159,11 @@ class Agent:
         is out of contract, or so large that the message would be, is left out of it and says so in
         `agent.source_errors`; the other sources' parts stay (one odd value on one GPU used to blank
         the whole node's sample, every second it lasted)."""
+        return self._build()[0]
+
+    def _build(self) -> tuple[dict[str, Any], bytes | None, str]:
+        """The sample, its encoding once validated (None where its parts fit one by one but not
+        together), and why not."""
         ts = time.time()
         errors: dict[str, str] = {}
         started = []
@@ -184,23 +189,53 @@ class Agent:
                     else {}
                 )
                 parts[r.name] = (part, kept)
-        for name, (part, _cursor) in list(parts.items()):
-            why = self._unfit(msg, part)
-            if why is not None:
-                log.error("leaving the %s source's part out of the sample: %s", name, why)
-                errors[name] = why
-                del parts[name]  # and its cursor: what it read was not kept
-        while parts and len(self._encode(msg, parts, errors)) > MAX_SAMPLE_BYTES:
-            name = max(parts, key=lambda n: len(schemas.encode(parts[n][0])))
-            errors[name] = f"too large: {len(schemas.encode(parts[name][0]))} bytes left out"
-            log.error("leaving the %s source's part out of the sample: %s", name, errors[name])
-            del parts[name]
+        value, why = self._fit(msg, parts, errors)
         # the cursors of the parts the sample carries, stored with it once it is spooled (tick)
         self._sample_cursors = {k: v for _part, cursor in parts.values() for k, v in cursor.items()}
         for name, err in errors.items():
             SOURCE_ERRORS.labels(name, err.split(":", 1)[0]).inc()
         self.seq += 1
-        return self._assemble(msg, parts, errors)
+        return self._assemble(msg, parts, errors), value, why
+
+    def _fit(
+        self, msg: dict[str, Any], parts: dict[str, tuple[dict[str, Any], Any]], errors: dict[str, str]
+    ) -> tuple[bytes | None, str]:
+        """Leave out of `parts` what cannot go in the sample: a part out of contract on its own
+        (checked one by one where the whole does not validate, or where a part overrides another's
+        fields), then the largest while the sample is over MAX_SAMPLE_BYTES. The sample's encoding
+        (validated once, as it is spooled), or None and why."""
+        value, why = self._valid(msg, parts, errors)
+        keys = [k for part, _cursor in parts.values() for k in part]
+        if value is None or len(keys) != len(set(keys)):
+            for name, (part, _cursor) in list(parts.items()):
+                unfit = self._unfit(msg, part)
+                if unfit is not None:
+                    log.error("leaving the %s source's part out of the sample: %s", name, unfit)
+                    errors[name] = unfit
+                    del parts[name]  # and its cursor: what it read was not kept
+            value, why = self._valid(msg, parts, errors)
+        size = len(value) if value is not None else len(schemas.encode(self._assemble(msg, parts, errors)))
+        while parts and size > MAX_SAMPLE_BYTES:
+            name = max(parts, key=lambda n: len(schemas.encode(parts[n][0])))
+            errors[name] = f"too large: {len(schemas.encode(parts[name][0]))} bytes left out"
+            log.error("leaving the %s source's part out of the sample: %s", name, errors[name])
+            del parts[name]
+            value, why = self._valid(msg, parts, errors)
+            size = (
+                len(value) if value is not None else len(schemas.encode(self._assemble(msg, parts, errors)))
+            )
+        return value, why
+
+    def _valid(
+        self, msg: dict[str, Any], parts: dict[str, tuple[dict[str, Any], Any]], errors: dict[str, str]
+    ) -> tuple[bytes | None, str]:
+        """The sample these parts make, validated and encoded; or None and why."""
+        try:
+            return schemas.encode(schemas.validate(self._assemble(msg, parts, errors), schemas.TELEMETRY)), ""
+        except schemas.MessageError as e:
+            return None, str(e)
+        except (TypeError, ValueError) as e:  # what the encoder refuses (a lone surrogate)
+            return None, f"cannot encode: {e}"
 
     def _assemble(
         self, msg: dict[str, Any], parts: dict[str, tuple[dict[str, Any], Any]], errors: dict[str, str]
@@ -213,36 +248,25 @@ class Agent:
         out["agent"] = {"version": __version__, "instance": self.spool.instance, "source_errors": errs}
         return out
 
-    def _encode(
-        self, msg: dict[str, Any], parts: dict[str, tuple[dict[str, Any], Any]], errors: dict[str, str]
-    ) -> bytes:
-        return schemas.encode(self._assemble(msg, parts, errors))
-
     def _unfit(self, msg: dict[str, Any], part: dict[str, Any]) -> str | None:
         """Why one source's part cannot go in a sample (None: it can), checked on its own."""
-        try:
-            schemas.encode(schemas.validate(self._assemble(msg, {"": (part, None)}, {}), schemas.TELEMETRY))
-        except schemas.MessageError as e:
-            return f"invalid: {e}"[:200]
-        except (TypeError, ValueError) as e:  # what the encoder refuses (a lone surrogate)
-            return f"invalid: cannot encode: {e}"[:200]
-        return None
+        value, why = self._valid(msg, {"": (part, None)}, {})
+        return None if value is not None else f"invalid: {why}"[:200]
 
     def tick(self) -> dict[str, Any]:
-        msg = self.sample()
-        try:
-            value = schemas.encode(schemas.validate(msg, schemas.TELEMETRY))
+        msg, value, why = self._build()
+        if value is not None:
             self._cursors.update(self._sample_cursors)  # only what this sample carries
-        except (schemas.MessageError, TypeError, ValueError) as e:
+        else:
             # The parts fit one by one but not together: keep the sample's skeleton and say so.
-            log.error("dropping invalid fields from sample: %s", e)
+            log.error("dropping invalid fields from sample: %s", why)
             bad = {k: msg[k] for k in ("schema", "node", "ts", "seq")}
             bad.update(
                 gpus=[],
                 agent={
                     "version": __version__,
                     "instance": self.spool.instance,
-                    "source_errors": {"agent": f"invalid: {e}"[:200]},
+                    "source_errors": {"agent": f"invalid: {why}"[:200]},
                 },
             )
             value = schemas.encode(bad)
