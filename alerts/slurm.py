@@ -28,6 +28,12 @@ TAG = "fleetwatch"  # every reason fleetwatch writes starts with it; resume only
 _OURS_RE = re.compile(r"\[fw:[0-9a-f]{12}\]\Z")
 
 
+def reason_token(request_id: str) -> str:
+    """What ends every Reason fleetwatch writes: its request's id, shortened (Slurm shows Reasons in
+    narrow columns). `ours` looks for it."""
+    return f"[fw:{request_id[:12]}]"
+
+
 def ours(reason: str) -> bool:
     """Whether a drain's Reason is one fleetwatch wrote: TAG first, its request's token last."""
     return reason.startswith(TAG) and _OURS_RE.search(reason.rstrip()) is not None

@@ -54,7 +54,7 @@ from prometheus_client import Counter
 from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.journal import Entry, Journal
-from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError, ours
+from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError, ours, reason_token
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher
 from fleetwatch.alerts.validation import ValidationSettings, Validator, reservation_name
 from fleetwatch.bus import TopicPart
@@ -115,7 +115,7 @@ def took_effect(msg: dict[str, Any], prior: Entry, info: NodeInfo, comment: str)
     rid = msg["request_id"]
     if comment_token(rid) in comment:
         return True  # written by the drain's own scontrol call; a resume since does not remove it
-    if info.drained and f"fw:{rid[:12]}" in info.reason:
+    if info.drained and reason_token(rid) in info.reason:
         return True  # drained by a release that wrote no Comment token
     if prior.comment_before is None or comment == prior.comment_before:
         return False  # as it was before the command (or a journal row older than the pre-image)
@@ -305,7 +305,7 @@ class Drainer:
         )
         if action == "drain":
             reason = msg["reason"] if msg["reason"].startswith(TAG) else f"{TAG}: {msg['reason']}"
-            self.slurm.drain(node, f"{reason} [fw:{rid[:12]}]", with_token(comment, rid))
+            self.slurm.drain(node, f"{reason} {reason_token(rid)}", with_token(comment, rid))
         elif info.drained:
             self.slurm.resume(node)
         self.journal.finish(rid, "executed")
@@ -443,7 +443,7 @@ class Drainer:
         if not info.drained and not self.slurm.reservation_exists(reservation_name(node)):
             return "not_ours", "the validation's reservation was removed during the test"
         reason = f"{TAG}: validation failed: {line}"
-        self.slurm.drain(node, f"{reason} [fw:{rid[:12]}]", with_token(self.slurm.comment(node), rid))
+        self.slurm.drain(node, f"{reason} {reason_token(rid)}", with_token(self.slurm.comment(node), rid))
         self.validator.release(node)
         log.warning("not resuming %s (request %s): %s", node, rid, line)
         return "validation_failed", line

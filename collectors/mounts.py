@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetwatch import schemas
+from fleetwatch.collectors.sources import printable_name
 
 log = logging.getLogger(__name__)
 
@@ -344,9 +345,8 @@ class MountChecker:
                 report(spec, "missing")
                 continue
             # a FUSE subtype is whatever the mounting program named it: bytes that are not UTF-8
-            # (read with surrogateescape) shown as \xNN, not lone surrogates no encoder takes
-            fstype = entry.fstype.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            where = {"fstype": fstype[: schemas.MAX_ID_LEN]}
+            # (read with surrogateescape) are sent as \xNN
+            where = {"fstype": printable_name(entry.fstype)[: schemas.MAX_ID_LEN]}
             if run is not None and now - run.started >= self._deadline_s:
                 report(spec, "hung", **where, took_s=round(now - run.started, 3))
             last = self._last.get(spec.path)

@@ -72,7 +72,7 @@ import re
 from typing import Any
 
 from fleetwatch import schemas
-from fleetwatch.collectors.sources import SingleFlight, leading_float, read_stripped
+from fleetwatch.collectors.sources import SingleFlight, leading_float, printable_name, read_stripped
 from fleetwatch.schemas import MAX_PCIE_GEN, MAX_PCIE_WIDTH, U64_MAX
 
 IB_COUNTERS = (  # (telemetry field, file under counters/, multiplier)
@@ -228,8 +228,8 @@ class NetSource:
 
     def _ib_port(self, device: str, port: str, path: str) -> dict[str, Any]:
         entry: dict[str, Any] = {
-            "device": _printable(device),
-            "port": int(port) if port.isdigit() else _printable(port),
+            "device": printable_name(device),
+            "port": int(port) if port.isdigit() else printable_name(port),
         }
         for key, filename, parse in (
             ("state", "state", parse_ib_state),
@@ -260,7 +260,7 @@ class NetSource:
                 continue
             if not self._include_virtual and self._virtual(iface):
                 continue
-            entry: dict[str, Any] = {"iface": _printable(iface)}
+            entry: dict[str, Any] = {"iface": printable_name(iface)}
             state = read_stripped(os.path.join(self._sys, "class", "net", iface, "operstate"))
             if state:
                 entry["state"] = state
@@ -295,12 +295,6 @@ def _pcie_link(device_dir: str) -> dict[str, int]:
         if value is not None:
             link[key] = value
     return link
-
-
-def _printable(name: str) -> str:
-    """A name read with surrogateescape (os.listdir's, /proc/net/dev's), as it is sent: UTF-8 as it
-    was, other bytes as \\xNN (a lone surrogate no encoder takes)."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _listdir(path: str) -> list[str]:

@@ -264,11 +264,8 @@ class NvmlSource:
             if len(kept) != len(xids):
                 self._note_value(gpu, "nvmlEventSetWait_v2", [x for x in xids if x not in kept][:8])
             out["xids"] = kept
-        for key in [k for k in out if k in schemas.GPU_FIELDS]:
-            try:
-                schemas.GPU_FIELDS[key](f"gpus[{gpu.index}].{key}", out[key])
-            except schemas.MessageError:
-                self._note_value(gpu, key, out.pop(key))
+        for key in schemas.outside(f"gpus[{gpu.index}]", out, schemas.GPU_FIELDS):
+            self._note_value(gpu, key, out.pop(key))
 
     def _read_fields(self, gpu: _Gpu, out: dict[str, Any]) -> None:
         nv = self._nv

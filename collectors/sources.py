@@ -111,6 +111,12 @@ def read_stripped(path: str, errors: str = "replace") -> str | None:
         return None
 
 
+def printable_name(name: str) -> str:
+    """A name read with surrogateescape (os.listdir's, /proc's), as it is sent: UTF-8 as it was,
+    other bytes as \\xNN (a lone surrogate no encoder takes)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def leading_float(text: str) -> float | None:
     """The first whitespace-separated field of text as a non-negative float (as /proc and sysfs
     print it: "0.52 0.40 ...", "200 Gb/sec (4X HDR)"); None where it is missing, not a number

@@ -33,7 +33,7 @@ detector drop the windows of any other node it holds, resolving that node's find
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ import numpy as np
 import orjson
 
 from fleetwatch.config import knob
-from fleetwatch.detectors.findings import ForgottenJob, IncidentBook, severity_score
+from fleetwatch.detectors.findings import ForgottenJob, Incident, IncidentBook, severity_score
 from fleetwatch.detectors.job_batch import FEATURES_RECORD, JOB_RECORD, STEP_RECORD, JobBatch
 
 NAN = np.nan
@@ -214,25 +214,27 @@ class StragglerDetector:
 
     def job_ended(self, job: str, ts: float) -> list[dict[str, Any]]:
         """Resolve the job's open straggler findings and forget its windows."""
-        out = []
-        for key in [k for k in self.book.open if k[2] == job]:
-            inc = self.book.open.pop(key)
-            out.append(inc.finding(max(ts, inc.last_bad), resolved=True))
-        for k in [k for k in self.windows if k[0] == job]:
-            del self.windows[k]
-        return out
+        return self._close_jobs({job: lambda inc: inc.finding(max(ts, inc.last_bad), resolved=True)})
 
     def forget(self, gone: Sequence[ForgottenJob]) -> list[dict[str, Any]]:
-        """The JobDetector protocol: the stage forgot these running jobs (a missed end, its bound):
-        their findings resolve as forgotten, their windows go."""
-        forgotten = {j.job: j for j in gone}
-        out = []
-        for key in [k for k in self.book.open if k[2] in forgotten]:
-            job = forgotten[key[2]]
-            inc = self.book.open.pop(key)
-            out.append(inc.finding(max(job.at, inc.last_bad), resolved=True, unseen_for_s=job.unseen_for_s,
-                                   why=job.why))  # fmt: skip
-        for job in forgotten:  # by key, not a scan: a flood past the bound forgets a job per record
+        """The JobDetector protocol: the stage forgot these running jobs (past its bounds): their
+        findings resolve as forgotten, their windows go."""
+        return self._close_jobs(
+            {
+                j.job: lambda inc, j=j: inc.finding(
+                    max(j.at, inc.last_bad), resolved=True, unseen_for_s=j.unseen_for_s, why=j.why
+                )
+                for j in gone
+            }
+        )
+
+    def _close_jobs(
+        self, resolve: Mapping[str, Callable[[Incident], dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Each job's open findings resolved as `resolve[job]` says, and its windows dropped (by
+        key, not a scan: a flood past the stage's bounds forgets a job per record)."""
+        out = [resolve[k[2]](self.book.open.pop(k)) for k in [k for k in self.book.open if k[2] in resolve]]
+        for job in resolve:
             for sig in SIGNALS:
                 self.windows.pop((job, sig.name), None)
         return out

@@ -536,6 +536,21 @@ def _fields(where: str, obj: Mapping[str, Any], spec: Mapping[str, Check]) -> No
         # Unknown keys are tolerated: producers may extend messages (docs/contract.md 1.3).
 
 
+def outside(where: str, obj: Mapping[str, Any], spec: Mapping[str, Check]) -> list[str]:
+    """The keys of `obj` whose value its field's check in `spec` refuses: what a collector leaves
+    out of what it read, so that one such value does not make its whole part invalid."""
+    bad = []
+    for key, value in obj.items():
+        check = spec.get(key)
+        if check is None:
+            continue
+        try:
+            check(f"{where}.{key}", value)
+        except MessageError:
+            bad.append(key)
+    return bad
+
+
 def _ts(where: str, v: Any) -> None:
     _number(where, v, 0)
 

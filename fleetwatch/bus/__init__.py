@@ -102,8 +102,8 @@ class SendError(RuntimeError):
 
 
 class RecordTooLarge(SendError):
-    """The client or the broker refuses this record for its size: sending it again never helps
-    (raised by send(), or a Delivery's error)."""
+    """send(): the client refuses this record for its size, so sending it again never helps. (A
+    broker's size refusal in a delivery report is its batch's, an ordinary failed delivery.)"""
 
 
 # on_assign(partitions) -> the offset each partition is to be read from

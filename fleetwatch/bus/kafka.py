@@ -76,7 +76,7 @@ _LEADER_PENDING = frozenset(
 )
 
 
-# a record refused for its size: by the client (message.max.bytes) or the broker (its own limit)
+# a record the client refuses for its size at produce() (past its message.max.bytes)
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 
@@ -596,10 +596,7 @@ class KafkaProducer:
         delivery = Delivery(Outgoing(topic, key, value, headers, partition))
 
         def settle(err: KafkaError | None, _msg: Any) -> None:
-            if err is not None and err.code() in _TOO_LARGE:  # the broker's limit, below the client's
-                delivery.settle(RecordTooLarge(str(err)))
-            else:
-                delivery.settle(None if err is None else KafkaException(err))
+            delivery.settle(None if err is None else KafkaException(err))
 
         kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": settle}
         if headers:
