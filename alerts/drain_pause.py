@@ -13,8 +13,12 @@ written after the lift):
 - Every act follows the whole topic (fleetwatch/follow.py), so every instance obeys within a
   follower's poll (a fraction of a second), and a restarted act reads the record back before it
   decides anything: the pause survives restarts.
-- It ends by itself at `until` (at most MAX_PAUSE_S after it was issued: a pause somebody forgot
-  must not switch the safety net off for good), or at a `paused: false` record (resume-drains).
+- It lasts as long as asked (`until - issued_at`) from when the broker took it (at most
+  MAX_PAUSE_S: a pause somebody forgot must not switch the safety net off for good), so that an
+  operator's clock behind does not end it early, but never past its own `until` + MAX_BEHIND_S (a
+  record a day older than the broker's time is a replay of one gone from the topic, not a clock:
+  honoured from the broker's time it would pause drains anew); or it ends at a `paused: false`
+  record (resume-drains).
 - Signed with the control key (FLEETWATCH_CONTROL_KEY or --control-key-file; the drain key where
   none is set). A site gives on-call a control key of its own, so that the hosts that may pause
   drains cannot sign a drain/1 (HMAC keys cannot separate signing from verifying).
@@ -53,6 +57,7 @@ CONTROL = schemas.CONTROL
 SWITCH = "drain_pause"
 MAX_PAUSE_S = schemas.MAX_PAUSE_S
 MAX_AHEAD_S = 60.0
+MAX_BEHIND_S = 86_400.0  # an operator's clock behind by this much is a replay, not a clock
 NOT_READ = "the control topic has not been read yet (fleetwatch.control.v1 unreachable, or its ACL missing)"
 validate_control = schemas.validate_control
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")  # of the stripped text: linear (no \s* at both ends)
@@ -170,9 +175,12 @@ class PauseBook:
                 return  # a replay of an older record: the latest switch stands
             # As long as the operator asked (`until - issued_at`), from when the broker took it, and
             # never longer than a week: `until` on the operator's own clock ended a pause from a host
-            # an hour behind at once, while the command said "paused until" a time already past.
+            # an hour behind at once, while the command said "paused until" a time already past. Not
+            # past its own `until` by more than MAX_BEHIND_S: a signed pause replayed once the original
+            # has left the topic (8 days) must not pause drains anew, as it did not before.
             asked = max(0.0, msg["until"] - msg["issued_at"])
-            self._latest = {**msg, "until": now + min(asked, MAX_PAUSE_S)}
+            until = min(now + min(asked, MAX_PAUSE_S), msg["until"] + MAX_BEHIND_S)
+            self._latest = {**msg, "until": until}
         what = "paused" if msg["paused"] else "lifted"
         log.warning("drains %s by %s: %s", what, msg["by"], msg["reason"])
 

@@ -104,3 +104,25 @@ def test_resume_drains_reads_past_hostile_records_and_lifts_the_genuine_pause(ka
     book = _as_act_reads(KafkaBus(kafka_bootstrap), topic)
     assert book.active(now + 31) is None  # lifted
     assert now + 30 < book.latest_issued_at() < now + 600  # after the genuine pause, not the forged one
+
+
+def test_a_pause_lasts_as_asked_from_a_slow_clock_and_an_old_one_replayed_pauses_nothing(
+    kafka_bootstrap: str,
+) -> None:
+    """Through the real broker, as act reads it: a pause from a host an hour behind lasts its hour
+    from the broker's time (it ended at once, on the host's own `until`); a genuine signed pause of
+    nine days ago, written again by whoever can write the topic once the original left it (8 days'
+    retention), pauses nothing."""
+    now = time.time()
+    for issued, active in ((now - 3600, True), (now - 9 * 86_400, False)):
+        topic = f"test.control.{uuid.uuid4().hex[:8]}"
+        with Admin(kafka_bootstrap) as admin:
+            admin.create_topics(
+                [topic], partitions=1, configs={topic: {"message.timestamp.type": "LogAppendTime"}}
+            )
+        send(kafka_bootstrap, topic, [(b"drain_pause", _pause(issued))])
+        held = _as_act_reads(KafkaBus(kafka_bootstrap), topic).active(time.time() + 60)
+        if active:
+            assert held is not None and held.until == pytest.approx(now + 3600, abs=60)
+        else:
+            assert held is None

@@ -138,6 +138,13 @@ def test_a_pause_lasts_as_long_as_asked_from_when_the_broker_took_it_whatever_th
     pause = book.active(broker + 1)
     assert pause is not None and pause.until == broker + 1800
     assert book.active(broker + 1801) is None
+    # ... but a signed pause replayed once the original has left the topic (8 days' retention) is
+    # no clock a day behind: it does not pause drains anew
+    replay = PauseBook(KEY)
+    replay.read_up()
+    later = T0 + 9 * 86_400.0
+    replay.apply(b"drain_pause", control(True, T0, for_s=6 * 86_400.0), now=later)
+    assert replay.active(later + 1) is None
 
 
 def test_dry_run_publishes_marked_would_be_requests_and_behaves_as_if_they_ran() -> None:
