@@ -231,6 +231,49 @@ def test_cli_consumes_the_topic_and_commits(
         slurm.reset("gpu-node-02")
 
 
+def test_cli_with_a_damaged_journal_fails_with_one_line_and_touches_nothing(
+    kafka_bootstrap: str, slurm: Slurm, tmp_path: Path
+) -> None:
+    """A journal damaged by a power loss (a page garbled): the real adapter says so in one line,
+    status 2, before it reads a request, and neither drains nor answers anything (it was a
+    traceback at start, or at every restart once a request read the damaged row)."""
+    slurm.reset("gpu-node-02")
+    j = Journal(tmp_path / "journal.sqlite")
+    for i in range(300):
+        j.begin(f"{i:032x}", "gpu-node-02", "drain", time.time(), "t:0:0", comment_before="")
+    j.close()
+    for side in ("journal.sqlite-wal", "journal.sqlite-shm"):
+        (tmp_path / side).unlink(missing_ok=True)
+    data = bytearray((tmp_path / "journal.sqlite").read_bytes())
+    middle = len(data) // 4096 // 2 * 4096
+    data[middle : middle + 4096] = b"\xa5" * 4096
+    (tmp_path / "journal.sqlite").write_bytes(bytes(data))
+    topic = f"test.drain.{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [topic])
+    producer = KafkaBus(kafka_bootstrap).producer()
+    drain = req("gpu-node-02")
+    producer.send(topic, key=drain["node"].encode(), value=schemas.encode(drain))
+    assert not producer.flush(10), "records not acknowledged"
+    producer.close(5)
+    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
+    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap]
+    argv += [
+        "--drain-topic",
+        topic,
+        "--group",
+        f"g-{topic}",
+        "--state-dir",
+        str(tmp_path),
+        "--idle-exit",
+        "2",
+    ]
+    r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is damaged" in lines[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert slurm.state("gpu-node-02")[0].rstrip("*").startswith("idle")
+
+
 def test_cli_without_a_key_fails_with_one_line(kafka_bootstrap: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "FLEETWATCH_DRAIN_KEY"}
     r = subprocess.run(
