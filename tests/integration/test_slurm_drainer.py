@@ -192,34 +192,45 @@ def test_crash_between_journal_and_scontrol_is_recovered_without_repeating(
     slurm.reset("gpu-node-01")
 
 
-def test_cli_consumes_the_topic_and_commits(
-    kafka_bootstrap: str,
-    slurm: Slurm,
-    tmp_path: Path,
-) -> None:
-    slurm.reset("gpu-node-02")
+def queued(bootstrap: str, *requests: dict[str, Any]) -> str:
+    """A drain topic of this test's own holding `requests`, acknowledged by the broker."""
     topic = f"test.drain.{uuid.uuid4().hex[:8]}"
-    ensure_topics(kafka_bootstrap, [topic])
-    producer = KafkaBus(kafka_bootstrap).producer()
-    drain = req("gpu-node-02")
-    for m in (drain, drain, {**req("gpu-node-03"), "signature": "0" * 64}):
+    ensure_topics(bootstrap, [topic])
+    producer = KafkaBus(bootstrap).producer()
+    for m in requests:
         producer.send(topic, key=m["node"].encode(), value=schemas.encode(m))
     assert not producer.flush(10), "records not acknowledged"
     producer.close(5)
+    return topic
+
+
+def run_cli(bootstrap: str, slurm: Slurm, topic: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    """The real `fleetwatch slurm-drainer` on `topic` until it has been idle 2 s."""
     env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
-    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap]
+    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", bootstrap]
     argv += [
         "--drain-topic",
         topic,
         "--group",
         f"g-{topic}",
         "--state-dir",
-        str(tmp_path),
+        str(state_dir),
         "--idle-exit",
         "2",
     ]
+    return subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_cli_consumes_the_topic_and_commits(
+    kafka_bootstrap: str,
+    slurm: Slurm,
+    tmp_path: Path,
+) -> None:
+    slurm.reset("gpu-node-02")
+    drain = req("gpu-node-02")
+    topic = queued(kafka_bootstrap, drain, drain, {**req("gpu-node-03"), "signature": "0" * 64})
     for _ in range(2):  # the second run finds everything committed and does nothing
-        r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        r = run_cli(kafka_bootstrap, slurm, topic, tmp_path)
         assert r.returncode == 0, r.stderr[-2000:]
     try:
         assert slurm.state("gpu-node-02")[0].startswith("drain")
@@ -248,26 +259,7 @@ def test_cli_with_a_damaged_journal_fails_with_one_line_and_touches_nothing(
     middle = len(data) // 4096 // 2 * 4096
     data[middle : middle + 4096] = b"\xa5" * 4096
     (tmp_path / "journal.sqlite").write_bytes(bytes(data))
-    topic = f"test.drain.{uuid.uuid4().hex[:8]}"
-    ensure_topics(kafka_bootstrap, [topic])
-    producer = KafkaBus(kafka_bootstrap).producer()
-    drain = req("gpu-node-02")
-    producer.send(topic, key=drain["node"].encode(), value=schemas.encode(drain))
-    assert not producer.flush(10), "records not acknowledged"
-    producer.close(5)
-    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
-    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap]
-    argv += [
-        "--drain-topic",
-        topic,
-        "--group",
-        f"g-{topic}",
-        "--state-dir",
-        str(tmp_path),
-        "--idle-exit",
-        "2",
-    ]
-    r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = run_cli(kafka_bootstrap, slurm, queued(kafka_bootstrap, req("gpu-node-02")), tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "is damaged" in lines[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
