@@ -166,6 +166,7 @@ SECTION_FLAGS = {
         "storm_min_nodes": "storm_min_nodes",
         "storm_clear": "storm_clear_s",
         "settle": "settle_s",
+        "retry_deferred": "retry_deferred_s",
     },
     "act.census": {
         "census_warm_up": "warm_up_s",

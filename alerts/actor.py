@@ -44,6 +44,7 @@ from fleetwatch.alerts.alertmanager import AlertSink
 from fleetwatch.alerts.drain_log import Result
 from fleetwatch.alerts.drain_pause import Pause
 from fleetwatch.alerts.policy import (
+    DEFERRED,
     VALIDATION_FAILED,
     Evaluation,
     JobLookup,
@@ -62,8 +63,9 @@ log = logging.getLogger(__name__)
 STORM_SOURCE = "storm"
 PAUSE_SOURCE = "paused"
 # refusals reported once for the whole fleet (one alert), not by a refusal alert per node, and
-# refusals of nodes people hold (alerts/slurm_nodes.py): nobody is paged for what they chose
-FLEET_WIDE = frozenset({"storm", "paused", *HELD_REASONS})
+# refusals of nodes people hold (alerts/slurm_nodes.py): nobody is paged for what they chose; nor
+# for a request the adapter deferred (a pause it follows, a node people hold): it is asked again
+FLEET_WIDE = frozenset({"storm", "paused", *HELD_REASONS, f"adapter:{DEFERRED}"})
 UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a drain pending too long
 # how much newer than our drain request a slurm_node/1 record must be before it can show that an
 # operator resumed the node: the adapter publishes every 30 s, and executes a drain within seconds
@@ -309,7 +311,7 @@ class Actor:
         self.reconcile(tasks)
         owner: dict[str, ActTask] = {n: t for t in tasks for n in t.nodes}
         nodes = {n: t.nodes[n] for n, t in owner.items()}
-        self._apply_results(nodes)
+        self._apply_results(nodes, now)
         self._released_by_hand(nodes, now)
         fleet = self.fleet_size()
         ev = self.policy.evaluate(
@@ -338,7 +340,7 @@ class Actor:
         self.dispatcher.flush([*(t.book for t in tasks), self.global_book])
         return out
 
-    def _apply_results(self, nodes: Mapping[str, NodeState]) -> None:
+    def _apply_results(self, nodes: Mapping[str, NodeState], now: float) -> None:
         """Fold the adapter's answer to each node's latest request into its state (idempotent).
 
         Only requests act issued are looked up, by id and by the signature they were issued with,
@@ -359,7 +361,7 @@ class Actor:
             if r is None:
                 continue
             why = self.policy.apply_result(
-                st, r.request_id, r.action, r.outcome, r.detail, request_sig=r.request_signature
+                st, r.request_id, r.action, r.outcome, r.detail, request_sig=r.request_signature, now=now
             )
             if st.drained and st.confirmed and (r.action == "resume" or r.outcome == "executed"):
                 # Our drain stands in Slurm as of this answer: executed, or a resume that left the
@@ -380,7 +382,13 @@ class Actor:
                 log.info("%s %s: adapter says %s (request %s)", r.action, node, r.outcome, r.request_id)
             if why is not None:
                 self.metrics.refused.labels(why).inc()
-                log.warning("drain of %s refused: %s (%s)", node, why, r.detail)
+                log.log(
+                    logging.INFO if why in FLEET_WIDE else logging.WARNING,
+                    "drain of %s refused: %s (%s)",
+                    node,
+                    why,
+                    r.detail,
+                )
         # only a node's latest request is looked up: the ids of older ones need not be remembered
         current = {st.request_id for st in nodes.values()}
         self._counted &= current

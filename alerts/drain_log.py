@@ -89,6 +89,8 @@ class Result:
     seen: float | None = None
 
 
+# answers a duplicate is never resolved to (a deferral is handled afresh when asked again)
+NOT_FIRST = frozenset({drain_result.DUPLICATE, drain_result.DEFERRED})
 MAX_ANSWERS = 8  # copies of a request (its id, another signature) whose answers are kept
 MAX_NODES_NAMED = 4  # answers kept per copy: the one naming the request's node, a few naming others
 # request ids kept, the first answered leaving first: a node's state keeps what its answer decided
@@ -149,12 +151,14 @@ class ResultBook:
                 # "handled before": the answer to this copy is the first answer to the request id
                 # about the same node, which the adapter gave to a request that verified too (same
                 # node, action and findings: the id hashes them), e.g. one act issued before a restart.
+                # Not a deferral: the adapter handles a deferred id afresh, so a duplicate is of an
+                # answer given after it.
                 first = next(
                     (
                         a
                         for answers in copies.values()
                         for a in answers.values()
-                        if a.node == r.node and a.outcome != drain_result.DUPLICATE
+                        if a.node == r.node and a.outcome not in NOT_FIRST
                     ),
                     None,
                 )

@@ -37,6 +37,8 @@ BINDING = schemas.REQUEST_SIGNATURE  # optional in the schema (earlier releases 
 validate_result = schemas.validate_result
 EXECUTED = "executed"
 DUPLICATE = "duplicate"  # handled before; its first result says how (act ignores this one)
+# not now, nothing done (an operator's pause, a node people hold in Slurm): act asks again later
+DEFERRED = "deferred"
 
 
 def make_result(

@@ -4,9 +4,12 @@ Two phases per request: `begin` records it as `executing` BEFORE scontrol runs a
 records the outcome after. A restart finds an `executing` row only if it died in between; the
 adapter then checks Slurm's state instead of blindly running the command again: `begin` also
 keeps the node's Slurm Comment as it was before the command (`comment_before`), since the drain
-writes the request id into that Comment in the same scontrol call (alerts/slurm_drainer.py). Any
-other row means the request was handled: a duplicate delivery (at-least-once Kafka, a replaying
-act) is skipped. SQLite with synchronous=FULL: a row that `finish` returned for survives a power cut.
+writes the request id into that Comment in the same scontrol call (alerts/slurm_drainer.py). A
+`deferred` row (nothing done: an operator's pause, a node people hold) keeps the signature of the
+copy deferred: that copy delivered again gets the same answer, a copy act signed anew is handled
+afresh. Any other row means the request was handled: a duplicate delivery (at-least-once Kafka, a
+replaying act) is skipped. SQLite with synchronous=FULL: a row that `finish` returned for survives
+a power cut.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY,
     node TEXT NOT NULL,
     action TEXT NOT NULL,
-    status TEXT NOT NULL,        -- executing | executed | rejected | failed | undetermined
+    status TEXT NOT NULL,        -- executing | executed | rejected | failed | undetermined | deferred
     detail TEXT NOT NULL DEFAULT '',
     issued_at REAL,
     received_at REAL NOT NULL,
@@ -156,6 +159,39 @@ class Journal:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (request_id, node, action, status, detail[:500], issued_at, time.time(), time.time(), source),
         )
+
+    def defer(
+        self,
+        request_id: str,
+        node: str,
+        action: str,
+        detail: str,
+        issued_at: float | None,
+        source: str,
+        request_signature: str,
+    ) -> None:
+        """A request not carried out now (nothing done), with the signature of the copy deferred; it
+        replaces an `executing` row left by a crash, whose pre-image is not needed any more."""
+        self.db.execute(
+            "INSERT OR REPLACE INTO requests (request_id, node, action, status, detail, issued_at,"
+            " received_at, done_at, source, request_signature)"
+            " VALUES (?, ?, ?, 'deferred', ?, ?, ?, ?, ?, ?)",
+            (
+                request_id,
+                node,
+                action,
+                detail[:500],
+                issued_at,
+                time.time(),
+                time.time(),
+                source,
+                request_signature,
+            ),
+        )
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request's row: a deferred one asked again is handled as new (nothing was done)."""
+        self.db.execute("DELETE FROM requests WHERE request_id = ?", (request_id,))
 
     def executing(self, action: str) -> list[Entry]:
         """The requests of `action` begun and not finished."""

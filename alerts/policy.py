@@ -37,7 +37,8 @@ Before all three: while an operator's pause is in force (`paused`, alerts/drain_
 is drained (refused `paused`) and nothing resumed; a node missing from the census of reporting
 nodes (`known`, fleet.nodes.v1) is never drained (refused `unknown_node`), and a request the Slurm
 adapter refused is not issued again for the same findings (refused `adapter:<outcome>`, e.g.
-`adapter:rejected_stale`).
+`adapter:rejected_stale`), but for one it deferred (`adapter:deferred`: drains paused, or the node
+down or in maintenance in Slurm), which is asked again after `retry_deferred_s`.
 "Drained" counts for the budget from the moment a drain is requested: `pending` until the adapter's
 drain_result/1 says `executed` (`confirmed`), so waiting for the adapter never lets more through;
 and it keeps counting after a resume is requested (`resuming`) until the adapter says the resume
@@ -82,6 +83,10 @@ REJECTED_MEMORY = 16  # request ids the adapter refused, remembered per node so 
 NOT_OURS = frozenset({"rejected_not_ours", "rejected_unknown_node"})
 # The adapter's answer to a resume whose node failed its test (alerts/validation.py): drained again.
 VALIDATION_FAILED = "rejected_validation"
+# The adapter's "not now" (an operator's pause, a node people hold in Slurm): nothing was done, and
+# unlike every other refusal it is not final: the same request is asked again (newly signed) once
+# PolicyConfig.retry_deferred_s has passed, if act still wants it then.
+DEFERRED = "deferred"
 
 
 def drain_reason(f: Mapping[str, Any], gpu_reset_automated: bool = False) -> str | None:
@@ -157,6 +162,12 @@ class PolicyConfig:
     storm_min_nodes: int = knob(3, "... but never fewer than this (two failures at once happen)", ge=1)
     storm_clear_s: float = knob(120.0, "a storm ends this long (s) after its last onset", ge=0)
     settle_s: float = knob(0.0, "wait this long (s) after an onset before draining (lets a storm show)", ge=0)
+    retry_deferred_s: float = knob(
+        60.0,
+        "a request the adapter deferred (drains paused, the node down or in maintenance) is asked "
+        "again after this long (s), if still wanted",
+        gt=0,
+    )
     gpu_reset_automated: bool = knob(
         False, "something else resets GPUs that need it (NVIDIA's RESET_GPU): act then does not drain for it"
     )
@@ -213,6 +224,9 @@ class NodeState:
     # ... and when the broker took that answer: a view the broker took before it was taken before
     # the drain, whatever the adapter's clock said (a clock that stepped ahead and back)
     confirmed_seen: float | None = None
+    # when act read the adapter's `deferred` for its latest deferred request (act's clock): it is
+    # asked again retry_deferred_s after that
+    deferred_at: float | None = None
 
     def worthy(self) -> list[OpenFinding]:
         return sorted((f for f in self.open.values() if f.drain), key=lambda f: (f.ts, f.id))
@@ -367,8 +381,9 @@ class Policy:
             if st.drained_at is not None and now - st.drained_at < wait:
                 continue  # healthy_since may predate the drain (resolved while the request was queued)
             rid = request_id(node, "resume", st.drain_findings)
-            if rid in st.rejected:
+            if rid in st.rejected and not self._retry_due(st, rid, now):
                 continue  # the adapter refused this very resume: asking again changes nothing
+            st.rejected.pop(rid, None)  # (deferred, and due again)
             ev.actions.append(
                 Action(node, "resume", f"healthy for {wait:.0f} s", "info", tuple(st.drain_findings))
             )
@@ -394,7 +409,7 @@ class Policy:
                 self._refuse(ev, node, st, "unknown_node", "not in the census of reporting nodes")
                 continue
             rid = request_id(node, "drain", [f.id for f in st.worthy()])
-            if rid in st.rejected:
+            if rid in st.rejected and not self._retry_due(st, rid, now):
                 why = f"adapter:{st.rejected[rid]}"
                 self._refuse(ev, node, st, why, st.refused_detail if st.refused == why else why)
                 continue
@@ -422,6 +437,7 @@ class Policy:
             reasons = list(dict.fromkeys(f.drain for f in worthy if f.drain))
             severity = max((f.severity for f in worthy), key=lambda s: SEVERITY_RANK.get(s, 0))
             st.flapping = st.last_resume_at is not None and now - st.last_resume_at < c.cooldown_s
+            st.rejected.pop(rid, None)  # (deferred, and due again: the same request, newly signed)
             st.drained, st.drained_at, st.refused, st.refused_detail = True, now, None, ""
             st.request_id, st.request_sig, st.confirmed = rid, "", False  # signed by the caller
             st.confirmed_at = st.confirmed_seen = None
@@ -432,6 +448,12 @@ class Policy:
             ev.actions.append(Action(node, "drain", st.drain_reason, severity, tuple(st.drain_findings)))
         ev.drained = len(drained)
         return ev
+
+    def _retry_due(self, st: NodeState, rid: str, now: float) -> bool:
+        """A request the adapter deferred, asked again once retry_deferred_s has passed."""
+        if st.rejected.get(rid) != DEFERRED:
+            return False
+        return st.deferred_at is None or now - st.deferred_at >= self.cfg.retry_deferred_s
 
     @staticmethod
     def _job_peer_drained(
@@ -493,7 +515,14 @@ class Policy:
 
     @staticmethod
     def apply_result(
-        st: NodeState, request_id: str, action: str, outcome: str, detail: str, *, request_sig: str
+        st: NodeState,
+        request_id: str,
+        action: str,
+        outcome: str,
+        detail: str,
+        *,
+        request_sig: str,
+        now: float | None = None,
     ) -> str | None:
         """Fold the adapter's drain_result/1 for the node's latest request into its state.
 
@@ -503,6 +532,9 @@ class Policy:
         is never filed: it can neither free a budget slot nor mark a request refused before it
         exists. Idempotent (results are re-read after every restart). Returns the refusal reason
         ("adapter:<outcome>") when this result takes back a drain that was counted, else None.
+        `deferred` is applied as a refusal (nothing was done: a drain's slot is freed, a resume's
+        drain stays) that evaluate() asks again after retry_deferred_s from `now` (act's clock when
+        it first read it).
         """
         if not request_sig or (request_id, request_sig) != (st.request_id, st.request_sig):
             return None
@@ -521,6 +553,8 @@ class Policy:
             return None
         if action == "drain" and st.confirmed:
             return None  # executed already (done is done): a later refusal is of a redelivery
+        if outcome == DEFERRED and st.rejected.get(request_id) != DEFERRED:
+            st.deferred_at = now  # (re-applied at every decision: the first reading counts)
         st.rejected[request_id] = outcome
         while len(st.rejected) > REJECTED_MEMORY:
             del st.rejected[next(iter(st.rejected))]

@@ -4,7 +4,8 @@ Per request, in order:
 1. decode + validate drain/1 (malformed -> dead-letter, counted);
 2. check the HMAC signature with the shared key (forged or tampered -> dead-letter, counted); a
    request marked `dry_run` (`act --dry-run`) is dead-lettered and counted, never executed;
-3. skip it if the journal already has it (a duplicate delivery or a replaying `act`);
+3. skip it if the journal already has it (a duplicate delivery or a replaying `act`), but for a
+   deferred one asked again in a copy act signed anew (the copy deferred gets its answer again);
 4. check the node against the nodes Slurm knows (unknown -> journal + dead-letter, counted);
 5. a request the journal holds as `executing` was interrupted by a crash: decide from Slurm's own
    state whether it took effect (below) and never run it a second time if it did;
@@ -13,7 +14,12 @@ Per request, in order:
    outage describes a node as it was then, not as it is;
 7. never overrule a human: a drain does not overwrite someone else's drain reason, and a resume
    only lifts a drain whose reason fleetwatch wrote;
-8. journal `executing` (with the node's Slurm Comment as it was), run scontrol, journal the outcome.
+8. not now: while an operator's pause is in force (fleet.control.v1, as act reads it), and for a
+   node people or Slurm hold (DOWN, FAIL, a maintenance reservation not one of its validations), the
+   request is answered `deferred`, nothing done, and act asks again later (a pause holds what act
+   asked just before it; a node taken down after the request was issued is theirs now). A
+   validation already begun runs to its end;
+9. journal `executing` (with the node's Slurm Comment as it was), run scontrol, journal the outcome.
 Every request handled gets one signed drain_result/1 on scheduler.drain.results.v1 (key = node,
 alerts/drain_result.py), so `act` learns what really happened; results and dead letters are
 flushed before the batch's offsets are committed. Only a request whose signature verified is
@@ -49,17 +55,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
+from fleetwatch.alerts.drain_pause import Pause, PauseBook, load_control_key
 from fleetwatch.alerts.journal import Entry, Journal
 from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError, ours, reason_token
-from fleetwatch.alerts.slurm_nodes import NodeStatePublisher
-from fleetwatch.alerts.validation import ValidationSettings, Validator, reservation_name
+from fleetwatch.alerts.slurm_nodes import DRAINED_BY_OTHER, NodeStatePublisher, held_by
+from fleetwatch.alerts.validation import RESERVATION_PREFIX, ValidationSettings, Validator, reservation_name
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
+from fleetwatch.follow import BrokerTimedFollower
 from fleetwatch.pipeline.worker import JOIN_WAIT_S  # the same allowance the workers give a join
 from fleetwatch.refusal_log import RefusalLog
 from fleetwatch.runtime import StopFlag, serve_metrics
@@ -67,6 +75,12 @@ from fleetwatch.runtime import StopFlag, serve_metrics
 log = logging.getLogger(__name__)
 
 REQUESTS = Counter("fleetwatch_drainer_requests_total", "drain/1 requests handled, by outcome", ["outcome"])
+PAUSED = Gauge("fleetwatch_drainer_paused", "1 while an operator's pause defers this adapter's requests")
+CONTROL_REFUSED = Counter(
+    "fleetwatch_drainer_control_refused_total",
+    "control/1 records (the drain pause) refused: malformed, bad_signature, clock_skew",
+    ["reason"],
+)
 MAX_ATTEMPTS = 5
 DEFAULT_GROUP = "fleetwatch-slurm"
 DEFAULT_MAX_AGE_S = 600.0
@@ -83,6 +97,7 @@ RESULT_OUTCOME = {
     "failed": "failed",
     "undetermined": "undetermined",
     "validation_failed": "rejected_validation",
+    "deferred": "deferred",
 }
 DRAINING_POLL_S = 30.0  # how often a validation waiting for a draining node's jobs looks again
 RECOVER_EVERY_S = 60.0  # how often the main loop takes up validations left without an answer
@@ -146,6 +161,7 @@ class Drainer:
         max_skew_s: float = DEFAULT_MAX_SKEW_S,
         clock: Callable[[], float] = time.time,
         validator: Validator | None = None,
+        pause: Callable[[float], Pause | None] = lambda _now: None,
     ) -> None:
         self.slurm = slurm
         self.journal = journal
@@ -157,6 +173,8 @@ class Drainer:
         self.clock = clock
         # the test a node passes before a resume lifts our drain (alerts/validation.py); None: none
         self.validator = validator if validator is not None and validator.settings.enabled else None
+        # an operator's pause in force at a wall time (drain_pause.PauseBook.active, as act asks it)
+        self.pause = pause
         self._attempts: dict[str, int] = {}
         # validations running on their own threads, by request id; their ends, for the main loop
         self._running: dict[str, tuple[str, threading.Thread]] = {}
@@ -236,6 +254,15 @@ class Drainer:
         if rid in self._running:
             return "validating"  # a redelivery of a request whose validation is running
         prior = self.journal.get(rid)
+        if prior is not None and prior.status == "deferred":
+            if prior.request_signature == msg["signature"]:
+                # the copy deferred, delivered again: its answer again (a copy's answer never
+                # changes; act asks again with a copy signed anew)
+                REQUESTS.labels("duplicate").inc()
+                self._result(target_of(msg), "deferred", prior.detail)
+                return "duplicate"
+            self.journal.forget(rid)  # nothing was done then: judged afresh
+            prior = None
         if prior is not None and prior.status != "executing":
             log.info("request %s (%s %s) already %s; skipping", rid, action, node, prior.status)
             if prior.status == "executed":
@@ -297,6 +324,13 @@ class Drainer:
             return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
         if action == "drain" and theirs:
             return self._refuse(msg, prior, source, f"already drained: {info.reason}")
+        deferred = self._deferral(info)
+        if deferred is not None:
+            # not final (act asks again later): the pause holds what act asked before it, and a node
+            # people took down or into maintenance after the request was issued is theirs now
+            self.journal.defer(rid, node, action, deferred, msg["issued_at"], source, msg["signature"])
+            log.info("%s %s deferred (request %s): %s", action, node, rid, deferred)
+            return self._done(msg, "deferred", deferred)
         if action == "resume" and info.drained and self.validator is not None:
             self.journal.begin(rid, node, action, msg["issued_at"], source, None, msg["signature"])
             return self._validated_resume(raw, msg, info, source, topic, interrupted=False)
@@ -517,6 +551,25 @@ class Drainer:
         for _node, t in list(self._running.values()):
             t.join(timeout_s)
 
+    def _deferral(self, info: NodeInfo) -> str | None:
+        """Why a request is not carried out now but may be later, or None: an operator's pause in
+        force, or the node held in Slurm by people or by Slurm itself (DOWN, FAIL, an active MAINT
+        reservation that is not one of the adapter's validations), as act's view classes them
+        (slurm_nodes.held_by). A drain over them overwrote the admin's Reason, a RESUME cleared
+        their DOWN."""
+        pause = self.pause(self.clock())
+        if pause is not None:
+            return pause.note()
+        view = {"state": info.state, "maintenance": False, "features": (), "ours": ours(info.reason)}
+        why = held_by(view)
+        if why is None:
+            view["maintenance"] = info.name in self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX)
+            why = held_by(view)
+        if why is None or why == DRAINED_BY_OTHER:  # (refused as not ours before this is asked)
+            return None
+        reason = f": {info.reason}" if info.reason else ""
+        return f"held in Slurm ({why}): {info.state}{reason}"
+
     def _refuse(self, msg: dict[str, Any], prior: Entry | None, source: str, why: str) -> str:
         self._settle(msg, prior, "rejected", why, source)
         log.warning("not %s %s (request %s): %s", msg["action"], msg["node"], msg["request_id"], why)
@@ -533,6 +586,7 @@ def idle_for(idle_since: float, last_assigned: list[float]) -> float:
 
 def run(args: argparse.Namespace) -> int:
     key = drain_request.load_key(args.drain_key_file)
+    control_key = load_control_key(args.control_key_file, args.drain_key_file)
     settings = ValidationSettings.from_flags(
         args.validate, args.validate_level, args.validate_command, args.validate_timeout, args.dcgmi
     )
@@ -548,7 +602,9 @@ def run(args: argparse.Namespace) -> int:
     journal = Journal(state_dir / "journal.sqlite")
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker(30)
-    bus.ensure_topics([args.drain_topic, args.results_topic, topics.DEADLETTER, args.slurm_nodes_topic])
+    bus.ensure_topics(
+        [args.drain_topic, args.results_topic, topics.DEADLETTER, args.slurm_nodes_topic, args.control_topic]
+    )
     serve_metrics(args.metrics_port, args.metrics_addr)
     producer = bus.producer(linger_ms=5)
     consumer = bus.group_consumer(args.group, client_id=f"slurm-drainer-{socket.gethostname()}")
@@ -562,6 +618,26 @@ def run(args: argparse.Namespace) -> int:
         # Each batch's offsets are committed once handled, so a new owner starts where the group stands.
         return consumer.group_offsets(parts)
 
+    # An operator's pause (fleetwatch pause) defers the requests act issued before it: answered
+    # `deferred`, nothing done, act asks again once the pause is over. Read to the end once before
+    # the first request, as act does before its first decision (the switch fails closed).
+    pause = PauseBook(
+        control_key,
+        lambda why: CONTROL_REFUSED.labels(why).inc(),
+        read=lambda: control.caught_up.is_set(),
+    )
+    control = BrokerTimedFollower(args.control_topic, pause.apply, bus)
+    control.start()
+    stop = StopFlag()
+    waited = 0
+    while not control.caught_up.wait(1.0) and not stop:
+        waited += 1
+        if waited % 60 == 10:
+            log.error(
+                "the control topic %s is not read yet (unreachable, or its ACL missing): no request is "
+                "handled until it is",
+                args.control_topic,
+            )
     consumer.subscribe([args.drain_topic], on_assign, lambda _parts: None)
     drainer = Drainer(
         slurm,
@@ -572,6 +648,7 @@ def run(args: argparse.Namespace) -> int:
         max_age_s=args.max_age,
         max_skew_s=args.max_skew,
         validator=Validator(slurm, settings),
+        pause=pause.active,
     )
     # Nodes as Slurm shows them, for act (maintenance, down, drained by someone else): read here,
     # where sinfo is, between batches; the batch's flush below delivers them too.
@@ -590,12 +667,12 @@ def run(args: argparse.Namespace) -> int:
         args.group,
         drainer.validator_label(),
     )
-    stop = StopFlag()
     backoff = 1.0
     recover_at = time.monotonic() + RECOVER_EVERY_S
     idle_since = time.monotonic()
     try:
         while not stop:
+            PAUSED.set(0 if pause.active(time.time()) is None else 1)
             polled = consumer.poll(100, 0.2)
             if polled:
                 idle_since = time.monotonic()
@@ -645,6 +722,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 backoff = 1.0
     finally:
+        control.stop()
         drainer.stop()
         consumer.close()
         producer.close(10)

@@ -524,6 +524,12 @@ def build_parser() -> _Parser:
     )
     p.add_argument("--settle", type=nonneg_float, default=None, help="seconds to wait after an onset (0)")
     p.add_argument(
+        "--retry-deferred",
+        type=positive_float,
+        default=None,
+        help="seconds before a request the adapter deferred is asked again (60)",
+    )
+    p.add_argument(
         "--runbook-base",
         default=None,
         help="runbook_url prefix; a page of docs/runbooks/ is appended (default: act's own server, "
@@ -764,6 +770,16 @@ def build_parser() -> _Parser:
         help="seconds the test may take on the node; past it the job is cancelled and fails",
     )
     p.add_argument("--dcgmi", default="dcgmi", help="dcgmi on the nodes (a path, or found on their PATH)")
+    p.add_argument(
+        "--control-topic",
+        default="fleet.control.v1",
+        help="operators' switches (control/1): while drains are paused, requests are answered deferred",
+    )
+    p.add_argument(
+        "--control-key-file",
+        default=None,
+        help="verifies the operators' switches (default: $FLEETWATCH_CONTROL_KEY, else the drain key)",
+    )
     p.add_argument("--idle-exit", type=positive_float, default=None, help="exit after this many idle s")
     _add_config(p)
     p.set_defaults(handler="fleetwatch.alerts.slurm_drainer:run")

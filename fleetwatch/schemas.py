@@ -761,6 +761,7 @@ DRAIN_OUTCOMES = frozenset(
         "failed",
         "undetermined",
         "rejected_validation",
+        "deferred",
     }
 )
 REQUEST_SIGNATURE = "request_signature"  # drain_result/1's binding to its request; optional (older adapters)

@@ -132,6 +132,7 @@ class ActRig:
         argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", self.bootstrap]
         argv += ["--drain-topic", self.drains, "--group", f"slurm-{self.group}", "--state-dir", str(self.tmp)]
         argv += ["--results-topic", self.results, "--slurm-nodes-topic", self.slurm_nodes]
+        argv += ["--control-topic", self.control]  # the rig's pause defers the adapter's requests too
         argv += ["--dcgmi", str(REPO / "tests" / "fakes" / "dcgmi"), "--validate-timeout", "60"]
         r = subprocess.run(
             [*argv, "--slurm-conf", slurm_conf, "--idle-exit", "1.5"],

@@ -5,7 +5,8 @@ processes, the real broker, the real Alertmanager and the real Slurm (tests/inte
   Slurm job) before it returns: pass, resumed and confirmed; fail, drained again with the failing
   test and GPU named, in Slurm and in a page;
 - `fleetwatch pause` during a fault storm: nothing drained, every alert says drains are paused, and
-  drains go on once the pause expires;
+  drains go on once the pause expires; a drain asked just before a pause is deferred by the
+  adapter and asked again after it;
 - `act --dry-run`: would-be requests on their own topic, nothing reaches Slurm, alerts labelled;
 - a node in a maintenance reservation is neither paged for silence nor drained, and an operator's
   drain is never undone."""
@@ -119,6 +120,48 @@ def test_a_pause_during_a_fault_storm_drains_nothing_says_so_and_drains_go_on_af
         assert metric(port, "fleetwatch_act_drains_paused") == 0
         rig.drainer(slurm.conf)
         assert all(slurm.state(n)[0].startswith("drain") for n in SLURM_NODES[:3])
+    finally:
+        act.terminate()
+        act.wait(30)
+        slurm.reset(*SLURM_NODES)
+
+
+def test_a_drain_asked_just_before_a_pause_is_deferred_by_the_adapter_and_asked_again_after_it(
+    rig: ActRig, slurm: Slurm, topic_tail: Callable[[str], TopicTail]
+) -> None:
+    """act drains a node; before the adapter reads the request an operator pauses drains. The adapter
+    follows the pause: it answers `deferred` and Slurm is left alone; act pages nobody for it and
+    asks nothing during the pause; once it is lifted act asks again (the same request, signed anew)
+    and the adapter drains the node."""
+    slurm.reset(*SLURM_NODES)
+    drains = topic_tail(rig.drains)
+    node = SLURM_NODES[1]
+    rig.census(*SLURM_NODES)
+    port = free_port()
+    act = rig.act("--budget-min-nodes", "2", "--retry-deferred", "2", "--metrics-port", str(port))
+    try:
+        rig.send(finding(node, ts=time.time() - 5))
+        got = drains.collect(lambda rs: len(rs) >= 1, timeout_s=60)
+        (first,) = drains.messages(got)
+        assert first["node"] == node, rig.logs()
+        r = rig.control_command("pause", "--reason", "switch firmware rollout", "--for", "10m")
+        assert r.returncode == 0, r.stderr
+        assert wait_for_metric(port, "fleetwatch_act_drains_paused", 1), rig.logs()
+        rig.drainer(slurm.conf)  # reads the request during the pause
+        assert slurm.state(node)[0].rstrip("*").startswith("idle")
+        deferred = 'fleetwatch_act_drains_refused_total{reason="adapter:deferred"}'
+        assert wait_for_metric(port, deferred, 1), rig.logs()
+        assert wait_for_metric(port, "fleetwatch_act_drain_budget_used", 0)
+        assert metric(port, "fleetwatch_act_drains_pending") == 0  # nothing done: no slot held
+        assert drains.collect(lambda rs: False, timeout_s=5) == []  # past the retry, but paused
+        alerts = rig.am.wait_for(lambda a: ("FleetwatchXid", node) in names(a), cluster=rig.cluster)
+        assert not any(n == "FleetwatchDrainRefused" for n, _ in names(alerts))
+        assert rig.control_command("resume-drains", "--reason", "rollout done").returncode == 0
+        (again,) = drains.messages(drains.collect(lambda rs: len(rs) >= 1, timeout_s=30))
+        assert again["request_id"] == first["request_id"] and again["signature"] != first["signature"]
+        rig.drainer(slurm.conf)
+        assert slurm.state(node)[0].startswith("drain")
+        assert wait_for_metric(port, "fleetwatch_act_drain_budget_used", 1), rig.logs()
     finally:
         act.terminate()
         act.wait(30)

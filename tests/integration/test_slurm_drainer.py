@@ -204,21 +204,21 @@ def queued(bootstrap: str, *requests: dict[str, Any]) -> str:
     return topic
 
 
-def run_cli(bootstrap: str, slurm: Slurm, topic: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
-    """The real `fleetwatch slurm-drainer` on `topic` until it has been idle 2 s."""
+def fleetwatch(bootstrap: str, slurm: Slurm, *args: str) -> subprocess.CompletedProcess[str]:
+    """A real `fleetwatch` command with the test's drain key (which also signs the pause)."""
     env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
-    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", bootstrap]
-    argv += [
-        "--drain-topic",
-        topic,
-        "--group",
-        f"g-{topic}",
-        "--state-dir",
-        str(state_dir),
-        "--idle-exit",
-        "2",
-    ]
+    argv = [sys.executable, "-m", "fleetwatch.cli", *args, "--bootstrap", bootstrap]
     return subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def run_cli(
+    bootstrap: str, slurm: Slurm, topic: str, state_dir: Path, control: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real `fleetwatch slurm-drainer` on `topic` until it has been idle 2 s, following a control
+    topic of its own (`control`, or a new one: no other test's pause)."""
+    control = control or f"test.control.{uuid.uuid4().hex[:8]}"
+    argv = ["slurm-drainer", "--drain-topic", topic, "--group", f"g-{topic}", "--control-topic", control]
+    return fleetwatch(bootstrap, slurm, *argv, "--state-dir", str(state_dir), "--idle-exit", "2")
 
 
 def test_cli_consumes_the_topic_and_commits(
@@ -240,6 +240,91 @@ def test_cli_consumes_the_topic_and_commits(
         j.close()
     finally:
         slurm.reset("gpu-node-02")
+
+
+def test_an_operators_pause_defers_the_adapters_requests_and_a_copy_signed_anew_after_it_is_executed(
+    kafka_bootstrap: str, slurm: Slurm, tmp_path: Path, topic_tail: Callable[[str], TopicTail]
+) -> None:
+    """`fleetwatch pause` held act's drains but not the adapter, which carried out what act had asked
+    just before the pause (an adversarial probe's find; holding the request unanswered instead let
+    it go stale, a refusal act takes as final). The adapter follows the pause: the request is
+    answered `deferred`, nothing done in Slurm; the copy act signs anew after the pause is drained."""
+    node = "gpu-node-02"
+    slurm.reset(node)
+    results = topic_tail(topics.DRAIN_RESULTS)
+    control = f"test.control.{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [control])
+    paused = fleetwatch(
+        kafka_bootstrap, slurm, "pause", "--control-topic", control, "--reason", "rack work", "--for", "10m"
+    )
+    assert paused.returncode == 0, paused.stderr
+    first = req(node)
+    r = run_cli(kafka_bootstrap, slurm, queued(kafka_bootstrap, first), tmp_path, control)
+    try:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert slurm.state(node)[0].rstrip("*").startswith("idle")  # nothing done
+        (answer,) = results_of(results, first)[first["request_id"]]
+        assert answer["outcome"] == "deferred" and "rack work" in answer["detail"], answer
+        assert answer["request_signature"] == first["signature"]
+        j = Journal(tmp_path / "journal.sqlite")
+        assert [(e.node, e.status) for e in j.entries()] == [(node, "deferred")]
+        j.close()
+        lifted = fleetwatch(kafka_bootstrap, slurm, "resume-drains", "--control-topic", control)
+        assert lifted.returncode == 0, lifted.stderr
+        again = req(node, findings=tuple(first["findings"]))  # act's retry: the same id, signed anew
+        assert again["request_id"] == first["request_id"] and again["signature"] != first["signature"]
+        r = run_cli(kafka_bootstrap, slurm, queued(kafka_bootstrap, again), tmp_path, control)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert slurm.state(node)[0].startswith("drain")
+        answers = results_of(results, again, timeout_s=10)[again["request_id"]]
+        assert [(a["outcome"], a["request_signature"]) for a in answers][-1] == (
+            "executed",
+            again["signature"],
+        )
+    finally:
+        slurm.reset(node)
+
+
+def test_a_node_taken_down_or_into_maintenance_is_deferred_untouched_and_drained_once_it_is_back(
+    drainer: Drainer, slurm: Slurm
+) -> None:
+    """A request act issued before an admin took the node DOWN or into a maintenance reservation
+    drained over it (the admin's Reason overwritten; a resume would clear their DOWN); refusing it
+    for good left a node Slurm marked down for the very fault undrained once it came back. Now the
+    adapter answers `deferred` and the copy act signs anew later is judged afresh."""
+    node = "gpu-node-04"
+    slurm.reset(node)
+    resv = f"maint-{uuid.uuid4().hex[:6]}"
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=admin: PSU swap"],
+        env=slurm.env,
+        check=True,
+    )
+    try:
+        first = req(node)
+        assert drainer.handle(raw(first), "t:0:1") == "deferred"
+        state, reason = slurm.state(node)
+        assert state.rstrip("*") == "down" and reason == "admin: PSU swap"  # the admin's, untouched
+        entry = drainer.journal.get(first["request_id"])
+        assert entry is not None and entry.status == "deferred" and "(down)" in entry.detail
+        slurm.reset(node)  # back in service ... and into the admin's maintenance reservation
+        subprocess.run(
+            ["scontrol", "create", "reservation", f"ReservationName={resv}", f"Nodes={node}",
+             "StartTime=now", "Duration=30", "Users=root", "Flags=MAINT,IGNORE_JOBS"],
+            env=slurm.env, check=True, capture_output=True,
+        )  # fmt: skip
+        second = req(node, findings=tuple(first["findings"]))
+        assert drainer.handle(raw(second), "t:0:2") == "deferred"
+        assert "(maintenance)" in drainer.journal.get(first["request_id"]).detail  # type: ignore[union-attr]
+        assert slurm.state(node)[0].rstrip("*").startswith(("idle", "maint"))
+        subprocess.run(["scontrol", "delete", f"ReservationName={resv}"], env=slurm.env, check=True)
+        third = req(node, findings=tuple(first["findings"]))
+        assert drainer.handle(raw(third), "t:0:3") == "executed"
+        state, reason = slurm.state(node)
+        assert state.startswith("drain") and reason.endswith(f"[fw:{first['request_id'][:12]}]")
+    finally:
+        subprocess.run(["scontrol", "delete", f"ReservationName={resv}"], env=slurm.env, capture_output=True)
+        slurm.reset(node)
 
 
 def test_cli_with_a_damaged_journal_fails_with_one_line_and_touches_nothing(

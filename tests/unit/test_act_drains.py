@@ -290,3 +290,23 @@ def test_wrong_node_answers_after_the_genuine_one_do_not_push_it_out() -> None:
     ghost = {**real, "request_id": "f" * 32}
     rig.result(ghost, "duplicate")
     assert len(rig.results) == before
+
+
+def test_a_deferred_drain_pages_nobody_frees_its_slot_and_is_asked_again_signed_anew() -> None:
+    """`deferred` (drains paused at the adapter, or the node down or in maintenance in Slurm) is not
+    a refusal a human must look at: no FleetwatchDrainRefused, the slot goes to the next node, and
+    the same request is issued again after [act.policy] retry_deferred_s."""
+    rig = Rig({"n1", "n2", "n3"}, budget_min_nodes=1, retry_deferred_s=60.0)
+    first = rig.feed(finding("n1", ts=T0 - 300), finding("n2", ts=T0 - 200))
+    assert [m["node"] for m in first] == ["n1"]
+    rig.result(first[0], "deferred")
+    out = rig.decide(T0 + 10)
+    assert [m["node"] for m in out] == ["n2"]  # n1's slot, freed: nothing was done to it
+    assert rig.refusals() == {}  # no page about n1
+    assert rig.metric("fleetwatch_act_drains_refused_total", reason="adapter:deferred") == 1
+    rig.result(out[0], "deferred")
+    assert rig.decide(T0 + 20) == []  # neither is due yet
+    (asked,) = rig.decide(T0 + 75)  # n1's retry is due (read at T0 + 10); n2's at T0 + 80
+    assert asked["node"] == "n1" and asked["request_id"] == first[0]["request_id"]
+    assert asked["signature"] != first[0]["signature"]  # signed anew: the adapter judges it afresh
+    assert rig.task.nodes["n1"].pending and rig.refusals() == {}
