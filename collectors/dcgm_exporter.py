@@ -64,9 +64,12 @@ NVIDIA/DCGM#235) and the gauge keeps its last value until the exporter restarts
 (NVIDIA/dcgm-exporter#500). Where the kernel log is read too (source `kernel`), it stays the
 source of truth for XIDs; this gauge is what a site without it gets.
 
-Reading. urllib with no proxy (a node's http_proxy must not carry a loopback scrape), only http
-and https URLs, at most 8 MiB, and a deadline: `timeout_s` for the connection and for the whole
-body (a slow answer costs at most about twice `timeout_s`). An endpoint that is down, slow,
+Reading. http.client, so no proxy (a node's http_proxy must not carry a loopback scrape), only
+http and https URLs, no redirects, at most 8 MiB, and one deadline, `timeout_s`, for the whole
+scrape: connection, status line, headers and body. A socket's timeout bounds each read, not the
+answer (a server that sends its headers a byte at a time held a scrape, and the agent's thread for
+the source, for as long as it liked): at the deadline the connection's socket is shut, which ends a
+read blocked on it. An endpoint that is down, slow,
 answers an HTTP error or sends too much leaves the sample without GPU data (`{}`, which does not
 overwrite another source's `gpus`) and is logged once per outage; text the parser refuses is read
 line by line so that one bad line costs only itself. `sample()` raises on none of these.
@@ -74,13 +77,15 @@ line by line so that one bad line costs only itself. `sample()` raises on none o
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import math
 import socket
+import ssl
+import threading
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -165,6 +170,14 @@ class Series:
 
 class ScrapeError(Exception):
     """The endpoint gave no usable body (down, slow, an HTTP error, too large)."""
+
+
+def _shut(conn: http.client.HTTPConnection) -> None:
+    """At a scrape's deadline (a timer's thread): shut its socket, which ends a read blocked on it."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already closed
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 # ---------------------------------------------------------------- parsing
@@ -426,11 +439,11 @@ class DcgmExporterSource:
         if not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise SourceUnavailable(f"dcgm: timeout {timeout_s!r} must be a positive number of seconds")
         self.url = url
+        self._parts = parts
         self.timeout_s = float(timeout_s)
         self.node = node or socket.gethostname().split(".")[0]
         self.any_host = any_host
         self._guard = SingleFlight(self.name)
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self._xids: dict[str, frozenset[int]] = {}  # GPU key -> its codes at the last scrape
         self._closed = False
         self._down: str | None = None  # why the endpoint gave nothing, while it does not
@@ -459,27 +472,52 @@ class DcgmExporterSource:
 
     def _fetch(self) -> str:
         deadline = time.monotonic() + self.timeout_s
-        request = urllib.request.Request(
-            self.url,
-            headers={"Accept": "text/plain; version=0.0.4", "User-Agent": f"fleetwatch/{__version__}"},
-        )
+        parts = self._parts
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                parts.hostname or "", parts.port, timeout=self.timeout_s, context=ssl.create_default_context()
+            )
+        else:
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout_s)
+        cut = threading.Timer(self.timeout_s, _shut, args=(conn,))
+        cut.daemon = True
+        cut.start()
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                chunks: list[bytes] = []
-                size = 0
-                while True:
-                    if time.monotonic() > deadline:
-                        raise ScrapeError(f"the body took longer than {self.timeout_s:g} s")
-                    chunk = response.read1(READ_CHUNK)
-                    if not chunk:
-                        break
-                    size += len(chunk)
-                    if size > MAX_BODY_BYTES:
-                        raise ScrapeError(f"the body is over {MAX_BODY_BYTES} bytes")
-                    chunks.append(chunk)
+            conn.connect()
+            if time.monotonic() >= deadline:  # (connected after the cut looked for a socket)
+                raise ScrapeError(f"no answer within {self.timeout_s:g} s")
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.request(
+                "GET",
+                path,
+                headers={"Accept": "text/plain; version=0.0.4", "User-Agent": f"fleetwatch/{__version__}"},
+            )
+            response = conn.getresponse()
+            if not 200 <= response.status < 300:
+                raise ScrapeError(f"HTTP {response.status} {response.reason}"[:200])
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise ScrapeError(f"the body took longer than {self.timeout_s:g} s")
+                chunk = response.read1(READ_CHUNK)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise ScrapeError(f"the body is over {MAX_BODY_BYTES} bytes")
+                chunks.append(chunk)
+            if time.monotonic() > deadline:  # the cut ends a read early: what came is not the body
+                raise ScrapeError(f"no answer within {self.timeout_s:g} s")
         except (OSError, http.client.HTTPException, ValueError) as e:
-            # URLError and HTTPError (4xx/5xx) are OSErrors, as are timeouts and refused connections
+            # timeouts, refused connections, TLS errors and a socket the cut shut are OSErrors
+            if time.monotonic() >= deadline:
+                raise ScrapeError(f"no answer within {self.timeout_s:g} s") from None
             raise ScrapeError(f"{type(e).__name__}: {e}"[:200]) from None
+        finally:
+            cut.cancel()
+            conn.close()
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     # ------------------------------------------------------------ mapping

@@ -230,7 +230,7 @@ def build_parser() -> _Parser:
         "--dcgm-timeout",
         type=positive_float,
         default=2.0,
-        help="seconds the dcgm source waits for the exporter's answer (the body: at most twice this)",
+        help="seconds the dcgm source waits for the exporter's whole answer (connection, headers, body)",
     )
     p.add_argument(
         "--dcgm-any-host",

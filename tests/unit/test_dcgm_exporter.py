@@ -503,7 +503,7 @@ def test_http_errors_and_recovery(exporter: Exporter, caplog: pytest.LogCaptureF
     assert any("answers again" in r.message for r in caplog.records)
 
 
-def test_a_slow_endpoint_costs_at_most_about_twice_the_timeout(exporter: Exporter) -> None:
+def test_a_slow_endpoint_ends_at_the_deadline(exporter: Exporter) -> None:
     exporter.serve(fixture("upcloud_l40s.prom"), delay_s=1.5)
     src = source(exporter, timeout_s=0.3)
     t0 = time.monotonic()
@@ -514,6 +514,41 @@ def test_a_slow_endpoint_costs_at_most_about_twice_the_timeout(exporter: Exporte
     t0 = time.monotonic()
     assert src.sample() == {}
     assert time.monotonic() - t0 < 1.0
+
+
+def test_headers_sent_a_byte_at_a_time_end_at_the_deadline() -> None:
+    """A socket's timeout bounds each read, not the answer: an endpoint that sent its status line
+    and headers a byte every 0.1 s held the scrape (and the agent's thread for the source) for as
+    long as it liked, 12 s in an adversarial probe. The deadline is the whole scrape's."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Padding: " + b"x" * 200 + b"\r\n\r\n"
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for i in range(len(head)):
+                if stop.is_set():
+                    return
+                try:
+                    conn.sendall(head[i : i + 1])
+                except OSError:  # the client gave up
+                    return
+                time.sleep(0.1)
+
+    server = threading.Thread(target=trickle, daemon=True)
+    server.start()
+    src = DcgmExporterSource(
+        f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", node="n1", timeout_s=0.5
+    )
+    try:
+        t0 = time.monotonic()
+        assert src.sample() == {}
+        assert time.monotonic() - t0 < 1.5  # the trickle alone lasts over 20 s
+    finally:
+        stop.set()
+        server.join(5)
+        listener.close()
 
 
 def test_a_body_over_the_bound(exporter: Exporter, monkeypatch: pytest.MonkeyPatch) -> None:
