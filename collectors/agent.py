@@ -14,6 +14,7 @@ import argparse
 import logging
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,7 +64,9 @@ class SourceRunner:
     The source is made in that thread too (NVML's init and per-GPU setup can hang as its sample
     can), under the same deadline. A call that returns after its deadline is not lost: its result
     is the next tick's, in place of a new call (a stateful source has already drained what it read:
-    NVML's XID events, the kernel log's records)."""
+    NVML's XID events, the kernel log's records), and `on_return` tells the agent when it comes, so
+    that the next tick is then (Agent.run), dated when the values were read, not up to an interval
+    later (a rate over a wrong step)."""
 
     def __init__(self, name: str, factory: Any, reinit_every_s: float = 60.0) -> None:
         self.name = name
@@ -75,6 +78,7 @@ class SourceRunner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"src-{name}")
         self._pending: Future[dict[str, Any]] | None = None
         self._collected = True  # whether the pending call's result was taken
+        self.on_return: Callable[[], None] | None = None  # called (its thread) as each call ends
 
     def _call(self) -> dict[str, Any]:
         """In the runner's thread: the source, made first where it is not yet, then its sample."""
@@ -110,7 +114,14 @@ class SourceRunner:
             self._pending = None
             return f"error: {type(e).__name__}: {e}"[:200]
         self._collected = False
+        if self.on_return is not None:
+            notify = self.on_return
+            self._pending.add_done_callback(lambda _f: notify())
         return None
+
+    def late_ready(self) -> bool:
+        """A call that returned after its tick's deadline waits to be taken."""
+        return self._pending is not None and not self._collected and self._pending.done()
 
     def result(self, timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
         if self._pending is None:
@@ -153,6 +164,9 @@ class Agent:
         # with that sample, in the same spool transaction (collectors/sources.py)
         self._cursors: dict[str, int | str] = {}
         self._sample_cursors: dict[str, int | str] = {}  # the cursors of the sample being built
+        self._returned = threading.Event()  # a source's call ended (set from its runner's thread)
+        for r in self.runners:
+            r.on_return = self._returned.set
 
     def sample(self) -> dict[str, Any]:
         """One telemetry/1 message from all sources (partial when some fail). A source whose part
@@ -290,6 +304,7 @@ class Agent:
         next_at = time.monotonic()
         while not stop and (count is None or taken < count):
             self.tick()
+            self._returned.clear()  # the calls this tick took ended; a late one is seen by late_ready
             taken += 1
             next_at += self.interval_s
             now = time.monotonic()
@@ -303,8 +318,19 @@ class Agent:
             BROKER_UP.set(1 if self.forwarder.broker_up else 0)
             if count is not None and taken >= count:
                 break
-            stop.wait(max(0.0, next_at - time.monotonic()))
+            self._wait(stop, next_at)
         return taken
+
+    def _wait(self, stop: StopFlag, next_at: float) -> None:
+        """Until the next tick is due, or at once when a call that missed its tick's deadline
+        returns: the tick then takes its result, dated when it came (its values were read by
+        then), not at the next regular tick, up to an interval later."""
+        while not stop and not any(r.late_ready() for r in self.runners):
+            left = next_at - time.monotonic()
+            if left <= 0:
+                return
+            if self._returned.wait(min(0.1, left)):  # (a stop is seen within 0.1 s)
+                self._returned.clear()
 
     def close(self, drain_timeout_s: float = 10.0) -> None:
         if not self.forwarder.drain(drain_timeout_s):

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from fleetwatch import schemas
-from fleetwatch.collectors.agent import SourceRunner
+from fleetwatch.collectors.agent import Agent, SourceRunner
 from fleetwatch.collectors.spool import Spool
+from fleetwatch.runtime import StopFlag
 from tests.helpers.agents import CountingSource, make_agent
 from tests.helpers.paths import REPO
 
@@ -328,6 +329,56 @@ def test_a_call_that_returns_after_its_deadline_is_the_next_samples(tmp_path: Pa
     third = agent.sample()
     assert gpus.calls == 2 and third["gpus"][0]["util"] == 5.0
     agent.close(drain_timeout_s=0)
+
+
+def test_a_late_call_is_taken_when_it_returns_dated_then_not_at_the_next_regular_tick(tmp_path: Path) -> None:
+    """Its result was taken at the next regular tick, up to an interval after it was read, and dated
+    then: a counter's rate over a step up to an interval too long, then one too short. The agent now
+    ticks as soon as it returns."""
+    returned: list[float] = []
+
+    class Slow:
+        name = "nvml"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def sample(self) -> dict[str, Any]:
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(0.6)  # past the 0.2 s deadline, well before the next tick (2 s)
+            returned.append(time.time())
+            return {"gpus": [{"index": 0, "util": float(self.calls)}]}
+
+        def close(self) -> None:
+            pass
+
+    class Forwarder:  # a broker that takes everything at once: the agent's wait is all between ticks
+        sent_total = refused_total = 0
+        broker_up = True
+
+        def pump(self, budget_s: float) -> None:
+            pass
+
+        def drain(self, timeout_s: float) -> bool:
+            return True
+
+        def close(self) -> None:
+            pass
+
+    slow = Slow()
+    spool = Spool(tmp_path / "spool.sqlite", max_bytes=1 << 20)
+    runner = SourceRunner("nvml", lambda: slow)
+    agent = Agent("agent-test", [runner], spool, Forwarder(), interval_s=2.0, call_timeout_s=0.2)  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    assert agent.run(StopFlag(install=False), count=2) == 2
+    assert time.monotonic() - t0 < 1.5  # the second tick did not wait for its regular time
+    first, second = (schemas.decode(r.value) for r in agent.spool.peek(0, 2))
+    assert first["agent"]["source_errors"] == {"nvml": "timeout"}
+    assert second["gpus"] == [{"index": 0, "util": 1.0}] and slow.calls == 1  # the late call's part
+    assert 0 <= second["ts"] - returned[0] < 0.2  # dated when it came
+    runner.close()
+    spool.close()
 
 
 def test_a_source_whose_start_hangs_blocks_nothing(tmp_path: Path) -> None:
