@@ -21,6 +21,7 @@ import hostlist
 
 log = logging.getLogger(__name__)
 
+_FIELD_END = "\x1e"  # ASCII record separator: a suffix sinfo -O appends to a field (no Comment has it)
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # of a validation's output read back (dcgm_diag parses at most this)
 TAG = "fleetwatch"  # every reason fleetwatch writes starts with it; resume only lifts those drains
 # ... and ends with its request's token: a human's "fleetwatch false positive? keep drained" starts
@@ -115,9 +116,15 @@ class SlurmClient:
         return NodeInfo(node, state.strip(), reason.strip())
 
     def comment(self, node: str) -> str:
-        """The node's Comment ("" when unset). Slurm keeps it across a RESUME (checked on 22.05),
-        which is why the drainer records its request id there (alerts/slurm_drainer.py)."""
-        text = self._node_line(node, "-O", "Comment:0").strip()  # :0 = unpadded
+        """The node's Comment ("" when unset), all of it: an operator's may span lines, and sinfo
+        prints it as it is (its first line alone was kept, and the drain wrote it back so). Slurm
+        keeps it across a RESUME (checked on 22.05), which is why the drainer records its request
+        id there (alerts/slurm_drainer.py)."""
+        # `:0` = unpadded; the suffix ends the field, wherever its lines end (one row per partition)
+        r = self._run(["sinfo", "-h", "-N", "-n", node, "-O", f"Comment:0{_FIELD_END}"])
+        if r.returncode != 0 or _FIELD_END not in r.stdout:
+            raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+        text = r.stdout.split(_FIELD_END, 1)[0].strip()
         return "" if text == "(null)" else text
 
     def update(self, node: str, state: str, reason: str | None = None, comment: str | None = None) -> None:

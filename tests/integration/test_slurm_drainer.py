@@ -499,6 +499,23 @@ def test_slurm_keeps_the_request_id_across_a_resume_so_a_replay_never_overrules_
         slurm.reset(node)
 
 
+def test_a_drain_keeps_an_operators_comment_of_several_lines_whole(drainer: Drainer, slurm: Slurm) -> None:
+    """sinfo prints a Comment as it is, lines and all, once per partition: the adapter read its first
+    line only and wrote that back with its token, dropping the rest of the operator's notes."""
+    node = "gpu-node-03"
+    slurm.reset(node)
+    notes = "ticket 4711: fan replaced\nticket 4712: watch GPU 3 temps"
+    subprocess.run(["scontrol", "update", f"NodeName={node}", f"Comment={notes}"], env=slurm.env, check=True)
+    try:
+        assert drainer.slurm.comment(node) == notes
+        drain = req(node)
+        assert drainer.handle(raw(drain), "t:0:1") == "executed"
+        assert drainer.slurm.comment(node) == f"{notes} [fw:{drain['request_id']}]"
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "Comment="], env=slurm.env, check=False)
+        slurm.reset(node)
+
+
 def test_after_a_crash_before_scontrol_it_drains_unless_someone_changed_the_node_since(
     drainer: Drainer,
     slurm: Slurm,
