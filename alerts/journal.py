@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS requests (
     done_at REAL,
     source TEXT NOT NULL DEFAULT '',  -- topic:partition:offset it came from
     comment_before TEXT,              -- the node's Slurm Comment before the command (NULL: unknown)
-    request_signature TEXT            -- a validated resume's: to answer it after a restart
+    request_signature TEXT,           -- a validated resume's: to answer it after a restart
+    outcome TEXT                      -- what it was answered (the adapter's label): answered alike again
 );
 CREATE INDEX IF NOT EXISTS requests_node ON requests (node, received_at);
 -- a validated resume's test verdict, written by the validation's thread before it is carried out:
@@ -47,8 +48,9 @@ CREATE TABLE IF NOT EXISTS verdicts (
 MIGRATIONS = {
     "comment_before": "ALTER TABLE requests ADD COLUMN comment_before TEXT",
     "request_signature": "ALTER TABLE requests ADD COLUMN request_signature TEXT",
+    "outcome": "ALTER TABLE requests ADD COLUMN outcome TEXT",
 }
-_COLUMNS = "request_id, node, action, status, detail, comment_before, request_signature"
+_COLUMNS = "request_id, node, action, status, detail, comment_before, request_signature, outcome"
 
 
 class JournalDamaged(ValueError):
@@ -64,6 +66,9 @@ class Entry:
     detail: str
     comment_before: str | None = None
     request_signature: str | None = None
+    # the adapter's label for the answer it gave (executed, stale, not_ours, ...); None in rows of
+    # an earlier release
+    outcome: str | None = None
 
 
 class Journal:
@@ -136,10 +141,12 @@ class Journal:
             (request_id, node, action, issued_at, time.time(), source, comment_before, request_signature),
         )
 
-    def finish(self, request_id: str, status: str, detail: str = "") -> None:
+    def finish(self, request_id: str, status: str, detail: str = "", outcome: str | None = None) -> None:
+        """The request's end, with the answer it gets (`outcome`), in the same row: a crash before
+        that answer reached Kafka answers it alike when the request is read again."""
         self.db.execute(
-            "UPDATE requests SET status = ?, detail = ?, done_at = ? WHERE request_id = ?",
-            (status, detail[:500], time.time(), request_id),
+            "UPDATE requests SET status = ?, detail = ?, done_at = ?, outcome = ? WHERE request_id = ?",
+            (status, detail[:500], time.time(), outcome, request_id),
         )
 
     def record(
@@ -151,13 +158,25 @@ class Journal:
         detail: str,
         issued_at: float | None,
         source: str,
+        outcome: str | None = None,
     ) -> None:
         """One-phase record for requests that are refused without touching Slurm."""
         self.db.execute(
             "INSERT OR IGNORE INTO requests"
-            " (request_id, node, action, status, detail, issued_at, received_at, done_at, source)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (request_id, node, action, status, detail[:500], issued_at, time.time(), time.time(), source),
+            " (request_id, node, action, status, detail, issued_at, received_at, done_at, source, outcome)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                request_id,
+                node,
+                action,
+                status,
+                detail[:500],
+                issued_at,
+                time.time(),
+                time.time(),
+                source,
+                outcome,
+            ),
         )
 
     def defer(
@@ -174,8 +193,8 @@ class Journal:
         replaces an `executing` row left by a crash, whose pre-image is not needed any more."""
         self.db.execute(
             "INSERT OR REPLACE INTO requests (request_id, node, action, status, detail, issued_at,"
-            " received_at, done_at, source, request_signature)"
-            " VALUES (?, ?, ?, 'deferred', ?, ?, ?, ?, ?, ?)",
+            " received_at, done_at, source, request_signature, outcome)"
+            " VALUES (?, ?, ?, 'deferred', ?, ?, ?, ?, ?, ?, 'deferred')",
             (
                 request_id,
                 node,

@@ -101,12 +101,15 @@ RESULT_OUTCOME = {
 }
 DRAINING_POLL_S = 30.0  # how often a validation waiting for a draining node's jobs looks again
 RECOVER_EVERY_S = 60.0  # how often the main loop takes up validations left without an answer
-# the journal's status for a validation's outcome
+# the journal's status for an outcome (the answer itself is kept beside it: Entry.outcome)
 JOURNAL_STATUS = {
     "executed": "executed",
     "validation_failed": "rejected",
     "not_ours": "rejected",
+    "unknown_node": "rejected",
+    "stale": "rejected",
     "failed": "failed",
+    "undetermined": "undetermined",
 }
 # a token with the spaces before it; matched only where a run of spaces begins (the look-behind): tried
 # at every position inside a long run, `\s*` rescanned the run each time (64 KiB of an operator's
@@ -222,14 +225,17 @@ class Drainer:
         return outcome
 
     def _settle(
-        self, msg: dict[str, Any], prior: Entry | None, status: str, detail: str, source: str
+        self, msg: dict[str, Any], prior: Entry | None, outcome: str, detail: str, source: str
     ) -> None:
-        """Journal a request that ends without running scontrol (now, or after an interruption)."""
-        rid = msg["request_id"]
+        """Journal a request that ends without running scontrol (now, or after an interruption),
+        with the answer it gets."""
+        rid, status = msg["request_id"], JOURNAL_STATUS[outcome]
         if prior is not None:
-            self.journal.finish(rid, status, detail)
+            self.journal.finish(rid, status, detail, outcome)
         else:
-            self.journal.record(rid, msg["node"], msg["action"], status, detail, msg["issued_at"], source)
+            self.journal.record(
+                rid, msg["node"], msg["action"], status, detail, msg["issued_at"], source, outcome
+            )
 
     # ------------------------------------------------------------ handling
 
@@ -265,14 +271,15 @@ class Drainer:
             prior = None
         if prior is not None and prior.status != "executing":
             log.info("request %s (%s %s) already %s; skipping", rid, action, node, prior.status)
-            if prior.status == "executed":
+            answered = prior.outcome or ("executed" if prior.status == "executed" else None)
+            if answered in RESULT_OUTCOME:
                 # Its answer again, not `duplicate`: act resolves a duplicate from the first answer,
                 # and where that never reached Kafka (a crash after the journal, a result the
-                # broker refused) act waited for good and raised adapter:no_result for a done drain.
+                # broker refused) act waited for good and raised adapter:no_result.
                 REQUESTS.labels("duplicate").inc()
-                self._result(target_of(msg), "executed", f"already executed {prior.detail}".rstrip())
+                self._result(target_of(msg), answered, f"already {prior.status} {prior.detail}".rstrip())
                 return "duplicate"
-            return self._done(msg, "duplicate", f"already {prior.status}")
+            return self._done(msg, "duplicate", f"already {prior.status}")  # a row of an earlier release
         try:
             outcome = self._execute(raw, msg, prior, source, topic)
         except SlurmError as e:
@@ -280,8 +287,8 @@ class Drainer:
             if n < MAX_ATTEMPTS:
                 raise Retry(str(e)) from None
             self._attempts.pop(rid, None)
-            self.journal.record(rid, node, action, "failed", str(e), msg["issued_at"], source)
-            self.journal.finish(rid, "failed", str(e))
+            self.journal.record(rid, node, action, "failed", str(e), msg["issued_at"], source, "failed")
+            self.journal.finish(rid, "failed", str(e), "failed")
             return self._reject(raw, target_of(msg), "failed", str(e), source, topic)
         self._attempts.pop(rid, None)
         return outcome
@@ -298,7 +305,7 @@ class Drainer:
     def _execute(self, raw: bytes, msg: dict[str, Any], prior: Entry | None, source: str, topic: str) -> str:
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
         if not self.slurm.knows(node):
-            self._settle(msg, prior, "rejected", "unknown node", source)
+            self._settle(msg, prior, "unknown_node", "unknown node", source)
             why = f"Slurm has no node {node}"
             return self._reject(raw, target_of(msg), "unknown_node", why, source, topic)
         info = self.slurm.node(node)
@@ -308,16 +315,16 @@ class Drainer:
         if prior is not None:  # died between journal and outcome last time: did it happen?
             done = took_effect(msg, prior, info, comment)
             if done:
-                self.journal.finish(rid, "executed", "found done after a restart")
+                self.journal.finish(rid, "executed", "found done after a restart", "executed")
                 return self._done(msg, "executed", "found done after a restart")
             if done is None:
                 why = f"interrupted by a crash; the node's Comment has changed since ({comment!r})"
-                self.journal.finish(rid, "undetermined", why)
+                self.journal.finish(rid, "undetermined", why, "undetermined")
                 log.error("not %s %s (request %s): %s; a human decides", action, node, rid, why)
                 return self._reject(raw, target_of(msg), "undetermined", why, source, topic)
         stale = self._stale(msg)
         if stale:
-            self._settle(msg, prior, "rejected", stale, source)
+            self._settle(msg, prior, "stale", stale, source)
             return self._reject(raw, target_of(msg), "stale", stale, source, topic)
         theirs = info.drained and not ours(info.reason)
         if action == "resume" and theirs:
@@ -342,7 +349,7 @@ class Drainer:
             self.slurm.drain(node, f"{reason} {reason_token(rid)}", with_token(comment, rid))
         elif info.drained:
             self.slurm.resume(node)
-        self.journal.finish(rid, "executed")
+        self.journal.finish(rid, "executed", "", "executed")
         log.info("%s %s done (request %s: %s)", action, node, rid, msg["reason"])
         return self._done(msg, "executed")
 
@@ -360,13 +367,13 @@ class Drainer:
         if interrupted:
             held = self.slurm.reservation_exists(reservation_name(node))
             if not info.drained and not held:
-                self.journal.finish(rid, "executed", "found done after a restart")
+                self.journal.finish(rid, "executed", "found done after a restart", "executed")
                 return self._done(msg, "executed", "found done after a restart")
             if info.drained and comment_token(rid) in self.slurm.comment(node):
                 if held:
                     self.validator.release(node)
                 why = info.reason.removeprefix(f"{TAG}: ")
-                self.journal.finish(rid, "rejected", why)
+                self.journal.finish(rid, "rejected", why, "validation_failed")
                 return self._done(msg, "validation_failed", why)
             if info.drained and not ours(info.reason):
                 prior = Entry(rid, node, "resume", "executing", "", None)
@@ -504,7 +511,7 @@ class Drainer:
                 continue
             rid = target[0]
             self._running.pop(rid, None)
-            self.journal.finish(rid, JOURNAL_STATUS[outcome], detail)
+            self.journal.finish(rid, JOURNAL_STATUS[outcome], detail, outcome)
             REQUESTS.labels(outcome).inc()
 
     def settle(self, timeout_s: float = 120.0) -> list[str]:
@@ -571,7 +578,7 @@ class Drainer:
         return f"held in Slurm ({why}): {info.state}{reason}"
 
     def _refuse(self, msg: dict[str, Any], prior: Entry | None, source: str, why: str) -> str:
-        self._settle(msg, prior, "rejected", why, source)
+        self._settle(msg, prior, "not_ours", why, source)
         log.warning("not %s %s (request %s): %s", msg["action"], msg["node"], msg["request_id"], why)
         return self._done(msg, "not_ours", why)
 

@@ -349,10 +349,17 @@ class Store:
     def upsert_drain(
         self, db: sqlite3.Connection, request_id: str, node: str, action: str, outcome: str, ts: float
     ) -> None:
+        # A request's answers, as the adapter gives them: `executed` stands once given (a
+        # redelivered request is answered `executed` again, later: the first time is when it was
+        # done); `duplicate` and `deferred` (nothing done, asked again) never replace an answer; the
+        # same answer again keeps its first time.
         db.execute(
             "INSERT INTO drains VALUES (?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET "
-            "outcome = CASE WHEN excluded.outcome = 'duplicate' THEN outcome ELSE excluded.outcome END, "
-            "ts = CASE WHEN excluded.outcome = 'duplicate' THEN ts ELSE excluded.ts END",
+            "outcome = CASE WHEN outcome = 'executed' OR excluded.outcome IN ('duplicate', 'deferred') "
+            "THEN outcome ELSE excluded.outcome END, "
+            "ts = CASE WHEN excluded.outcome = outcome THEN min(ts, excluded.ts) "
+            "WHEN outcome = 'executed' OR excluded.outcome IN ('duplicate', 'deferred') THEN ts "
+            "ELSE excluded.ts END",
             (request_id, node, action, outcome, ts),
         )
 

@@ -197,3 +197,25 @@ def test_a_duplicate_answer_is_never_resolved_to_a_deferral() -> None:
     answer(third, "duplicate")
     (got,) = book.answers(str(third["request_id"]), str(third["signature"]))
     assert got.outcome == "rejected_stale"
+
+
+def test_a_request_refused_before_a_crash_is_answered_alike_when_read_again(tmp_path: Path) -> None:
+    """The journal row of a refused request was written, then the adapter died before its answer
+    reached Kafka: read again, it was answered `duplicate`, which act resolves from the first
+    answer, which never came (act waited, then paged adapter:no_result). The answer is kept in
+    the row and given again."""
+    slurm = MemorySlurm("drained", "admin: bad fan")
+    results = Results()
+    journal = Journal(tmp_path / "j.sqlite")
+    drainer = Drainer(slurm, journal, KEY, results, clock=lambda: T0 + 1)  # type: ignore[arg-type]
+    refused = _request()
+    drainer._result = lambda *_a: None  # type: ignore[method-assign]  # died before the answer went out
+    assert drainer.handle(schemas.encode(refused), "t:0:0", key=b"gpu01") == "not_ours"
+    assert results.outcomes == []
+    restarted = Drainer(slurm, journal, KEY, results, clock=lambda: T0 + 2)  # type: ignore[arg-type]
+    assert restarted.handle(schemas.encode(refused), "t:0:0", key=b"gpu01") == "duplicate"
+    assert results.outcomes == ["rejected_not_ours"] and results.details[0].startswith("already rejected")
+    stale = _request(issued_at=T0 - 3600, finding_id="f2")
+    assert restarted.handle(schemas.encode(stale), "t:0:1", key=b"gpu01") == "stale"
+    assert restarted.handle(schemas.encode(stale), "t:0:1", key=b"gpu01") == "duplicate"
+    assert results.outcomes[1:] == ["rejected_stale", "rejected_stale"]

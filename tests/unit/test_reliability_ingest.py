@@ -278,3 +278,33 @@ def test_a_flood_of_one_bad_kind_adds_to_a_count_not_to_rows(store):
     feed(store, *[job(f"p{i}", [], "finished", T0 + i, end_state="CANCELLED") for i in range(500)])
     assert quality(store) == {"never_started": 500}
     assert store.db.execute("SELECT count(*) FROM quality_examples").fetchone()[0] == 5
+
+
+def test_a_drains_first_executed_answer_stands_and_no_deferral_or_duplicate_replaces_an_answer(store):
+    """The adapter answers a redelivered request `executed` again, later: the drained time counts
+    from the first. A deferral (nothing done) or a duplicate never replaces an answer, and an
+    answer after a deferral (the request asked again) does."""
+    ing = Ingest(store)
+
+    def answer(rid, outcome, ts):
+        with store.transaction() as db:
+            ing.drain_result(
+                db, {"request_id": rid, "node": "n1", "action": "drain", "outcome": outcome, "ts": ts}
+            )
+
+    def row(rid):
+        return store.db.execute("SELECT outcome, ts FROM drains WHERE request_id = ?", (rid,)).fetchone()
+
+    answer("a" * 32, "executed", T0)
+    answer("a" * 32, "executed", T0 + 600)
+    answer("a" * 32, "duplicate", T0 + 700)
+    answer("a" * 32, "deferred", T0 + 800)
+    assert row("a" * 32) == ("executed", T0)
+    answer("b" * 32, "deferred", T0)
+    answer("b" * 32, "deferred", T0 + 60)
+    assert row("b" * 32) == ("deferred", T0)
+    answer("b" * 32, "executed", T0 + 120)
+    assert row("b" * 32) == ("executed", T0 + 120)
+    answer("c" * 32, "rejected_stale", T0)
+    answer("c" * 32, "duplicate", T0 + 5)
+    assert row("c" * 32) == ("rejected_stale", T0)
