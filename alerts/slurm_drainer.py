@@ -15,8 +15,8 @@ Per request, in order:
 7. never overrule a human: a drain does not overwrite someone else's drain reason, and a resume
    only lifts a drain whose reason fleetwatch wrote;
 8. not now: while an operator's pause is in force (fleet.control.v1, as act reads it), and for a
-   node people or Slurm hold (DOWN, FAIL, a maintenance reservation not one of its validations), the
-   request is answered `deferred`, nothing done, and act asks again later (a pause holds what act
+   node people or Slurm hold (DOWN, FAIL, a maintenance reservation not one of its validations) or
+   whose validation is under way, the request is answered `deferred`, nothing done, and act asks again later (a pause holds what act
    asked just before it; a node taken down after the request was issued is theirs now). A
    validation already begun runs to its end;
 9. journal `executing` (with the node's Slurm Comment as it was), run scontrol, journal the outcome.
@@ -331,7 +331,7 @@ class Drainer:
             return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
         if action == "drain" and theirs:
             return self._refuse(msg, prior, source, f"already drained: {info.reason}")
-        deferred = self._deferral(info)
+        deferred = self._validating(node) or self._deferral(info)
         if deferred is not None:
             # not final (act asks again later): the pause holds what act asked before it, and a node
             # people took down or into maintenance after the request was issued is theirs now
@@ -557,6 +557,16 @@ class Drainer:
             self.slurm.cancel_reservation_jobs(reservation_name(node))
         for _node, t in list(self._running.values()):
             t.join(timeout_s)
+
+    def _validating(self, node: str) -> str | None:
+        """Why a request for a node whose validation (another request's) is under way waits: a
+        drain carried out meanwhile was lifted by the validation's own resume of the node before
+        its test, and a second resume would test it twice at once. act sends neither (it asks
+        nothing of a node it is resuming); another sender, or a backlog, could."""
+        for running, _thread in self._running.values():
+            if running == node:
+                return f"a validation of {node} before its resume is under way"
+        return None
 
     def _deferral(self, info: NodeInfo) -> str | None:
         """Why a request is not carried out now but may be later, or None: an operator's pause in

@@ -20,6 +20,7 @@ from fleetwatch.alerts.drain_pause import Pause
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.alerts.policy import DEFERRED, NodeState, Policy, PolicyConfig
 from fleetwatch.alerts.slurm_drainer import Drainer
+from fleetwatch.alerts.validation import ValidationSettings, Validator
 from tests.helpers.findings import T0, finding, resolve
 from tests.helpers.memory_slurm import MemorySlurm, Results
 
@@ -219,3 +220,25 @@ def test_a_request_refused_before_a_crash_is_answered_alike_when_read_again(tmp_
     assert restarted.handle(schemas.encode(stale), "t:0:1", key=b"gpu01") == "stale"
     assert restarted.handle(schemas.encode(stale), "t:0:1", key=b"gpu01") == "duplicate"
     assert results.outcomes[1:] == ["rejected_stale", "rejected_stale"]
+
+
+def test_a_request_for_a_node_whose_validation_is_under_way_is_deferred(tmp_path: Path) -> None:
+    """A drain carried out while a validated resume of the node waited for its jobs to end was
+    lifted by the validation's own resume before its test (and the node returned on a pass); a
+    second resume would test it twice at once. act sends neither; the adapter defers both."""
+    slurm = MemorySlurm("draining", "fleetwatch: XID 79 [fw:aaaaaaaaaaaa]", results=[0])
+    validator = Validator(slurm, ValidationSettings(mode="command", command=("nccl-check",), user="fw"))  # type: ignore[arg-type]
+    results = Results()
+    drainer = Drainer(slurm, Journal(tmp_path / "j.sqlite"), KEY, results, clock=lambda: T0 + 1,  # type: ignore[arg-type]
+                      validator=validator)  # fmt: skip
+    try:
+        resume = _request("resume")
+        assert drainer.handle(schemas.encode(resume), "t:0:0", key=b"gpu01") == "validating"
+        drain = _request(finding_id="f2")
+        assert drainer.handle(schemas.encode(drain), "t:0:1", key=b"gpu01") == "deferred"
+        other_resume = _request("resume", finding_id="f3")
+        assert drainer.handle(schemas.encode(other_resume), "t:0:2", key=b"gpu01") == "deferred"
+        assert results.outcomes == ["deferred", "deferred"]
+        assert "validation of gpu01" in results.details[0] and slurm.updates == 0
+    finally:
+        drainer.stop(5)
