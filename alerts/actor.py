@@ -72,6 +72,9 @@ UNCONFIRMED_REASON = "adapter:no_result"  # the refusal alert's reason for a dra
 RELEASE_GRACE_S = 120.0
 # a resume's answer comes once the node's validation ended: a level-3 dcgmi run takes ~15 minutes
 RESUME_TIMEOUT_S = 3600.0
+# the adapter deferring a node's request this long while act neither pauses nor holds the node (an
+# adapter that still sees a pause act saw lifted, a node down that act's view does not show): paged
+DEFERRED_PAGE_S = 3600.0
 NO_VIEW: tuple[None, None] = (None, None)  # no Slurm view of the node (no adapter publishes them)
 
 
@@ -193,8 +196,10 @@ class Actor:
         self.global_book = AlertBook()  # the storm alert: derived from node onsets, not snapshotted
         self.last: Evaluation | None = None
         self._exported_drained: set[str] = set()
-        self._counted: set[str] = set()  # request ids whose result this process has counted
-        self._counted_wrong: set[str] = set()  # ... and those whose answer naming another node it has
+        # requests (id, signature: a deferred one is asked again under its id) whose result this
+        # process has counted, and those whose answer naming another node it has
+        self._counted: set[tuple[str, str]] = set()
+        self._counted_wrong: set[tuple[str, str]] = set()
         # the operator's pause in force at a wall time (alerts/drain_pause.PauseBook.active)
         self.pause = pause
         # --dry-run: requests are marked and go to a topic no adapter reads; each drain counts as
@@ -352,8 +357,8 @@ class Actor:
             for a in answers:
                 if a.node == node:
                     r = a
-                elif a.request_id not in self._counted_wrong:
-                    self._counted_wrong.add(a.request_id)
+                elif (a.request_id, a.request_signature) not in self._counted_wrong:
+                    self._counted_wrong.add((a.request_id, a.request_signature))
                     self.metrics.results_ignored.labels("wrong_node").inc()
                     log.warning(
                         "ignoring a result for request %s naming %s, not %s", a.request_id, a.node, node
@@ -371,8 +376,8 @@ class Actor:
                 st.confirmed_at = max(st.confirmed_at or 0.0, r.ts)
                 if r.seen is not None:
                     st.confirmed_seen = max(st.confirmed_seen or 0.0, r.seen)
-            if r.request_id not in self._counted:  # results are re-applied every decision: count once
-                self._counted.add(r.request_id)
+            if (r.request_id, r.request_signature) not in self._counted:  # re-applied each decision
+                self._counted.add((r.request_id, r.request_signature))
                 self.metrics.results.labels(r.action, r.outcome).inc()
                 if r.outcome == VALIDATION_FAILED:
                     self.metrics.validations.labels("failed").inc()
@@ -390,7 +395,7 @@ class Actor:
                     r.detail,
                 )
         # only a node's latest request is looked up: the ids of older ones need not be remembered
-        current = {st.request_id for st in nodes.values()}
+        current = {(st.request_id, st.request_sig) for st in nodes.values()}
         self._counted &= current
         self._counted_wrong &= current
 
@@ -497,6 +502,7 @@ class Actor:
             else:
                 task.book.end(src, now)
             self._unconfirmed_alert(node, task, st, now)
+            self._deferred_alert(node, task, st, now)
             src = f"validation:{node}"
             if st.drained and st.validation:
                 a = self.builder.validation_failed(node, st.validation, list(st.drain_findings))
@@ -529,6 +535,24 @@ class Actor:
         held = sum(1 for n, t in owner.items() if t.nodes[n].refused == "paused")
         a = self.builder.drains_paused(pause.note(), held)
         self.global_book.fire(PAUSE_SOURCE, a["labels"], a["annotations"], pause.since)
+
+    def _deferred_alert(self, node: str, task: ActTask, st: NodeState, now: float) -> None:
+        """A node's request deferred by the adapter for DEFERRED_PAGE_S, act holding it for no
+        reason of its own (Policy.evaluate ends the run when it does): act and the adapter disagree
+        about the pause or the node, and nothing is done meanwhile; a human should look."""
+        src = f"deferred:{node}"
+        since = st.deferred_since
+        if since is None or now - since <= DEFERRED_PAGE_S:
+            task.book.end(src, now)
+            return
+        what = "resume" if st.drained else "drain"
+        detail = (
+            f"the Slurm adapter has deferred this {what} for {now - since:.0f} s, though act is neither "
+            f"paused nor holding the node: {st.refused_detail or 'asked again, deferred again'}"
+        )
+        ids = list(st.drain_findings) if st.drained else [f.id for f in st.worthy()]
+        a = self.builder.drain_refused(node, f"adapter:{DEFERRED}", detail, ids)
+        task.book.fire(src, a["labels"], a["annotations"], now)
 
     def _unconfirmed_alert(self, node: str, task: ActTask, st: NodeState, now: float) -> None:
         """A drain with no result past --pending-timeout: the adapter may be down, and the node may

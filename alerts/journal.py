@@ -50,7 +50,7 @@ MIGRATIONS = {
     "request_signature": "ALTER TABLE requests ADD COLUMN request_signature TEXT",
     "outcome": "ALTER TABLE requests ADD COLUMN outcome TEXT",
 }
-_COLUMNS = "request_id, node, action, status, detail, comment_before, request_signature, outcome"
+_COLUMNS = "request_id, node, action, status, detail, comment_before, request_signature, outcome, issued_at"
 
 
 class JournalDamaged(ValueError):
@@ -69,6 +69,7 @@ class Entry:
     # the adapter's label for the answer it gave (executed, stale, not_ours, ...); None in rows of
     # an earlier release
     outcome: str | None = None
+    issued_at: float | None = None  # the request's (act's clock)
 
 
 class Journal:

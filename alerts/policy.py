@@ -166,7 +166,7 @@ class PolicyConfig:
         60.0,
         "a request the adapter deferred (drains paused, the node down or in maintenance) is asked "
         "again after this long (s), if still wanted",
-        gt=0,
+        ge=1.0,
     )
     gpu_reset_automated: bool = knob(
         False, "something else resets GPUs that need it (NVIDIA's RESET_GPU): act then does not drain for it"
@@ -227,6 +227,9 @@ class NodeState:
     # when act read the adapter's `deferred` for its latest deferred request (act's clock): it is
     # asked again retry_deferred_s after that
     deferred_at: float | None = None
+    # when the adapter's deferrals of this node's request began, while they go on (act's clock):
+    # a deferral act does not explain by a hold of its own pages after DEFERRED_PAGE_S
+    deferred_since: float | None = None
 
     def worthy(self) -> list[OpenFinding]:
         return sorted((f for f in self.open.values() if f.drain), key=lambda f: (f.ts, f.id))
@@ -446,6 +449,14 @@ class Policy:
             st.drain_severity = severity
             drained.add(node)
             ev.actions.append(Action(node, "drain", st.drain_reason, severity, tuple(st.drain_findings)))
+        for st in nodes.values():
+            # a run of deferrals ends when nothing deferred is asked any more, or act holds the node
+            # itself (a pause, people, a storm, the budget: it explains the wait)
+            if st.deferred_since is not None and (
+                st.refused not in (None, f"adapter:{DEFERRED}")
+                or not (st.rejected.get(st.request_id) == DEFERRED or st.pending or st.resuming)
+            ):
+                st.deferred_since = None
         ev.drained = len(drained)
         return ev
 
@@ -487,6 +498,15 @@ class Policy:
         result (apply_result); until then the drain is pending. True if the state changed.
         """
         ids = sorted(findings)
+        if (
+            request_id
+            and signature
+            and st.rejected.get(request_id) == DEFERRED
+            and (request_id, signature) != (st.request_id, st.request_sig)
+        ):
+            # a deferred request asked again (signed anew) before the snapshot caught up: that copy
+            # is what was asked now, and it waits for its own answer
+            del st.rejected[request_id]
         if request_id and request_id == st.request_id and signature:
             st.request_sig = signature  # as issued (a snapshot from before signatures had none)
         if action == "drain":
@@ -540,6 +560,8 @@ class Policy:
             return None
         if outcome == "duplicate":
             return None  # the request's first result says what happened
+        if outcome != DEFERRED:
+            st.deferred_since = None  # the adapter answered for good
         if outcome == "executed":
             st.rejected.pop(request_id, None)
             st.validation = ""
@@ -555,6 +577,8 @@ class Policy:
             return None  # executed already (done is done): a later refusal is of a redelivery
         if outcome == DEFERRED and st.rejected.get(request_id) != DEFERRED:
             st.deferred_at = now  # (re-applied at every decision: the first reading counts)
+            if st.deferred_since is None:
+                st.deferred_since = now
         st.rejected[request_id] = outcome
         while len(st.rejected) > REJECTED_MEMORY:
             del st.rejected[next(iter(st.rejected))]

@@ -16,9 +16,9 @@ Per request, in order:
    only lifts a drain whose reason fleetwatch wrote;
 8. not now: while an operator's pause is in force (fleet.control.v1, as act reads it), and for a
    node people or Slurm hold (DOWN, FAIL, a maintenance reservation not one of its validations) or
-   whose validation is under way, the request is answered `deferred`, nothing done, and act asks again later (a pause holds what act
-   asked just before it; a node taken down after the request was issued is theirs now). A
-   validation already begun runs to its end;
+   whose validation is under way, the request is answered `deferred`, nothing done, and act asks
+   again later (a pause holds what act asked just before it; a node taken down after the request
+   was issued is theirs now). A validation already begun runs to its end;
 9. journal `executing` (with the node's Slurm Comment as it was), run scontrol, journal the outcome.
 Every request handled gets one signed drain_result/1 on scheduler.drain.results.v1 (key = node,
 alerts/drain_result.py), so `act` learns what really happened; results and dead letters are
@@ -181,6 +181,7 @@ class Drainer:
         self._attempts: dict[str, int] = {}
         # validations running on their own threads, by request id; their ends, for the main loop
         self._running: dict[str, tuple[str, threading.Thread]] = {}
+        self._running_sig: dict[str, str] = {}  # ... and the signature of the copy that started each
         self._finished: queue.Queue[tuple[Target, str, str]] = queue.Queue()
         self._unacked: list[tuple[Target, str, str]] = []  # answers sent, not yet acknowledged
         self._stopping = threading.Event()
@@ -258,12 +259,17 @@ class Drainer:
             return self._reject(raw, None, "dry_run", "a dry-run request is never executed", source, topic)
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
         if rid in self._running:
-            return "validating"  # a redelivery of a request whose validation is running
+            if self._running_sig.get(rid) != msg["signature"]:
+                # another copy of the request under validation (act asked again): its answer is the
+                # validation's, to the copy that started it; this one waits, nothing done
+                return self._done(msg, "deferred", f"a validation of {node} before its resume is under way")
+            return "validating"  # a redelivery of the copy whose validation is running
         prior = self.journal.get(rid)
         if prior is not None and prior.status == "deferred":
-            if prior.request_signature == msg["signature"]:
-                # the copy deferred, delivered again: its answer again (a copy's answer never
-                # changes; act asks again with a copy signed anew)
+            if prior.issued_at is None or msg["issued_at"] <= prior.issued_at:
+                # the copy deferred, or an older one, delivered again (offsets rewound): the same
+                # answer (a copy's answer never changes; act asks again with a copy signed anew,
+                # later, and an older copy judged afresh could be refused for good as stale)
                 REQUESTS.labels("duplicate").inc()
                 self._result(target_of(msg), "deferred", prior.detail)
                 return "duplicate"
@@ -391,6 +397,7 @@ class Drainer:
             target=self._validation_job, args=(target,), name=f"validate-{node}", daemon=True
         )
         self._running[rid] = (node, t)
+        self._running_sig[rid] = target[3]
         t.start()
         log.info("validating %s before its resume (request %s): %s", node, rid, self.validator_label())
 
@@ -431,6 +438,7 @@ class Drainer:
         finally:
             if not answered:
                 self._running.pop(rid, None)  # recover() finds it `executing` and submits it again
+                self._running_sig.pop(rid, None)
 
     def _retrying(self, node: str, what: str, step: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any] | None:
         """step() until it answers without a SlurmError (MAX_ATTEMPTS, with backoff); None when
@@ -511,6 +519,7 @@ class Drainer:
                 continue
             rid = target[0]
             self._running.pop(rid, None)
+            self._running_sig.pop(rid, None)
             self.journal.finish(rid, JOURNAL_STATUS[outcome], detail, outcome)
             REQUESTS.labels(outcome).inc()
 
@@ -580,7 +589,13 @@ class Drainer:
         view = {"state": info.state, "maintenance": False, "features": (), "ours": ours(info.reason)}
         why = held_by(view)
         if why is None:
-            view["maintenance"] = info.name in self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX)
+            try:
+                maintenance = self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX)
+            except SlurmError as e:
+                # (a reservation's node list not understood, say): not known, so not now; a
+                # failure here would end the request `failed`, for good, after five tries
+                return f"Slurm's maintenance reservations could not be read: {e}"[:300]
+            view["maintenance"] = info.name in maintenance
             why = held_by(view)
         if why is None or why == DRAINED_BY_OTHER:  # (refused as not ours before this is asked)
             return None
@@ -646,6 +661,7 @@ def run(args: argparse.Namespace) -> int:
     control = BrokerTimedFollower(args.control_topic, pause.apply, bus)
     control.start()
     stop = StopFlag()
+    PAUSED.set(1)  # (fail closed until the switch has been read)
     waited = 0
     while not control.caught_up.wait(1.0) and not stop:
         waited += 1
@@ -655,6 +671,15 @@ def run(args: argparse.Namespace) -> int:
                 "handled until it is",
                 args.control_topic,
             )
+        if args.idle_exit is not None and waited > args.idle_exit + JOIN_WAIT_S:
+            log.error("the control topic %s was never read: exiting (--idle-exit)", args.control_topic)
+            stop.set()
+    if stop:  # stopped before a request was read: nothing begun, nothing to finish
+        control.stop()
+        consumer.close()
+        producer.close(10)
+        journal.close()
+        return 0
     consumer.subscribe([args.drain_topic], on_assign, lambda _parts: None)
     drainer = Drainer(
         slurm,

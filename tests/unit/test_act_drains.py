@@ -310,3 +310,34 @@ def test_a_deferred_drain_pages_nobody_frees_its_slot_and_is_asked_again_signed_
     assert asked["node"] == "n1" and asked["request_id"] == first[0]["request_id"]
     assert asked["signature"] != first[0]["signature"]  # signed anew: the adapter judges it afresh
     assert rig.task.nodes["n1"].pending and rig.refusals() == {}
+
+
+def test_deferrals_act_cannot_explain_page_after_an_hour_and_a_retrys_answer_is_counted() -> None:
+    """An adapter that still sees a pause act saw lifted, or a node down that act's view does not
+    show, defers every retry: nothing is done meanwhile, so after an hour someone is paged. The
+    retry's own answer (same request id, another signature) is counted like any first answer."""
+    rig = Rig({"n1", "n2"}, budget_min_nodes=1, retry_deferred_s=60.0)
+    (first,) = rig.feed(finding("n1", ts=T0 - 300))
+    rig.result(first, "deferred")
+    rig.decide(T0 + 10)
+    retried = []
+    for t in range(80, 3700, 70):  # asked again every ~70 s, deferred every time
+        out = rig.decide(T0 + t)
+        for m in out:
+            retried.append(m)
+            rig.result(m, "deferred")
+        rig.decide(T0 + t + 1)
+        if t < 3500:
+            assert rig.refusals() == {}, t  # not within the hour
+    assert len(retried) > 40 and {m["request_id"] for m in retried} == {first["request_id"]}
+    assert rig.refusals() == {"n1": "adapter:deferred"}  # paged now
+
+    def executed() -> float:
+        return rig.metric("fleetwatch_act_drain_results_total", action="drain", outcome="executed") or 0.0
+
+    before = executed()
+    (last,) = rig.decide(T0 + 3800)
+    rig.result(last, "executed")
+    rig.decide(T0 + 3801)
+    assert rig.refusals() == {}  # done: the page ends
+    assert executed() == before + 1

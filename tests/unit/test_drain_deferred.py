@@ -19,6 +19,7 @@ from fleetwatch.alerts.drain_log import ResultBook
 from fleetwatch.alerts.drain_pause import Pause
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.alerts.policy import DEFERRED, NodeState, Policy, PolicyConfig
+from fleetwatch.alerts.slurm import SlurmError
 from fleetwatch.alerts.slurm_drainer import Drainer
 from fleetwatch.alerts.validation import ValidationSettings, Validator
 from tests.helpers.findings import T0, finding, resolve
@@ -238,7 +239,66 @@ def test_a_request_for_a_node_whose_validation_is_under_way_is_deferred(tmp_path
         assert drainer.handle(schemas.encode(drain), "t:0:1", key=b"gpu01") == "deferred"
         other_resume = _request("resume", finding_id="f3")
         assert drainer.handle(schemas.encode(other_resume), "t:0:2", key=b"gpu01") == "deferred"
-        assert results.outcomes == ["deferred", "deferred"]
+        # the same request asked again in a copy signed anew (an act restarted from an older
+        # snapshot): deferred, not left unanswered ("validating": its answer goes to the first copy)
+        copy = _request("resume", issued_at=T0 + 0.5)
+        assert copy["request_id"] == resume["request_id"]
+        assert drainer.handle(schemas.encode(copy), "t:0:3", key=b"gpu01") == "deferred"
+        assert drainer.handle(schemas.encode(resume), "t:0:0", key=b"gpu01") == "validating"
+        assert results.outcomes == ["deferred", "deferred", "deferred"]
         assert "validation of gpu01" in results.details[0] and slurm.updates == 0
     finally:
         drainer.stop(5)
+
+
+def test_an_older_copy_of_a_deferred_request_read_again_gets_the_same_answer(tmp_path: Path) -> None:
+    """Offsets rewound (a crash before a commit): an older copy of a request deferred since in a
+    newer copy was judged afresh, and could be refused for good as stale (act then resolves the
+    next copy's `duplicate` to that)."""
+    slurm = MemorySlurm("down", "admin: PSU")
+    results = Results()
+    now = [T0 + 1]
+    drainer = Drainer(slurm, Journal(tmp_path / "j.sqlite"), KEY, results, clock=lambda: now[0])  # type: ignore[arg-type]
+    s1 = _request(issued_at=T0)
+    assert drainer.handle(schemas.encode(s1), "t:0:0", key=b"gpu01") == "deferred"
+    now[0] = T0 + 661
+    s2 = _request(issued_at=T0 + 660)
+    assert drainer.handle(schemas.encode(s2), "t:0:1", key=b"gpu01") == "deferred"
+    assert drainer.handle(schemas.encode(s1), "t:0:0", key=b"gpu01") == "duplicate"  # not stale
+    assert results.outcomes == ["deferred"] * 3
+
+
+def test_reservations_slurm_cannot_list_defer_the_request_not_fail_it(tmp_path: Path) -> None:
+    slurm = MemorySlurm("idle", "none")
+    results = Results()
+
+    def unreadable(except_prefix: str = "") -> set[str]:
+        raise SlurmError("a reservation's node list not understood (maint-x: bad hostlist)")
+
+    slurm.maintenance_nodes = unreadable  # type: ignore[method-assign]
+    drainer = Drainer(slurm, Journal(tmp_path / "j.sqlite"), KEY, results, clock=lambda: T0 + 1)  # type: ignore[arg-type]
+    assert drainer.handle(schemas.encode(_request()), "t:0:0", key=b"gpu01") == "deferred"
+    assert "could not be read" in results.details[0] and slurm.updates == 0
+
+
+def test_a_restarted_act_adopts_the_copy_it_sent_after_a_deferral_and_waits_for_its_answer() -> None:
+    """act asked again (copy 2) and died before its next snapshot; restored from the one before,
+    it held the request as deferred, did not adopt copy 2 from the drain log, and asked a third
+    time: the adapter answered only copy 2 (its validation), and the resume waited for good."""
+    a = Acting(resume_after_s=60.0)
+    f = finding("n1", ts=T0)
+    a.policy.observe(a.st, f)
+    a.step(T0)
+    a.answer("executed", T0 + 1)
+    a.policy.observe(a.st, resolve(f, T0 + 2))
+    a.step(T0 + 100)
+    a.answer(DEFERRED, T0 + 101)
+    snapshot = NodeState.from_dict(a.st.to_dict())  # the last snapshot: the resume deferred
+    assert a.step(T0 + 101 + RETRY_S) == ["resume"]
+    copy2 = (a.st.request_id, a.st.request_sig)
+    restored = snapshot
+    assert a.policy.adopt(restored, "resume", [f["id"]], "fleetwatch: healthy", T0 + 161, *copy2)
+    assert restored.resuming and (restored.request_id, restored.request_sig) == copy2
+    a.st = restored
+    assert a.step(T0 + 300) == []  # not asked a third time: copy 2's answer is awaited
+    assert a.answer("executed", T0 + 400, "validated: passed") is None and not a.st.drained
