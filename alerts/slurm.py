@@ -44,6 +44,11 @@ class SlurmError(RuntimeError):
     pass
 
 
+class SlurmOutputNotUnderstood(SlurmError):
+    """Slurm answered, with something this cannot read (a reservation's node list): not an outage
+    to wait out by retrying."""
+
+
 class JobTimeout(Exception):
     """A job (the validation) ran past its time and was cancelled: the job's failure, not Slurm's."""
 
@@ -178,7 +183,9 @@ class SlurmClient:
                     nodes.update(hostlist.expand_hostlist(fields["Nodes"]))
                 except (hostlist.BadHostlist, RecursionError) as e:  # read as Slurm not answering
                     why = f"{fields.get('ReservationName', '?')[:80]}: {str(e) or type(e).__name__}"
-                    raise SlurmError(f"a reservation's node list not understood ({why})") from None
+                    raise SlurmOutputNotUnderstood(
+                        f"a reservation's node list not understood ({why})"
+                    ) from None
         return nodes
 
     # ------------------------------------------------------------ validation (alerts/validation.py)

@@ -61,7 +61,15 @@ from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.drain_pause import Pause, PauseBook, load_control_key
 from fleetwatch.alerts.journal import Entry, Journal
-from fleetwatch.alerts.slurm import TAG, NodeInfo, SlurmClient, SlurmError, ours, reason_token
+from fleetwatch.alerts.slurm import (
+    TAG,
+    NodeInfo,
+    SlurmClient,
+    SlurmError,
+    SlurmOutputNotUnderstood,
+    ours,
+    reason_token,
+)
 from fleetwatch.alerts.slurm_nodes import DRAINED_BY_OTHER, NodeStatePublisher, held_by
 from fleetwatch.alerts.validation import RESERVATION_PREFIX, ValidationSettings, Validator, reservation_name
 from fleetwatch.bus import TopicPart
@@ -591,9 +599,10 @@ class Drainer:
         if why is None:
             try:
                 maintenance = self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX)
-            except SlurmError as e:
-                # (a reservation's node list not understood, say): not known, so not now; a
-                # failure here would end the request `failed`, for good, after five tries
+            except SlurmOutputNotUnderstood as e:
+                # Slurm answered, with a reservation's node list this cannot read: not known, so
+                # not now (retried, it would end the request `failed` for good); Slurm not
+                # answering is an outage, retried as for every other call
                 return f"Slurm's maintenance reservations could not be read: {e}"[:300]
             view["maintenance"] = info.name in maintenance
             why = held_by(view)

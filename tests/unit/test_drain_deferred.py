@@ -13,14 +13,16 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request, drain_result
 from fleetwatch.alerts.drain_log import ResultBook
 from fleetwatch.alerts.drain_pause import Pause
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.alerts.policy import DEFERRED, NodeState, Policy, PolicyConfig
-from fleetwatch.alerts.slurm import SlurmError
-from fleetwatch.alerts.slurm_drainer import Drainer
+from fleetwatch.alerts.slurm import SlurmError, SlurmOutputNotUnderstood
+from fleetwatch.alerts.slurm_drainer import Drainer, Retry
 from fleetwatch.alerts.validation import ValidationSettings, Validator
 from tests.helpers.findings import T0, finding, resolve
 from tests.helpers.memory_slurm import MemorySlurm, Results
@@ -268,17 +270,28 @@ def test_an_older_copy_of_a_deferred_request_read_again_gets_the_same_answer(tmp
     assert results.outcomes == ["deferred"] * 3
 
 
-def test_reservations_slurm_cannot_list_defer_the_request_not_fail_it(tmp_path: Path) -> None:
+def test_reservations_slurm_lists_unreadably_defer_the_request_and_slurm_away_is_retried(
+    tmp_path: Path,
+) -> None:
+    """A reservation node list this cannot read would end the request `failed` after five tries,
+    for good: deferred. Slurm not answering is an outage like any other: retried, nothing answered
+    (deferring then freed act's budget slot while the drain might still happen: the full suite's
+    forged-request test caught that)."""
     slurm = MemorySlurm("idle", "none")
     results = Results()
+    error: list[SlurmError] = [SlurmOutputNotUnderstood("a reservation's node list not understood")]
 
-    def unreadable(except_prefix: str = "") -> set[str]:
-        raise SlurmError("a reservation's node list not understood (maint-x: bad hostlist)")
+    def reservations(except_prefix: str = "") -> set[str]:
+        raise error[0]
 
-    slurm.maintenance_nodes = unreadable  # type: ignore[method-assign]
+    slurm.maintenance_nodes = reservations  # type: ignore[method-assign]
     drainer = Drainer(slurm, Journal(tmp_path / "j.sqlite"), KEY, results, clock=lambda: T0 + 1)  # type: ignore[arg-type]
     assert drainer.handle(schemas.encode(_request()), "t:0:0", key=b"gpu01") == "deferred"
     assert "could not be read" in results.details[0] and slurm.updates == 0
+    error[0] = SlurmError("scontrol show reservation failed: Unable to contact slurm controller")
+    with pytest.raises(Retry):
+        drainer.handle(schemas.encode(_request(finding_id="f2")), "t:0:1", key=b"gpu01")
+    assert results.outcomes == ["deferred"]
 
 
 def test_a_restarted_act_adopts_the_copy_it_sent_after_a_deferral_and_waits_for_its_answer() -> None:
