@@ -120,8 +120,10 @@ class SourceRunner:
         return None
 
     def late_ready(self) -> bool:
-        """A call that returned after its tick's deadline waits to be taken."""
-        return self._pending is not None and not self._collected and self._pending.done()
+        """A call that returned after its tick's deadline waits to be taken, with a result (one
+        that failed late is reported at the next regular tick: nothing to date)."""
+        p = self._pending
+        return p is not None and not self._collected and p.done() and p.exception() is None
 
     def result(self, timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
         if self._pending is None:
@@ -165,6 +167,7 @@ class Agent:
         self._cursors: dict[str, int | str] = {}
         self._sample_cursors: dict[str, int | str] = {}  # the cursors of the sample being built
         self._returned = threading.Event()  # a source's call ended (set from its runner's thread)
+        self._next_at = 0.0  # when the next regular tick is due (monotonic), for _late_result
         for r in self.runners:
             r.on_return = self._returned.set
 
@@ -303,30 +306,43 @@ class Agent:
         taken = 0
         next_at = time.monotonic()
         while not stop and (count is None or taken < count):
+            early = time.monotonic() < next_at  # for a late call's result: the regular tick still comes
             self.tick()
             self._returned.clear()  # the calls this tick took ended; a late one is seen by late_ready
             taken += 1
-            next_at += self.interval_s
-            now = time.monotonic()
-            if next_at < now:  # fell behind (e.g. a slow source): skip missed ticks, keep the cadence
-                next_at = now
+            if not early:
+                next_at += self.interval_s
+                now = time.monotonic()
+                if next_at < now:  # fell behind (e.g. a slow source): skip missed ticks, keep the cadence
+                    next_at = now
+            self._next_at = next_at
             sent_before, refused_before = self.forwarder.sent_total, self.forwarder.refused_total
-            self.forwarder.pump(max(0.0, next_at - time.monotonic() - 0.01))
+            # cut short when a late result waits: a backlog to send must not date it later
+            self.forwarder.pump(max(0.0, next_at - time.monotonic() - 0.01), until=self._late_result)
             SENT.inc(self.forwarder.sent_total - sent_before)
             SPOOL_DROPPED.labels(REFUSED).inc(self.forwarder.refused_total - refused_before)
             SPOOL_DEPTH.set(len(self.spool))
             BROKER_UP.set(1 if self.forwarder.broker_up else 0)
             if count is not None and taken >= count:
                 break
-            self._wait(stop, next_at)
+            self._wait(stop)
         return taken
 
-    def _wait(self, stop: StopFlag, next_at: float) -> None:
+    def _late_result(self) -> bool:
+        """A call that missed its tick's deadline has returned, and the next regular tick is at
+        least half an interval away (closer, that tick takes it: two samples a few ms apart would
+        make a counter's rate over a step too short to mean anything)."""
+        return any(r.late_ready() for r in self.runners) and self._next_at - time.monotonic() >= (
+            0.5 * self.interval_s
+        )
+
+    def _wait(self, stop: StopFlag) -> None:
         """Until the next tick is due, or at once when a call that missed its tick's deadline
-        returns: the tick then takes its result, dated when it came (its values were read by
-        then), not at the next regular tick, up to an interval later."""
-        while not stop and not any(r.late_ready() for r in self.runners):
-            left = next_at - time.monotonic()
+        returns (_late_result): the tick then takes its result, dated when it came (its values
+        were read by then), not at the next regular tick, up to an interval later; the regular
+        tick still comes at its time."""
+        while not stop and not self._late_result():
+            left = self._next_at - time.monotonic()
             if left <= 0:
                 return
             if self._returned.wait(min(0.1, left)):  # (a stop is seen within 0.1 s)

@@ -65,8 +65,11 @@ NVIDIA/DCGM#235) and the gauge keeps its last value until the exporter restarts
 source of truth for XIDs; this gauge is what a site without it gets.
 
 Reading. http.client, so no proxy (a node's http_proxy must not carry a loopback scrape), only
-http and https URLs, no redirects, at most 8 MiB, and one deadline, `timeout_s`, for the whole
-scrape: connection, status line, headers and body. A socket's timeout bounds each read, not the
+http and https URLs without credentials in them, no redirects (a 30x answer is an error naming
+it: give the URL it points to), at most 8 MiB, a body shorter than its Content-Length refused, and
+one deadline, `timeout_s`, for the whole scrape: connection, status line, headers and body (over
+https the TLS handshake may take one more `timeout_s`: the cut cannot reach a socket while it is
+being wrapped). A socket's timeout bounds each read, not the
 answer (a server that sends its headers a byte at a time held a scrape, and the agent's thread for
 the source, for as long as it liked): at the deadline the connection's socket is shut, which ends a
 read blocked on it. An endpoint that is down, slow,
@@ -436,10 +439,19 @@ class DcgmExporterSource:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise SourceUnavailable(f"dcgm: {url!r} is not an http(s) URL of the exporter's metrics")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as e:  # a port out of range or not a number
+            raise SourceUnavailable(f"dcgm: {url!r}: {e}") from None
+        if parts.username is not None or parts.password is not None:
+            raise SourceUnavailable(f"dcgm: {parts.hostname}: credentials in the URL are not supported")
         if not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise SourceUnavailable(f"dcgm: timeout {timeout_s!r} must be a positive number of seconds")
         self.url = url
         self._parts = parts
+        # the port always given: http.client reads a bare IPv6 literal's last group as one
+        self._port = port
+        self._tls = ssl.create_default_context() if parts.scheme == "https" else None
         self.timeout_s = float(timeout_s)
         self.node = node or socket.gethostname().split(".")[0]
         self.any_host = any_host
@@ -473,17 +485,16 @@ class DcgmExporterSource:
     def _fetch(self) -> str:
         deadline = time.monotonic() + self.timeout_s
         parts = self._parts
+        host = parts.hostname or ""
         conn: http.client.HTTPConnection
-        if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(
-                parts.hostname or "", parts.port, timeout=self.timeout_s, context=ssl.create_default_context()
-            )
+        if self._tls is not None:
+            conn = http.client.HTTPSConnection(host, self._port, timeout=self.timeout_s, context=self._tls)
         else:
-            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout_s)
+            conn = http.client.HTTPConnection(host, self._port, timeout=self.timeout_s)
         cut = threading.Timer(self.timeout_s, _shut, args=(conn,))
         cut.daemon = True
-        cut.start()
         try:
+            cut.start()
             conn.connect()
             if time.monotonic() >= deadline:  # (connected after the cut looked for a socket)
                 raise ScrapeError(f"no answer within {self.timeout_s:g} s")
@@ -510,8 +521,11 @@ class DcgmExporterSource:
                 chunks.append(chunk)
             if time.monotonic() > deadline:  # the cut ends a read early: what came is not the body
                 raise ScrapeError(f"no answer within {self.timeout_s:g} s")
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            # timeouts, refused connections, TLS errors and a socket the cut shut are OSErrors
+            if response.length:  # fewer bytes than its Content-Length: cut short (an exporter's restart)
+                raise ScrapeError(f"the body ended {response.length} bytes short of its length")
+        except (OSError, http.client.HTTPException, ValueError, RuntimeError) as e:
+            # timeouts, refused connections, TLS errors and a socket the cut shut are OSErrors; a
+            # RuntimeError: no thread to be had for the cut
             if time.monotonic() >= deadline:
                 raise ScrapeError(f"no answer within {self.timeout_s:g} s") from None
             raise ScrapeError(f"{type(e).__name__}: {e}"[:200]) from None

@@ -68,14 +68,15 @@ class SpoolForwarder:
 
     # ------------------------------------------------------------ one round of work
 
-    def pump(self, budget_s: float) -> None:
-        """Send what is spooled and collect acknowledgements for at most ~budget_s seconds."""
+    def pump(self, budget_s: float, until: Callable[[], bool] | None = None) -> None:
+        """Send what is spooled and collect acknowledgements for at most ~budget_s seconds, or
+        until `until()` says the caller has other work (checked between flushes of at most 0.2 s)."""
         deadline = time.monotonic() + max(0.0, budget_s)
         if self._producer is None and not self._connect():
             return
         try:
             self._send_more()
-            while self._in_flight and time.monotonic() < deadline:
+            while self._in_flight and time.monotonic() < deadline and not (until is not None and until()):
                 # serves the acknowledgements; what is not acknowledged yet stays in flight
                 self._producer.flush(max(0.01, min(0.2, deadline - time.monotonic())))
                 if not self._retire():

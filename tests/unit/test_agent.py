@@ -357,7 +357,7 @@ def test_a_late_call_is_taken_when_it_returns_dated_then_not_at_the_next_regular
         sent_total = refused_total = 0
         broker_up = True
 
-        def pump(self, budget_s: float) -> None:
+        def pump(self, budget_s: float, until: Any = None) -> None:
             pass
 
         def drain(self, timeout_s: float) -> bool:
@@ -379,6 +379,49 @@ def test_a_late_call_is_taken_when_it_returns_dated_then_not_at_the_next_regular
     assert 0 <= second["ts"] - returned[0] < 0.2  # dated when it came
     runner.close()
     spool.close()
+
+
+def test_an_early_tick_keeps_the_cadence_and_a_late_failure_makes_none(tmp_path: Path) -> None:
+    """The early tick for a late result took the place of the next regular one, so every source
+    saw a gap of an interval and a half; and a call that failed late made an early tick that
+    carried nothing but its error."""
+
+    class Late:
+        name = "nvml"
+
+        def __init__(self, fail: bool) -> None:
+            self.calls, self.fail = 0, fail
+
+        def sample(self) -> dict[str, Any]:
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(0.3)  # past the 0.1 s deadline, 0.7 s before the next regular tick
+                if self.fail:
+                    raise OSError("NVML: GPU is lost")
+            return {"gpus": [{"index": 0, "util": float(self.calls)}]}
+
+        def close(self) -> None:
+            pass
+
+    class Forwarder:
+        sent_total = refused_total = 0
+        broker_up = True
+
+        def pump(self, budget_s: float, until: Any = None) -> None:
+            pass
+
+    for fail, want in ((False, 4), (True, 3)):
+        spool = Spool(tmp_path / f"spool-{fail}.sqlite", max_bytes=1 << 20)
+        runner = SourceRunner("nvml", lambda fail=fail: Late(fail))
+        agent = Agent("agent-test", [runner], spool, Forwarder(), interval_s=1.0, call_timeout_s=0.1)  # type: ignore[arg-type]
+        t0 = time.time()
+        agent.run(StopFlag(install=False), count=want)
+        ts = [schemas.decode(r.value)["ts"] - t0 for r in agent.spool.peek(0, want)]
+        regular = [t for t in ts if abs(t - round(t)) < 0.15]
+        assert [round(t) for t in regular] == [0, 1, 2], (fail, ts)  # every regular tick, on time
+        assert len(ts) == want, (fail, ts)  # the early tick only where a result came late
+        runner.close()
+        spool.close()
 
 
 def test_a_source_whose_start_hangs_blocks_nothing(tmp_path: Path) -> None:
@@ -407,3 +450,32 @@ def test_a_source_whose_start_hangs_blocks_nothing(tmp_path: Path) -> None:
     time.sleep(0.2)
     assert agent.sample()["gpus"] == [{"index": 0, "util": 1.0}]
     agent.close(drain_timeout_s=0)
+
+
+def test_a_late_result_cuts_the_forwarders_pump_short(tmp_path: Path) -> None:
+    """With records in flight (a backlog, slow acknowledgements) the agent spent the rest of the
+    interval in the forwarder's pump, and a late result waited there: dated most of an interval
+    late after all. The pump stops between flushes when the agent has one to take."""
+    from fleetwatch.bus import Delivery, Outgoing
+    from fleetwatch.collectors.forwarder import SpoolForwarder
+
+    class Unacknowledged:  # a broker that takes its time
+        def send(self, topic: str, key: bytes | None = None, value: bytes | None = None) -> Delivery:
+            return Delivery(Outgoing(topic, key, value, None, None))
+
+        def flush(self, timeout_s: float) -> list[Any]:
+            time.sleep(timeout_s)
+            return []
+
+        def close(self, timeout_s: float = 0) -> None:
+            pass
+
+    spool = Spool(tmp_path / "s.sqlite", max_bytes=1 << 20)
+    spool.append(b"n1", b"a sample")
+    fwd = SpoolForwarder(spool, "t", "unused", retry_backoff_s=0.0, producer_factory=Unacknowledged)
+    late = threading.Event()
+    threading.Timer(0.3, late.set).start()
+    t0 = time.monotonic()
+    fwd.pump(3.0, until=late.is_set)
+    assert 0.25 < time.monotonic() - t0 < 1.0
+    spool.close()

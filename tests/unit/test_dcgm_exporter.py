@@ -551,6 +551,46 @@ def test_headers_sent_a_byte_at_a_time_end_at_the_deadline() -> None:
         listener.close()
 
 
+def test_a_body_cut_short_of_its_length_is_no_body() -> None:
+    """An exporter restarting mid-answer closes after part of its Content-Length: the last line's
+    value cut (a temperature of 55 read as 5) was taken as the page."""
+    body = fixture("upcloud_l40s.prom").encode()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_short() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n"
+            conn.sendall(head.encode() + body[:-2])
+
+    server = threading.Thread(target=answer_short, daemon=True)
+    server.start()
+    try:
+        src = DcgmExporterSource(f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", node="gpu1-wl8sg")
+        assert src.sample() == {}
+    finally:
+        server.join(5)
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:99999/metrics", "out of range"),
+        ("http://u:pw@127.0.0.1:9400/metrics", "credentials"),
+    ],
+)
+def test_urls_it_cannot_scrape_are_refused_when_the_source_is_made(url: str, why: str) -> None:
+    with pytest.raises(SourceUnavailable, match=why):
+        DcgmExporterSource(url)
+
+
+def test_an_ipv6_literal_without_a_port_is_scraped_on_the_schemes_port() -> None:
+    src = DcgmExporterSource("http://[::1]/metrics", node="n1")
+    assert (src._parts.hostname, src._port) == ("::1", 80)
+
+
 def test_a_body_over_the_bound(exporter: Exporter, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dcgm_exporter, "MAX_BODY_BYTES", 4096)
     exporter.serve(fixture("upcloud_l40s.prom"))
