@@ -23,6 +23,22 @@ from tests.helpers.agents import CountingSource, make_agent
 from tests.helpers.paths import REPO
 
 
+class InstantForwarder:
+    """A broker that takes everything at once: the agent's wait is all between its ticks."""
+
+    sent_total = refused_total = 0
+    broker_up = True
+
+    def pump(self, budget_s: float, until: Any = None) -> None:
+        pass
+
+    def drain(self, timeout_s: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
 class HangingSource:
     name = "host"
 
@@ -353,23 +369,10 @@ def test_a_late_call_is_taken_when_it_returns_dated_then_not_at_the_next_regular
         def close(self) -> None:
             pass
 
-    class Forwarder:  # a broker that takes everything at once: the agent's wait is all between ticks
-        sent_total = refused_total = 0
-        broker_up = True
-
-        def pump(self, budget_s: float, until: Any = None) -> None:
-            pass
-
-        def drain(self, timeout_s: float) -> bool:
-            return True
-
-        def close(self) -> None:
-            pass
-
     slow = Slow()
     spool = Spool(tmp_path / "spool.sqlite", max_bytes=1 << 20)
     runner = SourceRunner("nvml", lambda: slow)
-    agent = Agent("agent-test", [runner], spool, Forwarder(), interval_s=2.0, call_timeout_s=0.2)  # type: ignore[arg-type]
+    agent = Agent("agent-test", [runner], spool, InstantForwarder(), interval_s=2.0, call_timeout_s=0.2)  # type: ignore[arg-type]
     t0 = time.monotonic()
     assert agent.run(StopFlag(install=False), count=2) == 2
     assert time.monotonic() - t0 < 1.5  # the second tick did not wait for its regular time
@@ -403,17 +406,10 @@ def test_an_early_tick_keeps_the_cadence_and_a_late_failure_makes_none(tmp_path:
         def close(self) -> None:
             pass
 
-    class Forwarder:
-        sent_total = refused_total = 0
-        broker_up = True
-
-        def pump(self, budget_s: float, until: Any = None) -> None:
-            pass
-
     for fail, want in ((False, 4), (True, 3)):
         spool = Spool(tmp_path / f"spool-{fail}.sqlite", max_bytes=1 << 20)
         runner = SourceRunner("nvml", lambda fail=fail: Late(fail))
-        agent = Agent("agent-test", [runner], spool, Forwarder(), interval_s=1.0, call_timeout_s=0.1)  # type: ignore[arg-type]
+        agent = Agent("agent-test", [runner], spool, InstantForwarder(), interval_s=1.0, call_timeout_s=0.1)  # type: ignore[arg-type]
         t0 = time.time()
         agent.run(StopFlag(install=False), count=want)
         ts = [schemas.decode(r.value)["ts"] - t0 for r in agent.spool.peek(0, want)]

@@ -45,6 +45,16 @@ class Acting:
             self.st.request_sig = hashlib.sha256(f"{self.st.request_id}@{now}".encode()).hexdigest()
         return [a.action for a in ev.actions]
 
+    def drained_then_healthy(self) -> dict[str, object]:
+        """A node drained (executed) for a finding that resolves at T0 + 2; its resume is due from
+        T0 + 62 (resume_after_s 60). The finding."""
+        f = finding("n1", ts=T0)
+        self.policy.observe(self.st, f)
+        self.step(T0)
+        self.answer("executed", T0 + 1)
+        self.policy.observe(self.st, resolve(f, T0 + 2))
+        return f
+
     def answer(self, outcome: str, now: float, detail: str = "") -> str | None:
         st = self.st
         return self.policy.apply_result(
@@ -92,11 +102,7 @@ def test_a_deferral_during_a_pause_waits_for_the_pause_and_a_final_refusal_is_ne
 
 def test_a_deferred_resume_keeps_the_drain_counted_and_is_asked_again() -> None:
     a = Acting(resume_after_s=60.0)
-    f = finding("n1", ts=T0)
-    a.policy.observe(a.st, f)
-    a.step(T0)
-    a.answer("executed", T0 + 1)
-    a.policy.observe(a.st, resolve(f, T0 + 2))
+    a.drained_then_healthy()
     assert a.step(T0 + 100) == ["resume"] and a.st.resuming
     resume_id = a.st.request_id
     assert a.answer(DEFERRED, T0 + 101, "held in Slurm (maintenance): idle") is None
@@ -299,11 +305,7 @@ def test_a_restarted_act_adopts_the_copy_it_sent_after_a_deferral_and_waits_for_
     it held the request as deferred, did not adopt copy 2 from the drain log, and asked a third
     time: the adapter answered only copy 2 (its validation), and the resume waited for good."""
     a = Acting(resume_after_s=60.0)
-    f = finding("n1", ts=T0)
-    a.policy.observe(a.st, f)
-    a.step(T0)
-    a.answer("executed", T0 + 1)
-    a.policy.observe(a.st, resolve(f, T0 + 2))
+    f = a.drained_then_healthy()
     a.step(T0 + 100)
     a.answer(DEFERRED, T0 + 101)
     snapshot = NodeState.from_dict(a.st.to_dict())  # the last snapshot: the resume deferred
