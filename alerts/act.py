@@ -63,6 +63,7 @@ class Ownership:
 
     def __init__(self) -> None:
         self.worker: Worker | None = None
+        self._partitions = 0  # the findings topic's partitions, as last known
 
     def tasks(self) -> dict[int, ActTask]:
         if self.worker is None:
@@ -72,8 +73,9 @@ class Ownership:
     def share(self) -> float:
         if self.worker is None:
             return 1.0
-        total = self.worker.partition_count(STAGE) or 1
-        return min(1.0, len(self.worker.owned(STAGE)) / total)
+        # not known during a broker outage: the last count, which a broker's absence does not change
+        self._partitions = self.worker.partition_count(STAGE) or self._partitions
+        return min(1.0, len(self.worker.owned(STAGE)) / (self._partitions or 1))
 
     def task_for_node(self, node: str) -> ActTask | None:
         task = None if self.worker is None else self.worker.task_for_key(STAGE, node.encode())

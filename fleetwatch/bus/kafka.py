@@ -541,7 +541,12 @@ class KafkaGroupConsumer:
         )
 
     def partition_count(self, topic: str) -> int:
-        meta = self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+        """The topic's partitions; 0 when not known now (no such topic, or no broker answers: a
+        caller on a timer, act's decision, must not die of an outage)."""
+        try:
+            meta = self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+        except KafkaException:
+            return 0
         return 0 if meta is None or meta.error is not None else len(meta.partitions)
 
     def close(self) -> None:

@@ -154,3 +154,25 @@ def test_a_finding_of_a_kind_this_release_does_not_know_is_alerted_not_dead_lett
     assert alerts and alerts[0].labels["alertname"] == "FleetwatchFinding"
     assert alerts[0].labels["severity"] == "critical" and "SXid 20034" in alerts[0].annotations["summary"]
     worker.close()
+
+
+def test_the_budget_share_keeps_the_last_partition_count_through_a_broker_outage() -> None:
+    """act's decision asks for the findings topic's partitions every second; during a broker outage
+    the client raised out of it and act died (the full suite's outage-in-a-flood test, through the
+    real broker). The count is then unknown (0): the share stays what the last count made it."""
+
+    class Worker:
+        partitions = 8
+
+        def owned(self, stage: str) -> dict[int, object]:
+            return {0: object(), 1: object()}
+
+        def partition_count(self, stage: str) -> int:
+            return self.partitions
+
+    owner = Ownership()
+    worker = Worker()
+    owner.worker = worker  # type: ignore[assignment]
+    assert owner.share() == 0.25
+    worker.partitions = 0  # no broker answers
+    assert owner.share() == 0.25
