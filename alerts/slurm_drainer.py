@@ -646,6 +646,17 @@ def run(args: argparse.Namespace) -> int:
     bus.ensure_topics(
         [args.drain_topic, args.results_topic, topics.DEADLETTER, args.slurm_nodes_topic, args.control_topic]
     )
+    # An operator's pause (fleetwatch pause) defers the requests act issued before it: answered
+    # `deferred`, nothing done, act asks again once the pause is over. Read to the end once before
+    # the first request (below), as act does before its first decision (the switch fails closed);
+    # started here, to read while the rest starts.
+    pause = PauseBook(
+        control_key,
+        lambda why: CONTROL_REFUSED.labels(why).inc(),
+        read=lambda: control.caught_up.is_set(),
+    )
+    control = BrokerTimedFollower(args.control_topic, pause.apply, bus)
+    control.start()
     serve_metrics(args.metrics_port, args.metrics_addr)
     producer = bus.producer(linger_ms=5)
     consumer = bus.group_consumer(args.group, client_id=f"slurm-drainer-{socket.gethostname()}")
@@ -659,16 +670,6 @@ def run(args: argparse.Namespace) -> int:
         # Each batch's offsets are committed once handled, so a new owner starts where the group stands.
         return consumer.group_offsets(parts)
 
-    # An operator's pause (fleetwatch pause) defers the requests act issued before it: answered
-    # `deferred`, nothing done, act asks again once the pause is over. Read to the end once before
-    # the first request, as act does before its first decision (the switch fails closed).
-    pause = PauseBook(
-        control_key,
-        lambda why: CONTROL_REFUSED.labels(why).inc(),
-        read=lambda: control.caught_up.is_set(),
-    )
-    control = BrokerTimedFollower(args.control_topic, pause.apply, bus)
-    control.start()
     stop = StopFlag()
     PAUSED.set(1)  # (fail closed until the switch has been read)
     waited = 0

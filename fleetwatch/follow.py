@@ -46,6 +46,8 @@ class TopicFollower(threading.Thread):
                 return
             reader.assign(tps, "beginning")
             end = reader.end_offsets(tps)
+            if all(reader.position(tp) >= end[tp] for tp in tps):  # empty: read at once, not after a poll
+                self.caught_up.set()
             while not self._stopping.is_set():
                 records = reader.poll(0.2)
                 now = time.time()
