@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from fleetwatch.bus import Bus, Record, TopicPart, reference_time
 
@@ -39,11 +40,9 @@ class TopicFollower(threading.Thread):
     def run(self) -> None:
         reader = self._bus.reader()
         try:
-            tps = [TopicPart(self.topic, p) for p in reader.partitions(self.topic)]
+            tps = self._partitions(reader)
             if not tps:
-                log.warning("topic %s has no partitions; following nothing", self.topic)
-                self.caught_up.set()
-                return
+                return  # stopped before the topic could be seen
             reader.assign(tps, "beginning")
             end = reader.end_offsets(tps)
             if all(reader.position(tp) >= end[tp] for tp in tps):  # empty: read at once, not after a poll
@@ -61,6 +60,23 @@ class TopicFollower(threading.Thread):
             raise
         finally:
             reader.close()
+
+    def _partitions(self, reader: Any) -> list[TopicPart]:
+        """The topic's partitions, asked until it has some: a topic its reader cannot see (missing,
+        or its metadata refused: an ACL) is not read, so not caught up. It was followed as empty,
+        for good: act then took no pause (fail open) and no result or census from it."""
+        next_warning = 0.0
+        while not self._stopping.is_set():
+            tps = [TopicPart(self.topic, p) for p in reader.partitions(self.topic)]
+            if tps:
+                return tps
+            if time.monotonic() >= next_warning:
+                log.warning(
+                    "topic %s shows no partitions (missing, or not readable); asking again", self.topic
+                )
+                next_warning = time.monotonic() + 60.0
+            self._stopping.wait(1.0)
+        return []
 
     def apply_record(self, record: Record, now: float) -> None:
         """One record, read at wall time `now`."""
@@ -91,6 +107,23 @@ class BrokerTimedFollower(TopicFollower):
     def __init__(self, topic: str, apply: TimedApply, bus: Bus) -> None:
         super().__init__(topic, None, bus)
         self._timed = apply
+
+    def _partitions(self, reader: Any) -> list[TopicPart]:
+        """The topic's partitions, asked until it has some: a topic its reader cannot see (missing,
+        or its metadata refused: an ACL) is not read, so not caught up. It was followed as empty,
+        for good: act then took no pause (fail open) and no result or census from it."""
+        next_warning = 0.0
+        while not self._stopping.is_set():
+            tps = [TopicPart(self.topic, p) for p in reader.partitions(self.topic)]
+            if tps:
+                return tps
+            if time.monotonic() >= next_warning:
+                log.warning(
+                    "topic %s shows no partitions (missing, or not readable); asking again", self.topic
+                )
+                next_warning = time.monotonic() + 60.0
+            self._stopping.wait(1.0)
+        return []
 
     def apply_record(self, record: Record, now: float) -> None:
         self._timed(record.key, record.value, reference_time(record, now), record.log_append)

@@ -9,9 +9,9 @@ import sys
 import uuid
 
 from tests.helpers.paths import REPO
-from tests.integration.services import APART
+from tests.integration.services import BESIDE_SLURM
 
-pytestmark = APART  # (balance: scripts/test.sh)
+pytestmark = BESIDE_SLURM  # (balance: scripts/test.sh; it was apart, the longest of the three)
 
 
 def run_cli(env: dict[str, str], *argv: str) -> str:

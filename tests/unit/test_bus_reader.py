@@ -6,6 +6,7 @@ broker time and headers, keyed records on the partition Kafka's partitioner pick
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -119,16 +120,34 @@ def test_a_follower_applies_the_whole_topic_then_says_it_caught_up() -> None:
     assert not follower.is_alive()
 
 
-def test_a_follower_of_an_empty_or_absent_topic_is_caught_up_at_once() -> None:
+def test_a_follower_of_an_empty_topic_is_caught_up_at_once_and_of_an_unseen_one_once_it_shows() -> None:
+    """A topic its reader cannot see (missing, or its metadata refused by an ACL) was followed as
+    empty, for good: act then took no pause (the switch failing open) and no result or census from
+    it. It is asked again until it shows, and not caught up meanwhile."""
     bus = _bus()
-    for topic in (T, "absent"):
-        follower = TopicFollower(topic, lambda _k, _v: None, bus)
-        follower.start()
-        try:
-            assert follower.caught_up.wait(30)
-        finally:
-            follower.stop()
-            follower.join(30)
+    follower = TopicFollower(T, lambda _k, _v: None, bus)
+    follower.start()
+    try:
+        assert follower.caught_up.wait(30)
+    finally:
+        follower.stop()
+        follower.join(30)
+    seen: list[bytes | None] = []
+    follower = TopicFollower("absent", lambda _k, v: seen.append(v), bus)
+    follower.start()
+    try:
+        assert not follower.caught_up.wait(1.5)
+        bus.ensure_topics(["absent"], partitions=2)
+        bus.append("absent", b"k", b"v")
+        assert follower.caught_up.wait(30)
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen == [b"v"]
+    finally:
+        follower.stop()
+        follower.join(30)
+    assert not follower.is_alive()
 
 
 def test_a_follower_read_once_applies_what_the_topic_holds_and_stops() -> None:
