@@ -108,22 +108,5 @@ class BrokerTimedFollower(TopicFollower):
         super().__init__(topic, None, bus)
         self._timed = apply
 
-    def _partitions(self, reader: Any) -> list[TopicPart]:
-        """The topic's partitions, asked until it has some: a topic its reader cannot see (missing,
-        or its metadata refused: an ACL) is not read, so not caught up. It was followed as empty,
-        for good: act then took no pause (fail open) and no result or census from it."""
-        next_warning = 0.0
-        while not self._stopping.is_set():
-            tps = [TopicPart(self.topic, p) for p in reader.partitions(self.topic)]
-            if tps:
-                return tps
-            if time.monotonic() >= next_warning:
-                log.warning(
-                    "topic %s shows no partitions (missing, or not readable); asking again", self.topic
-                )
-                next_warning = time.monotonic() + 60.0
-            self._stopping.wait(1.0)
-        return []
-
     def apply_record(self, record: Record, now: float) -> None:
         self._timed(record.key, record.value, reference_time(record, now), record.log_append)
