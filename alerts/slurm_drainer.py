@@ -188,8 +188,8 @@ class Drainer:
         self.pause = pause
         self._attempts: dict[str, int] = {}
         # validations running on their own threads, by request id; their ends, for the main loop
-        self._running: dict[str, tuple[str, threading.Thread]] = {}
-        self._running_sig: dict[str, str] = {}  # ... and the signature of the copy that started each
+        # (the copy that started each: its answer is the validation's)
+        self._running: dict[str, tuple[Target, threading.Thread]] = {}
         self._finished: queue.Queue[tuple[Target, str, str]] = queue.Queue()
         self._unacked: list[tuple[Target, str, str]] = []  # answers sent, not yet acknowledged
         self._stopping = threading.Event()
@@ -267,21 +267,23 @@ class Drainer:
             return self._reject(raw, None, "dry_run", "a dry-run request is never executed", source, topic)
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
         if rid in self._running:
-            if self._running_sig.get(rid) != msg["signature"]:
+            if self._running[rid][0] != target_of(msg):
                 # another copy of the request under validation (act asked again): its answer is the
                 # validation's, to the copy that started it; this one waits, nothing done
                 return self._done(msg, "deferred", f"a validation of {node} before its resume is under way")
             return "validating"  # a redelivery of the copy whose validation is running
         prior = self.journal.get(rid)
-        if prior is not None and prior.status == "deferred":
-            if prior.issued_at is None or msg["issued_at"] <= prior.issued_at:
-                # the copy deferred, or an older one, delivered again (offsets rewound): the same
-                # answer (a copy's answer never changes; act asks again with a copy signed anew,
-                # later, and an older copy judged afresh could be refused for good as stale)
-                REQUESTS.labels("duplicate").inc()
-                self._result(target_of(msg), "deferred", prior.detail)
-                return "duplicate"
-            self.journal.forget(rid)  # nothing was done then: judged afresh
+        if (
+            prior is not None
+            and prior.status == "deferred"
+            and prior.issued_at is not None
+            and msg["issued_at"] > prior.issued_at
+        ):
+            # a copy act signed anew after the deferral: nothing was done then, so judged afresh.
+            # The copy deferred, or an older one (offsets rewound), gets the same answer below: a
+            # copy's answer never changes, and an older copy judged afresh could be refused for
+            # good as stale.
+            self.journal.forget(rid)
             prior = None
         if prior is not None and prior.status != "executing":
             log.info("request %s (%s %s) already %s; skipping", rid, action, node, prior.status)
@@ -404,8 +406,7 @@ class Drainer:
         t = threading.Thread(
             target=self._validation_job, args=(target,), name=f"validate-{node}", daemon=True
         )
-        self._running[rid] = (node, t)
-        self._running_sig[rid] = target[3]
+        self._running[rid] = (target, t)
         t.start()
         log.info("validating %s before its resume (request %s): %s", node, rid, self.validator_label())
 
@@ -446,7 +447,6 @@ class Drainer:
         finally:
             if not answered:
                 self._running.pop(rid, None)  # recover() finds it `executing` and submits it again
-                self._running_sig.pop(rid, None)
 
     def _retrying(self, node: str, what: str, step: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any] | None:
         """step() until it answers without a SlurmError (MAX_ATTEMPTS, with backoff); None when
@@ -527,7 +527,6 @@ class Drainer:
                 continue
             rid = target[0]
             self._running.pop(rid, None)
-            self._running_sig.pop(rid, None)
             self.journal.finish(rid, JOURNAL_STATUS[outcome], detail, outcome)
             REQUESTS.labels(outcome).inc()
 
@@ -570,9 +569,9 @@ class Drainer:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Cancel the running tests (their jobs); they stay `executing` and run again after a restart."""
         self._stopping.set()
-        for node, _t in list(self._running.values()):
-            self.slurm.cancel_reservation_jobs(reservation_name(node))
-        for _node, t in list(self._running.values()):
+        for target, _t in list(self._running.values()):
+            self.slurm.cancel_reservation_jobs(reservation_name(target[1]))
+        for _target, t in list(self._running.values()):
             t.join(timeout_s)
 
     def _validating(self, node: str) -> str | None:
@@ -580,8 +579,8 @@ class Drainer:
         drain carried out meanwhile was lifted by the validation's own resume of the node before
         its test, and a second resume would test it twice at once. act sends neither (it asks
         nothing of a node it is resuming); another sender, or a backlog, could."""
-        for running, _thread in self._running.values():
-            if running == node:
+        for target, _thread in self._running.values():
+            if target[1] == node:
                 return f"a validation of {node} before its resume is under way"
         return None
 
@@ -670,6 +669,12 @@ def run(args: argparse.Namespace) -> int:
         # Each batch's offsets are committed once handled, so a new owner starts where the group stands.
         return consumer.group_offsets(parts)
 
+    def close() -> None:
+        control.stop()
+        consumer.close()
+        producer.close(10)
+        journal.close()
+
     stop = StopFlag()
     PAUSED.set(1)  # (fail closed until the switch has been read)
     waited = 0
@@ -685,10 +690,7 @@ def run(args: argparse.Namespace) -> int:
             log.error("the control topic %s was never read: exiting (--idle-exit)", args.control_topic)
             stop.set()
     if stop:  # stopped before a request was read: nothing begun, nothing to finish
-        control.stop()
-        consumer.close()
-        producer.close(10)
-        journal.close()
+        close()
         return 0
     consumer.subscribe([args.drain_topic], on_assign, lambda _parts: None)
     drainer = Drainer(
@@ -774,9 +776,6 @@ def run(args: argparse.Namespace) -> int:
             else:
                 backoff = 1.0
     finally:
-        control.stop()
-        drainer.stop()
-        consumer.close()
-        producer.close(10)
-        journal.close()
+        drainer.stop()  # (its running validations first: they use the journal)
+        close()
     return 0
