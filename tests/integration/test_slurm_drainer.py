@@ -19,6 +19,7 @@ import pytest
 
 from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request as dr
+from fleetwatch.alerts.drain_pause import make_control
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.alerts.slurm import SlurmClient
 from fleetwatch.alerts.slurm_drainer import Drainer
@@ -281,6 +282,42 @@ def test_an_operators_pause_defers_the_adapters_requests_and_a_copy_signed_anew_
             "executed",
             again["signature"],
         )
+    finally:
+        slurm.reset(node)
+
+
+def test_hostile_records_on_the_control_topic_neither_stop_the_adapter_nor_hold_its_drains(
+    kafka_bootstrap: str, slurm: Slurm, tmp_path: Path, topic_tail: Callable[[str], TopicTail]
+) -> None:
+    """The adapter reads fleet.control.v1, which whoever can write the topic feeds: garbage, a cut
+    record, a tombstone and a pause signed with another key must not stop it, and must not defer
+    a drain (a forged pause would switch the adapter off); they are refused and said so."""
+    node = "gpu-node-02"
+    slurm.reset(node)
+    results = topic_tail(topics.DRAIN_RESULTS)
+    control = f"test.control.{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [control])
+    forged = make_control(
+        paused=True, reason="forged", by="mallory@x", issued_at=time.time(), until=time.time() + 3600,
+        key=b"attacker-key-attacker-key-123456",
+    )  # fmt: skip
+    real = make_control(
+        paused=True, reason="x", by="oncall@h", issued_at=time.time(), until=time.time() + 3600, key=KEY
+    )
+    cut = schemas.encode(real)[:-20]
+    producer = KafkaBus(kafka_bootstrap).producer()
+    for value in (b"\xff\xfe garbage", cut, None, schemas.encode(forged), b"{}" * 100_000):
+        producer.send(control, key=b"drain_pause", value=value)
+    assert not producer.flush(10), "records not acknowledged"
+    producer.close(5)
+    drain = req(node)
+    r = run_cli(kafka_bootstrap, slurm, queued(kafka_bootstrap, drain), tmp_path, control)
+    try:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "control record refused" in r.stderr, r.stderr[-2000:]
+        assert slurm.state(node)[0].startswith("drain")
+        (answer,) = results_of(results, drain)[drain["request_id"]]
+        assert answer["outcome"] == "executed", answer
     finally:
         slurm.reset(node)
 
