@@ -218,14 +218,18 @@ def follow_tables(
 ) -> list[TopicFollower]:
     """The topics act follows whole, each into its table. A topic whose messages' clocks act
     checks, or whose records it orders, by the time the broker took them (topics.BROKER_TIMED) is
-    followed with the time of each record: the job table's own follower, BrokerTimedFollower."""
-    return [
+    followed with the time of each record: the job table's own follower, BrokerTimedFollower.
+    A dry run does not follow the adapter's results: they answer the live act's requests, its own
+    would-be requests are done at once (and its principal may not read them, docs/security.md)."""
+    followers: list[TopicFollower] = [
         JobTableFollower(jobs, bus),  # the one-node-per-job rule needs membership
         TopicFollower(args.nodes_topic, census.apply, bus),  # the fleet
-        BrokerTimedFollower(args.results_topic, results.apply, bus),  # what the adapter did
         BrokerTimedFollower(args.control_topic, pause.apply, bus),  # an operator's pause
         BrokerTimedFollower(args.slurm_nodes_topic, slurm_nodes.apply, bus),  # nodes people hold
     ]
+    if not mode_defaults(args)[0]:
+        followers.append(BrokerTimedFollower(args.results_topic, results.apply, bus))  # what the adapter did
+    return followers
 
 
 def run(args: argparse.Namespace) -> int:
@@ -235,15 +239,19 @@ def run(args: argparse.Namespace) -> int:
     dry_run, group, drain_topic = mode_defaults(args)
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker(timeout_s=30)
-    bus.ensure_topics()
+    # what act reads and writes (its snapshots on the state topic): all it may see with the ACLs
+    # docs/security.md recommends
     bus.ensure_topics(
         [
             args.findings_topic,
             drain_topic,
-            args.results_topic,
+            *([] if dry_run else [args.results_topic]),
             args.nodes_topic,
             args.control_topic,
             args.slurm_nodes_topic,
+            topics.JOBS,
+            topics.STATE,
+            topics.DEADLETTER,
         ]
     )
     metrics = act_metrics.exported()  # this process's act metrics, in the registry /metrics serves

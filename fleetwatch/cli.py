@@ -16,7 +16,7 @@ from typing import Any
 
 from fleetwatch import config
 from fleetwatch.arg_types import nonneg_float, nonneg_int, port, positive_float, positive_int, year
-from fleetwatch.bus.config import BrokerUnavailable
+from fleetwatch.bus.config import BrokerUnavailable, TopicsRefused
 from fleetwatch.runtime import METRICS_ADDR, setup_logging
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
@@ -899,7 +899,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # environment, never through these arguments)
         log.debug("%s: %s", args.command, {k: v for k, v in vars(args).items() if k != "handler"})
         return int(_resolve(args.handler)(args) or 0)
-    except BrokerUnavailable as e:
+    except (BrokerUnavailable, TopicsRefused) as e:
         print(f"fleetwatch {args.command}: {e}", file=sys.stderr)
         return 3
     except BrokenPipeError:

@@ -128,11 +128,24 @@ def node_config(args: argparse.Namespace) -> NodeTaskConfig:
     return cfg
 
 
+# What a detect worker reads and writes: all it may see with the ACLs docs/security.md recommends
+TOPICS_USED = (
+    topics.TELEMETRY,
+    topics.STEPS,
+    topics.JOBS,
+    topics.NODE_FEATURES,
+    topics.STATE,
+    topics.FINDINGS,
+    topics.NODES,
+    topics.DEADLETTER,
+)
+
+
 def run(args: argparse.Namespace) -> int:
     key = census.load_key(args.census_key_file)  # fail fast, before touching Kafka; never logged
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker()
-    bus.ensure_topics()
+    bus.ensure_topics(TOPICS_USED)
     serve_metrics(args.metrics_port, args.metrics_addr)
     jobs = JobTable()
     follower = JobTableFollower(jobs, bus, clock_limits(args))

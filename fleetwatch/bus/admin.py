@@ -6,23 +6,36 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     ConfigSource,
     NewTopic,
+    ResourcePatternType,
+    ResourceType,
 )
 
 from fleetwatch import topics
 from fleetwatch.bus import TopicPart
-from fleetwatch.bus.config import BrokerUnavailable, connect_timeout_s, protocol, rdkafka_config, unavailable
+from fleetwatch.bus.config import (
+    BrokerUnavailable,
+    TopicsRefused,
+    connect_timeout_s,
+    protocol,
+    rdkafka_config,
+    unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +51,9 @@ _ASK_AGAIN = frozenset(
         KafkaError.UNSTABLE_OFFSET_COMMIT,
     }
 )
+# What the broker answers a principal that its ACLs do not allow (the topic's or the cluster's
+# Create; a topic it may not Describe is not listed to it, so it looks missing)
+_REFUSED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 # where a setting that nobody changed comes from (kafka-python's "modified" filter leaves these out)
 _DEFAULT_SOURCES = {
     ConfigSource.DEFAULT_CONFIG,
@@ -105,13 +121,19 @@ class Admin:
         if not new:
             return []
         created: list[str] = []
+        refused: list[str] = []
         for name, fut in self.client.create_topics(new, request_timeout=self.timeout_s).items():
             try:
                 fut.result()
                 created.append(name)
             except KafkaException as e:
-                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # made by another process meanwhile
+                code = e.args[0].code()
+                if code in _REFUSED:
+                    refused.append(name)
+                elif code != KafkaError.TOPIC_ALREADY_EXISTS:  # made by another process meanwhile
                     raise
+        if refused:
+            raise TopicsRefused(refused)
         self._await_metadata([t.topic for t in new])
         return created
 
@@ -152,6 +174,26 @@ class Admin:
             for name, e in entries.items()
             if e.value is not None and ConfigSource(e.source) not in _DEFAULT_SOURCES
         }
+
+    def allow(self, grants: Iterable[tuple[str, str, str, str]]) -> None:
+        """Create ALLOW ACLs (idempotent; the broker's admin credentials): each grant (principal
+        "User:NAME", operation as kafka-acls.sh spells it ("Read", "IdempotentWrite"), resource
+        "topic", "group" or "cluster", its literal name ("kafka-cluster" for the cluster))."""
+        kinds = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP, "cluster": ResourceType.BROKER}
+        bindings = [
+            AclBinding(
+                kinds[resource],
+                name,
+                ResourcePatternType.LITERAL,
+                principal,
+                "*",
+                AclOperation["_".join(re.findall(r"[A-Z][a-z]*", operation)).upper()],
+                AclPermissionType.ALLOW,
+            )
+            for principal, operation, resource, name in grants
+        ]
+        for fut in self.client.create_acls(bindings, request_timeout=self.timeout_s).values():
+            fut.result()
 
     def alter_configs(self, topic: str, configs: Mapping[str, str | None]) -> None:
         """Set these settings of the topic (None: remove the topic's own, back to the broker's
@@ -262,8 +304,14 @@ def ensure_topics(
     bootstrap: str, names: Iterable[str] = topics.ALL, partitions: int = 4, replication: int | None = None
 ) -> None:
     """Create the topics that are missing, with topic_configs(); and put kept_configs() on the
-    existing ones (LogAppendTime on BROKER_TIMED topics, compaction of the jobs topic: topics made
-    before these were set, or by someone else).
+    existing ones where they do not hold (LogAppendTime on BROKER_TIMED topics, compaction of the
+    jobs topic: topics made before these were set, or by someone else).
+
+    A service passes the topics it uses: with the ACLs docs/security.md recommends it may see only
+    those, and any other would look missing to it and be refused when created. TopicsRefused (one
+    line for the user) where a topic it needs is missing to it and it may not create it. A principal
+    that may not read or change the settings (no DescribeConfigs / AlterConfigs: the admin made the
+    topics) leaves them to the admin, saying so once at info level.
 
     Replication defaults to FLEETWATCH_KAFKA_REPLICATION, else 1 (the local single-node broker).
     """
@@ -282,8 +330,20 @@ def ensure_topics(
 
 
 def _keep_configs(admin: Admin, kept: dict[str, dict[str, str]]) -> None:
-    # Idempotent, and the topic's other settings stay as they are (an incremental SET).
+    # Only the settings that do not hold are set (an incremental SET: the topic's others stay), so
+    # a service without AlterConfigs on topics the admin made right is not refused at each start.
+    unchecked: list[str] = []
     for name, cfg in kept.items():
+        try:
+            current = admin.describe_configs(name)
+        except KafkaException as e:
+            if e.args[0].code() not in _REFUSED:
+                raise
+            unchecked.append(name)
+            continue
+        cfg = {k: v for k, v in cfg.items() if current.get(k) != v}
+        if not cfg:
+            continue
         try:
             admin.alter_configs(name, cfg)
         except (KafkaException, ValueError) as e:
@@ -295,3 +355,9 @@ def _keep_configs(admin: Admin, kept: dict[str, dict[str, str]]) -> None:
                 name,
                 e,
             )
+    if unchecked:
+        log.info(
+            "the settings of %s are not checked: this principal may not read them (the Kafka admin "
+            "makes the topics with them, docs/deploy.md 1.4)",
+            ", ".join(unchecked),
+        )

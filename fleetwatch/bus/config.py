@@ -35,6 +35,19 @@ class BrokerUnavailable(RuntimeError):
     """The bootstrap servers did not answer; the message is one line for the user."""
 
 
+class TopicsRefused(RuntimeError):
+    """Topics a service uses are missing to it and it may not create them: the broker's ACLs do not
+    let this principal see (Describe) or create them. The message is one line for the user."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        super().__init__(
+            f"topic(s) {', '.join(names)}: missing, or not visible to this principal, and it may not "
+            "create them; the Kafka admin creates the topics and grants each service Describe on the "
+            "topics it uses (docs/security.md, docs/deploy.md 1.4)"
+        )
+
+
 class ConfigError(ValueError):
     """The client refused its settings (an unknown or invalid librdkafka setting)."""
 

@@ -262,10 +262,21 @@ class KafkaBus:
                     elif err.code() == KafkaError._PARTITION_EOF:
                         left.discard(m.partition())
                     else:
-                        log.warning("reading %s: %s", topic, err)
+                        _reader_error(f"reading {topic}", err)
         finally:
             consumer.close()
         return left
+
+
+def _reader_error(what: str, err: KafkaError) -> None:
+    """An error a reader outside any group met, for the log. Its group id is one librdkafka requires
+    and nothing uses (no join, no commit), but librdkafka still looks its coordinator up, which a
+    broker whose ACLs give this principal no right on that group refuses (docs/security.md gives
+    none): harmless, so not a warning at every start."""
+    if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        log.debug("%s: %s (the reader's unused group id; reading goes on)", what, err)
+    else:
+        log.warning("%s: %s", what, err)
 
 
 class KafkaGroupConsumer:
@@ -715,7 +726,7 @@ class KafkaReader:
         for m in msgs:
             if m.error() is not None:
                 # librdkafka retries what it can itself; what reaches here is for the log only
-                log.warning("reader: %s", m.error())
+                _reader_error("reader", m.error())
                 continue
             kind, ms = m.timestamp()
             rec = Record(

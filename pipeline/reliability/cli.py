@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from fleetwatch import census, signing
+from fleetwatch import census, signing, topics
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline.reliability import render, report
 from fleetwatch.pipeline.reliability.args import window_config
@@ -104,7 +104,7 @@ def account_command(args: argparse.Namespace) -> int:
     names = StageTopics(
         args.jobs_topic, args.steps_topic, args.findings_topic, args.results_topic, args.nodes_topic
     )
-    bus.ensure_topics(names.all())
+    bus.ensure_topics([*names.all(), topics.DEADLETTER])
     serve_metrics(args.metrics_port, args.metrics_addr)
     producer = bus.producer()
     window, cfg = window_config(args)

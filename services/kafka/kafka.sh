@@ -8,6 +8,10 @@
 #              KAFKA_CONTROLLER_PORT (19093), KAFKA_HEAP (512m);
 #              KAFKA_SASL_PORT + KAFKA_SASL_PASSWORD: also a SASL_PLAINTEXT listener (mechanism PLAIN,
 #              user "fleetwatch") on that port, for the tests of clients that authenticate;
+#              KAFKA_ACL_USERS (with the SASL listener): more SASL users, space-separated, each
+#              with KAFKA_SASL_PASSWORD, and Kafka's StandardAuthorizer on, denying what no ACL
+#              allows; the PLAINTEXT listener's, "fleetwatch" and the test client certificate's
+#              principals are super users (the tests of the ACLs docs/security.md recommends);
 #              KAFKA_SSL_PORT: also an SSL listener that requires a client certificate (mutual TLS),
 #              with a private CA made here once by openssl/keytool: the CA (ca.pem) and a client
 #              certificate and key (client.pem, client.key) for clients are in <data>/tls.
@@ -75,6 +79,15 @@ make_tls() {
   touch "$tls/.complete"
 }
 
+# ' user_NAME="password"' for each name in KAFKA_ACL_USERS (names checked: they go into the JAAS line)
+acl_users() {
+  local name
+  for name in ${KAFKA_ACL_USERS:-}; do
+    [[ "$name" =~ ^[a-z][a-z-]*$ ]] || { log "KAFKA_ACL_USERS: bad user name '$name'"; exit 2; }
+    printf ' user_%s="%s"' "$name" "$1"
+  done
+}
+
 write_props() {
   mkdir -p "$data/logs"
   local listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
@@ -119,8 +132,15 @@ PROPS
     cat >> "$props" <<PROPS
 sasl.enabled.mechanisms=PLAIN
 listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN
-listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="fleetwatch" password="$pw" user_fleetwatch="$pw";
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="fleetwatch" password="$pw" user_fleetwatch="$pw"$(acl_users "$pw");
 PROPS
+    if [[ -n "${KAFKA_ACL_USERS:-}" ]]; then
+      cat >> "$props" <<PROPS
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:ANONYMOUS;User:fleetwatch;User:CN=fleetwatch-client
+PROPS
+    fi
   fi
   if [[ -n "$ssl_port" ]]; then
     local sp; sp="$(cat "$tls/store.pass")"

@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,6 +197,35 @@ class PrivateBroker:
 
     def stop(self) -> None:
         self._sh("stop")
+
+
+class AclBroker(PrivateBroker):
+    """A private broker that enforces ACLs (Kafka's StandardAuthorizer; what no ACL allows is
+    denied), with a SASL/PLAIN user of each name in `users` (password SASL_PASSWORD). Its PLAINTEXT
+    listener (`bootstrap`) is the Kafka admin, a super user. start_fresh() starts it on empty
+    storage: only the ACLs and topics its test makes are there."""
+
+    def __init__(self, port: int, users: Iterable[str]) -> None:
+        super().__init__(port)
+        self.env["KAFKA_ACL_USERS"] = " ".join(users)
+        home = Path(os.environ.get("FLEETWATCH_HOME", REPO / ".fleetwatch"))
+        self.data_dir = home / f"kafka-{port}"
+
+    def start_fresh(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.start()
+
+    def client_env(self, user: str, **more: str) -> dict[str, str]:
+        """The environment of a fleetwatch command that connects as `user` (sasl_bootstrap)."""
+        return {
+            **os.environ,
+            "FLEETWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "FLEETWATCH_KAFKA_SASL_MECHANISM": "PLAIN",
+            "FLEETWATCH_KAFKA_SASL_USERNAME": user,
+            "FLEETWATCH_KAFKA_SASL_PASSWORD": self.SASL_PASSWORD,
+            **more,
+        }
 
 
 @contextlib.contextmanager

@@ -33,3 +33,15 @@ def test_every_broker_timed_topic_act_follows_is_followed_with_its_records_time(
         topics.SLURM_NODES,
     }
     assert followed & topics.BROKER_TIMED <= timed
+
+
+def test_a_dry_run_follows_the_same_tables_but_the_live_adapters_results() -> None:
+    # its would-be requests are done at once; the results answer the live act's requests, and its
+    # principal may not read them (docs/security.md; tests/integration/test_kafka_acls.py)
+    def followed(*argv: str) -> set[str]:
+        args = build_parser().parse_args(["act", "--bootstrap", "127.0.0.1:1", *argv])
+        tables = (JobTable(), Census(KEY), ResultBook(KEY), PauseBook(KEY), SlurmNodeBook(KEY))
+        return {f.topic for f in follow_tables(args, MemoryBus(), *tables)}
+
+    assert followed() - followed("--dry-run") == {topics.DRAIN_RESULTS}
+    assert followed("--dry-run") < followed()
