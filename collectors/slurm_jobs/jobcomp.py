@@ -19,8 +19,9 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from fleetwatch.collectors.slurm_jobs.model import ENDED, SlurmJob, SlurmParseError, expand_nodes, state_name
 
@@ -71,39 +72,83 @@ def _local_time(text: str, line: str) -> float | None:
         raise SlurmParseError("jobcomp", f"time {text[:40]!r}: {e}", line) from e
 
 
+MAX_CUT_JOBS = 100_000  # job ids with a line that did not parse, remembered (the oldest go first)
+READ_CHUNK = 4 << 20  # bytes read at a time: memory stays bounded however long the log has grown
+
+
 @dataclass
 class JobcompLog:
-    """Follows the log file: the ends of recent jobs by job id, read incrementally.
+    """Follows the log file: the ends of recent runs by job id, read incrementally.
 
     Only ends at or after `since` are kept (older ones are already settled on the topic, or past
-    what consumers accept). A rotated or truncated file is read again from its start."""
+    what consumers accept). The file stays open between reads: when it is rotated (renamed, a new
+    one made) what was appended to the old one is read to its end before the new one; a file
+    truncated in place is read again from its start.
+
+    Its lines are not bound to jobs: slurmctld writes a job's name and working directory unescaped,
+    so a user whose job's directory holds a line break writes lines of their own that look like any
+    job's end. end_of() therefore answers only for a run whose job id, start and nodes the caller
+    saw in squeue, and only where one line names that run (a second, different line for it is a
+    sign of such text: neither is taken), of a job none of whose lines was cut (such text cuts the
+    job's own line: the lines after the cut are the user's)."""
 
     path: str
     since: float = 0.0
-    ends: dict[str, SlurmJob] = field(default_factory=dict)
+    ends: dict[str, list[SlurmJob]] = field(default_factory=dict)  # job -> its logged runs
     bad_lines: int = 0
-    _inode: int | None = None
-    _offset: int = 0
+    _file: BinaryIO | None = None
+    _ambiguous: set[tuple[str, float | None]] = field(default_factory=set)
+    _cut: OrderedDict[str, None] = field(default_factory=OrderedDict)  # jobs with a line that did not parse
     _partial: bytes = b""
 
     def refresh(self) -> list[SlurmParseError]:
-        """Reads what was appended since the last call; returns the lines that did not parse."""
+        """Reads what was appended since the last call; returns the lines that did not parse (and
+        a read that failed, which is retried next time)."""
+        errors: list[SlurmParseError] = []
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            return []  # no job has ended since JobCompLoc was set
-        if st.st_ino != self._inode or st.st_size < self._offset:
-            self._inode, self._offset, self._partial = st.st_ino, 0, b""
-        if st.st_size == self._offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            data = self._partial + f.read(st.st_size - self._offset)
-            self._offset = st.st_size
-        *lines, self._partial = data.split(b"\n")
-        return list(self._take(lines))
+            return errors  # no job has ended since JobCompLoc was set (or it is being rotated)
+        except OSError as e:
+            return [SlurmParseError("jobcomp", f"cannot stat {self.path}: {e.strerror or e}", "")]
+        try:
+            if self._file is not None and os.fstat(self._file.fileno()).st_ino != st.st_ino:
+                errors += self._read_to_end()  # rotated: the old file's last lines first
+                self._close()
+            if self._file is None:
+                self._file = open(self.path, "rb")  # noqa: SIM115 (kept open across calls)
+            elif os.fstat(self._file.fileno()).st_size < self._file.tell():
+                self._file.seek(0)  # truncated in place: its lines are new
+                self._partial = b""
+            errors += self._read_to_end()
+        except OSError as e:  # unreadable now (a rotation made it 0600): tried again next poll
+            self._close()
+            errors.append(SlurmParseError("jobcomp", f"cannot read {self.path}: {e.strerror or e}", ""))
+        return errors
 
-    def _take(self, lines: list[bytes]) -> Iterator[SlurmParseError]:
+    def _read_to_end(self) -> list[SlurmParseError]:
+        assert self._file is not None
+        errors: list[SlurmParseError] = []
+        while chunk := self._file.read(READ_CHUNK):
+            *lines, self._partial = (self._partial + chunk).split(b"\n")
+            errors += self._take(lines)
+            if len(self._partial) > MAX_LINE:  # no line ends: refused, not kept growing
+                errors.append(
+                    SlurmParseError(
+                        "jobcomp", "a line past the size limit", self._partial[:200].decode(errors="replace")
+                    )
+                )
+                self.bad_lines += 1
+                self._partial = b""
+        return errors
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file, self._partial = None, b""
+
+    def _take(self, lines: list[bytes]) -> list[SlurmParseError]:
+        errors: list[SlurmParseError] = []
         for raw in lines:
             if not raw.strip():
                 continue
@@ -111,19 +156,50 @@ class JobcompLog:
                 job = parse_line(raw.decode("utf-8", errors="replace").rstrip("\r"))
             except SlurmParseError as e:
                 self.bad_lines += 1
-                yield e
+                errors.append(e)
+                head = _HEAD.match(e.raw)
+                if head is not None:  # a job's own line cut by its user's text: none of its lines counts
+                    self._cut[str(int(head.group(1)))] = None
+                    while len(self._cut) > MAX_CUT_JOBS:
+                        self._cut.popitem(last=False)
                 continue
-            if job.end_ts is not None and job.end_ts >= self.since:
-                self.ends[job.job] = job
+            if job.end_ts is None or job.end_ts < self.since:
+                continue
+            runs = self.ends.setdefault(job.job, [])
+            same = [r for r in runs if _same_start(r.start_ts, job.start_ts)]
+            if same and any(r != job for r in same):
+                self._ambiguous.add((job.job, job.start_ts))
+            if not same:
+                runs.append(job)
+        return errors
 
-    def end_of(self, job: str, start_ts: float | None) -> SlurmJob | None:
-        """The logged end of `job`'s run that started at `start_ts` (a requeued job has several)."""
-        found = self.ends.get(job)
-        if found is None or start_ts is None or found.start_ts is None:
-            return found
-        return found if abs(found.start_ts - start_ts) <= 1.0 else None
+    def end_of(self, job: str, start_ts: float, nodes: tuple[str, ...]) -> SlurmJob | None:
+        """The logged end of `job`'s run that started at `start_ts` on `nodes`, as squeue showed
+        it (a requeued job has several runs): None where no line, or more than one, names it."""
+        runs = [r for r in self.ends.get(job, ()) if _same_start(r.start_ts, start_ts)]
+        if len(runs) != 1 or job in self._cut:
+            return None
+        if any(_same_start(a[1], start_ts) for a in self._ambiguous if a[0] == job):
+            return None
+        return runs[0] if runs[0].nodes == nodes else None
+
+    def unseen_runs(self, known: dict[str, float]) -> list[SlurmJob]:
+        """The logged runs that ran, of jobs not in `known` (job -> the start of its run known to
+        the caller), in the order of their starts."""
+        out = [r for job, runs in self.ends.items() if job not in known for r in runs if r.ran]
+        return sorted(out, key=lambda r: (r.start_ts or 0.0, int(r.job)))
 
     def forget_before(self, ts: float) -> None:
         self.since = ts
-        for job in [j for j, e in self.ends.items() if e.end_ts is not None and e.end_ts < ts]:
-            del self.ends[job]
+        for job in list(self.ends):
+            kept = [r for r in self.ends[job] if r.end_ts is not None and r.end_ts >= ts]
+            if kept:
+                self.ends[job] = kept
+            else:
+                del self.ends[job]
+        self._ambiguous = {a for a in self._ambiguous if a[0] in self.ends}
+
+
+def _same_start(a: float | None, b: float | None) -> bool:
+    """Slurm's times are whole seconds: starts within one are the same run."""
+    return (a is None and b is None) or (a is not None and b is not None and abs(a - b) <= 1.0)

@@ -14,7 +14,7 @@ Pure: no Kafka, no subprocess, the clock passed in.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetwatch import schemas, topics
@@ -23,6 +23,7 @@ from fleetwatch.collectors.slurm_jobs.model import FAILED, UNKNOWN_END, SlurmJob
 
 SOURCE = "slurm"  # job/1 `source` of this publisher's messages; the ledger only reconciles these
 SAME_RUN_S = 1.0  # Slurm's times are whole seconds: a start further off is another run (requeue)
+RUNNING_STATES = frozenset({"started", "running"})  # job/1 states of a job that holds its nodes
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,17 @@ class Entry:
 
     @property
     def running(self) -> bool:
-        return self.state == "started"
+        return self.state in RUNNING_STATES
 
 
 @dataclass
 class Ledger:
     history_s: float = topics.JOB_HISTORY_S  # an ended job is tombstoned this long after its end
     entries: dict[str, Entry] = field(default_factory=dict)
+    # Slurm's restart count of each job last seen running (this process's memory, not the topic's):
+    # a start that moves without it growing is the same run (slurmctld restarts a job's clock once
+    # its nodes have powered up), not a requeue
+    restarts: dict[str, int] = field(default_factory=dict)
 
     # -- what has been published ---------------------------------------------------------------
 
@@ -69,17 +74,26 @@ class Ledger:
 
     # -- what is missing -----------------------------------------------------------------------
 
-    def observe(self, jobs: Iterable[SlurmJob], jobcomp: JobcompLog | None = None) -> list[dict[str, Any]]:
-        """Messages for the starts and ends in one Slurm answer that are not published yet."""
+    def observe(
+        self, jobs: Iterable[SlurmJob], jobcomp: JobcompLog | None = None, now: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Messages for the starts and ends in one Slurm answer that are not published yet. `now`
+        dates the end of a run Slurm no longer shows ending (when it was found gone)."""
         out: list[dict[str, Any]] = []
         for job in jobs:
             if not job.ran:
                 continue  # pending, or cancelled before it started: it never held a node
+            assert job.start_ts is not None
             entry = self.entries.get(job.job)
-            new_run = entry is None or abs(job.start_ts - entry.start_ts) > SAME_RUN_S  # type: ignore[operator]
+            if entry is not None and self._restarted_clock(job, entry):
+                job = replace(job, start_ts=entry.start_ts)  # the run published, under its first start
+            new_run = entry is None or abs(job.start_ts - entry.start_ts) > SAME_RUN_S
+            if job.active:
+                self.restarts[job.job] = job.restarts
             if entry is not None and new_run and entry.running:
-                # requeued and started again since the last poll: the earlier run's end first
-                out.append(self._lost_end(job.job, entry, jobcomp))
+                # requeued and started again since the last poll: the earlier run's end first,
+                # no later than this one's start
+                out.append(self._lost_end(job.job, entry, jobcomp, job.start_ts))
             if job.active or job.ended:
                 if new_run:
                     out.append(started(job))
@@ -87,23 +101,36 @@ class Ledger:
                     out.append(ended(job, entry if not new_run else None))
             elif entry is not None and entry.running and not new_run:
                 # waiting again (requeued) after the run the ledger has as running
-                out.append(self._lost_end(job.job, entry, jobcomp))
+                out.append(self._lost_end(job.job, entry, jobcomp, now))
         return out
 
-    def vanished(self, seen: set[str], jobcomp: JobcompLog | None) -> list[dict[str, Any]]:
+    def _restarted_clock(self, job: SlurmJob, entry: Entry) -> bool:
+        """A run seen active whose start moved while its restart count did not (nodes that were
+        powered up, then the job's clock started again): the same run, not a requeue."""
+        seen = self.restarts.get(job.job)
+        return entry.running and (job.active or job.ended) and seen is not None and seen == job.restarts
+
+    def vanished(
+        self, seen: set[str], jobcomp: JobcompLog | None, now: float | None = None
+    ) -> list[dict[str, Any]]:
         """Ends of the jobs the ledger has running that Slurm no longer lists at all (past
         MinJobAge while the publisher was down, or a slurmctld that lost its state). `seen` holds
-        every job id in the answer, parsed or not."""
-        return [self._lost_end(j, self.entries[j], jobcomp) for j in self.running() if j not in seen]
+        every job id in the answer, parsed or not; `now` dates an end the log does not name."""
+        for j in [j for j in self.restarts if j not in seen]:
+            del self.restarts[j]
+        return [self._lost_end(j, self.entries[j], jobcomp, now) for j in self.running() if j not in seen]
 
     def catch_up(self, jobcomp: JobcompLog, pending: set[str]) -> list[dict[str, Any]]:
         """Jobs that started and ended unseen (while the publisher was down) and that Slurm has
         forgotten since: the jobcomp log is the only record of them. `pending`: jobs with
-        messages already computed this round."""
+        messages already computed this round. Their end state is published UNKNOWN: a line of the
+        log is not bound to a job (JobcompLog), and only the runs the publisher saw in squeue can
+        be checked against it, so a user's job cannot make another node's job look failed."""
         out: list[dict[str, Any]] = []
-        for job in list(jobcomp.ends.values()):
-            if job.ran and job.job not in self.entries and job.job not in pending:
-                out += [started(job), ended(job, None)]
+        known = {j: e.start_ts for j, e in self.entries.items()} | dict.fromkeys(pending, 0.0)
+        for run in jobcomp.unseen_runs(known):
+            unknown = replace(run, state=UNKNOWN_END, exit_code=None, signal=None)
+            out += [started(run), ended(unknown, None)]
         return out
 
     def expired(self, now: float) -> Iterator[str]:
@@ -111,14 +138,18 @@ class Ledger:
         horizon = now - self.history_s
         return (j for j, e in list(self.entries.items()) if not e.running and e.ts < horizon)
 
-    def _lost_end(self, job: str, entry: Entry, jobcomp: JobcompLog | None) -> dict[str, Any]:
-        logged = jobcomp.end_of(job, entry.start_ts) if jobcomp is not None else None
+    def _lost_end(
+        self, job: str, entry: Entry, jobcomp: JobcompLog | None, by: float | None
+    ) -> dict[str, Any]:
+        """The end of a run Slurm no longer shows: from the jobcomp log where one line names this
+        run as squeue showed it; else UNKNOWN, dated `by` (when it was found gone: it ended then
+        at the latest), not at its start (a run of over a day dated so was too old to publish)."""
+        logged = jobcomp.end_of(job, entry.start_ts, entry.nodes) if jobcomp is not None else None
         if logged is not None and logged.ran:
             return ended(logged, entry)
         # Slurm no longer says how this run ended; it no longer runs, which is all that is known
-        return _message(
-            job, "finished", entry.ts, entry.nodes, entry.gpus, entry.start_ts, end_state=UNKNOWN_END
-        )
+        ts = entry.ts if by is None else max(entry.ts, by)
+        return _message(job, "finished", ts, entry.nodes, entry.gpus, entry.start_ts, end_state=UNKNOWN_END)
 
 
 def started(job: SlurmJob) -> dict[str, Any]:

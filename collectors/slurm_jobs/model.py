@@ -14,8 +14,10 @@ import hostlist
 
 from fleetwatch import schemas
 
-# Slurm's base job states (slurm.h, job_state_string). A job holds a node only while active.
-ACTIVE = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING"})
+# Slurm's base job states (slurm.h, job_state_string). A job holds a node only while active. 22.05
+# names a job by its flag where one is set (STOPPED, RESIZING, POWER_UP_NODE, UPDATE_DB, ...): a job
+# that ran and is neither waiting nor ended still holds its nodes (SlurmJob.active), named here or not.
+ACTIVE = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "STOPPED"})
 WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 ENDED = frozenset(
     {
@@ -74,7 +76,9 @@ class SlurmJob:
 
     @property
     def active(self) -> bool:
-        return self.state in ACTIVE
+        """Holds its nodes: any state neither waiting nor ended (a flag's name in 22.05 included: a
+        job a user stopped with SIGSTOP is STOPPED there, and must not be taken for ended)."""
+        return self.state not in ENDED and self.state not in WAITING
 
 
 def expand_nodes(text: str, raw: str) -> tuple[str, ...]:
@@ -83,17 +87,38 @@ def expand_nodes(text: str, raw: str) -> tuple[str, ...]:
         return ()
     if len(text) > MAX_HOSTLIST_LEN:
         raise SlurmParseError("nodelist", f"host list of {len(text)} characters", raw)
-    try:
-        # python-hostlist refuses unbalanced brackets and ranges over its MAX_SIZE (100,000)
-        names = hostlist.expand_hostlist(text)
-    except (hostlist.BadHostlist, RecursionError) as e:  # the library recurses once a bracket group
-        raise SlurmParseError("nodelist", f"{text[:200]!r}: {str(e) or type(e).__name__}", raw) from None
-    if len(names) > schemas.MAX_JOB_NODES:
-        raise SlurmParseError("nodelist", f"{len(names)} nodes", raw)
+    # Group by group, counting as it goes: python-hostlist bounds each group (its MAX_SIZE,
+    # 100,000), not the list, so 40 short groups made 4 million names before a count could refuse
+    # them. A name listed twice counts once, in its first place, as the library's own expansion.
+    names: dict[str, None] = {}
+    for group in _top_level_groups(text):
+        try:
+            names.update(dict.fromkeys(hostlist.expand_hostlist(group)))
+        except (hostlist.BadHostlist, RecursionError, ValueError, OverflowError) as e:
+            # (it recurses once a bracket group; a range bound of thousands of digits is past int())
+            why = str(e)[:200] or type(e).__name__
+            raise SlurmParseError("nodelist", f"{text[:200]!r}: {why}", raw) from None
+        if len(names) > schemas.MAX_JOB_NODES:
+            raise SlurmParseError("nodelist", f"more than {schemas.MAX_JOB_NODES} nodes", raw)
     for n in names:
         if not schemas.NAME_RE.match(n):
             raise SlurmParseError("nodelist", f"node name {n[:80]!r} is not a valid name", raw)
     return tuple(names)
+
+
+def _top_level_groups(text: str) -> list[str]:
+    """The comma-separated parts of a host list outside brackets: `a[1-2],b` -> `a[1-2]`, `b`."""
+    parts, depth, begin = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[begin:i])
+            begin = i + 1
+    parts.append(text[begin:])
+    return [p for p in parts if p]
 
 
 def job_id(value: object, raw: str) -> str:

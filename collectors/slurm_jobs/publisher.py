@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from fleetwatch import schemas, topics
-from fleetwatch.bus import Bus, Producer, Record, SendError
+from fleetwatch.bus import Bus, Producer, Record, RecordTooLarge, SendError
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.collectors.slurm_jobs import squeue
 from fleetwatch.collectors.slurm_jobs.jobcomp import JobcompLog
@@ -56,6 +56,12 @@ LAST_POLL = Gauge(
     "when an answer from Slurm was last compared and published (squeue blocks while slurmctld is down)",
 )
 RUNNING = Gauge("fleetwatch_slurm_jobs_running", "jobs published as running")
+DROPPED = Counter(
+    "fleetwatch_slurm_jobs_dropped_total",
+    "job records never published because the Kafka client refuses them (too_large: past message.max.bytes)",
+    ["reason"],
+)
+DROPPED.labels("too_large")
 UNSENT = Gauge("fleetwatch_slurm_jobs_unsent", "records computed but not yet acknowledged by the broker")
 START_LAG = Histogram(
     "fleetwatch_slurm_jobs_start_lag_seconds",
@@ -64,6 +70,7 @@ START_LAG = Histogram(
 )
 
 SQUEUE_TIMEOUT_S = 60.0
+WINDOW_MARGIN_S = 60.0  # how far inside the consumers' clock window a late event is dated
 LOGGED_ERRORS = 1000  # distinct bad answers remembered so each is logged once, not every poll
 
 
@@ -126,13 +133,13 @@ class Publisher:
             self.jobcomp.forget_before(now - self.max_behind_s + 60.0)
             for e in self.jobcomp.refresh():
                 self.report(e)
-        msgs = self.ledger.observe(jobs, self.jobcomp)
+        msgs = self.ledger.observe(jobs, self.jobcomp, now)
         if all(e.job is not None for e in errors):  # every listed job is accounted for
             seen = {j.job for j in jobs} | {e.job for e in errors if e.job is not None}
-            msgs += self.ledger.vanished(seen, self.jobcomp)
+            msgs += self.ledger.vanished(seen, self.jobcomp, now)
         if self.jobcomp is not None:
             msgs += self.ledger.catch_up(self.jobcomp, {m["job"] for m in msgs})
-        msgs = [m for m in msgs if self._fresh(m, now)]
+        msgs = [self._in_window(m, now) for m in msgs]
         tombstones = list(self.ledger.expired(now))
         sent = self.send(msgs, tombstones)
         RUNNING.set(len(self.ledger.running()))
@@ -145,18 +152,27 @@ class Publisher:
             self.report(e)
         return jobs, errors
 
-    def _fresh(self, msg: dict[str, Any], now: float) -> bool:
-        if msg["ts"] >= now - self.max_behind_s:
-            return True
-        # consumers would dead-letter it as stale: record it as settled instead of resending it
-        log.warning(
-            "job %s %s at %.0f is older than consumers accept; not published",
-            msg["job"],
-            msg["state"],
-            msg["ts"],
-        )
-        self.ledger.apply(msg)
-        return False
+    def _in_window(self, msg: dict[str, Any], now: float) -> dict[str, Any]:
+        """The message with its ts inside what consumers accept. A start or end learned after the
+        consumers' clock window (a publisher down for over a day, or deployed beside jobs running
+        for days) is published dated at the window's edge, its start_ts as Slurm said: not sent,
+        it left a job that runs unknown to every stage (its drain guard too), or one that ended
+        running for days more. An event dated ahead of this host's clock (Slurm's "infinite" end,
+        a bad clock) is dated now: nothing that already happened is later than that."""
+        oldest = now - self.max_behind_s + WINDOW_MARGIN_S
+        if msg["ts"] < oldest:
+            log.info(
+                "job %s %s at %.0f is older than consumers accept; published dated %.0f (start_ts %.0f)",
+                msg["job"],
+                msg["state"],
+                msg["ts"],
+                oldest,
+                msg["start_ts"],
+            )
+            return {**msg, "ts": oldest}
+        if msg["ts"] > now:
+            return {**msg, "ts": now}
+        return msg
 
     def send(self, msgs: list[dict[str, Any]], tombstones: list[str]) -> int:
         items: list[tuple[dict[str, Any] | str, bytes, bytes | None]] = [
@@ -166,13 +182,20 @@ class Publisher:
         UNSENT.set(len(items))
         if not items:
             return 0
-        try:
-            sent = [
-                (item, self.producer.send(self.topic, key=key, value=value)) for item, key, value in items
-            ]
-        except SendError as e:  # nothing is in the ledger yet: all of it is computed and sent again
-            log.warning("the producer refused a job record (%s); sent again next loop", e)
-            return 0
+        sent = []
+        for item, key, value in items:  # one record the client refuses holds back none behind it
+            try:
+                sent.append((item, self.producer.send(self.topic, key=key, value=value)))
+            except RecordTooLarge as e:
+                # never sent whatever the retries (a job of tens of thousands of long node names):
+                # settled as if published, logged and counted, so it is not tried at every poll
+                DROPPED.labels("too_large").inc()
+                log.error("job %s: its record is too large to publish (%s); dropped", key.decode(), e)
+                self._settle(item)
+            except SendError as e:  # not in the ledger: computed and sent again next loop
+                log.warning(
+                    "the producer refused the record of job %s (%s); sent again next loop", key.decode(), e
+                )
         unacked = self.producer.flush(30)
         if unacked:
             log.warning("broker did not acknowledge %d job records; they are sent again", len(unacked))
@@ -181,16 +204,19 @@ class Publisher:
             if not delivery.acked:
                 continue  # not in the ledger: computed and sent again next loop
             acked += 1
-            if isinstance(item, str):
-                self.ledger.forget(item)
-                PUBLISHED.labels("tombstone").inc()
-                continue
-            self.ledger.apply(item)
-            PUBLISHED.labels(item["state"]).inc()
-            if item["state"] == "started":
+            self._settle(item)
+            PUBLISHED.labels(item["state"] if isinstance(item, dict) else "tombstone").inc()
+            if isinstance(item, dict) and item["state"] == "started":
                 START_LAG.observe(max(0.0, time.time() - item["ts"]))
         UNSENT.set(len(items) - acked)
         return acked
+
+    def _settle(self, item: dict[str, Any] | str) -> None:
+        """Into the ledger: a message (what the topic now holds for its job) or a tombstone."""
+        if isinstance(item, str):
+            self.ledger.forget(item)
+        else:
+            self.ledger.apply(item)
 
     def report(self, e: SlurmParseError) -> None:
         """Counts an answer, job or line that did not parse; logs each distinct one once, with its text."""

@@ -35,6 +35,7 @@ MAX_ANSWER_BYTES = 256 << 20  # a 100k-job queue is ~300 MB of JSON in 22.05: re
 # "gpu:4(IDX:0-3)", "gpu:a100:4(IDX:0,2-3)", "gpu:(null):4(IDX:0-3)"; another gres may follow a comma
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:(),]+|:\(null\))?:(\d+)")
 _BASE_STATES = ACTIVE | ENDED | WAITING
+NO_TIME = 0xFFFFFFFE  # Slurm's NO_VAL; INFINITE is 0xffffffff: a time at or past it is no time
 
 
 def parse(answer: bytes) -> tuple[list[SlurmJob], list[SlurmParseError]]:
@@ -43,7 +44,10 @@ def parse(answer: bytes) -> tuple[list[SlurmJob], list[SlurmParseError]]:
         raw = answer[:2000].decode(errors="replace")
         raise SlurmParseError("squeue", f"answer of {len(answer)} bytes", raw)
     try:
-        doc = json.loads(answer)
+        # Slurm writes a job's name, comment and paths as the user gave them, bytes past UTF-8
+        # included (json-c passes them through): read with replacement, such a byte spoils only
+        # its own string (a node name with one is refused with its job), not the whole answer
+        doc = json.loads(answer.decode("utf-8", errors="replace"))
     except (ValueError, RecursionError) as e:
         raise SlurmParseError("squeue", f"not JSON: {e}", answer[:2000].decode(errors="replace")) from e
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
@@ -110,8 +114,9 @@ def _number(value: Any, raw: str) -> int | None:
 
 def _time(value: Any, raw: str) -> float | None:
     t = _number(value, raw)
-    # 0 is "not yet"; 22.05 gives a running job's end_time as start + time limit (or a year on)
-    return float(t) if t is not None and 0 < t < 2**40 else None
+    # 0 is "not yet"; 22.05 gives a running job's end_time as start + time limit (or a year on);
+    # NO_VAL and INFINITE (0xfffffffe, 0xffffffff, and their 64-bit forms) are no time at all
+    return float(t) if t is not None and 0 < t < NO_TIME else None
 
 
 def _state(value: Any, raw: str) -> str:
