@@ -101,7 +101,10 @@ from fleetwatch.collectors.sources import SingleFlight, SourceUnavailable
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:9400/metrics"  # the exporter's default listen address, :9400
-DEFAULT_TIMEOUT_S = 2.0  # under the agent's default --call-timeout (5 s), so a slow scrape ends first
+# Past the agent's call budget at 1 s samples (min(--call-timeout, --interval) = 1 s): a scrape of
+# 1-2 s is not lost but taken late (its values dated when read, by an early tick); a shorter
+# deadline would fail every scrape of such an exporter instead
+DEFAULT_TIMEOUT_S = 2.0
 MAX_BODY_BYTES = 8 * 2**20  # a node of 8 GPUs x 7 MIG instances with pod labels is ~1 MiB
 READ_CHUNK = 64 * 1024
 MAX_XID_STATE = 4 * schemas.MAX_GPUS  # GPUs whose last XID codes are kept (pruned past this)
