@@ -140,7 +140,8 @@ def step_records(n: int, jobs: int, t0: float) -> list[Record]:
         m = {
             "schema": schemas.STEP,
             "job": job,
-            "node": f"gpu{i % 977:05d}",
+            # a job's ranks on its own eight nodes (the stage counts a step from another node apart)
+            "node": f"gpu{(i % jobs) * 8 + (i // jobs) % 8:05d}",
             "rank": i % 64,
             "step": i // jobs,
             "step_time_s": 1.5,

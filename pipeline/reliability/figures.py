@@ -138,7 +138,8 @@ def mttf_by_gpus(h: History, r_f_per_node_day: float, cfg: FigureConfig) -> list
         k = int((sel & h.infra_failure).sum())
         lo_rate, hi_rate = poisson_rate_ci(k, hours, cfg.confidence)
         nodes = float(h.n_nodes[sel].mean())
-        projected = 24.0 / (nodes * r_f_per_node_day) if r_f_per_node_day > 0 else math.inf
+        # no nodes (runs whose job/1 listed none): nothing to project from, not a division by 0
+        projected = 24.0 / (nodes * r_f_per_node_day) if nodes * r_f_per_node_day > 0 else math.nan
         out.append(
             {
                 "gpus": int(b),

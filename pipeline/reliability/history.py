@@ -12,10 +12,31 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fleetwatch.pipeline.reliability.attribution import Candidate, Window, attribute
-from fleetwatch.pipeline.reliability.store import Store
+from fleetwatch.pipeline.reliability.store import LASTING_FINDING_S, Store
 from fleetwatch.pipeline.reliability.taxonomy import FAILED_ENDS, NODE_ENDS
 
 _FAILURES = tuple(sorted(FAILED_ENDS | NODE_ENDS))
+# A finding open in a run's window [end - before, end + after]: opened by its close, resolved (or
+# not) after it opened. Found in two disjoint parts, each an indexed range of the node's findings,
+# so that the cost is the findings near the window, not the node's whole history before or after
+# it: those opened at most LASTING_FINDING_S before the window (findings_node, by opening), and
+# those opened earlier, which lasted longer than that (findings_lasting, partial: by their end).
+_CAUSE_RUNS = f"""SELECT r.id, f.id, f.severity, f.domain, f.component, f.priority, f.first_seen, f.node
+    FROM runs r JOIN run_nodes n ON n.run = r.id JOIN findings f ON f.node = n.node
+    WHERE r.end_ts >= ? AND r.end_ts < ? AND r.bad IS NULL
+      AND r.end_state IN ({",".join("?" * len(_FAILURES))})
+      AND f.domain IS NOT NULL AND coalesce(f.resolved_ts, 1e300) >= r.end_ts - ?"""
+_CAUSES_SQL = f"""{_CAUSE_RUNS}
+      AND f.first_seen >= r.end_ts - ? - {LASTING_FINDING_S} AND f.first_seen <= r.end_ts + ?
+    UNION ALL
+    {_CAUSE_RUNS}
+      AND f.first_seen < r.end_ts - ? - {LASTING_FINDING_S}
+      AND coalesce(f.resolved_ts, 1e300) - f.first_seen > {LASTING_FINDING_S}"""
+
+
+def _causes_params(since: float, until: float, window: Window) -> tuple[float | str, ...]:
+    runs = (since, until, *_FAILURES, window.before_s)
+    return (*runs, window.before_s, window.after_s, *runs, window.before_s)
 
 
 @dataclass
@@ -85,15 +106,7 @@ def load(store: Store, since: float, until: float, window: Window) -> History:
     )
     index = {int(rid): i for i, rid in enumerate(h.run_id)}
     # the cause findings open in each failed run's window, on the run's nodes
-    placeholders = ",".join("?" * len(_FAILURES))
-    pairs = store.rows(
-        f"""SELECT r.id, f.id, f.severity, f.domain, f.component, f.priority, f.first_seen, f.node
-            FROM runs r JOIN run_nodes n ON n.run = r.id JOIN findings f ON f.node = n.node
-            WHERE r.end_ts >= ? AND r.end_ts < ? AND r.bad IS NULL AND r.end_state IN ({placeholders})
-              AND f.domain IS NOT NULL
-              AND f.first_seen <= r.end_ts + ? AND coalesce(f.resolved_ts, 1e300) >= r.end_ts - ?""",
-        (since, until, *_FAILURES, window.after_s, window.before_s),
-    )
+    pairs = store.rows(_CAUSES_SQL, _causes_params(since, until, window))
     finding_node: dict[str, str] = {}
     candidates = []
     for run, fid, sev, domain, comp, prio, first, node in pairs:

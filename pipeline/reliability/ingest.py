@@ -3,12 +3,19 @@
 A job/1 message opens, updates or ends a run. A run is (job, start): slurm-jobs names the start
 (`start_ts`); a message without one (the simulator, replays) belongs to the job's open run, or
 starts one at its own `ts`. Re-reading a message changes nothing: a second identical end is a
-no-op, so a restarted stage that reads a topic again counts no job twice.
+no-op, so a restarted stage that reads a topic again counts no job twice. A run whose first record
+listed no nodes (job/1 allows an empty list) takes the nodes and GPUs of a later record of it (its
+end).
 
 Data-quality lines (counted per day with examples, shown in the report; never a crash, never a
 silent skew of the figures):
 - `end_before_start`: the run is kept out of the figures;
-- `duplicate_end`: a run ended again differently; the first end stands;
+- `run_too_long`: a record of a run more than `LONGEST_RUN_S` after its start (a `start_ts` of 0,
+  a start from another run): its runtime cannot be right, so the run is kept out of the figures
+  rather than capped (a capped runtime would be a guess counted as a measurement);
+- `duplicate_end`: a run ended again differently (its state, or its own `ts`: a copy of the same
+  end delivered again, the broker's time bounding each copy differently, is the same end); the
+  first end stands;
 - `end_without_start`: an end for a job with no run seen and no start given; not counted;
 - `never_started`: an end with no nodes (cancelled while pending); not a run;
 - `clock_ahead`: a job or step time ahead of the broker's time by more than
@@ -18,6 +25,10 @@ silent skew of the figures):
   it: a clock far behind, or records published late (a publisher that was down, a backfill). Its
   own time is kept: it may be the true one;
 - `steps_of_unknown_job`: progress of a job no run was seen for, dropped after `pending_s`;
+- `steps_not_in_job`: a step report from a node its run does not list (training code can name any
+  job: detect refuses such steps as `not_in_job`); not applied. Steps that waited for their run are
+  judged when it comes (counted once per node then). A run whose job/1 listed no nodes yet takes
+  every step;
 - `no_end`: a run open longer than `max_run_s` (the report's line; the run stays open);
 - `unknown_nodes`: a run naming a node the census never saw (the report's line; counted in).
 """
@@ -31,11 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from fleetwatch.pipeline.reliability.store import Progress, Store
+from fleetwatch.pipeline.reliability.store import MAX_RUN_S, Progress, Store
 from fleetwatch.pipeline.reliability.taxonomy import end_state_of, finding_cause
 
 ENDED = frozenset({"finished", "failed"})
 STEP_SLACK_S = 60.0  # a step reported this long after its run's end still belongs to it
+# The longest a run's records may come after its start: Slurm's longest job, and an hour for a job
+# that ends a little after its time limit (KillWait, OverTimeLimit)
+LONGEST_RUN_S = MAX_RUN_S + 3600.0
 
 
 @dataclass(frozen=True)
@@ -98,20 +112,54 @@ class Ingest:
             self._end(db, m, job, nodes, ts, start)
             return
         if start is None:
-            if self.store.open_run(db, job) is not None:
-                return  # a progress update of the run already open
+            open_run = self.store.open_run(db, job)
+            if open_run is not None:
+                self._place(db, open_run[0], m, nodes)  # a progress update of the run already open
+                return
             last = self.store.latest_ended(db, job)
             if last is not None and last["start_ts"] <= ts <= last["end_ts"]:
                 return  # a message of a run that has ended, read again
             start = ts
-        if self.store.run(db, job, start) is None:
-            gpus, known = self._gpus(m, nodes)
-            self.store.insert_run(db, job, start, state, nodes, gpus, known)
+        run = self.store.run(db, job, start)
+        if run is not None:
+            self._place(db, run["id"], m, nodes)
+            return
+        bad = None
+        if ts - start > LONGEST_RUN_S:
+            bad = "run_too_long"
+            self._count_too_long(db, job, start, ts)
+        self._new_run(db, m, job, start, nodes, bad)
 
     def _gpus(self, m: Mapping[str, Any], nodes: list[str]) -> tuple[int, bool]:
         if "gpus" in m:
             return int(sum(m["gpus"])), True
         return len(nodes) * self.cfg.gpus_per_node, False
+
+    def _new_run(
+        self,
+        db: sqlite3.Connection,
+        m: Mapping[str, Any],
+        job: str,
+        start: float,
+        nodes: list[str],
+        bad: str | None,
+    ) -> int:
+        gpus, known = self._gpus(m, nodes)
+        run_id = self.store.insert_run(db, job, start, m["state"], nodes, gpus, known, bad)
+        self._claim_waiting(db, job, run_id, start, nodes)
+        return run_id
+
+    def _place(self, db: sqlite3.Connection, run_id: int, m: Mapping[str, Any], nodes: list[str]) -> None:
+        """A run whose records so far listed no nodes takes this record's (job/1 allows an empty
+        list): with none, its node-days would be 0 and its MTTF projection a division by 0."""
+        if nodes:
+            gpus, known = self._gpus(m, nodes)
+            self.store.place_run(db, run_id, nodes, gpus, known)
+
+    def _count_too_long(self, db: sqlite3.Connection, job: str, start: float, ts: float) -> None:
+        self.store.count_quality(
+            db, "run_too_long", ts, f"job {job}: record at {ts:.0f}, {(ts - start) / 86400:.1f} d after start"
+        )
 
     def _end(
         self,
@@ -123,6 +171,7 @@ class Ingest:
         start: float | None,
     ) -> None:
         end_state = end_state_of(m["state"], m.get("end_state"))
+        given = float(m["ts"])  # the record's own time: a copy of it, bounded otherwise, is the same end
         if not nodes:
             self.store.count_quality(db, "never_started", ts, f"job {job} ended {end_state} with no nodes")
             return
@@ -130,16 +179,10 @@ class Ingest:
             open_run = self.store.open_run(db, job)
             if open_run is None:
                 last = self.store.latest_ended(db, job)
-                if last is not None and last["end_ts"] == ts and last["end_state"] == end_state:
+                if last is not None and _same_end(last, given, end_state):
                     return  # the same end read again
                 if last is not None:
-                    self.store.count_quality(
-                        db,
-                        "duplicate_end",
-                        ts,
-                        f"job {job}: {end_state} at {ts:.0f} "
-                        f"after {last['end_state']} at {last['end_ts']:.0f}",
-                    )
+                    self._count_duplicate(db, job, end_state, ts, last)
                     return
                 self.store.count_quality(
                     db, "end_without_start", ts, f"job {job} ended {end_state}, no start seen"
@@ -147,50 +190,95 @@ class Ingest:
                 return
             start = open_run[1]
         run = self.store.run(db, job, start)
-        if run is None:
-            gpus, known = self._gpus(m, nodes)
-            run_id = self.store.insert_run(db, job, start, m["state"], nodes, gpus, known)
-        elif run["end_ts"] is not None:
-            if run["end_ts"] != ts or run["end_state"] != end_state:
-                self.store.count_quality(
-                    db,
-                    "duplicate_end",
-                    ts,
-                    f"job {job}: {end_state} at {ts:.0f} after {run['end_state']} at {run['end_ts']:.0f}",
-                )
+        if run is not None and run["end_ts"] is not None:
+            if not _same_end(run, given, end_state):
+                self._count_duplicate(db, job, end_state, ts, run)
             return
+        if run is None:
+            run_id, bad = self._new_run(db, m, job, start, nodes, None), None
         else:
-            run_id = run["id"]
-        bad = None
-        if ts < start:
+            run_id, bad = run["id"], run["bad"]  # a run found too long at its start is counted once
+            self._place(db, run_id, m, nodes)
+        if bad is None and ts < start:
             bad = "end_before_start"
             self.store.count_quality(db, bad, ts, f"job {job}: end {ts:.0f} before start {start:.0f}")
-        self.store.end_run(db, run_id, ts, m["state"], end_state, m.get("exit_code"), bad)
+        elif bad is None and ts - start > LONGEST_RUN_S:
+            bad = "run_too_long"
+            self._count_too_long(db, job, start, ts)
+        self.store.end_run(db, run_id, ts, m["state"], end_state, m.get("exit_code"), bad, given)
+
+    def _count_duplicate(
+        self, db: sqlite3.Connection, job: str, end_state: str, ts: float, first: Mapping[str, Any]
+    ) -> None:
+        self.store.count_quality(
+            db,
+            "duplicate_end",
+            ts,
+            f"job {job}: {end_state} at {ts:.0f} after {first['end_state']} at {first['end_ts']:.0f}",
+        )
 
     # ------------------------------------------------------------------ step/1
 
-    def progress(self, db: sqlite3.Connection, job: str, steps: list[Progress]) -> None:
-        """A job's step reports of one batch (one Progress each): each goes to the run it belongs
-        to, the latest that started by its time and had not ended a minute before it; reports
-        that belong to no run seen yet wait (pending_steps), merged."""
+    def progress(
+        self, db: sqlite3.Connection, job: str, nodes: Sequence[str], steps: Sequence[Progress]
+    ) -> None:
+        """A job's step reports of one batch (one Progress each, from the node beside it): each goes
+        to the run it belongs to, the latest that started by its time and had not ended a minute
+        before it, if its node is one of the run's; reports that belong to no run seen yet wait
+        (pending_steps), merged per node."""
         runs = self.store.runs_of(db, job)
-        per_run: dict[int, Progress] = {}
-        waiting: Progress | None = None
-        starts = np.array([r[1] for r in runs], dtype=np.float64)
+        names, node = np.unique(np.array(nodes, dtype=str), return_inverse=True)  # node: index in names
         ts = np.array([p.last_ts for p in steps], dtype=np.float64)
+        starts = np.array([r[1] for r in runs], dtype=np.float64)
+        ends = np.array([np.inf if r[2] is None else r[2] for r in runs], dtype=np.float64)
         at = np.searchsorted(starts, ts, side="right") - 1  # vectorised: a batch holds many reports
-        for p, i in zip(steps, at.tolist(), strict=True):
-            if i >= 0 and (runs[i][2] is None or p.last_ts <= runs[i][2] + STEP_SLACK_S):
-                run_id, start = runs[i][0], runs[i][1]
-                p = Progress(max(p.first_ts, start), p.last_ts, p.ckpt_ts, p.ckpt_step, p.ckpt_write_s)
-                old = per_run.get(run_id)
-                per_run[run_id] = p if old is None else old.merge(p)
-            else:
-                waiting = p if waiting is None else waiting.merge(p)
-        for run_id, p in per_run.items():
-            self.store.add_progress(db, run_id, p)
-        if waiting is not None:
-            self.store.park_progress(db, job, waiting)
+        placed = at >= 0
+        placed[placed] = ts[placed] <= ends[at[placed]] + STEP_SLACK_S
+        taken = placed.copy()
+        for i in np.unique(at[placed]).tolist():
+            run_id, _start, _end, n_nodes = runs[i]
+            if not n_nodes:
+                continue  # its job/1 listed no nodes yet: nothing to judge by
+            mine = placed & (at == i)
+            member = np.zeros(len(names), dtype=bool)
+            found = self.store.members(db, run_id, names[np.unique(node[mine])].tolist())
+            member[np.searchsorted(names, sorted(found))] = True
+            foreign = mine & ~member[node]
+            self._not_in_job(db, job, names[node[foreign]], ts[foreign])
+            taken &= ~foreign
+        marks = _Marks(steps)
+        for i, p in marks.merged(np.flatnonzero(taken), at[taken]):
+            run_id, start = runs[i][0], runs[i][1]
+            self.store.add_progress(db, run_id, p.starting(start))
+        waiting = np.flatnonzero(~placed)
+        if len(waiting):
+            parked = marks.merged(waiting, node[waiting])
+            self.store.park_progress(db, job, [(str(names[k]), p) for k, p in parked])
+
+    def _not_in_job(self, db: sqlite3.Connection, job: str, nodes: np.ndarray, ts: np.ndarray) -> None:
+        if len(nodes):
+            self.store.count_quality(
+                db,
+                "steps_not_in_job",
+                float(ts.max()),
+                f"step of job {job} from {nodes[0]}, not one of its run's nodes",
+                len(nodes),
+            )
+
+    def _claim_waiting(
+        self, db: sqlite3.Connection, job: str, run_id: int, start: float, nodes: Sequence[str]
+    ) -> None:
+        """A new run takes the progress that waited for it from its own nodes (any node while it
+        lists none); what came from other nodes is counted and dropped."""
+        waiting = self.store.take_pending(db, job, start)
+        if not waiting:
+            return
+        node = np.array([n for n, _ in waiting], dtype=str)
+        marks = _Marks([p for _, p in waiting])
+        ok = np.isin(node, np.array(nodes, dtype=str)) if nodes else np.ones(len(node), dtype=bool)
+        self._not_in_job(db, job, node[~ok], marks.last[~ok])
+        for _, p in marks.merged(np.flatnonzero(ok), np.zeros(int(ok.sum()), dtype=np.int64)):
+            self.store.add_progress(db, run_id, p.starting(start))
 
     def expire(self, db: sqlite3.Connection, data_now: float) -> None:
         """Drop the parked progress of jobs no run appeared for within `pending_s` of the data's
@@ -232,6 +320,40 @@ class Ingest:
 
     def node(self, db: sqlite3.Connection, n: Mapping[str, Any]) -> None:
         self.store.upsert_node(db, n["node"], float(n["first_seen"]), float(n["last_seen"]))
+
+
+def _same_end(run: Mapping[str, Any], given: float, end_state: str) -> bool:
+    """Whether an end record's own time and state are the stored end's (a run ended before
+    end_given_ts was kept compares its end_ts, as it did then)."""
+    own = run["end_given_ts"] if run["end_given_ts"] is not None else run["end_ts"]
+    return bool(run["end_state"] == end_state and own == given)
+
+
+class _Marks:
+    """Step reports as columns, to merge many groups of them at once."""
+
+    def __init__(self, marks: Sequence[Progress]) -> None:
+        self.marks = marks
+        self.first = np.array([p.first_ts for p in marks], dtype=np.float64)
+        self.last = np.array([p.last_ts for p in marks], dtype=np.float64)
+        self.ckpt = np.array([-1.0 if p.ckpt_ts is None else p.ckpt_ts for p in marks], dtype=np.float64)
+
+    def merged(self, idx: np.ndarray, keys: np.ndarray) -> list[tuple[int, Progress]]:
+        """The marks `idx` merged per key, as Progress.merge would one by one (the latest
+        checkpoint's, the first of equals): (key, merged) by key."""
+        if not len(idx):
+            return []
+        order = np.lexsort((idx, -self.ckpt[idx], keys))  # by key, latest checkpoint first
+        i, k = idx[order], keys[order]
+        heads = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+        first = np.minimum.reduceat(self.first[i], heads).tolist()
+        last = np.maximum.reduceat(self.last[i], heads).tolist()
+        out = []
+        for g, h in enumerate(heads.tolist()):  # per group, not per mark
+            best = self.marks[int(i[h])]
+            p = Progress(first[g], last[g], best.ckpt_ts, best.ckpt_step, best.ckpt_write_s)
+            out.append((int(k[h]), p))
+        return out
 
 
 def _unique_nodes(nodes: Sequence[str], gpus: Sequence[int] | None) -> tuple[list[str], list[int] | None]:

@@ -18,10 +18,9 @@ from fleetwatch.pipeline.reliability import figures
 from fleetwatch.pipeline.reliability.attribution import Window
 from fleetwatch.pipeline.reliability.figures import FigureConfig
 from fleetwatch.pipeline.reliability.history import History, load
-from fleetwatch.pipeline.reliability.store import Store
+from fleetwatch.pipeline.reliability.store import MAX_RUN_S, Store
 
 StepNamed = Callable[[str], None]  # told what the report computes next (the progress bar)
-MAX_RUN_S = 7 * 86400.0  # Slurm's longest job here (the paper's clusters: 7 days); open longer = no end seen
 
 
 def build(
@@ -70,7 +69,7 @@ def build(
             _xids(store, since, until),
             executed,
             _lemon_findings(store, since, until),
-            _nodes_seen(store),
+            _nodes_seen(store, since, until),
             cfg,
         ),
         "data_quality": data_quality(store, h, since, until),
@@ -109,10 +108,27 @@ def _lemon_findings(store: Store, since: float, until: float) -> dict[str, list[
     return out
 
 
-def _nodes_seen(store: Store) -> int:
+def _nodes_seen(store: Store, since: float, until: float) -> int:
+    """The lemon test's population: the nodes seen in the range, the census's that reported in it
+    and those of the runs in it (that ran in it, or are open and started at most MAX_RUN_S before
+    it). Where there is a census, only nodes it knows: a job/1 can name any node, and a population
+    of invented names would lower the fleet's rate and make a real node a lemon."""
     census = store.rows("SELECT count(*) FROM nodes")[0][0]
-    in_jobs = store.rows("SELECT count(DISTINCT node) FROM run_nodes")[0][0]
-    return int(max(census, in_jobs))
+    known = "AND n.node IN (SELECT node FROM nodes)" if census else ""
+    return int(
+        store.rows(
+            f"""SELECT count(*) FROM (
+                    SELECT node FROM nodes WHERE first_seen < ? AND last_seen >= ?
+                    UNION
+                    SELECT n.node FROM runs r JOIN run_nodes n ON n.run = r.id
+                    WHERE r.end_ts >= ? AND r.start_ts < ? AND r.bad IS NULL {known}
+                    UNION
+                    SELECT n.node FROM runs r JOIN run_nodes n ON n.run = r.id
+                    WHERE r.end_ts IS NULL AND r.start_ts >= ? AND r.start_ts < ? {known}
+                ) AS seen""",
+            (until, since, since, until, since - MAX_RUN_S, until),
+        )[0][0]
+    )
 
 
 def _failure_rows(store: Store, h: History, limit: int = 200) -> list[dict[str, Any]]:

@@ -93,25 +93,40 @@ class Accounting:
         self.dead_letters = dead_letters
         self.t = names or StageTopics()
 
+    def topics_read(self) -> list[str]:
+        """The topics the stage reads: the drain results only with the key to verify them (read
+        without it, their offsets would be kept, and the results lost once the key is given)."""
+        return [t for t in self.t.all() if t != self.t.drain_results or self.drain_key is not None]
+
     def apply(self, records: Sequence[Record], now: float) -> None:
         offsets: dict[tuple[str, int], int] = {}
-        data_now = max((r.timestamp_ms / 1000 for r in records if r.timestamp_ms >= 0), default=now)
+        read = set(self.topics_read())
+        # the data's own time: the broker's, never a producer's CreateTime (findings and the census
+        # keep the writer's timestamp, which any writer sets: one stamped 2100 would expire every
+        # waiting step); a batch with none expires nothing
+        data_now = max(
+            (r.timestamp_ms / 1000 for r in records if r.log_append and r.timestamp_ms >= 0), default=None
+        )
         with self.store.transaction() as db:
-            progress: dict[str, list[Progress]] = {}
+            progress: dict[str, tuple[list[str], list[Progress]]] = {}
             for r in records:
+                if r.topic not in read:
+                    RECORDS.labels(r.topic, "not_read").inc()
+                    continue  # its offset is not kept: read once the stage can
                 offsets[(r.topic, r.partition)] = r.offset + 1
                 try:
                     self._one(db, r, progress)
                 except schemas.MessageError as e:
-                    self._refuse(
-                        db, r, e.reason, str(e), r.timestamp_ms / 1000 if r.timestamp_ms >= 0 else now
-                    )
-            for job, steps in progress.items():
-                self.ingest.progress(db, job, steps)
-            self.ingest.expire(db, data_now)
+                    # dated by the broker where it took the record, else by this reader's clock
+                    when = r.timestamp_ms / 1000 if r.log_append and r.timestamp_ms >= 0 else now
+                    self._refuse(db, r, e.reason, str(e), when)
+            for job, (nodes, steps) in progress.items():
+                self.ingest.progress(db, job, nodes, steps)
+            if data_now is not None:
+                self.ingest.expire(db, data_now)
             self.store.save_offsets(db, offsets)
 
-    def _one(self, db: Any, r: Record, progress: dict[str, list[Progress]]) -> None:
+    def _one(self, db: Any, r: Record, progress: dict[str, tuple[list[str], list[Progress]]]) -> None:
         broker_ts = r.timestamp_ms / 1000 if r.log_append and r.timestamp_ms >= 0 else None
         if r.value is None:
             RECORDS.labels(r.topic, "tombstone").inc()
@@ -130,10 +145,7 @@ class Accounting:
             if why is not None:
                 raise schemas.MessageError(*why)
             self.ingest.finding(db, m, broker_ts)
-        elif r.topic == self.t.drain_results:
-            if self.drain_key is None:
-                RECORDS.labels(r.topic, "not_read").inc()
-                return
+        elif r.topic == self.t.drain_results and self.drain_key is not None:
             m = schemas.decode(r.value, schemas.DRAIN_RESULT, key=r.key)
             # signed as drain/1 is (alerts/drain_request.py): the field `signature`
             if not signing.verify(m, self.drain_key, "signature"):
@@ -166,7 +178,10 @@ class Accounting:
 
 
 def _add_step(
-    progress: dict[str, list[Progress]], m: dict[str, Any], broker_ts: float | None, cfg: IngestConfig
+    progress: dict[str, tuple[list[str], list[Progress]]],
+    m: dict[str, Any],
+    broker_ts: float | None,
+    cfg: IngestConfig,
 ) -> str | None:
     """Queue a step report's progress mark; returns its data-quality line (a clock skew) if any."""
     ts = float(m["ts"])
@@ -176,9 +191,9 @@ def _add_step(
     ckpt_ts = m.get("checkpoint_ts")
     if ckpt_ts is not None:
         ckpt_ts = min(float(ckpt_ts), ts)
-    progress.setdefault(m["job"], []).append(
-        Progress(ts, ts, ckpt_ts, m.get("checkpoint_step"), m.get("checkpoint_write_s"))
-    )
+    nodes, marks = progress.setdefault(m["job"], ([], []))
+    nodes.append(m["node"])
+    marks.append(Progress(ts, ts, ckpt_ts, m.get("checkpoint_step"), m.get("checkpoint_write_s")))
     return skew
 
 
@@ -277,7 +292,7 @@ def run_loop(
     """Poll every partition of the stage's topics from the stored offsets, apply, repeat; new
     partitions are picked up every `rescan_s`."""
     reader = bus.reader()
-    names = accounting.t.all()
+    names = accounting.topics_read()
     try:
         tps = partitions(reader, names)
         stored = accounting.store.offsets()

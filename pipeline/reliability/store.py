@@ -9,12 +9,14 @@ commits every poll) well.
 The tables hold what the figures need, not the raw messages:
 - runs: one row per run of a job (a requeued job runs again under the same id, with a new start),
   its end, size and progress marks (first and last step, last checkpoint); `bad` names why a run
-  is kept out of the figures (an end before its start, no end seen) and is NULL otherwise;
+  is kept out of the figures (an end before its start, a run longer than any job may run) and is
+  NULL otherwise; `end_given_ts` is the end record's own time (a copy of it is the same end);
 - run_nodes: the nodes of each run (for the attribution's join with the findings);
 - findings: one row per finding id, with its window of being open and the cause it names;
 - drains: the Slurm adapter's results (drain and resume, executed or not);
 - nodes: the census of reporting nodes (a job naming a node never seen is a data-quality line);
-- pending_steps: progress of jobs whose run has not been seen yet (steps can overtake job/1);
+- pending_steps: progress of jobs whose run has not been seen yet (steps can overtake job/1), per
+  job and reporting node, so that the run's nodes can judge it when the run comes;
 - quality: data-quality counts per kind and day, with a few examples;
 - offsets: the next offset of every partition read, written in the same transaction as the data
   it produced, so that a restarted stage resumes exactly where its last commit left it.
@@ -29,9 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: pending_steps per (job, node); runs.end_given_ts
+READABLE_VERSIONS = ("1", "2")  # the report reads neither table nor column that 2 changed
 QUALITY_EXAMPLES = 5  # examples kept per data-quality kind and day: a flood adds to a count, not rows
 SAME_RUN_S = 1.0  # start times this close are one run (collectors/slurm_jobs: SAME_RUN_S)
+MAX_RUN_S = 7 * 86400.0  # Slurm's longest job here (the paper's clusters: 7 days)
+# Findings open longer than this are indexed apart (findings_lasting): the attribution's join looks
+# a run's findings up by their opening within this of its window, and the lasting ones by their end,
+# so that neither the node's older findings nor its later ones are scanned (history.py)
+LASTING_FINDING_S = 86400.0
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,6 +60,7 @@ CREATE TABLE IF NOT EXISTS runs (
     ckpt_step INTEGER,
     ckpt_write_s REAL,
     bad TEXT,
+    end_given_ts REAL,  -- ts of the end record itself (end_ts may be the broker time: a clock ahead)
     UNIQUE (job, start_ts)
 );
 CREATE INDEX IF NOT EXISTS runs_end ON runs (end_ts);
@@ -75,6 +84,8 @@ CREATE TABLE IF NOT EXISTS findings (
     priority INTEGER
 );
 CREATE INDEX IF NOT EXISTS findings_node ON findings (node, first_seen);
+CREATE INDEX IF NOT EXISTS findings_lasting ON findings (node, coalesce(resolved_ts, 1e300))
+    WHERE coalesce(resolved_ts, 1e300) - first_seen > {lasting};
 CREATE TABLE IF NOT EXISTS drains (
     request_id TEXT PRIMARY KEY,
     node TEXT NOT NULL,
@@ -84,14 +95,6 @@ CREATE TABLE IF NOT EXISTS drains (
 );
 CREATE INDEX IF NOT EXISTS drains_node ON drains (node, ts);
 CREATE TABLE IF NOT EXISTS nodes (node TEXT PRIMARY KEY, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS pending_steps (
-    job TEXT PRIMARY KEY,
-    first_ts REAL NOT NULL,
-    last_ts REAL NOT NULL,
-    ckpt_ts REAL,
-    ckpt_step INTEGER,
-    ckpt_write_s REAL
-);
 CREATE TABLE IF NOT EXISTS quality (
     what TEXT NOT NULL, day INTEGER NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (what, day)
 );
@@ -102,6 +105,20 @@ CREATE TABLE IF NOT EXISTS offsets (
     PRIMARY KEY (topic, partition)
 );
 """
+# progress waiting for its run, per job and node (schema 1 kept it per job: Store._upgrade_from_1)
+PENDING_DDL = """
+CREATE TABLE IF NOT EXISTS pending_steps (
+    job TEXT NOT NULL,
+    node TEXT NOT NULL,
+    first_ts REAL NOT NULL,
+    last_ts REAL NOT NULL,
+    ckpt_ts REAL,
+    ckpt_step INTEGER,
+    ckpt_write_s REAL,
+    PRIMARY KEY (job, node)
+);
+"""
+DDL = DDL.format(lasting=LASTING_FINDING_S) + PENDING_DDL
 
 
 class StoreError(RuntimeError):
@@ -119,6 +136,11 @@ class Progress:
     ckpt_step: int | None = None
     ckpt_write_s: float | None = None
 
+    def starting(self, start: float) -> Progress:
+        """The marks of a run that started at `start` (its first step no earlier)."""
+        first = max(self.first_ts, start)
+        return Progress(first, self.last_ts, self.ckpt_ts, self.ckpt_step, self.ckpt_write_s)
+
     def merge(self, other: Progress) -> Progress:
         later = other if (other.ckpt_ts or -1.0) > (self.ckpt_ts or -1.0) else self
         return Progress(
@@ -133,9 +155,9 @@ class Progress:
 class Store:
     def __init__(self, path: Path | str, *, create: bool = True) -> None:
         """create=False (a reader: `fleetwatch report`): the file must already be an accounting
-        store of this release's schema, and nothing is written to it (no journal mode, no tables):
-        before, its tables and version row were added to whatever --db named (an empty file,
-        another program's database)."""
+        store of a schema this release reads (READABLE_VERSIONS), and nothing is written to it (no
+        journal mode, no tables): before, its tables and version row were added to whatever --db
+        named (an empty file, another program's database). A writer upgrades a store of schema 1."""
         self.path = str(path)
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -150,17 +172,34 @@ class Store:
             raise StoreError(f"{self.path} is not a usable accounting database: {e}") from e
         if version is None:
             self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif version[0] == "1":
+            self._upgrade_from_1()
         elif version[0] != str(SCHEMA_VERSION):
             raise StoreError(
                 f"{self.path} holds accounting schema {version[0]}; this release reads {SCHEMA_VERSION}"
             )
+
+    def _upgrade_from_1(self) -> None:
+        """Schema 1 to 2, in place: runs gain end_given_ts (NULL: compared by end_ts, as before);
+        pending_steps becomes per (job, node). Schema 1 kept no node for waiting progress, so it
+        cannot be judged against its run's nodes: it is dropped and counted as steps_of_unknown_job
+        (at most the last `pending_s` of steps whose job/1 had not been read)."""
+        with self.transaction() as db:
+            db.execute("ALTER TABLE runs ADD COLUMN end_given_ts REAL")
+            jobs, last = db.execute("SELECT count(*), max(last_ts) FROM pending_steps").fetchone()
+            db.execute("DROP TABLE pending_steps")
+            db.execute(PENDING_DDL)
+            if jobs:
+                what = f"{jobs} jobs' waiting steps dropped by the store's upgrade"
+                self.count_quality(db, "steps_of_unknown_job", last, what, jobs)
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _check_is_store(self) -> None:
         try:
             found = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         except sqlite3.DatabaseError:  # no meta table, or not a database at all
             found = None
-        if found is None or found[0] != str(SCHEMA_VERSION):
+        if found is None or found[0] not in READABLE_VERSIONS:
             self.db.close()
             if found is None:
                 raise StoreError(f"{self.path} is not an accounting store (run `fleetwatch account`)")
@@ -244,21 +283,28 @@ class Store:
         nodes: Sequence[str],
         gpus: int,
         gpus_known: bool,
+        bad: str | None = None,
     ) -> int:
         cur = db.execute(
-            "INSERT INTO runs (job, start_ts, state, n_nodes, gpus, gpus_known) VALUES (?, ?, ?, ?, ?, ?)",
-            (job, start_ts, state, len(nodes), gpus, int(gpus_known)),
+            "INSERT INTO runs (job, start_ts, state, n_nodes, gpus, gpus_known, bad) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (job, start_ts, state, len(nodes), gpus, int(gpus_known), bad),
         )
         run_id = int(cur.lastrowid or 0)
         db.executemany("INSERT OR IGNORE INTO run_nodes VALUES (?, ?)", [(run_id, n) for n in nodes])
-        pending = db.execute(
-            "SELECT first_ts, last_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM pending_steps WHERE job = ?",
-            (job,),
-        ).fetchone()
-        if pending is not None and pending[1] >= start_ts:
-            db.execute("DELETE FROM pending_steps WHERE job = ?", (job,))
-            self.add_progress(db, run_id, Progress(max(pending[0], start_ts), *pending[1:]))
         return run_id
+
+    def place_run(
+        self, db: sqlite3.Connection, run_id: int, nodes: Sequence[str], gpus: int, gpus_known: bool
+    ) -> None:
+        """Give a run listed with no nodes (a job/1 may list none) the nodes a later record lists;
+        a run that has nodes keeps them."""
+        placed = db.execute(
+            "UPDATE runs SET n_nodes = ?, gpus = ?, gpus_known = ? WHERE id = ? AND n_nodes = 0",
+            (len(nodes), gpus, int(gpus_known), run_id),
+        ).rowcount
+        if placed:
+            db.executemany("INSERT OR IGNORE INTO run_nodes VALUES (?, ?)", [(run_id, n) for n in nodes])
 
     def end_run(
         self,
@@ -269,17 +315,36 @@ class Store:
         end_state: str,
         exit_code: int | None,
         bad: str | None,
+        end_given_ts: float | None = None,
     ) -> None:
+        """`end_given_ts`: the end record's own ts, where the history took another (default end_ts)."""
+        given = end_ts if end_given_ts is None else end_given_ts
         db.execute(
-            "UPDATE runs SET end_ts = ?, state = ?, end_state = ?, exit_code = ?, bad = ? WHERE id = ?",
-            (end_ts, state, end_state, exit_code, bad, run_id),
+            "UPDATE runs SET end_ts = ?, end_given_ts = ?, state = ?, end_state = ?, exit_code = ?, bad = ? "
+            "WHERE id = ?",
+            (end_ts, given, state, end_state, exit_code, bad, run_id),
         )
 
-    def runs_of(self, db: sqlite3.Connection, job: str) -> list[tuple[int, float, float | None]]:
-        """The job's runs: (id, start, end or None), by start."""
+    def runs_of(self, db: sqlite3.Connection, job: str) -> list[tuple[int, float, float | None, int]]:
+        """The job's runs: (id, start, end or None, number of nodes), by start."""
         return db.execute(
-            "SELECT id, start_ts, end_ts FROM runs WHERE job = ? ORDER BY start_ts", (job,)
+            "SELECT id, start_ts, end_ts, n_nodes FROM runs WHERE job = ? ORDER BY start_ts", (job,)
         ).fetchall()
+
+    def members(self, db: sqlite3.Connection, run_id: int, nodes: Iterable[str]) -> set[str]:
+        """Those of `nodes` that are the run's."""
+        wanted = list(nodes)
+        out: set[str] = set()
+        for i in range(0, len(wanted), 500):  # under any SQLite's limit of bound parameters
+            chunk = wanted[i : i + 500]
+            out.update(
+                n
+                for (n,) in db.execute(
+                    f"SELECT node FROM run_nodes WHERE run = ? AND node IN ({','.join('?' * len(chunk))})",
+                    (run_id, *chunk),
+                )
+            )
+        return out
 
     def add_progress(self, db: sqlite3.Connection, run_id: int, p: Progress) -> None:
         db.execute(
@@ -300,20 +365,54 @@ class Store:
             },
         )
 
-    def park_progress(self, db: sqlite3.Connection, job: str, p: Progress) -> None:
-        row = db.execute(
-            "SELECT first_ts, last_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM pending_steps WHERE job = ?",
-            (job,),
-        ).fetchone()
-        if row is not None:
-            p = Progress(*row).merge(p)
-        db.execute(
-            "INSERT OR REPLACE INTO pending_steps VALUES (?, ?, ?, ?, ?, ?)",
-            (job, p.first_ts, p.last_ts, p.ckpt_ts, p.ckpt_step, p.ckpt_write_s),
+    def park_progress(self, db: sqlite3.Connection, job: str, marks: Sequence[tuple[str, Progress]]) -> None:
+        """Progress of a job with no run for it yet, per reporting node, merged as Progress.merge."""
+        db.executemany(
+            """INSERT INTO pending_steps VALUES (:job, :node, :first, :last, :ckpt, :step, :write)
+               ON CONFLICT (job, node) DO UPDATE SET
+                   first_ts = min(first_ts, excluded.first_ts),
+                   last_ts = max(last_ts, excluded.last_ts),
+                   ckpt_step = CASE WHEN coalesce(excluded.ckpt_ts, -1) > coalesce(ckpt_ts, -1)
+                       THEN excluded.ckpt_step ELSE ckpt_step END,
+                   ckpt_write_s = CASE WHEN coalesce(excluded.ckpt_ts, -1) > coalesce(ckpt_ts, -1)
+                       THEN excluded.ckpt_write_s ELSE ckpt_write_s END,
+                   ckpt_ts = CASE WHEN coalesce(excluded.ckpt_ts, -1) > coalesce(ckpt_ts, -1)
+                       THEN excluded.ckpt_ts ELSE ckpt_ts END""",
+            [
+                {
+                    "job": job,
+                    "node": node,
+                    "first": p.first_ts,
+                    "last": p.last_ts,
+                    "ckpt": p.ckpt_ts,
+                    "step": p.ckpt_step,
+                    "write": p.ckpt_write_s,
+                }
+                for node, p in marks
+            ],
         )
 
+    def take_pending(self, db: sqlite3.Connection, job: str, start_ts: float) -> list[tuple[str, Progress]]:
+        """Remove and return the job's waiting progress that reaches `start_ts` (a run's start):
+        (node, marks) per reporting node."""
+        # no DELETE ... RETURNING: SQLite before 3.35 (Debian 11's) lacks it
+        rows = db.execute(
+            "SELECT node, first_ts, last_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM pending_steps "
+            "WHERE job = ? AND last_ts >= ?",
+            (job, start_ts),
+        ).fetchall()
+        if rows:
+            db.execute("DELETE FROM pending_steps WHERE job = ? AND last_ts >= ?", (job, start_ts))
+        return [(r[0], Progress(*r[1:])) for r in rows]
+
     def expire_pending(self, db: sqlite3.Connection, older_than: float) -> int:
-        return db.execute("DELETE FROM pending_steps WHERE last_ts < ?", (older_than,)).rowcount
+        """Drop waiting progress older than `older_than`; returns how many jobs had some."""
+        jobs = db.execute(
+            "SELECT count(DISTINCT job) FROM pending_steps WHERE last_ts < ?", (older_than,)
+        ).fetchone()[0]
+        if jobs:
+            db.execute("DELETE FROM pending_steps WHERE last_ts < ?", (older_than,))
+        return int(jobs)
 
     # ------------------------------------------------------------------ findings, drains, nodes
 

@@ -275,3 +275,10 @@ def test_empty_history_gives_empty_figures_not_errors():
     assert figures.ettr(h, loss, 0.0, CFG)["jobs"] == []
     assert figures.lost_gpu_hours(h, loss, {}, CFG)["total"] == 0.0
     assert figures.lemons(h, {}, {}, {}, 0, CFG)["lemons"] == []
+
+
+def test_a_size_bucket_of_runs_with_no_nodes_has_no_projection_rather_than_a_division_by_zero():
+    # runs stored with no nodes (a job/1 may list none): nothing to project from
+    h = history(2, n_nodes=[0, 0], gpus=[0, 0], category=["hardware", "completed"], component=["node", None])
+    (row,) = figures.mttf_by_gpus(h, 6.5e-3, CFG)
+    assert (row["gpus"], row["mean_nodes"], row["projected_mttf_h"], row["failures"]) == (1, 0.0, None, 1)

@@ -7,7 +7,7 @@ import pytest
 
 from fleetwatch.pipeline.reliability import report
 from fleetwatch.pipeline.reliability.ingest import Ingest
-from fleetwatch.pipeline.reliability.store import Progress, Store, StoreError
+from fleetwatch.pipeline.reliability.store import SCHEMA_VERSION, Progress, Store, StoreError
 from tests.helpers.reliability import T0, finding, job
 
 
@@ -39,6 +39,11 @@ def quality(store):
         line["what"]: line["count"]
         for line in report.data_quality(store, _empty(store), T0 - 10 * 86400, T0 + 10 * 86400)
     }
+
+
+def counted(store):
+    """The data-quality counts the stage wrote (not the report's own lines: no_end, unknown_nodes)."""
+    return dict(store.db.execute("SELECT what, sum(count) FROM quality GROUP BY what").fetchall())
 
 
 def _empty(store):
@@ -165,7 +170,12 @@ def test_nodes_the_census_never_saw_are_a_quality_line(store):
 def test_progress_before_its_job_waits_and_joins_the_run(store):
     ing = Ingest(store)
     with store.transaction() as db:
-        ing.progress(db, "j", [Progress(T0 + 10, T0 + 10), Progress(T0 + 500, T0 + 500, T0 + 400, 40, 12.0)])
+        ing.progress(
+            db,
+            "j",
+            ["n1", "n1"],
+            [Progress(T0 + 10, T0 + 10), Progress(T0 + 500, T0 + 500, T0 + 400, 40, 12.0)],
+        )
     feed(store, job("j", ["n1"], "started", T0))
     row = store.db.execute(
         "SELECT first_step_ts, last_step_ts, ckpt_ts, ckpt_step, ckpt_write_s FROM runs"
@@ -177,8 +187,8 @@ def test_progress_before_its_job_waits_and_joins_the_run(store):
 def test_progress_of_a_job_never_seen_is_dropped_an_hour_later_in_the_datas_time_and_counted(store):
     ing = Ingest(store)
     with store.transaction() as db:
-        ing.progress(db, "ghost", [Progress(T0, T0)])
-        ing.progress(db, "ghost2", [Progress(T0, T0)])
+        ing.progress(db, "ghost", ["n1"], [Progress(T0, T0)])
+        ing.progress(db, "ghost2", ["n1"], [Progress(T0, T0)])
     with store.transaction() as db:
         ing.expire(db, T0 + 3000)  # the data's own time (days old): not yet
     assert store.db.execute("SELECT count(*) FROM pending_steps").fetchone()[0] == 2
@@ -196,6 +206,7 @@ def test_progress_merges_by_min_and_max_so_a_repeat_changes_nothing(store):
             ing.progress(
                 db,
                 "j",
+                ["n1", "n1"],
                 [Progress(T0 + 5, T0 + 100, T0 + 90, 9, 1.5), Progress(T0 + 50, T0 + 60, T0 + 30, 3, 9.0)],
             )
     row = store.db.execute(
@@ -214,7 +225,7 @@ def test_a_requeued_jobs_steps_go_each_to_its_own_run(store):
     )
     ing = Ingest(store)
     with store.transaction() as db:
-        ing.progress(db, "j", [
+        ing.progress(db, "j", ["n1", "n1", "n2", "n2"], [
             Progress(T0 + 100, T0 + 100), Progress(T0 + 1800, T0 + 1800, T0 + 1790, 5, None),  # run 1
             Progress(T0 + 4000, T0 + 4000), Progress(T0 + 5000, T0 + 5000, T0 + 4990, 9, None),  # run 2
         ])  # fmt: skip
@@ -308,3 +319,149 @@ def test_a_drains_first_executed_answer_stands_and_no_deferral_or_duplicate_repl
     answer("c" * 32, "rejected_stale", T0)
     answer("c" * 32, "duplicate", T0 + 5)
     assert row("c" * 32) == ("rejected_stale", T0)
+
+
+def test_a_run_started_with_no_nodes_takes_the_nodes_and_gpus_of_its_end(store):
+    # job/1 allows an empty list: stored as 0 nodes and 0 GPUs, the run's node-days were 0 and its
+    # size bucket's MTTF projection divided by 0 (the report crashed, the live figures froze)
+    feed(
+        store,
+        job("p", [], "started", T0, start_ts=T0),
+        job("p", ["n1", "n2"], "finished", T0 + 60, end_state="COMPLETED", start_ts=T0),
+        job("q", [], "started", T0),
+        job("q", ["n3"], "running", T0 + 30, gpus=[4]),
+        job("q", ["n4"], "finished", T0 + 60),  # a run that has its nodes keeps them
+    )
+    assert runs(store) == [
+        ("p", T0, T0 + 60, "COMPLETED", 2, 16, None),
+        ("q", T0, T0 + 60, "COMPLETED", 1, 4, None),
+    ]
+    assert store.db.execute("SELECT node FROM run_nodes ORDER BY node").fetchall() == [
+        ("n1",),
+        ("n2",),
+        ("n3",),
+    ]
+    rows = report.build(store, T0 - 86400, T0 + 86400)["mttf_by_gpus"]
+    assert [(r["gpus"], r["mean_nodes"]) for r in rows] == [(4, 1.0), (16, 2.0)]
+
+
+def test_a_run_longer_than_any_job_may_run_is_a_quality_line_and_kept_out_of_the_figures(store):
+    feed(
+        store,
+        job("ok", ["n1"], "started", T0, start_ts=T0),
+        job("ok", ["n1"], "finished", T0 + 86400, end_state="COMPLETED", start_ts=T0),
+        # one record: a run on 17 nodes that "started" at the epoch (its runtime 56 years)
+        job("x", [f"n{i}" for i in range(17)], "finished", T0 + 3600, end_state="COMPLETED", start_ts=0.0),
+        # a start record naming such a start: counted at once, and not again at its end
+        job("y", ["n1"], "started", T0, start_ts=T0 - 30 * 86400),
+        job("y", ["n1"], "failed", T0 + 60, end_state="NODE_FAIL", start_ts=T0 - 30 * 86400),
+        # a job may end a little after a 7-day limit: a run
+        job("long", ["n2"], "started", T0 - 7 * 86400, start_ts=T0 - 7 * 86400),
+        job("long", ["n2"], "finished", T0 + 1800, end_state="TIMEOUT", start_ts=T0 - 7 * 86400),
+    )
+    assert [(r[0], r[-1]) for r in runs(store)] == [
+        ("ok", None),
+        ("x", "run_too_long"),
+        ("y", "run_too_long"),
+        ("long", None),
+    ]
+    r = report.build(store, T0 - 86400, T0 + 2 * 86400)
+    assert r["taxonomy"]["runs"] == 2
+    assert r["r_f_per_1000_node_days"]["all_sizes"]["node_days"] == pytest.approx(1 + 7 + 1 / 48, abs=1e-3)
+    assert {q["what"]: q["count"] for q in r["data_quality"]} == {"run_too_long": 2}
+
+
+def test_the_same_end_delivered_twice_with_a_clock_ahead_is_one_end(store):
+    """slurmctld's clock 10 minutes ahead: each copy of an end record is bounded by its own broker
+    time, so the copies' times differ; the record's own time is the same, and so is the end."""
+    feed(store, job("j", ["n1"], "started", T0, start_ts=T0), job("k", ["n1"], "started", T0), broker_ts=T0)
+    ends = [
+        job("j", ["n1"], "failed", T0 + 4000, end_state="NODE_FAIL", start_ts=T0),
+        job("k", ["n1"], "failed", T0 + 4000, end_state="NODE_FAIL"),  # no start_ts: the open run's
+    ]
+    for broker in (T0 + 3400, T0 + 3402, T0 + 3650):  # a producer's retry, the publisher's re-send
+        feed(store, *ends, broker_ts=broker)
+    assert [r[2:4] for r in runs(store)] == [(T0 + 3400, "NODE_FAIL")] * 2
+    assert quality(store) == {"clock_ahead": 6}
+    # an end that differs still counts
+    feed(
+        store,
+        job("j", ["n1"], "finished", T0 + 4100, end_state="COMPLETED", start_ts=T0),
+        broker_ts=T0 + 4100,
+    )
+    assert quality(store) == {"clock_ahead": 6, "duplicate_end": 1}
+
+
+def test_steps_from_a_node_not_in_the_run_are_counted_and_change_nothing(store):
+    """Training code can name any job: one step under another job's id, from a node not in it,
+    moved the victim's checkpoint to its end (its lost progress from 1166 GPU-hours to 0.07)."""
+    feed(store, job("j", ["n1", "n2"], "started", T0, start_ts=T0))
+    ing = Ingest(store)
+    with store.transaction() as db:
+        ing.progress(
+            db,
+            "j",
+            ["n1", "evil", "n2"],
+            [
+                Progress(T0 + 600, T0 + 600),
+                Progress(T0 + 9000, T0 + 9000, T0 + 8999, 10**9, None),
+                Progress(T0 + 4000, T0 + 4000, T0 + 3600, 360, 30.0),
+            ],
+        )
+        ing.progress(db, "j", ["evil"], [Progress(T0 + 9500, T0 + 9500)])  # a batch of foreign steps only
+    row = store.db.execute("SELECT first_step_ts, last_step_ts, ckpt_ts, ckpt_step FROM runs").fetchone()
+    assert row == (T0 + 600, T0 + 4000, T0 + 3600, 360)
+    assert counted(store) == {"steps_not_in_job": 2}
+
+
+def test_steps_that_waited_for_their_run_are_judged_by_its_nodes_when_it_comes(store):
+    ing = Ingest(store)
+    with store.transaction() as db:
+        ing.progress(
+            db,
+            "j",
+            ["n1", "evil", "evil"],
+            [Progress(T0 + 60, T0 + 60), Progress(T0 + 900, T0 + 900, T0 + 899, 99, None), Progress(T0, T0)],
+        )
+        ing.progress(db, "p", ["n5"], [Progress(T0 + 60, T0 + 60, T0 + 50, 5, None)])
+    feed(store, job("j", ["n1"], "started", T0, start_ts=T0), job("p", [], "started", T0, start_ts=T0))
+    rows = store.db.execute(
+        "SELECT job, first_step_ts, last_step_ts, ckpt_ts FROM runs ORDER BY job"
+    ).fetchall()
+    # j: only n1's; p, whose job/1 lists no nodes yet, takes every step
+    assert rows == [("j", T0 + 60, T0 + 60, None), ("p", T0 + 60, T0 + 60, T0 + 50)]
+    assert store.db.execute("SELECT count(*) FROM pending_steps").fetchone()[0] == 0
+    assert counted(store) == {"steps_not_in_job": 1}  # one per node that waited
+
+
+def test_a_store_of_schema_1_is_read_by_the_report_and_upgraded_by_the_stage(tmp_path):
+    path = tmp_path / "a.sqlite"
+    s = Store(path)
+    feed(s, job("j", ["n1"], "started", T0, start_ts=T0), job("j", ["n1"], "finished", T0 + 60, start_ts=T0))
+    cols = ", ".join(c[1] for c in s.db.execute("PRAGMA table_info(runs)") if c[1] != "end_given_ts")
+    s.db.executescript(  # schema 1: no end_given_ts, progress waiting per job
+        f"""CREATE TABLE runs_1 AS SELECT {cols} FROM runs; DROP TABLE runs;
+            ALTER TABLE runs_1 RENAME TO runs; DROP TABLE pending_steps;
+            CREATE TABLE pending_steps (job TEXT PRIMARY KEY, first_ts REAL NOT NULL, last_ts REAL NOT NULL,
+                ckpt_ts REAL, ckpt_step INTEGER, ckpt_write_s REAL);
+            INSERT INTO pending_steps VALUES ('k', {T0}, {T0 + 10}, NULL, NULL, NULL);
+            UPDATE meta SET value = '1' WHERE key = 'schema_version';"""
+    )
+    s.close()
+    reader = Store(path, create=False)
+    assert report.build(reader, T0 - 60, T0 + 3600)["taxonomy"]["runs"] == 1
+    reader.close()
+    s = Store(path)
+    try:
+        version = s.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+        assert version == str(SCHEMA_VERSION)
+        assert "node" in {c[1] for c in s.db.execute("PRAGMA table_info(pending_steps)")}
+        # its waiting progress has no node to judge it by: dropped, and said so
+        assert s.db.execute("SELECT count(*) FROM pending_steps").fetchone()[0] == 0
+        assert quality(s) == {"steps_of_unknown_job": 1}
+        # an end stored before the upgrade, read again: the same end
+        feed(s, job("j", ["n1"], "finished", T0 + 60, start_ts=T0))
+        assert runs(s) == [("j", T0, T0 + 60, "COMPLETED", 1, 8, None)]
+        assert quality(s) == {"steps_of_unknown_job": 1}
+    finally:
+        s.close()

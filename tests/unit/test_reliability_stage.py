@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetwatch import topics
+from fleetwatch.bus import Record
 from fleetwatch.bus.memory import MemoryBus
 from fleetwatch.pipeline.reliability import report
 from fleetwatch.pipeline.reliability.ingest import Ingest
@@ -205,3 +206,67 @@ def test_a_ranks_clock_ahead_is_bounded_and_one_far_behind_is_kept_and_both_are_
     rows = acc.store.db.execute("SELECT what, sum(count) FROM quality GROUP BY what")
     quality = {what: n for what, n in rows}
     assert quality == {"clock_ahead": 1, "clock_behind": 1}
+
+
+def test_a_producers_timestamp_neither_expires_waiting_steps_nor_dates_a_quality_line(tmp_path):
+    """The findings topic keeps the writer's CreateTime, which any writer sets: one garbage record
+    stamped 2100 was the batch's data time, expired every waiting step and dated its own line."""
+    store = Store(tmp_path / "a.sqlite")
+    acc = Accounting(store, Ingest(store), CENSUS_KEY, DRAIN_KEY, None)
+
+    def rec(topic, offset, key, value, ts, log_append):
+        return Record(topic, 0, offset, key, value, int(ts * 1000), log_append)
+
+    # a job's steps come before its job/1: they wait
+    acc.apply([rec(topics.STEPS, 0, b"j", enc(step("j", "n1", T0 + 60, 1)), T0 + 60, True)], T0 + 60)
+    year_2100 = 4102444800.0
+    acc.apply(
+        [
+            rec(topics.FINDINGS, 0, b"n9", b"garbage", year_2100, False),
+            rec(topics.JOBS, 0, b"k", enc(job("k", ["n2"], "started", T0 + 120)), T0 + 120, True),
+        ],
+        T0 + 121,
+    )
+    assert store.db.execute("SELECT job, last_ts FROM pending_steps").fetchall() == [("j", T0 + 60)]
+    days = store.db.execute("SELECT what, day FROM quality").fetchall()
+    assert days == [("refused:fleet.findings.v1:not_json", int((T0 + 121) // 86400))]  # the reader's clock
+    # the run comes: it has its steps
+    acc.apply([rec(topics.JOBS, 1, b"j", enc(job("j", ["n1"], "started", T0)), T0 + 180, True)], T0 + 181)
+    assert store.db.execute("SELECT first_step_ts FROM runs WHERE job = 'j'").fetchone() == (T0 + 60,)
+
+
+def test_a_step_from_a_node_not_in_its_job_is_counted_and_changes_nothing(tmp_path):
+    clean = new_bus()
+    history(clean)
+    ref = stage(clean, tmp_path / "ref.sqlite")
+    drain(clean, ref)
+    bus = new_bus()
+    history(bus)
+    # another job's rank, on its own node, posts under j's id: a checkpoint at j's end
+    bus.append(
+        topics.STEPS,
+        b"j",
+        enc(step("j", "evil", T0 + 3599, 10**9, checkpoint_step=10**9, checkpoint_ts=T0 + 3599)),
+    )
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    got, want = figures(acc), figures(ref)
+    assert [(q["what"], q["count"]) for q in got.pop("data_quality")] == [("steps_not_in_job", 1)]
+    want.pop("data_quality")
+    assert got == want
+
+
+def test_without_the_drain_key_drain_results_are_left_for_when_it_is_given(tmp_path):
+    bus = new_bus()
+    history(bus)
+    path = tmp_path / "a.sqlite"
+    store = Store(path)
+    acc = Accounting(store, Ingest(store), CENSUS_KEY, None, bus.producer())
+    drain(bus, acc)
+    assert figures(acc)["lost_gpu_hours_by_cause"]["drained"] == 0
+    apply_all(bus, acc)  # handed the topic anyway: its offsets are not kept either
+    assert topics.DRAIN_RESULTS not in {t for t, _ in store.offsets()}
+    store.close()
+    again = stage(bus, path)  # restarted with the key: the results are read
+    drain(bus, again)
+    assert figures(again)["lost_gpu_hours_by_cause"]["drained"] > 0
