@@ -34,7 +34,12 @@ from fleetwatch.config import knob
 from fleetwatch.detectors.batch import GPU_COL, TelemetryBatch
 from fleetwatch.detectors.counters import decode_array, encode_array
 from fleetwatch.detectors.findings import Forgotten, IncidentBook, severity_score
-from fleetwatch.detectors.multivariate import STAT_NAMES, MultivariateParams, MultivariateScorer
+from fleetwatch.detectors.multivariate import (
+    STAT_NAMES,
+    MultivariateParams,
+    MultivariateScorer,
+    bonferroni_metric_p,
+)
 from fleetwatch.detectors.node_index import NodeIndex
 from fleetwatch.detectors.protocol import NodeContext
 from fleetwatch.detectors.rows import Compaction
@@ -162,9 +167,11 @@ class GpuStats:
             v = values[m].reshape(-1, _S)
             sc = self.scorer.update(grp, z)  # only this batch's GPUs: O(batch), not O(cluster)
             signal, stat = sc.strongest()
-            # each signal's own p (the smallest of its statistics' times their number), what the
-            # per-series scorer before it judged each series by
-            per_signal = sc.metric_p
+            # each signal's own p, what the per-series scorer before it judged each series by: the
+            # smallest of its statistics' times their number. Not the scorer's calibrated metric p:
+            # in a fleet's pool, a GPU that keeps heating fills the top of its signal's row with its
+            # own past samples, and that count, not the heat, sets its p (found at 0.999 no more)
+            per_signal = bonferroni_metric_p(sc.stat_p)
             # a GPU's sample is unusual when the whole of it is (the combined p: relations, several
             # signals at once) or one of its signals is on its own, each at the threshold: every
             # series keeps the per-series false-alarm rate it had, and the combination adds what

@@ -7,9 +7,10 @@ fed batches of samples: ``update(rows, x)`` with rows (n,) each sample's group a
 absent. Each sample gets a p-value: "a healthy group gives a p this small at most this often", so
 ``p <= 0.001`` (score >= 0.999) flags at most ~0.1 % of a healthy group's samples, as every other
 statistical score here (detectors/calibration.py). What goes into it is described with the
-compiled pass (detectors/multivariate_kernels.py): per metric a robust baseline and four
-statistics (point, short window, drift, relation to the other metrics), each calibrated against
-its own history with an exponential tail beyond the seen range; three families of evidence (the
+compiled pass (detectors/multivariate_kernels.py): per metric a robust baseline and five
+statistics (point, short window, drift, relation to the other metrics, step since the last
+sample), each calibrated against its own history with an exponential tail beyond the seen range,
+and their smallest p calibrated again as the metric's; three families of evidence (the
 strongest metric, several metrics at once, the levels' joint distance) combined by Cauchy's
 combination, and that calibrated again.
 
@@ -19,7 +20,7 @@ nodes in a few pools so that the histograms cost nothing per node. Every statist
 units of its own series' scale, so sharing a histogram compares like with like.
 
 Memory per group: 7 m floats of baselines, m x warmup (20) of warm-up values and 2 m^2 of
-covariance and its inverse (m = 19: 9.8 kB, 520 B a metric); per pool 4 m + 1 histograms of
+covariance and its inverse (m = 19: 9.8 kB, 520 B a metric); per pool 6 m + 3 histograms of
 (bins + 2) floats. ``nbytes()`` counts both.
 
 The parameters are chosen by principle (benchmarks/README.md, "Choosing the parameters"); one,
@@ -33,10 +34,10 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from fleetwatch.detectors.calibration import DEFAULT_BINS, DEFAULT_HI, DEFAULT_LO
-from fleetwatch.detectors.multivariate_kernels import N_STATS, STAT_NAMES, multivariate_pass
+from fleetwatch.detectors.multivariate_kernels import N_ROWS, N_STATS, STAT_NAMES, multivariate_pass
 from fleetwatch.detectors.rows import Compaction
 
-__all__ = ["STAT_NAMES", "MultivariateParams", "MultivariateScorer", "Scores"]
+__all__ = ["STAT_NAMES", "MultivariateParams", "MultivariateScorer", "Scores", "bonferroni_metric_p"]
 
 
 BASELINE_MEMORY_S = 86_400.0  # what the baseline and the relation model remember (for_interval)
@@ -97,8 +98,8 @@ class Scores:
     """One batch's output, each row a sample."""
 
     p: np.ndarray  # (n,) calibrated combined p-value, NaN while the group is still learning
-    stat_p: np.ndarray  # (n, m, 4) each metric's statistics' p-values (STAT_NAMES), NaN absent
-    metric_p: np.ndarray  # (n, m) each metric's own p: its statistics' smallest times their number
+    stat_p: np.ndarray  # (n, m, 5) each metric's statistics' p-values (STAT_NAMES), NaN absent
+    metric_p: np.ndarray  # (n, m) each metric's own p: its statistics' smallest, calibrated
     joint_p: np.ndarray  # (n,) the p-value of the levels' joint distance, NaN before the model
     z: np.ndarray  # (n, m) each metric's deviation from its baseline, in scales
 
@@ -114,6 +115,17 @@ class Scores:
         best = np.argmin(flat, axis=1)
         none = ~np.isfinite(flat[np.arange(n), best])
         return np.where(none, -1, best // s), np.where(none, -1, best % s)
+
+
+EARLIER_ROWS = 4  # calibration rows per metric of the release before the step and the metric's row
+
+
+def bonferroni_metric_p(stat_p: np.ndarray) -> np.ndarray:
+    """Each metric's p by Bonferroni's bound, (n, m) from stat_p (n, m, N_STATS): the smallest of its
+    statistics' p-values times their number, at most 1; NaN where it has none. Judged against no
+    history of its own, unlike Scores.metric_p: what a series' own persistent anomaly, filling its
+    pool's row of the metric's smallest p, cannot raise."""
+    return np.minimum(1.0, N_STATS * np.fmin.reduce(stat_p, axis=2))
 
 
 _STATE = (
@@ -139,7 +151,7 @@ class MultivariateScorer:
         self.pools = np.zeros(0, dtype=np.int64)
         self._alloc_groups(0)
         cols = self.params.bins + 2
-        self.hist = np.zeros((0, self.m, N_STATS, cols))
+        self.hist = np.zeros((0, self.m, N_ROWS, cols))
         self.comb = np.zeros((0, 3, cols))  # per pool: joint distance, truncated product, combination
 
     # -- layout ---------------------------------------------------------------------------------
@@ -285,7 +297,12 @@ class MultivariateScorer:
         # group existed holds none: its pools start empty here).
         cols = chosen.bins + 2
         hist, comb = np.asarray(st["hist"], dtype=np.float64), np.asarray(st["comb"], dtype=np.float64)
-        if hist.shape[1:] != (obj.m, N_STATS, cols) or comb.shape[1:] != (3, cols) or len(hist) != len(comb):
+        if hist.ndim == 4 and hist.shape[1:] == (obj.m, EARLIER_ROWS, cols):
+            # an earlier release's (point, short, drift, relation): the step's and the metric's rows
+            # learn afresh, the metric's p Bonferroni's bound until its row has history
+            new_rows = np.zeros((len(hist), obj.m, N_ROWS - EARLIER_ROWS, cols))
+            hist = np.concatenate([hist, new_rows], axis=2)
+        if hist.shape[1:] != (obj.m, N_ROWS, cols) or comb.shape[1:] != (3, cols) or len(hist) != len(comb):
             raise ValueError(f"snapshot histograms {hist.shape} and {comb.shape} do not fit {obj.m} metrics")
         obj._pool_rows(len(hist))  # pools no group is in are kept, as relayout keeps them
         obj.hist[: len(hist)] = hist

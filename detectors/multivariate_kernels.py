@@ -5,12 +5,15 @@ Per sample, in the group's order (state carried across batches):
 1. per metric, a robust baseline as RobustScorer's (EW level and mean absolute deviation, updates
    clipped to `clip` scales), started from its warm-up's median and trimmed mean absolute
    deviation (_robust_start), and its z;
-2. four statistics per metric, each a deviation >= 0:
+2. five statistics per metric, each a deviation >= 0:
    - point  |z|                                  (one sample far out)
    - short  |mean of the last 3 z|               (a short event: 3 samples of a moderate shift
                                                   stand out as one sample of sqrt(3) x the shift)
    - drift  two-sided CUSUM of the clipped z     (a sustained shift or ramp)
    - relation |(P y)_i| / sqrt(P_ii)             (the metric against what the others predict)
+   - step   |z_t - z_(t-1)|                      (the change since the last sample, whatever the
+                                                  baseline: a short event's first sample, or a
+                                                  series that turns rough while it stays in range)
    where y is each metric's level against its slow EW mean (~1 / cov_alpha samples) in EW
    standard deviations (clipped at 2 x clip), P the inverse of the group's shrunk EW correlation
    of those levels (refreshed every `refresh` complete samples): (P y)_i / sqrt(P_ii) is the
@@ -21,8 +24,11 @@ Per sample, in the group's order (state carried across batches):
    the decayed histogram's conformal tail, extrapolated beyond the row's top `q_tail` by an
    exponential tail fitted to the weight above it (tail_model, tail_p), so a far-out value is not
    capped at 1 / (history + 1) (the saturation that kept one strong metric from speaking);
-4. per metric, the smallest of its statistics' p-values times their number (Bonferroni within
-   the metric: out_metric_p);
+4. per metric, the smallest of its statistics' p-values, calibrated against the metric's own row
+   (out_metric_p): the smallest p's distribution under the dependence of this metric's
+   statistics, which move together (a jump is far from the baseline, from the last sample and
+   from the short window at once), where Bonferroni's bound (the smallest times their number,
+   used while that row has too little history) charged each metric for five independent tests;
 5. three families of evidence, each a p-value: the metrics' p combined by Cauchy's combination
    (Liu and Xie, JASA 2020; each p taken at most 0.5, cauchy_term: valid under dependence for
    small p, led by the smallest, so one strong metric speaks); several metrics at once (the
@@ -44,8 +50,10 @@ import numpy as np
 from numba import njit
 
 TPM_TAU = 0.05  # the truncated product's truncation (Zaykin et al.'s usual choice)
-N_STATS = 4  # point, short, drift, relation (the last axis of the histograms and of stat_p)
-STAT_NAMES = ("point", "short", "drift", "relation")
+N_STATS = 5  # point, short, drift, relation, step (the last axis of stat_p)
+STAT_NAMES = ("point", "short", "drift", "relation", "step")
+# calibration rows per metric: one per statistic, then the metric's own (its statistics' smallest p)
+N_ROWS = N_STATS + 1
 
 
 @njit(cache=True, inline="always")
@@ -203,7 +211,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     out_p: np.ndarray,  # (n,) the calibrated combined p-value
     out_joint_p: np.ndarray,  # (n,) the joint distance's p-value
     out_stat_p: np.ndarray,  # (n, M, S) each statistic's p-value
-    out_metric_p: np.ndarray,  # (n, M) each metric's p: its statistics' smallest, times their number
+    out_metric_p: np.ndarray,  # (n, M) each metric's p: its statistics' smallest, calibrated
     out_z: np.ndarray,  # (n, M) each metric's z
     sequential: bool,  # learn each sample before scoring the next (one stream), not once a batch
 ) -> None:
@@ -215,15 +223,16 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     n_pools = hist.shape[0]
     cols = hist.shape[3]
     bins = cols - 2
-    s_n = hist.shape[2]
+    rows_n = hist.shape[2]  # N_ROWS: the statistics' rows, then the metric's own
+    s_n = rows_n - 1
 
     present = np.zeros(n_pools, dtype=np.bool_)
     for j in range(n):
         present[pools[rows[j]]] = True
     # the tails of every row of the present pools, as they were before this batch
-    flat = hist.reshape(n_pools * m * s_n, cols)
-    suffix = np.zeros((n_pools * m * s_n, cols + 1))
-    model = np.zeros((n_pools * m * s_n, 3))
+    flat = hist.reshape(n_pools * m * rows_n, cols)
+    suffix = np.zeros((n_pools * m * rows_n, cols + 1))
+    model = np.zeros((n_pools * m * rows_n, 3))
     # per pool: row 0 the joint distance, 1 the truncated product, 2 the combination
     grp = comb.reshape(n_pools * 3, cols)
     grp_suffix = np.zeros((n_pools * 3, cols + 1))
@@ -231,10 +240,10 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     for q in range(n_pools):
         if present[q]:
             _pool_models(
-                flat, grp, suffix, model, grp_suffix, grp_model, q, m * s_n, lo, width, q_tail, min_tail
+                flat, grp, suffix, model, grp_suffix, grp_model, q, m * rows_n, lo, width, q_tail, min_tail
             )
     # what this batch adds, per row
-    counts = np.zeros((n_pools * m * s_n, cols))
+    counts = np.zeros((n_pools * m * rows_n, cols))
     grp_counts = np.zeros((n_pools * 3, cols))
 
     zt = np.empty(m)
@@ -282,6 +291,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             out_stat_p[j, i, 0] = abs(zi)
             out_stat_p[j, i, 1] = abs(zi + z1[g, i] + z2[g, i]) / 3.0 if c >= warmup + 2 else np.nan
             out_stat_p[j, i, 2] = max(cp, cn)
+            out_stat_p[j, i, 4] = abs(zi - z1[g, i]) if c >= warmup + 1 else np.nan
             z2[g, i] = z1[g, i]
             z1[g, i] = zi
             ec = zc * s_eff
@@ -330,8 +340,8 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 prec[g] = np.linalg.inv(corr)
         # each deviation to its p-value, and learnt: every sample, flagged or not (leaving flags
         # out thins the tail they come from, which flags more, which thins it more: tried, a
-        # healthy group ran away to 1-3 %); per metric the smallest of its statistics' p times
-        # their number (Bonferroni within a metric)
+        # healthy group ran away to 1-3 %); per metric the smallest of its statistics' p,
+        # calibrated against the metric's own row (Bonferroni's bound while that row is short)
         t = 0.0
         n_p = 0
         tpm = 0.0
@@ -341,7 +351,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 dv = out_stat_p[j, i, s]
                 if math.isnan(dv):
                     continue
-                r = (q * m + i) * s_n + s
+                r = (q * m + i) * rows_n + s
                 p = tail_p(flat[r], suffix[r], model[r], dv, lo, width, min_weight)
                 col, _u = _column(dv, lo, width, bins)
                 counts[r, col] += 1.0
@@ -349,7 +359,13 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 if not math.isnan(p) and not p >= best:
                     best = p
             if not math.isnan(best):
-                pm = min(1.0, s_n * best)
+                dm = -math.log(max(best, 1e-300))
+                r = (q * m + i) * rows_n + s_n
+                pm = tail_p(flat[r], suffix[r], model[r], dm, lo, width, min_weight)
+                col, _u = _column(dm, lo, width, bins)
+                counts[r, col] += 1.0
+                if math.isnan(pm):  # the metric's row is short of history: Bonferroni's bound
+                    pm = min(1.0, s_n * best)
                 out_metric_p[j, i] = pm
                 t += cauchy_term(pm)
                 n_p += 1
@@ -385,15 +401,15 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
             col, _u = _column(dc, lo, width, bins)
             grp_counts[rc, col] += 1.0
         if sequential:  # the next sample sees this one in its calibration: a stream's exact order
-            _pool_learn(flat, grp, counts, grp_counts, q, m * s_n, decay)
+            _pool_learn(flat, grp, counts, grp_counts, q, m * rows_n, decay)
             _pool_models(
-                flat, grp, suffix, model, grp_suffix, grp_model, q, m * s_n, lo, width, q_tail, min_tail
+                flat, grp, suffix, model, grp_suffix, grp_model, q, m * rows_n, lo, width, q_tail, min_tail
             )
 
     if not sequential:
         for q in range(n_pools):
             if present[q]:
-                _pool_learn(flat, grp, counts, grp_counts, q, m * s_n, decay)
+                _pool_learn(flat, grp, counts, grp_counts, q, m * rows_n, decay)
 
 
 @njit(cache=True)
