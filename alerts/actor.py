@@ -51,7 +51,7 @@ from fleetwatch.alerts.policy import (
     NodeState,
     Policy,
 )
-from fleetwatch.alerts.slurm_nodes import HELD_REASONS
+from fleetwatch.alerts.slurm_nodes import HELD_REASONS, out_of_service
 from fleetwatch.census import Census
 from fleetwatch.detectors import findings
 from fleetwatch.pipeline.tasks import Output, Refused
@@ -422,7 +422,7 @@ class Actor:
             # gap, nor after a failed flush: then only the ts decides, as it did before.
             if st.confirmed_seen is not None and seen is not None and seen <= st.confirmed_seen:
                 continue
-            if str(rec["state"]).startswith(("drain", "down", "fail", "maint")) or rec["maintenance"]:
+            if out_of_service(str(rec["state"])) or rec["maintenance"]:
                 continue
             if self.policy.released_by_hand(st, now):
                 self.metrics.resumed_by_hand.inc()

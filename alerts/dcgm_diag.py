@@ -28,7 +28,10 @@ What dcgmi prints and returns (NVIDIA/DCGM, read at 72fa3fe = DCGM 4.6.0, b0ec3c
 The rules (`parse_diag`):
 
 - A run passes only if the exit status is 0 AND the output holds a JSON document of a known shape
-  AND no result or test summary says Fail AND at least one result says Pass.
+  AND no result or test summary says Fail AND at least one result says Pass AND, where the caller
+  says how many GPUs Slurm configures on the node, that many distinct GPUs have a passing result
+  (a run whose results name no GPU, 3.x's level 1, counts the GPUs it lists: `GPU Device IDs`,
+  4.x `entity_groups`). A GPU lost from the bus (XID 79) is invisible to DCGM, never failed by it.
 - **Skip does not fail**: DCGM skips tests that do not apply to a GPU's SKU, the run's privileges or
   configuration (EUD without root, stress tests on SKUs absent from diag-skus.yaml); failing those
   would keep healthy nodes drained for good. They are listed in `warnings`. A run in which nothing
@@ -41,8 +44,9 @@ The rules (`parse_diag`):
 - Exit 0 with a Fail in the JSON fails (trust the stronger signal: 3.x exits 0 for a warning that
   its JSON calls Fail). A non-zero exit fails whatever the JSON says: the failures it names are
   listed, or, where it names none, the exit status and its meaning.
-- Output that is not JSON, truncated, too big (over MAX_OUTPUT_CHARS), nested too deep, with NaN, or
-  of an unknown shape fails with a clear detail; nothing here raises.
+- Output that is not JSON, truncated, too big (over MAX_OUTPUT_CHARS, or cut by the caller's
+  reader: `truncated`), nested too deep, with NaN, or of an unknown shape fails with a clear
+  detail; nothing here raises.
 
 Every string put in an outcome is bounded (MAX_TEXT) and stripped of control, format and
 line-separator characters: it ends up in an alert and in Slurm's Reason.
@@ -244,7 +248,7 @@ def _load_json(text: str) -> tuple[Any, str]:
         except RecursionError:
             return None, "JSON nested too deep"
         except (ValueError, MemoryError) as e:  # JSONDecodeError is a ValueError; so are huge ints
-            why = why or f"not valid JSON, truncated? ({clean_text(e, 80)})"
+            why = why or f"not valid JSON, truncated? ({clean_text(str(e), 80)})"
             continue
         if _root_key(doc) is not None:
             return doc, ""
@@ -272,6 +276,8 @@ class _Tally:
     passed: int = 0
     tests: int = 0
     results: int = 0
+    gpu_results: int = 0  # results that name a GPU
+    gpus_passed: set[int] = field(default_factory=set)  # the GPUs with a result that passed
 
     def fail(self, test: str, gpu: int | None, message: str) -> None:
         self.failed += 1
@@ -382,8 +388,12 @@ def _walk_test(test: dict[str, Any], tally: _Tally) -> None:
         gpu, label = _entity(result)
         where = f" on GPU {gpu}" if gpu is not None else (f" on {label}" if label else "")
         status = _status(result.get("status"))
+        if gpu is not None:
+            tally.gpu_results += 1
         if status == _PASS:
             tally.passed += 1
+            if gpu is not None:
+                tally.gpus_passed.add(gpu)
         elif status == _SKIP:
             tally.warn(f"{name} skipped{where}")
         elif status == _WARN:
@@ -411,6 +421,25 @@ def _walk_test(test: dict[str, Any], tally: _Tally) -> None:
         tally.passed += 1
 
 
+def _gpus_shown(doc: dict[str, Any], tally: _Tally) -> int:
+    """How many GPUs the run showed healthy: those with a passing result; in a run whose results
+    name no GPU (DCGM 3.x at level 1: deployment tests only), those it lists as tested (3.x `GPU
+    Device IDs`, 4.x `entity_groups`)."""
+    if tally.gpu_results:
+        return len(tally.gpus_passed)
+    listed = doc.get("GPU Device IDs")
+    if isinstance(listed, list):
+        return len(listed)
+    groups = doc.get("entity_groups")
+    for group in groups if isinstance(groups, list) else []:
+        if isinstance(group, dict) and (
+            group.get("entity_group_id") == _GPU_GROUP_ID or group.get("entity_group") == "GPU"
+        ):
+            entities = group.get("entities")
+            return len(entities) if isinstance(entities, list) else 0
+    return 0
+
+
 def _outcome(passed: bool, shape: str, tally: _Tally, detail: str) -> DiagOutcome:
     return DiagOutcome(
         passed=passed,
@@ -421,27 +450,30 @@ def _outcome(passed: bool, shape: str, tally: _Tally, detail: str) -> DiagOutcom
     )
 
 
-def parse_diag(stdout: str, returncode: int) -> DiagOutcome:
+def parse_diag(stdout: str, returncode: int, expected_gpus: int = 0, truncated: bool = False) -> DiagOutcome:
     """The outcome of one `dcgmi diag -r <level> -j` run from its stdout and exit status. Never
     raises. It passes only with exit 0, a JSON document of a known shape, no Fail (or unrecognised
-    status) anywhere and at least one Pass. Skip and Warn do not fail (DCGM skips what does not
-    apply to a SKU or configuration, and its own exit status does not count warnings) but are
-    listed in `warnings`; the module's docstring has the details and the sources."""
+    status) anywhere, at least one Pass, and, where `expected_gpus` (the count Slurm configures on
+    the node) is given, that many GPUs tested and passed. Skip and Warn do not fail (DCGM skips what
+    does not apply to a SKU or configuration, and its own exit status does not count warnings) but
+    are listed in `warnings`; the module's docstring has the details and the sources. `truncated`:
+    the caller kept only part of the output (it fails, as output over MAX_OUTPUT_CHARS does)."""
     try:
-        return _parse_diag(_as_text(stdout), returncode)
+        return _parse_diag(_as_text(stdout), returncode, expected_gpus, truncated)
     except Exception as e:  # the rules above should leave nothing; a validation must still answer
         failure = DiagFailure("dcgmi", None, clean_text(f"unreadable output ({type(e).__name__})"))
         return DiagOutcome(False, SHAPE_NONE, (failure,), (), failure.message)
 
 
-def _parse_diag(text: str, returncode: object) -> DiagOutcome:
+def _parse_diag(text: str, returncode: object, expected_gpus: int, truncated: bool) -> DiagOutcome:
     tally = _Tally()
     if not isinstance(returncode, int) or isinstance(returncode, bool):
         tally.fail("dcgmi", None, f"no exit status ({clean_text(returncode, 40)})")
         return _outcome(False, SHAPE_NONE, tally, "dcgmi diag gave no exit status")
     exit_text = _exit_text(returncode)
-    if len(text) > MAX_OUTPUT_CHARS:
-        tally.fail("dcgmi", None, f"{exit_text}; output too large ({len(text)} characters)")
+    if truncated or len(text) > MAX_OUTPUT_CHARS:
+        size = "cut by the reader" if truncated else f"{len(text)} characters"
+        tally.fail("dcgmi", None, f"{exit_text}; output too large ({size})")
         return _outcome(False, SHAPE_NONE, tally, f"dcgmi diag {exit_text}: output over {MAX_OUTPUT_CHARS}")
     doc, why = _load_json(text)
     root_key = _root_key(doc)
@@ -458,6 +490,13 @@ def _parse_diag(text: str, returncode: object) -> DiagOutcome:
         tally.fail("dcgmi", None, f"{exit_text} though no test in its JSON failed")
     elif returncode == EXIT_OK and not tally.failed and not tally.passed:
         tally.fail("dcgmi", None, "no test passed" + (" (all skipped)" if tally.warned else ""))
+    elif returncode == EXIT_OK and not tally.failed and _gpus_shown(doc, tally) < expected_gpus:
+        tally.fail(
+            "dcgmi",
+            None,
+            f"only {_gpus_shown(doc, tally)} of the {expected_gpus} GPUs Slurm configures on the node "
+            "were tested and passed (a GPU DCGM cannot see is never tested)",
+        )
     passed = returncode == EXIT_OK and not tally.failures
     verdict = "passed" if passed else "failed"
     return _outcome(passed, shape, tally, f"dcgmi diag {verdict} ({shape}, {exit_text}): {counts}")

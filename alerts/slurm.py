@@ -13,16 +13,27 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from typing import IO
 
 import hostlist
 
 log = logging.getLogger(__name__)
 
-_FIELD_END = "\x1e"  # ASCII record separator: a suffix sinfo -O appends to a field (no Comment has it)
-MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # of a validation's output read back (dcgm_diag parses at most this)
+_FIELD_END = "\x1e"  # ASCII record separator: a suffix sinfo -O appends to each field
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # of each stream of a validation's output kept (the rest is dropped)
+_READ_CHUNK = 64 * 1024
+_READER_JOIN_S = 5.0  # how long the output of a job that has ended may take to drain
+_STATE_FLAGS = "*~#!%$@^-"  # sinfo's suffixes to a state (not responding, powered down, ...)
+# sinfo -N, one row per node and partition: name, state, features, then the reason, which is free
+# text (it may hold newlines, or "|"); each field ends with _FIELD_END, so none can pass for a row
+_NODE_FIELDS = ("NodeList", "StateLong", "Features", "Reason")
+_PLAIN = r"[^\x1e\n]*\x1e"  # a field that holds neither the separator nor a newline, its end
+_NODE_ROW = re.compile(
+    rf"({_PLAIN})({_PLAIN})({_PLAIN})(.*?\x1e)\n?(?={_PLAIN}{_PLAIN}{_PLAIN}|\Z)", re.DOTALL
+)
 TAG = "fleetwatch"  # every reason fleetwatch writes starts with it; resume only lifts those drains
 # ... and ends with its request's token: a human's "fleetwatch false positive? keep drained" starts
 # with the word too, and must not be taken for fleetwatch's drain (lifted by a resume, overwritten)
@@ -49,26 +60,113 @@ class SlurmOutputNotUnderstood(SlurmError):
     to wait out by retrying."""
 
 
+class ReservationsNotUnderstood(SlurmOutputNotUnderstood):
+    """Some reservation's node list could not be read; `nodes`: the MAINT nodes of the others (one
+    unreadable reservation must not hide what the rest say)."""
+
+    def __init__(self, message: str, nodes: set[str]) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+
+
 class JobTimeout(Exception):
     """A job (the validation) ran past its time and was cancelled: the job's failure, not Slurm's."""
+
+
+def state_parts(state: str) -> list[str]:
+    """A sinfo state's parts, lower case, flags stripped: "mixed+drain*" -> ["mixed", "drain"]
+    (a compound state names its base state and its flags, each of which counts)."""
+    return [part.rstrip(_STATE_FLAGS) for part in state.lower().split("+")]
 
 
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
-    state: str  # sinfo %T, e.g. idle, drained, draining, mixed, idle*
+    state: str  # sinfo %T, e.g. idle, drained, draining, mixed, idle*, idle+drain
     reason: str  # sinfo %E ("none" when unset)
 
     @property
     def drained(self) -> bool:
-        return self.state.rstrip("*~#!%$@^-").startswith(("drain", "drained", "draining"))
+        """Drained or draining (the drain flag, in any part of a compound state)."""
+        return any(part.startswith("drain") for part in state_parts(self.state))
+
+    @property
+    def draining(self) -> bool:
+        """Drained with jobs still running on it (draining, mixed+drain, allocated+drain)."""
+        parts = state_parts(self.state)
+        busy = any(part.startswith(("mix", "alloc", "completing")) for part in parts)
+        return "draining" in parts or (self.drained and busy)
+
+    @property
+    def down(self) -> bool:
+        """DOWN or FAIL (people or Slurm hold it), in any part of a compound state."""
+        return any(part.startswith(("down", "fail")) for part in state_parts(self.state))
+
+
+class JobOutput(subprocess.CompletedProcess[str]):
+    """A job's exit status and output; `truncated`: a stream printed more than MAX_OUTPUT_BYTES,
+    and only that much of it was kept."""
+
+    def __init__(self, args: list[str], returncode: int, stdout: str, stderr: str, truncated: bool) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self.truncated = truncated
+
+
+class _CappedReader(threading.Thread):
+    """Reads a pipe to its end, keeping its first `limit` bytes: the rest is read and dropped, so a
+    job that prints without end neither blocks on a full pipe nor fills this host."""
+
+    def __init__(self, stream: IO[bytes], limit: int) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.limit = stream, limit
+        self.kept = bytearray()
+        self.truncated = False
+
+    def run(self) -> None:
+        with self.stream:
+            while chunk := self.stream.read(_READ_CHUNK):
+                room = self.limit - len(self.kept)
+                if room > 0:
+                    self.kept += chunk[:room]
+                if len(chunk) > room:
+                    self.truncated = True
+
+    def text(self) -> str:
+        return bytes(self.kept).decode("utf-8", "replace")
+
+
+def _one_row(text: str) -> str:
+    """The field of a one-field sinfo -O output that repeats it once per partition ("C<sep>\\n" k
+    times): the shortest row that, repeated, makes the whole. The field may hold the separator
+    itself (cut at its first one, an operator's Comment was written back cut); where no row
+    repeats, all of it up to its last separator."""
+    row_end = text.find(_FIELD_END)
+    while row_end != -1:
+        row = text[: row_end + 1] + "\n"
+        if len(text) % len(row) == 0 and row * (len(text) // len(row)) == text:
+            return row[:-2]
+        row_end = text.find(_FIELD_END, row_end + 1)
+    return text[: text.rfind(_FIELD_END)]
+
+
+def _reservation_fields(line: str) -> dict[str, str]:
+    """One reservation of `scontrol show reservation -o`: its fields up to its Comment, which Slurm
+    prints last and which is free text (a "State=" or "Nodes=" in it must not pass for a field)."""
+    fixed = line.split(" Comment=", 1)[0]
+    return dict(kv.split("=", 1) for kv in fixed.split() if "=" in kv)
 
 
 class SlurmClient:
     def __init__(
-        self, slurm_conf: str | None = None, timeout_s: float = 30.0, node_cache_s: float = 60.0
+        self,
+        slurm_conf: str | None = None,
+        timeout_s: float = 30.0,
+        node_cache_s: float = 60.0,
+        tools: tuple[str, ...] = (),
     ) -> None:
-        for tool in ("sinfo", "scontrol"):
+        """`tools`: the other Slurm commands the caller needs (a validation's srun and scancel),
+        checked here with sinfo and scontrol: one missing is found at start, not by each request."""
+        for tool in ("sinfo", "scontrol", *tools):
             if shutil.which(tool) is None:
                 raise SlurmError(f"{tool} not found (apt-get install slurm-client)")
         self.env = dict(os.environ)
@@ -95,6 +193,8 @@ class SlurmClient:
             )
         except subprocess.TimeoutExpired:
             raise SlurmError(f"{argv[0]} did not answer in {self.timeout_s:.0f} s") from None
+        except OSError as e:  # the tool gone, no memory to start it: Slurm unusable for now, retried
+            raise SlurmError(f"{argv[0]} could not be run: {e}") from None
 
     def nodes(self, refresh: bool = False) -> set[str]:
         """Node names Slurm knows (cached; refreshed when asked or when the cache is old)."""
@@ -129,7 +229,7 @@ class SlurmClient:
         r = self._run(["sinfo", "-h", "-N", "-n", node, "-O", f"Comment:0{_FIELD_END}"])
         if r.returncode != 0 or _FIELD_END not in r.stdout:
             raise SlurmError(f"sinfo -n {node} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
-        text = r.stdout.split(_FIELD_END, 1)[0].strip()
+        text = _one_row(r.stdout).strip()
         return "" if text == "(null)" else text
 
     def update(self, node: str, state: str, reason: str | None = None, comment: str | None = None) -> None:
@@ -145,22 +245,23 @@ class SlurmClient:
     def node_states(self) -> list[tuple[NodeInfo, tuple[str, ...]]]:
         """Every node with its state, reason and features (one sinfo call, one line per node:
         `-N` repeats a node once per partition, the first is kept)."""
-        r = self._run(["sinfo", "-h", "-N", "-o", "%N|%T|%f|%E"])
+        fields = ",".join(f"{field}:0{_FIELD_END}" for field in _NODE_FIELDS)
+        r = self._run(["sinfo", "-h", "-N", "-O", fields])
         if r.returncode != 0:
             raise SlurmError(f"sinfo failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
         out: dict[str, tuple[NodeInfo, tuple[str, ...]]] = {}
-        for line in r.stdout.splitlines():
-            parts = line.split("|", 3)  # the reason is last: it may hold "|"
-            if len(parts) != 4 or not parts[0].strip() or parts[0].strip() in out:
+        for row in _NODE_ROW.finditer(r.stdout):
+            name, state, features, reason = (p[:-1].strip() for p in row.groups())
+            if not name or name in out:
                 continue
-            name, state, features, reason = (p.strip() for p in parts)
             feats = () if features in ("", "(null)") else tuple(f for f in features.split(",") if f)
             out[name] = (NodeInfo(name, state, "" if reason == "none" else reason), feats)
         return list(out.values())
 
     def maintenance_nodes(self, except_prefix: str = "") -> set[str]:
         """Nodes of the ACTIVE reservations flagged MAINT (scontrol show reservation, one per line),
-        but those named `except_prefix...` (the adapter's own validations)."""
+        but those named `except_prefix...` (the adapter's own validations). A reservation whose
+        node list cannot be read raises ReservationsNotUnderstood, with the nodes of the others."""
         r = self._run(["scontrol", "show", "reservation", "-o"])
         if r.returncode != 0:
             if "No reservations" in r.stdout + r.stderr:
@@ -169,8 +270,9 @@ class SlurmClient:
                 f"scontrol show reservation failed (rc {r.returncode}): {r.stderr.strip()[:300]}"
             )
         nodes: set[str] = set()
+        unread: list[str] = []
         for line in r.stdout.splitlines():
-            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            fields = _reservation_fields(line)
             flags = set(fields.get("Flags", "").split(","))
             ours = bool(except_prefix) and fields.get("ReservationName", "").startswith(except_prefix)
             if (
@@ -181,11 +283,12 @@ class SlurmClient:
             ):
                 try:
                     nodes.update(hostlist.expand_hostlist(fields["Nodes"]))
-                except (hostlist.BadHostlist, RecursionError) as e:  # read as Slurm not answering
-                    why = f"{fields.get('ReservationName', '?')[:80]}: {str(e) or type(e).__name__}"
-                    raise SlurmOutputNotUnderstood(
-                        f"a reservation's node list not understood ({why})"
-                    ) from None
+                except (hostlist.BadHostlist, RecursionError) as e:
+                    unread.append(f"{fields.get('ReservationName', '?')[:80]}: {str(e) or type(e).__name__}")
+        if unread:
+            raise ReservationsNotUnderstood(
+                f"a reservation's node list not understood ({'; '.join(unread[:3])})", nodes
+            )
         return nodes
 
     # ------------------------------------------------------------ validation (alerts/validation.py)
@@ -204,8 +307,19 @@ class SlurmClient:
         return total, first or None
 
     def reservation_exists(self, name: str) -> bool:
+        """Whether Slurm has the reservation. Only Slurm's own "Reservation NAME not found" (exit 1,
+        scontrol/info_res.c) means it has not: any other failure (slurmctld not answering) raises
+        SlurmError. Taken for absent, it ended a failed test `rejected_not_ours` with the node left
+        in service inside a reservation without end."""
         r = self._run(["scontrol", "show", "reservation", name, "-o"])
-        return r.returncode == 0 and f"ReservationName={name} " in r.stdout
+        if r.returncode == 0 and f"ReservationName={name} " in r.stdout:
+            return True
+        if r.returncode != 0 and f"Reservation {name} not found" in r.stdout + r.stderr:
+            return False
+        raise SlurmError(
+            f"scontrol show reservation {name} failed (rc {r.returncode}): "
+            f"{(r.stderr.strip() or r.stdout.strip())[:300]}"
+        )
 
     def create_reservation(self, name: str, node: str, user: str) -> None:
         """A MAINT reservation of `node` for `user` from now, with no end: no job but that user's can
@@ -240,7 +354,7 @@ class SlurmClient:
         timeout_s: float,
         gpus: int = 0,
         partition: str | None = None,
-    ) -> subprocess.CompletedProcess[str]:
+    ) -> JobOutput:
         """Run `argv` as a one-task job on `node` inside `reservation` (srun: its output and exit
         status come back here); the whole node and all its GPUs, so the test sees every GPU and
         nothing else runs beside it. Past timeout_s the job is cancelled and JobTimeout says so."""
@@ -260,20 +374,26 @@ class SlurmClient:
             cmd.append(f"--gres=gpu:{gpus}")
         if partition:
             cmd.append(f"--partition={partition}")
-        # Output to files, read back bounded: whatever the node prints cannot fill this process.
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                rc = subprocess.run(
-                    [*cmd, *argv], env=self.env, stdout=out, stderr=err, timeout=timeout_s, check=False
-                ).returncode
-            except subprocess.TimeoutExpired:
-                self.cancel_reservation_jobs(reservation)  # srun is killed; its job too
-                raise JobTimeout(f"the validation on {node} did not finish in {timeout_s:.0f} s") from None
-            texts = []
-            for f in (out, err):
-                f.seek(0)
-                texts.append(f.read(MAX_OUTPUT_BYTES + 1).decode("utf-8", "replace"))
-        return subprocess.CompletedProcess(cmd, rc, texts[0], texts[1])
+        # Output through pipes, each kept up to MAX_OUTPUT_BYTES and the rest dropped: whatever the
+        # node prints fills neither this process nor this host's disk
+        proc = subprocess.Popen(
+            [*cmd, *argv], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
+        )
+        readers = [_CappedReader(stream, MAX_OUTPUT_BYTES) for stream in (proc.stdout, proc.stderr) if stream]
+        for reader in readers:
+            reader.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            self.cancel_reservation_jobs(reservation)  # srun is killed; its job too
+            raise JobTimeout(f"the validation on {node} did not finish in {timeout_s:.0f} s") from None
+        finally:
+            for reader in readers:
+                reader.join(_READER_JOIN_S)
+        out, err = readers
+        return JobOutput(cmd, rc, out.text(), err.text(), out.truncated or err.truncated)
 
     def cancel_reservation_jobs(self, reservation: str) -> None:
         """scancel every job of `reservation` (a validation cut short by a stop); best effort."""

@@ -71,7 +71,13 @@ from fleetwatch.alerts.slurm import (
     reason_token,
 )
 from fleetwatch.alerts.slurm_nodes import DRAINED_BY_OTHER, NodeStatePublisher, held_by
-from fleetwatch.alerts.validation import RESERVATION_PREFIX, ValidationSettings, Validator, reservation_name
+from fleetwatch.alerts.validation import (
+    RESERVATION_PREFIX,
+    ValidationSettings,
+    Validator,
+    reservation_name,
+)
+from fleetwatch.alerts.validation import TOOLS as VALIDATION_TOOLS  # srun, scancel
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.deadletter import send_deadletter
@@ -159,6 +165,11 @@ class Retry(Exception):
     """Slurm did not answer; try this request again later."""
 
 
+class TakenOver(Exception):
+    """Before its test, the node stopped being fleetwatch's to validate: someone drained it or set
+    it DOWN with a Reason of their own, or resumed it by hand. The validation ends not_ours."""
+
+
 class Drainer:
     def __init__(
         self,
@@ -190,6 +201,9 @@ class Drainer:
         # validations running on their own threads, by request id; their ends, for the main loop
         # (the copy that started each: its answer is the validation's)
         self._running: dict[str, tuple[Target, threading.Thread]] = {}
+        # the main loop reads _running while validation threads remove their entries: every access
+        # under this lock (iterated bare, it raised "dictionary changed size during iteration")
+        self._running_lock = threading.Lock()
         self._finished: queue.Queue[tuple[Target, str, str]] = queue.Queue()
         self._unacked: list[tuple[Target, str, str]] = []  # answers sent, not yet acknowledged
         self._stopping = threading.Event()
@@ -266,8 +280,9 @@ class Drainer:
             # up): never executed, and not answered (that act waits for no result)
             return self._reject(raw, None, "dry_run", "a dry-run request is never executed", source, topic)
         rid, node, action = msg["request_id"], msg["node"], msg["action"]
-        if rid in self._running:
-            if self._running[rid][0] != target_of(msg):
+        running = self._running_target(rid)
+        if running is not None:
+            if running != target_of(msg):
                 # another copy of the request under validation (act asked again): its answer is the
                 # validation's, to the copy that started it; this one waits, nothing done
                 return self._done(msg, "deferred", f"a validation of {node} before its resume is under way")
@@ -380,7 +395,9 @@ class Drainer:
         shows how it ended."""
         assert self.validator is not None
         rid, node = msg["request_id"], msg["node"]
-        if interrupted:
+        # a verdict journalled before the interruption is carried out, whatever Slurm's state
+        # suggests (a failed test's node, in service inside its reservation, read as a pass)
+        if interrupted and self.journal.verdict(rid) is None:
             held = self.slurm.reservation_exists(reservation_name(node))
             if not info.drained and not held:
                 self.journal.finish(rid, "executed", "found done after a restart", "executed")
@@ -391,9 +408,12 @@ class Drainer:
                 why = info.reason.removeprefix(f"{TAG}: ")
                 self.journal.finish(rid, "rejected", why, "validation_failed")
                 return self._done(msg, "validation_failed", why)
-            if info.drained and not ours(info.reason):
+            if (info.drained or info.down) and not ours(info.reason):
+                if held:  # left, only the adapter's user could run jobs there after their RESUME
+                    self.validator.release(node)
                 prior = Entry(rid, node, "resume", "executing", "", None)
-                return self._refuse(msg, prior, source, f"drained by someone else: {info.reason}")
+                why = f"taken over by someone else: {info.state}: {info.reason}"
+                return self._refuse(msg, prior, source, why)
         self._submit(target_of(msg))
         return "validating"
 
@@ -401,19 +421,35 @@ class Drainer:
 
     def _submit(self, target: Target) -> None:
         rid, node = target[0], target[1]
-        if rid in self._running:
-            return  # a redelivery of the request whose test is running now
         t = threading.Thread(
             target=self._validation_job, args=(target,), name=f"validate-{node}", daemon=True
         )
-        self._running[rid] = (target, t)
+        with self._running_lock:
+            if rid in self._running:
+                return  # a redelivery of the request whose test is running now
+            self._running[rid] = (target, t)
         t.start()
         log.info("validating %s before its resume (request %s): %s", node, rid, self.validator_label())
 
     @property
     def busy(self) -> bool:
         """A validation is running or waits to be answered."""
-        return bool(self._running)
+        with self._running_lock:
+            return bool(self._running)
+
+    def _running_target(self, rid: str) -> Target | None:
+        """The copy of request `rid` whose validation runs now, or None."""
+        with self._running_lock:
+            entry = self._running.get(rid)
+        return None if entry is None else entry[0]
+
+    def _running_now(self) -> list[tuple[Target, threading.Thread]]:
+        with self._running_lock:
+            return list(self._running.values())
+
+    def _forget_running(self, rid: str) -> None:
+        with self._running_lock:
+            self._running.pop(rid, None)
 
     def validator_label(self) -> str:
         return self.validator.label() if self.validator is not None else "no validation (--validate none)"
@@ -429,15 +465,7 @@ class Drainer:
         rid, node = target[0], target[1]
         answered = False
         try:
-            # a verdict reached before a crash or before Slurm went away: carried out, not tested again
-            verdict = self.journal.verdict(rid)
-            if verdict is None:
-                verdict = self._retrying(node, "its test", lambda: self._test(node))
-                if verdict is None:
-                    return
-                self.journal.save_verdict(rid, *verdict)
-            passed, line = verdict
-            done = self._retrying(node, "the verdict", lambda: self._carry_out(node, rid, passed, line))
+            done = self._validate(node, rid)
             if done is None:
                 return
             self._finished.put((target, *done))
@@ -446,7 +474,23 @@ class Drainer:
             log.exception("the validation of %s failed; it is taken up again later", node)
         finally:
             if not answered:
-                self._running.pop(rid, None)  # recover() finds it `executing` and submits it again
+                self._forget_running(rid)  # recover() finds it `executing` and submits it again
+
+    def _validate(self, node: str, rid: str) -> tuple[str, str] | None:
+        """The validation's (outcome, detail), or None when it ends without one (Slurm away, a stop)."""
+        # a verdict reached before a crash or before Slurm went away: carried out, not tested again
+        verdict = self.journal.verdict(rid)
+        if verdict is None:
+            try:
+                verdict = self._retrying(node, "its test", lambda: self._test(node))
+            except TakenOver as e:
+                why = str(e)
+                return self._retrying(node, "its reservation", lambda: self._not_ours(node, rid, why))
+            if verdict is None:
+                return None
+            self.journal.save_verdict(rid, *verdict)
+        passed, line = verdict
+        return self._retrying(node, "the verdict", lambda: self._carry_out(node, rid, passed, line))
 
     def _retrying(self, node: str, what: str, step: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any] | None:
         """step() until it answers without a SlurmError (MAX_ATTEMPTS, with backoff); None when
@@ -468,35 +512,56 @@ class Drainer:
         return None
 
     def _test(self, node: str) -> tuple[bool, str] | None:
-        """Steps 1-3: (passed, the summary line); None when the node is not ours any more (the
-        caller answers not_ours) or the adapter stops."""
+        """Steps 1-3: (passed, the summary line); None when the adapter stops. TakenOver when the
+        node is not fleetwatch's to test any more."""
         assert self.validator is not None
         info = self.slurm.node(node)
-        while info.state.startswith("draining"):  # jobs still running: the test waits for them
+        while info.draining:  # jobs still running: the test waits for them
             if self._stopping.wait(DRAINING_POLL_S):
                 return None
             info = self.slurm.node(node)
-        if info.drained and not ours(info.reason):
-            return None
+        taken = self._taken_over(node, info)
+        if taken is not None:
+            raise TakenOver(taken)
         self.validator.prepare(node, drained=info.drained)
         outcome, label = self.validator.run(node)
         if self._stopping.is_set():
             return None  # cut short by the stop's scancel: no verdict
         return outcome.passed, self.validator.reason(outcome, label)
 
+    def _taken_over(self, node: str, info: NodeInfo) -> str | None:
+        """Why the node, once its jobs have ended, is not fleetwatch's to test any more, or None:
+        drained or set DOWN with someone else's Reason, or neither drained nor in our reservation
+        (resumed by hand while its jobs drained: reserved and tested anyway, a failure drained it
+        again under fleetwatch's Reason)."""
+        if (info.drained or info.down) and not ours(info.reason):
+            return f"taken over before its test: {info.state}: {info.reason}"
+        if not info.drained and not self.slurm.reservation_exists(reservation_name(node)):
+            return f"not drained by fleetwatch any more before its test: {info.state}"
+        return None
+
+    def _not_ours(self, node: str, rid: str, why: str) -> tuple[str, str]:
+        """The validation ends not_ours: the node is left as they made it, and our reservation goes
+        (left, only the adapter's user could run jobs there after their RESUME, for ever)."""
+        assert self.validator is not None
+        self.validator.release(node)
+        log.warning("not resuming %s (request %s): %s", node, rid, why)
+        return "not_ours", why
+
     def _carry_out(self, node: str, rid: str, passed: bool, line: str) -> tuple[str, str]:
         """Step 4: pass, the reservation goes; fail, the node is drained again first. Someone who
-        took the node over meanwhile (drained it with a reason of their own, or removed our
-        reservation) keeps it: not_ours."""
+        took the node over meanwhile (drained it or set it DOWN with a reason of their own, or
+        removed our reservation) keeps it: not_ours."""
         assert self.validator is not None
         if passed:
             self.validator.release(node)
             log.info("resume %s done after validation (request %s): %s", node, rid, line)
             return "executed", f"validated: {line}"
         info = self.slurm.node(node)
-        if info.drained and not ours(info.reason):
-            self.validator.release(node)
-            return "not_ours", f"taken over during the validation: {info.reason}"
+        if (info.drained or info.down) and not ours(info.reason):
+            # a failed test's DRAIN would overwrite their Reason: theirs to decide, told what failed
+            why = f"taken over during the validation: {info.state}: {info.reason} (its test: {line})"
+            return self._not_ours(node, rid, why)
         if not info.drained and not self.slurm.reservation_exists(reservation_name(node)):
             return "not_ours", "the validation's reservation was removed during the test"
         reason = f"{TAG}: validation failed: {line}"
@@ -526,7 +591,7 @@ class Drainer:
                 self._finished.put((target, outcome, detail))
                 continue
             rid = target[0]
-            self._running.pop(rid, None)
+            self._forget_running(rid)
             self.journal.finish(rid, JOURNAL_STATUS[outcome], detail, outcome)
             REQUESTS.labels(outcome).inc()
 
@@ -537,7 +602,7 @@ class Drainer:
         while True:
             done += self.deliver_finished()
             self.acknowledged(not self.producer.flush(10))
-            if not self._running or time.monotonic() > deadline:
+            if not self.busy or time.monotonic() > deadline:
                 return done
             time.sleep(0.05)
 
@@ -549,7 +614,7 @@ class Drainer:
             return 0
         n = 0
         for e in self.journal.executing("resume"):
-            if e.request_id in self._running or not e.request_signature:
+            if self._running_target(e.request_id) is not None or not e.request_signature:
                 continue
             msg = {
                 "request_id": e.request_id,
@@ -569,9 +634,10 @@ class Drainer:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Cancel the running tests (their jobs); they stay `executing` and run again after a restart."""
         self._stopping.set()
-        for target, _t in list(self._running.values()):
+        running = self._running_now()
+        for target, _t in running:
             self.slurm.cancel_reservation_jobs(reservation_name(target[1]))
-        for _target, t in list(self._running.values()):
+        for _target, t in running:
             t.join(timeout_s)
 
     def _validating(self, node: str) -> str | None:
@@ -579,7 +645,7 @@ class Drainer:
         drain carried out meanwhile was lifted by the validation's own resume of the node before
         its test, and a second resume would test it twice at once. act sends neither (it asks
         nothing of a node it is resuming); another sender, or a backlog, could."""
-        for target, _thread in self._running.values():
+        for target, _thread in self._running_now():
             if target[1] == node:
                 return f"a validation of {node} before its resume is under way"
         return None
@@ -631,7 +697,8 @@ def run(args: argparse.Namespace) -> int:
         args.validate, args.validate_level, args.validate_command, args.validate_timeout, args.dcgmi
     )
     try:
-        slurm = SlurmClient(args.slurm_conf)
+        # a validation's srun and scancel checked now: missing, every resume retried for ever
+        slurm = SlurmClient(args.slurm_conf, tools=VALIDATION_TOOLS if settings.enabled else ())
         known = slurm.nodes()
     except SlurmError as e:
         print(f"fleetwatch slurm-drainer: Slurm is not reachable: {e}", file=sys.stderr)

@@ -33,7 +33,15 @@ from typing import Any
 import hostlist
 
 from fleetwatch import schemas, signing
-from fleetwatch.alerts.slurm import NodeInfo, SlurmClient, SlurmError, ours
+from fleetwatch.alerts.slurm import (
+    TAG,
+    NodeInfo,
+    ReservationsNotUnderstood,
+    SlurmClient,
+    SlurmError,
+    ours,
+    state_parts,
+)
 from fleetwatch.alerts.validation import RESERVATION_PREFIX
 from fleetwatch.refusal_log import RefusalLog
 
@@ -45,7 +53,6 @@ DEFAULT_MAX_AGE_S = 900.0
 # how far ahead of the broker's time (act's clock where the topic keeps the producer's) a view's ts
 # may be: as control/1's records, a minute of clock drift, not a clock that jumped
 MAX_AHEAD_S = 60.0
-_FLAGS = "*~#!%$@^-+"
 
 # Why a node is not fleetwatch's to act on, as act reports it (label node_state, refusal reasons)
 MAINTENANCE = "maintenance"
@@ -66,7 +73,7 @@ def make_record(
         "node": info.name,
         "state": state if schemas.SLURM_STATE_TEXT_RE.match(state) else "unknown",
         "reason": one_line(info.reason)[: schemas.MAX_REASON] if info.reason else "",
-        "features": [f[: schemas.MAX_ID_LEN] for f in features][: schemas.MAX_FEATURES],
+        "features": [f[: schemas.MAX_ID_LEN] for f in kept_features(features)],
         "maintenance": bool(maintenance),
         "ours": info.drained and ours(info.reason),
         "ts": float(ts),
@@ -74,6 +81,22 @@ def make_record(
     msg["signature"] = signing.mac(msg, key, "signature")
     schemas.validate_slurm_node(msg)
     return msg
+
+
+def kept_features(features: Iterable[str]) -> list[str]:
+    """The features a record keeps (at most MAX_FEATURES): fleetwatch's own first (the opt-out
+    feature act reads, `fleetwatch_opt_out` by default), then the others in Slurm's order. Cut in
+    Slurm's order, a node with many features lost an opt-out listed last."""
+    feats = list(features)
+    if len(feats) <= schemas.MAX_FEATURES:
+        return feats
+    return sorted(feats, key=lambda f: not f.startswith(TAG))[: schemas.MAX_FEATURES]
+
+
+def out_of_service(state: str) -> bool:
+    """Whether a record's state keeps the node from jobs: drained, down, failed or in maintenance,
+    in any part of a compound state (`idle+drain` too)."""
+    return any(part.startswith(("drain", "down", "fail", "maint")) for part in state_parts(state))
 
 
 def held_by(rec: dict[str, Any], opt_out_feature: str = "") -> str | None:
@@ -84,10 +107,11 @@ def held_by(rec: dict[str, Any], opt_out_feature: str = "") -> str | None:
         return OPTED_OUT
     # (sinfo's `maint` state is not used: the adapter's own validation reservations set it too;
     # `maintenance` is computed from the reservations, without those)
-    base = rec["state"].rstrip(_FLAGS)
-    if base.startswith(("down", "fail")):
+    # each part of a compound state counts: `idle+drain` is drained, `mixed+down` down
+    parts = state_parts(rec["state"])
+    if any(part.startswith(("down", "fail")) for part in parts):
         return DOWN
-    if base.startswith("drain") and not rec["ours"]:
+    if any(part.startswith("drain") for part in parts) and not rec["ours"]:
         return DRAINED_BY_OTHER
     return None
 
@@ -224,8 +248,7 @@ class NodeStatePublisher:
         now = self.clock()
         try:
             states = self.slurm.node_states()
-            # the adapter's own validation reservations are fleetwatch's, not people's maintenance
-            maint = self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX)
+            maint = self._maintenance()
         except SlurmError as e:
             log.warning("node states not published: %s", e)
             return 0
@@ -248,3 +271,14 @@ class NodeStatePublisher:
             self._sent[info.name] = view
             sent += 1
         return sent
+
+    def _maintenance(self) -> set[str]:
+        """The nodes in people's maintenance (the adapter's own validation reservations are
+        fleetwatch's, not people's). Where one reservation's node list cannot be read, those of the
+        others: withholding every node's record for it aged every view out (the adapter's own
+        requests are deferred meanwhile, slurm_drainer)."""
+        try:
+            return self.slurm.maintenance_nodes(except_prefix=RESERVATION_PREFIX)
+        except ReservationsNotUnderstood as e:
+            log.warning("node states published without an unreadable reservation: %s", e)
+            return e.nodes

@@ -15,7 +15,8 @@ who can write Kafka run commands on every node. The steps, on a node fleetwatch 
    own command (an NCCL all-reduce), where its exit status decides. A job that does not finish
    within the timeout is cancelled and fails. Where dcgmi is not installed on the node and a command
    is configured, the command runs; with neither, the validation fails: a node is never returned
-   untested;
+   untested. srun failing before its job ran (slurmctld away) is Slurm's failure, retried, never
+   the node's; a dcgmi run passes only with every GPU Slurm configures on the node;
 4. pass: the reservation is deleted and the node is back in service. Fail: the adapter drains the
    node again, naming the failing test and GPU in its Reason, then deletes the reservation.
 
@@ -27,11 +28,13 @@ from __future__ import annotations
 
 import getpass
 import logging
+import math
+import re
 import shlex
 from dataclasses import dataclass
 
 from fleetwatch.alerts.dcgm_diag import DiagFailure, DiagOutcome, parse_command, parse_diag, summary
-from fleetwatch.alerts.slurm import JobTimeout, SlurmClient
+from fleetwatch.alerts.slurm import JobOutput, JobTimeout, SlurmClient, SlurmError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,11 @@ MODES = ("dcgmi", "command", "none")
 MIN_TIMEOUT_S = {3: 1200.0, 4: 3600.0}
 # srun's exit status and message when the program is not on the node (slurmstepd's execve error)
 _NOT_FOUND = "No such file or directory"
+TOOLS = ("srun", "scancel")  # what a validation runs where the adapter runs (checked at its start)
+_SRUN_SAYS = re.compile(r"srun: (?:error|fatal): ")
+# srun's lines once a step ran: a task's end, the program not found on the node, the step
+# cancelled or aborted, the node failing under it (the test's failure, not Slurm's)
+_STEP_RAN = re.compile(r"\btask \d+|execve|\*\*\* STEP|step aborted|Node failure", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,8 @@ class ValidationSettings:
             raise ValueError("--validate command needs --validate-command")
         if not 1 <= level <= 4:
             raise ValueError("--validate-level is 1 to 4 (dcgmi diag -r)")
+        if not (math.isfinite(timeout_s) and timeout_s > 0):  # inf: srun's --time failed every run
+            raise ValueError(f"--validate-timeout must be a finite number of seconds > 0, got {timeout_s}")
         if mode == "dcgmi" and level >= 3 and timeout_s < MIN_TIMEOUT_S[level]:
             raise ValueError(
                 f"dcgmi diag -r {level} takes {MIN_TIMEOUT_S[level] // 60:.0f} minutes or more: "
@@ -77,6 +87,26 @@ class ValidationSettings:
 
 def reservation_name(node: str) -> str:
     return f"{RESERVATION_PREFIX}{node}"
+
+
+def srun_failed(returncode: int, stdout: str, stderr: str) -> bool:
+    """Whether srun itself failed before any step ran ("srun: error: Unable to allocate resources:
+    Unable to contact slurm controller", "srun: fatal: Could not establish a configuration
+    source"): a non-zero exit, nothing on stdout, and stderr only srun's own error lines, none of
+    a task's end. Read as the test's failure, that drained a node for good for an outage."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return (
+        returncode != 0
+        and not stdout.strip()
+        and bool(lines)
+        and all(line.startswith("srun:") for line in lines)
+        and any(_SRUN_SAYS.match(line) for line in lines)
+        and not any(_STEP_RAN.search(line) for line in lines)
+    )
+
+
+def _not_found(program: str, node: str) -> str:
+    return f"{program}: {_NOT_FOUND} on {node}"
 
 
 def _failed(test: str, message: str) -> DiagOutcome:
@@ -104,14 +134,16 @@ class Validator:
             self.slurm.resume(node)
 
     def run(self, node: str) -> tuple[DiagOutcome, str]:
-        """Step 3: (the outcome, the label of what ran). SlurmError (Slurm unreachable) is the
-        caller's to retry; a test that fails or times out is an outcome."""
+        """Step 3: (the outcome, the label of what ran). SlurmError (Slurm unreachable, or srun
+        failing before its job ran) is the caller's to retry; a test that fails or times out is an
+        outcome."""
         s = self.settings
         gpus, partition = self.slurm.placement(node)
         if s.mode != "command":
             argv = [s.dcgmi, "diag", "-r", str(s.level), "-j"]
             outcome = self._run(node, argv, gpus, partition, diag=True)
-            missing = not outcome.passed and _NOT_FOUND in outcome.detail
+            # dcgmi absent on the node (not srun on this host, whose error reads alike)
+            missing = not outcome.passed and outcome.detail == _not_found(s.dcgmi, node)
             if not missing:
                 return outcome, self.label()
             if not s.command:
@@ -127,9 +159,17 @@ class Validator:
             )
         except JobTimeout as e:
             return _failed("timeout", str(e))
+        except OSError as e:  # srun could not be started here: an answer, not a retry for ever
+            return _failed("srun", f"srun could not be run on the adapter's host: {e}")
         if r.returncode != 0 and _NOT_FOUND in r.stderr and "execve" in r.stderr:
-            return _failed(argv[0], f"{argv[0]}: {_NOT_FOUND} on {node}")
-        return parse_diag(r.stdout, r.returncode) if diag else parse_command(r.returncode, r.stdout, r.stderr)
+            return _failed(argv[0], _not_found(argv[0], node))
+        if srun_failed(r.returncode, r.stdout, r.stderr):
+            # no job ran (slurmctld away, no allocation): Slurm's failure, retried, never a verdict
+            raise SlurmError(f"srun on {node} failed before its job ran: {r.stderr.strip()[-300:]}")
+        if not diag:
+            return parse_command(r.returncode, r.stdout, r.stderr)
+        truncated = isinstance(r, JobOutput) and r.truncated
+        return parse_diag(r.stdout, r.returncode, expected_gpus=gpus, truncated=truncated)
 
     def release(self, node: str) -> None:
         """Step 4's end, pass or fail: the reservation goes."""

@@ -5,9 +5,20 @@ tests/integration/test_slurm_drainer.py and test_validation.py)."""
 from __future__ import annotations
 
 import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from fleetwatch import schemas
+from fleetwatch.alerts import drain_request
+from fleetwatch.alerts.journal import Journal
 from fleetwatch.alerts.slurm import NodeInfo, SlurmError
+from fleetwatch.alerts.slurm_drainer import Drainer
+from fleetwatch.alerts.validation import ValidationSettings, Validator
+
+KEY = b"k" * 32
+T0 = 1_800_000_000.0
 
 
 class MemorySlurm:
@@ -21,6 +32,8 @@ class MemorySlurm:
         self.maintenance: set[str] = set()  # nodes in a MAINT reservation that is not a validation
         self.away = False
         self.updates = 0  # scontrol updates run (drains and resumes)
+        self.stdout, self.stderr = "", "GPU 3: all-reduce mismatch"  # what each validation prints
+        self.during_test: Callable[[MemorySlurm], None] | None = None  # people, while the test runs
 
     def _up(self) -> None:
         if self.away:
@@ -68,9 +81,11 @@ class MemorySlurm:
                partition: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
         rc = self.results[self.runs]
         self.runs += 1
-        if rc != 0:
+        if self.during_test is not None:
+            self.during_test(self)
+        elif rc != 0:
             self.away = True  # slurmctld fails over right after the failed test
-        return subprocess.CompletedProcess(argv, rc, "", "GPU 3: all-reduce mismatch")
+        return subprocess.CompletedProcess(argv, rc, self.stdout, self.stderr)
 
     def cancel_reservation_jobs(self, reservation: str) -> None:
         pass
@@ -95,3 +110,35 @@ class Results:
 
     def flush(self, timeout: float | None = None) -> int:
         return 0
+
+
+class NoWait(threading.Event):
+    """The adapter's stop flag, its waits cut short (backoff, the draining poll)."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return super().wait(0.001)
+
+
+def validating_drainer(
+    slurm: MemorySlurm, tmp_path: Path, mode: str = "command", journal: Journal | None = None
+) -> tuple[Drainer, Results]:
+    """An adapter that validates before a resume (a site's command, or dcgmi), on `slurm`."""
+    settings = ValidationSettings(mode=mode, command=("nccl-check",), user="fw")
+    results = Results()
+    drainer = Drainer(
+        slurm,  # type: ignore[arg-type]
+        journal or Journal(tmp_path / "journal.sqlite"),
+        KEY,
+        results,
+        clock=lambda: T0 + 1,
+        validator=Validator(slurm, settings),  # type: ignore[arg-type]
+    )
+    drainer._stopping = NoWait()
+    return drainer, results
+
+
+def resume_request(node: str = "gpu01") -> dict[str, Any]:
+    return drain_request.make_request(
+        node=node, action="resume", reason="fleetwatch: XID 79", severity="critical", findings=["f1"],
+        issued_at=T0, key=KEY,
+    )  # fmt: skip

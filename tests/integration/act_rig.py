@@ -104,7 +104,7 @@ class ActRig:
     def plan_validation(self, per_node: dict[str, dict[str, Any]]) -> None:
         """What the fake dcgmi answers on each node (an entry of tests/fakes/dcgmi's plan); a
         passing run on every other node."""
-        default = {"fixture": "dcgm4_pass_r2_4gpu.json"}
+        default = {"fixture": "dcgm4_pass_r2_8gpu.json"}
         self.plan.write_text(json.dumps({"nodes": per_node, "default": default}))
 
     def census(self, *nodes: str, steady_for: float = 3600.0) -> None:

@@ -104,7 +104,7 @@ def jobcomp(slurm: Slurm) -> str:
 def test_a_node_that_passes_dcgmi_diag_on_the_node_is_resumed(rig: Rig) -> None:
     d = rig.drainer()
     findings = rig.drained_by_us(d)
-    rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json"})
+    rig.planned({"fixture": "dcgm4_pass_r2_8gpu.json"})
     assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"  # on its own thread
     assert d.settle() == ["executed"]
     state, reason = rig.slurm.state(NODE)
@@ -145,7 +145,7 @@ def test_a_node_that_fails_stays_drained_naming_the_test_and_gpu_and_its_job_fai
 def test_a_test_that_runs_too_long_is_cancelled_and_fails(rig: Rig) -> None:
     d = rig.drainer(timeout_s=5.0)
     findings = rig.drained_by_us(d)
-    rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json", "sleep_s": 60})
+    rig.planned({"fixture": "dcgm4_pass_r2_8gpu.json", "sleep_s": 60})
     t0 = time.monotonic()
     assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
     assert d.settle() == ["validation_failed"]
@@ -169,7 +169,7 @@ def test_without_dcgmi_on_the_node_the_sites_command_decides_and_with_neither_it
 
 def test_an_operators_drain_is_never_validated_nor_lifted(rig: Rig) -> None:
     d = rig.drainer()
-    rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json"})
+    rig.planned({"fixture": "dcgm4_pass_r2_8gpu.json"})
     subprocess.run(
         ["scontrol", "update", f"NodeName={NODE}", "State=DRAIN", "Reason=bad fan (alice)"],
         env=rig.slurm.env,
@@ -204,7 +204,7 @@ def test_a_validation_a_crash_interrupted_is_finished_not_skipped(rig: Rig) -> N
 def test_requests_behind_a_long_validation_are_not_held_up(rig: Rig) -> None:
     d = rig.drainer()
     findings = rig.drained_by_us(d)
-    rig.planned({"fixture": "dcgm4_pass_r2_4gpu.json", "sleep_s": 4})
+    rig.planned({"fixture": "dcgm4_pass_r2_8gpu.json", "sleep_s": 4})
     assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
     other = "gpu-node-04"
     rig.slurm.reset(other)

@@ -47,7 +47,7 @@ def test_a_node_reason_that_is_not_utf8_is_read_not_fatal(
     bin_dir.mkdir()
     for tool in ("sinfo", "scontrol"):
         exe = bin_dir / tool
-        exe.write_bytes(b"#!/bin/sh\nprintf 'gpu01|drained|gpu|d\\351faut\\n'\n")
+        exe.write_bytes(b"#!/bin/sh\nprintf 'gpu01\\036drained\\036gpu\\036d\\351faut\\036\\n'\n")
         exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     [(info, _features)] = SlurmClient().node_states()

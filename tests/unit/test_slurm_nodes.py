@@ -7,6 +7,7 @@ node; the adapter's publisher sends what changed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,13 +15,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fleetwatch import schemas, topics
-from fleetwatch.alerts.slurm import NodeInfo, SlurmError
+from fleetwatch.alerts import drain_request
+from fleetwatch.alerts.slurm import NodeInfo, ReservationsNotUnderstood, SlurmError
 from fleetwatch.alerts.slurm_nodes import NodeStatePublisher, SlurmNodeBook, held_by, make_record
 from fleetwatch.bus import Record
 from fleetwatch.bus.memory import MemoryBus
 from fleetwatch.follow import BrokerTimedFollower
 from tests.helpers.act import KEY, Rig
 from tests.helpers.findings import T0, finding, resolve
+from tests.helpers.memory_slurm import KEY as MEMORY_KEY
+from tests.helpers.memory_slurm import T0 as MEMORY_T0
+from tests.helpers.memory_slurm import MemorySlurm, validating_drainer
 from tests.helpers.messages import JSONISH
 
 NODES = {f"gpu-node-{i:02d}" for i in range(1, 51)}
@@ -62,6 +67,9 @@ def drained_then_healthy(rig: Rig, node: str, healthy_at: float) -> None:
         ("drained", "fleetwatch: XID 79 [fw:0123456789ab]", False, (), None),  # our own drain
         ("idle", "", False, ("a100", "fleetwatch_opt_out"), "opted_out"),
         ("reserved", "", False, (), None),  # a reservation for users, not maintenance
+        ("idle+drain", "bob: PSU swap", False, (), "drained_by_other"),  # a compound state
+        ("mixed+drain", "bob: PSU swap", False, (), "drained_by_other"),
+        ("idle+down", "rack power", False, (), "down"),
     ],
 )
 def test_what_slurm_shows_says_whether_people_hold_the_node(
@@ -426,3 +434,47 @@ def test_a_resume_with_no_answer_for_an_hour_pages() -> None:
     assert rig.refusals() == {}
     rig.decide(T0 + 100 + 3601)
     assert rig.refusals() == {"gpu-node-05": "adapter:no_result"}
+
+
+def test_a_drain_never_overwrites_someone_elses_drain_shown_as_a_compound_state(tmp_path: Path) -> None:
+    slurm = MemorySlurm("idle+drain", "bob: PSU swap, ticket 17")
+    drainer, results = validating_drainer(slurm, tmp_path)
+    drain = drain_request.make_request(
+        node="gpu01", action="drain", reason="XID 79", severity="critical", findings=["f1"],
+        issued_at=MEMORY_T0, key=MEMORY_KEY,
+    )  # fmt: skip
+    assert drainer.handle(schemas.encode(drain), "t:0:0", key=b"gpu01") == "not_ours"
+    assert slurm.reason == "bob: PSU swap, ticket 17" and slurm.updates == 0
+    assert results.outcomes == ["rejected_not_ours"]
+
+
+def test_a_view_of_a_compound_drained_state_is_no_resume_by_hand() -> None:
+    book = SlurmNodeBook(KEY, clock=read_at)
+    rig = Rig(NODES, held_book=book, budget_min_nodes=1)
+    (drain,) = rig.feed(finding("gpu-node-05", ts=T0))
+    rig.result(drain, "executed")
+    ours = "fleetwatch: XID 79 [fw:0123456789ab]"
+    book.apply(b"gpu-node-05", record("gpu-node-05", "idle+drain", ours, ts=T0 + 600))
+    rig.decide(T0 + 601)
+    assert rig.task.nodes["gpu-node-05"].drained
+    assert rig.metric("fleetwatch_act_resumed_by_hand_total") == 0
+
+
+def test_the_opt_out_feature_is_kept_among_many_features() -> None:
+    features = (*(f"f{i}" for i in range(40)), "fleetwatch_opt_out")
+    rec = make_record(NodeInfo("gpu-node-02", "idle", ""), features, False, T0, KEY)
+    assert len(rec["features"]) == schemas.MAX_FEATURES
+    assert held_by(rec, "fleetwatch_opt_out") == "opted_out"
+    few = make_record(NodeInfo("gpu-node-02", "idle", ""), ("b", "fleetwatch_opt_out", "a"), False, T0, KEY)
+    assert few["features"] == ["b", "fleetwatch_opt_out", "a"]  # Slurm's order, where all fit
+
+
+def test_one_unreadable_reservation_does_not_withhold_every_nodes_record() -> None:
+    class Unreadable(FakeSlurm):
+        def maintenance_nodes(self, except_prefix: str = "") -> set[str]:
+            raise ReservationsNotUnderstood("a reservation's node list not understood", {"gpu-node-02"})
+
+    producer = Producer()
+    pub = NodeStatePublisher(Unreadable(), producer, KEY, "scheduler.nodes.v1", every_s=0.0, clock=lambda: T0)  # type: ignore[arg-type]
+    assert pub.publish() == 2
+    assert {m["node"]: m["maintenance"] for m in producer.sent} == {"gpu-node-01": False, "gpu-node-02": True}
