@@ -78,6 +78,7 @@ EXPECTED: dict[str, tuple[bool, str, list[tuple[str, int | None]], int, str]] = 
     ),
     "dcgm3_skip_r3_t400.json": (True, "dcgm3", [], 7, "dcgmi diag -r 3: passed (7 skipped/warned)"),
     "dcgm4_pass_r2_4gpu.json": (True, "dcgm4", [], 0, "dcgmi diag -r 2: passed"),
+    "dcgm4_pass_r2_8gpu.json": (True, "dcgm4", [], 0, "dcgmi diag -r 2: passed"),
     "dcgm4_fail_memory_gpu3.json": (
         False,
         "dcgm4",
