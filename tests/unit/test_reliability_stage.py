@@ -50,6 +50,15 @@ def apply_all(bus: MemoryBus, acc: Accounting) -> None:
     acc.apply(reader.poll(0.0, max_records=10_000), T0 + 7200)
 
 
+def reference(tmp_path) -> Accounting:
+    """The stage after the clean history alone: what the figures must be when bad input is added."""
+    clean = new_bus()
+    history(clean)
+    ref = stage(clean, tmp_path / "ref.sqlite")
+    drain(clean, ref)
+    return ref
+
+
 def history(bus: MemoryBus) -> None:
     nodes = ["n1", "n2"]
     bus.append(topics.NODES, b"n1", enc(census("n1", T0)))
@@ -130,11 +139,7 @@ BAD = [
 
 
 def test_bad_records_go_to_the_dead_letter_topic_are_counted_and_change_nothing(tmp_path):
-    clean = new_bus()
-    history(clean)
-    ref = stage(clean, tmp_path / "ref.sqlite")
-    drain(clean, ref)
-
+    ref = reference(tmp_path)
     bus = new_bus()
     for topic, key, value in BAD:  # before, between and after the good records
         bus.append(topic, key, value)
@@ -236,10 +241,7 @@ def test_a_producers_timestamp_neither_expires_waiting_steps_nor_dates_a_quality
 
 
 def test_a_step_from_a_node_not_in_its_job_is_counted_and_changes_nothing(tmp_path):
-    clean = new_bus()
-    history(clean)
-    ref = stage(clean, tmp_path / "ref.sqlite")
-    drain(clean, ref)
+    ref = reference(tmp_path)
     bus = new_bus()
     history(bus)
     # another job's rank, on its own node, posts under j's id: a checkpoint at j's end
