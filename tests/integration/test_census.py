@@ -30,10 +30,8 @@ from fleetwatch.pipeline import fleet_metrics
 from tests.helpers.findings import finding
 from tests.helpers.messages import telemetry
 from tests.integration.act_rig import CENSUS_KEY, ActRig, free_port, metric
-from tests.integration.services import APART, TopicTail
+from tests.integration.services import TopicTail
 from tests.integration.workers import Detect
-
-pytestmark = APART
 
 KEY = CENSUS_KEY.encode()  # what ActRig gives act in $FLEETWATCH_CENSUS_KEY
 ATTACKER = b"attacker-census-key-0123456789ab"

@@ -9,9 +9,9 @@ import sys
 import uuid
 
 from tests.helpers.paths import REPO
-from tests.integration.services import BESIDE_SLURM
+from tests.integration.services import APART
 
-pytestmark = BESIDE_SLURM  # (balance: scripts/test.sh; it was apart, the longest of the three)
+pytestmark = APART  # (balance, scripts/test.sh: the Slurm process, with the ACL test, was the longest)
 
 
 def run_cli(env: dict[str, str], *argv: str) -> str:
