@@ -110,7 +110,7 @@ class Scores:
 
     def strongest(self) -> tuple[np.ndarray, np.ndarray]:
         """(metric, statistic) of each sample's smallest p (-1, -1 where none), the evidence."""
-        n, m, s = self.stat_p.shape  # m >= 1 and s = 4: never empty
+        n, m, s = self.stat_p.shape  # m >= 1 and s = N_STATS: never empty
         flat = np.where(np.isnan(self.stat_p), np.inf, self.stat_p).reshape(n, m * s)
         best = np.argmin(flat, axis=1)
         none = ~np.isfinite(flat[np.arange(n), best])

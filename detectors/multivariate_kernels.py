@@ -366,6 +366,9 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 counts[r, col] += 1.0
                 if math.isnan(pm):  # the metric's row is short of history: Bonferroni's bound
                     pm = min(1.0, s_n * best)
+                # the smallest of several p-values is never rarer than the smallest itself (the
+                # row's extrapolated tail could say so, beyond its history)
+                pm = max(pm, best)
                 out_metric_p[j, i] = pm
                 t += cauchy_term(pm)
                 n_p += 1

@@ -98,7 +98,17 @@ class JobcompLog:
     bad_lines: int = 0
     _file: BinaryIO | None = None
     _ambiguous: set[tuple[str, float | None]] = field(default_factory=set)
-    _cut: OrderedDict[str, None] = field(default_factory=OrderedDict)  # jobs with a line that did not parse
+    _cut: OrderedDict[str, None] = field(default_factory=OrderedDict)  # jobs with a line cut short
+    _old_runs: OrderedDict[tuple[str, float | None], None] = field(default_factory=OrderedDict)
+
+    @staticmethod
+    def _remember(seen: OrderedDict, key: object) -> None:  # type: ignore[type-arg]
+        """Into a bounded memory (the oldest go first)."""
+        seen[key] = None
+        seen.move_to_end(key)
+        while len(seen) > MAX_CUT_JOBS:
+            seen.popitem(last=False)
+
     _partial: bytes = b""
 
     def refresh(self) -> list[SlurmParseError]:
@@ -158,12 +168,15 @@ class JobcompLog:
                 self.bad_lines += 1
                 errors.append(e)
                 head = _HEAD.match(e.raw)
-                if head is not None:  # a job's own line cut by its user's text: none of its lines counts
-                    self._cut[str(int(head.group(1)))] = None
-                    while len(self._cut) > MAX_CUT_JOBS:
-                        self._cut.popitem(last=False)
+                if head is not None and not _whole(e.raw):  # cut by its user's text: none of its lines counts
+                    self._remember(self._cut, str(int(head.group(1))))
                 continue
-            if job.end_ts is None or job.end_ts < self.since:
+            if job.end_ts is not None and job.end_ts < self.since:
+                # too old to publish, but a line for this run all the same: a user's line for it
+                # with a recent end must not be the only one
+                self._remember(self._old_runs, (job.job, job.start_ts))
+                continue
+            if job.end_ts is None:
                 continue
             runs = self.ends.setdefault(job.job, [])
             same = [r for r in runs if _same_start(r.start_ts, job.start_ts)]
@@ -177,7 +190,7 @@ class JobcompLog:
         """The logged end of `job`'s run that started at `start_ts` on `nodes`, as squeue showed
         it (a requeued job has several runs): None where no line, or more than one, names it."""
         runs = [r for r in self.ends.get(job, ()) if _same_start(r.start_ts, start_ts)]
-        if len(runs) != 1 or job in self._cut:
+        if len(runs) != 1 or job in self._cut or (job, runs[0].start_ts) in self._old_runs:
             return None
         if any(_same_start(a[1], start_ts) for a in self._ambiguous if a[0] == job):
             return None
@@ -198,6 +211,13 @@ class JobcompLog:
             else:
                 del self.ends[job]
         self._ambiguous = {a for a in self._ambiguous if a[0] in self.ends}
+
+
+def _whole(line: str) -> bool:
+    """A line with Slurm's whole structure (its head, one middle, its tail), whatever its values:
+    one refused for what it says (a state that is not an end, RESIZING or a requeue's PENDING) is
+    no sign of a line cut by a user's text."""
+    return bool(_HEAD.match(line) and _TAIL.search(line) and len(list(_MIDDLE.finditer(line))) == 1)
 
 
 def _same_start(a: float | None, b: float | None) -> bool:

@@ -49,6 +49,7 @@ class Ledger:
     # a start that moves without it growing is the same run (slurmctld restarts a job's clock once
     # its nodes have powered up), not a requeue
     restarts: dict[str, int] = field(default_factory=dict)
+    moved: dict[str, float] = field(default_factory=dict)  # a run's start as Slurm moved it
 
     # -- what has been published ---------------------------------------------------------------
 
@@ -86,10 +87,9 @@ class Ledger:
             assert job.start_ts is not None
             entry = self.entries.get(job.job)
             if entry is not None and self._restarted_clock(job, entry):
+                self.moved[job.job] = job.start_ts  # (Slurm logs the run's end under this start)
                 job = replace(job, start_ts=entry.start_ts)  # the run published, under its first start
             new_run = entry is None or abs(job.start_ts - entry.start_ts) > SAME_RUN_S
-            if job.active:
-                self.restarts[job.job] = job.restarts
             if entry is not None and new_run and entry.running:
                 # requeued and started again since the last poll: the earlier run's end first,
                 # no later than this one's start
@@ -97,6 +97,10 @@ class Ledger:
             if job.active or job.ended:
                 if new_run:
                     out.append(started(job))
+                    # the count this run started with: a requeue raises it before the next run
+                    # (already while the job is COMPLETING its first), a power-up does not
+                    self.restarts[job.job] = job.restarts
+                    self.moved.pop(job.job, None)
                 if job.ended and (new_run or (entry is not None and entry.running)):
                     out.append(ended(job, entry if not new_run else None))
             elif entry is not None and entry.running and not new_run:
@@ -116,9 +120,11 @@ class Ledger:
         """Ends of the jobs the ledger has running that Slurm no longer lists at all (past
         MinJobAge while the publisher was down, or a slurmctld that lost its state). `seen` holds
         every job id in the answer, parsed or not; `now` dates an end the log does not name."""
-        for j in [j for j in self.restarts if j not in seen]:
-            del self.restarts[j]
-        return [self._lost_end(j, self.entries[j], jobcomp, now) for j in self.running() if j not in seen]
+        ends = [self._lost_end(j, self.entries[j], jobcomp, now) for j in self.running() if j not in seen]
+        for gone in (self.restarts, self.moved):
+            for j in [j for j in gone if j not in seen]:
+                del gone[j]
+        return ends
 
     def catch_up(self, jobcomp: JobcompLog, pending: set[str]) -> list[dict[str, Any]]:
         """Jobs that started and ended unseen (while the publisher was down) and that Slurm has
@@ -144,9 +150,13 @@ class Ledger:
         """The end of a run Slurm no longer shows: from the jobcomp log where one line names this
         run as squeue showed it; else UNKNOWN, dated `by` (when it was found gone: it ended then
         at the latest), not at its start (a run of over a day dated so was too old to publish)."""
-        logged = jobcomp.end_of(job, entry.start_ts, entry.nodes) if jobcomp is not None else None
+        logged = None
+        if jobcomp is not None:  # under its published start, or where Slurm moved it (power-up)
+            for start in (entry.start_ts, self.moved.get(job)):
+                if logged is None and start is not None:
+                    logged = jobcomp.end_of(job, start, entry.nodes)
         if logged is not None and logged.ran:
-            return ended(logged, entry)
+            return ended(replace(logged, start_ts=entry.start_ts), entry)
         # Slurm no longer says how this run ended; it no longer runs, which is all that is known
         ts = entry.ts if by is None else max(entry.ts, by)
         return _message(job, "finished", ts, entry.nodes, entry.gpus, entry.start_ts, end_state=UNKNOWN_END)

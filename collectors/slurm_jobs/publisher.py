@@ -183,7 +183,10 @@ class Publisher:
         if not items:
             return 0
         sent = []
+        held: set[bytes] = set()  # jobs one of whose records was refused: their later ones wait too
         for item, key, value in items:  # one record the client refuses holds back none behind it
+            if key in held:
+                continue  # (an end acknowledged without its start would leave the start unsent for good)
             try:
                 sent.append((item, self.producer.send(self.topic, key=key, value=value)))
             except RecordTooLarge as e:
@@ -193,6 +196,7 @@ class Publisher:
                 log.error("job %s: its record is too large to publish (%s); dropped", key.decode(), e)
                 self._settle(item)
             except SendError as e:  # not in the ledger: computed and sent again next loop
+                held.add(key)
                 log.warning(
                     "the producer refused the record of job %s (%s); sent again next loop", key.decode(), e
                 )

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fleetwatch import schemas
-from fleetwatch.bus import Delivery, RecordTooLarge
+from fleetwatch.bus import Delivery, RecordTooLarge, SendError
 from fleetwatch.bus.memory import MemoryBus, MemoryProducer
 from fleetwatch.collectors.slurm_jobs import squeue
 from fleetwatch.collectors.slurm_jobs.jobcomp import JobcompLog
@@ -265,3 +265,79 @@ def test_a_line_that_never_ends_is_refused_not_kept_growing(tmp_path: Path) -> N
     log = JobcompLog(str(path))
     errors = log.refresh()
     assert errors and all(e.what == "jobcomp" for e in errors) and len(log._partial) <= 1 << 16
+
+
+# -- a review's finds in the fixes above ---------------------------------------------------------
+
+
+def test_a_requeue_seen_completing_with_its_new_restart_count_is_a_new_run() -> None:
+    # Slurm counts the requeue while the first run's epilog still runs (COMPLETING, old start): the
+    # count a run started with decides, not the last one seen
+    ledger = Ledger()
+    _publish(ledger, ledger.observe([_sj("7", "RUNNING", 1000.0, nodes=("n1",))]))
+    assert ledger.observe([_sj("7", "COMPLETING", 1000.0, nodes=("n1",), restarts=1)]) == []
+    again = ledger.observe([_sj("7", "RUNNING", 1500.0, nodes=("n9",), restarts=1)])
+    assert _states(again, "7") == [("finished", "UNKNOWN"), ("started", None)]
+    assert again[1]["nodes"] == ["n9"] and again[1]["start_ts"] == 1500.0
+
+
+def _log_of(tmp_path: Path, *lines: str) -> JobcompLog:
+    path = tmp_path / "jobcomp.log"
+    path.write_text("".join(line + "\n" for line in lines))
+    log = JobcompLog(str(path))
+    log.refresh()
+    return log
+
+
+def test_a_whole_jobcomp_line_of_a_state_that_is_no_end_cuts_nothing(tmp_path: Path) -> None:
+    start = time.mktime(time.strptime("2026-12-04T13:28:51", "%Y-%m-%dT%H:%M:%S"))
+    resizing = REAL_LINE.replace("JobState=FAILED", "JobState=RESIZING")
+    log = _log_of(tmp_path, resizing, REAL_LINE)
+    assert log.end_of("4", start, ("gpu-node-03",)) is not None
+
+
+def test_the_logged_end_of_a_run_whose_start_slurm_moved_is_found(tmp_path: Path) -> None:
+    first = time.mktime(time.strptime("2026-12-04T13:27:21", "%Y-%m-%dT%H:%M:%S"))
+    moved = time.mktime(time.strptime("2026-12-04T13:28:51", "%Y-%m-%dT%H:%M:%S"))  # REAL_LINE's start
+    ledger = Ledger()
+    _publish(ledger, ledger.observe([_sj("4", "CONFIGURING", first, nodes=("gpu-node-03",))]))
+    assert ledger.observe([_sj("4", "RUNNING", moved, nodes=("gpu-node-03",))]) == []
+    ends = ledger.vanished(seen=set(), jobcomp=_log_of(tmp_path, REAL_LINE), now=moved + 600)
+    assert _states(ends, "4") == [("failed", "FAILED")] and ends[0]["start_ts"] == first
+
+
+def test_a_runs_own_line_too_old_to_publish_still_makes_a_second_one_ambiguous(tmp_path: Path) -> None:
+    start = time.mktime(time.strptime("2026-12-04T13:28:51", "%Y-%m-%dT%H:%M:%S"))
+    forged = REAL_LINE.replace("JobState=FAILED", "JobState=NODE_FAIL").replace(
+        "EndTime=2026-12-04T13:28:56", "EndTime=2026-12-05T13:28:56"
+    )
+    path = tmp_path / "jobcomp.log"
+    path.write_text(REAL_LINE + "\n" + forged + "\n")
+    log = JobcompLog(str(path), since=start + 3600)  # the real end is older than what is kept
+    log.refresh()
+    assert log.end_of("4", start, ("gpu-node-03",)) is None
+
+
+class _RefusingProducer(MemoryProducer):
+    """Refuses the first record of one job (a client error other than its size)."""
+
+    def __init__(self, bus: MemoryBus, job: bytes) -> None:
+        super().__init__(bus)
+        self.job = job
+
+    def send(self, topic: str, key: bytes | None = None, value: bytes | None = None, **kw: Any) -> Delivery:
+        if key == self.job:
+            self.job = b""
+            raise SendError("queue full")
+        return super().send(topic, key, value, **kw)
+
+
+def test_a_refused_start_holds_back_its_jobs_end_in_the_same_round() -> None:
+    bus = MemoryBus()
+    ledger = Ledger()
+    publisher = Publisher(_RefusingProducer(bus, b"9"), ledger, None)
+    now = 1_796_390_800.0
+    publisher.parse = lambda _a: ([_sj("9", "COMPLETED", now - 60, end=now - 5)], [])  # type: ignore[method-assign]
+    assert publisher.once(b"", now) == 0  # its start refused: its end not sent alone
+    assert publisher.once(b"", now + 2) == 2
+    assert [m["state"] for m in _on_topic(bus, "9")] == ["started", "finished"]
