@@ -119,7 +119,7 @@ def test_every_service_does_its_work_with_the_recommended_rights(
     )
     assert not refused(out), refused(out)
     # detect reads them, and publishes the node in the census and its state as snapshots
-    out = fleetwatch(broker, "detect", "detect", "--idle-exit", "5", "--metrics-port", "0")
+    out = fleetwatch(broker, "detect", "detect", "--idle-exit", "3", "--metrics-port", "0")
     assert not refused(out), refused(out)
     census = [json.loads(v) for k, v in records(broker, topics.NODES) if k == node.encode() and v]
     assert census and census[-1]["schema"] == schemas.NODE and census[-1]["node"] == node, census
@@ -134,7 +134,7 @@ def test_every_service_does_its_work_with_the_recommended_rights(
             "--alertmanager",
             "http://127.0.0.1:1",
             "--idle-exit",
-            "4",
+            "2",
             "--metrics-port",
             "0",
         )
@@ -155,7 +155,7 @@ def test_every_service_does_its_work_with_the_recommended_rights(
         "--slurm-conf",
         slurm.conf,
         "--idle-exit",
-        "4",
+        "2",
         "--state-dir",
         str(tmp_path / "drainer"),
         "--validate",
@@ -174,7 +174,7 @@ def test_every_service_does_its_work_with_the_recommended_rights(
         "--db",
         str(tmp_path / "acct.sqlite"),
         "--idle-exit",
-        "4",
+        "2",
         "--metrics-port",
         "0",
     )
