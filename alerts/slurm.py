@@ -79,6 +79,16 @@ def state_parts(state: str) -> list[str]:
     return [part.rstrip(_STATE_FLAGS) for part in state.lower().split("+")]
 
 
+def state_is(state: str, *prefixes: str) -> bool:
+    """Whether any part of a sinfo state (state_parts) starts with one of `prefixes`: `idle+drain`
+    is drained, `mixed+down` down."""
+    return any(part.startswith(prefixes) for part in state_parts(state))
+
+
+DRAINED_STATES = ("drain",)  # drained or draining
+DOWN_STATES = ("down", "fail")  # DOWN or FAIL: people or Slurm hold the node
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
@@ -88,7 +98,7 @@ class NodeInfo:
     @property
     def drained(self) -> bool:
         """Drained or draining (the drain flag, in any part of a compound state)."""
-        return any(part.startswith("drain") for part in state_parts(self.state))
+        return state_is(self.state, *DRAINED_STATES)
 
     @property
     def draining(self) -> bool:
@@ -100,7 +110,13 @@ class NodeInfo:
     @property
     def down(self) -> bool:
         """DOWN or FAIL (people or Slurm hold it), in any part of a compound state."""
-        return any(part.startswith(("down", "fail")) for part in state_parts(self.state))
+        return state_is(self.state, *DOWN_STATES)
+
+    @property
+    def held_by_others(self) -> bool:
+        """Drained or down under a Reason fleetwatch did not write: theirs, not to be tested,
+        resumed or drained again over them."""
+        return (self.drained or self.down) and not ours(self.reason)
 
 
 class JobOutput(subprocess.CompletedProcess[str]):

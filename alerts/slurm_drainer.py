@@ -408,7 +408,7 @@ class Drainer:
                 why = info.reason.removeprefix(f"{TAG}: ")
                 self.journal.finish(rid, "rejected", why, "validation_failed")
                 return self._done(msg, "validation_failed", why)
-            if (info.drained or info.down) and not ours(info.reason):
+            if info.held_by_others:
                 if held:  # left, only the adapter's user could run jobs there after their RESUME
                     self.validator.release(node)
                 prior = Entry(rid, node, "resume", "executing", "", None)
@@ -534,7 +534,7 @@ class Drainer:
         drained or set DOWN with someone else's Reason, or neither drained nor in our reservation
         (resumed by hand while its jobs drained: reserved and tested anyway, a failure drained it
         again under fleetwatch's Reason)."""
-        if (info.drained or info.down) and not ours(info.reason):
+        if info.held_by_others:
             return f"taken over before its test: {info.state}: {info.reason}"
         if not info.drained and not self.slurm.reservation_exists(reservation_name(node)):
             return f"not drained by fleetwatch any more before its test: {info.state}"
@@ -558,7 +558,7 @@ class Drainer:
             log.info("resume %s done after validation (request %s): %s", node, rid, line)
             return "executed", f"validated: {line}"
         info = self.slurm.node(node)
-        if (info.drained or info.down) and not ours(info.reason):
+        if info.held_by_others:
             # a failed test's DRAIN would overwrite their Reason: theirs to decide, told what failed
             why = f"taken over during the validation: {info.state}: {info.reason} (its test: {line})"
             return self._not_ours(node, rid, why)

@@ -34,13 +34,15 @@ import hostlist
 
 from fleetwatch import schemas, signing
 from fleetwatch.alerts.slurm import (
+    DOWN_STATES,
+    DRAINED_STATES,
     TAG,
     NodeInfo,
     ReservationsNotUnderstood,
     SlurmClient,
     SlurmError,
     ours,
-    state_parts,
+    state_is,
 )
 from fleetwatch.alerts.validation import RESERVATION_PREFIX
 from fleetwatch.refusal_log import RefusalLog
@@ -96,7 +98,7 @@ def kept_features(features: Iterable[str]) -> list[str]:
 def out_of_service(state: str) -> bool:
     """Whether a record's state keeps the node from jobs: drained, down, failed or in maintenance,
     in any part of a compound state (`idle+drain` too)."""
-    return any(part.startswith(("drain", "down", "fail", "maint")) for part in state_parts(state))
+    return state_is(state, *DRAINED_STATES, *DOWN_STATES, "maint")
 
 
 def held_by(rec: dict[str, Any], opt_out_feature: str = "") -> str | None:
@@ -108,10 +110,9 @@ def held_by(rec: dict[str, Any], opt_out_feature: str = "") -> str | None:
     # (sinfo's `maint` state is not used: the adapter's own validation reservations set it too;
     # `maintenance` is computed from the reservations, without those)
     # each part of a compound state counts: `idle+drain` is drained, `mixed+down` down
-    parts = state_parts(rec["state"])
-    if any(part.startswith(("down", "fail")) for part in parts):
+    if state_is(rec["state"], *DOWN_STATES):
         return DOWN
-    if any(part.startswith("drain") for part in parts) and not rec["ours"]:
+    if state_is(rec["state"], *DRAINED_STATES) and not rec["ours"]:
         return DRAINED_BY_OTHER
     return None
 
