@@ -20,6 +20,7 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -97,9 +98,12 @@ class JobcompLog:
     ends: dict[str, list[SlurmJob]] = field(default_factory=dict)  # job -> its logged runs
     bad_lines: int = 0
     _file: BinaryIO | None = None
+    _partial: bytes = b""
+    # runs (job, its StartTime as logged: a run's lines all carry the same) named by two different
+    # lines, and by a line too old to keep; jobs with a line cut short
     _ambiguous: set[tuple[str, float | None]] = field(default_factory=set)
-    _cut: OrderedDict[str, None] = field(default_factory=OrderedDict)  # jobs with a line cut short
     _old_runs: OrderedDict[tuple[str, float | None], None] = field(default_factory=OrderedDict)
+    _cut: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     @staticmethod
     def _remember(seen: OrderedDict, key: object) -> None:  # type: ignore[type-arg]
@@ -108,8 +112,6 @@ class JobcompLog:
         seen.move_to_end(key)
         while len(seen) > MAX_CUT_JOBS:
             seen.popitem(last=False)
-
-    _partial: bytes = b""
 
     def refresh(self) -> list[SlurmParseError]:
         """Reads what was appended since the last call; returns the lines that did not parse (and
@@ -181,7 +183,7 @@ class JobcompLog:
             runs = self.ends.setdefault(job.job, [])
             same = [r for r in runs if _same_start(r.start_ts, job.start_ts)]
             if same and any(r != job for r in same):
-                self._ambiguous.add((job.job, job.start_ts))
+                self._ambiguous.add((job.job, same[0].start_ts))  # under the run kept
             if not same:
                 runs.append(job)
         return errors
@@ -190,15 +192,15 @@ class JobcompLog:
         """The logged end of `job`'s run that started at `start_ts` on `nodes`, as squeue showed
         it (a requeued job has several runs): None where no line, or more than one, names it."""
         runs = [r for r in self.ends.get(job, ()) if _same_start(r.start_ts, start_ts)]
-        if len(runs) != 1 or job in self._cut or (job, runs[0].start_ts) in self._old_runs:
+        if len(runs) != 1 or job in self._cut:
             return None
-        if any(_same_start(a[1], start_ts) for a in self._ambiguous if a[0] == job):
+        run = (job, runs[0].start_ts)
+        if run in self._ambiguous or run in self._old_runs:
             return None
         return runs[0] if runs[0].nodes == nodes else None
 
-    def unseen_runs(self, known: dict[str, float]) -> list[SlurmJob]:
-        """The logged runs that ran, of jobs not in `known` (job -> the start of its run known to
-        the caller), in the order of their starts."""
+    def unseen_runs(self, known: Container[str]) -> list[SlurmJob]:
+        """The logged runs that ran, of jobs not in `known`, in the order of their starts."""
         out = [r for job, runs in self.ends.items() if job not in known for r in runs if r.ran]
         return sorted(out, key=lambda r: (r.start_ts or 0.0, int(r.job)))
 

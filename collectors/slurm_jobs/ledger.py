@@ -133,8 +133,7 @@ class Ledger:
         log is not bound to a job (JobcompLog), and only the runs the publisher saw in squeue can
         be checked against it, so a user's job cannot make another node's job look failed."""
         out: list[dict[str, Any]] = []
-        known = {j: e.start_ts for j, e in self.entries.items()} | dict.fromkeys(pending, 0.0)
-        for run in jobcomp.unseen_runs(known):
+        for run in jobcomp.unseen_runs(self.entries.keys() | pending):
             unknown = replace(run, state=UNKNOWN_END, exit_code=None, signal=None)
             out += [started(run), ended(unknown, None)]
         return out
