@@ -16,9 +16,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from fleetwatch.bus import Bus, Record, TopicPart, reference_time
+from fleetwatch.bus import Bus, Reader, Record, TopicPart, reference_time
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ class TopicFollower(threading.Thread):
         finally:
             reader.close()
 
-    def _partitions(self, reader: Any) -> list[TopicPart]:
+    def _partitions(self, reader: Reader) -> list[TopicPart]:
         """The topic's partitions, asked until it has some: a topic its reader cannot see (missing,
         or its metadata refused: an ACL) is not read, so not caught up. It was followed as empty,
         for good: act then took no pause (fail open) and no result or census from it."""

@@ -15,6 +15,7 @@ from fleetwatch.bus import Record, TopicPart, reference_time
 from fleetwatch.bus.memory import MemoryBus
 from fleetwatch.bus.partitioner import partition_for
 from fleetwatch.follow import TopicFollower
+from tests.helpers.followers import following
 
 T = "t.v1"
 
@@ -105,8 +106,7 @@ def test_a_follower_applies_the_whole_topic_then_says_it_caught_up() -> None:
             late.set()
 
     follower = TopicFollower(T, apply, bus)
-    follower.start()
-    try:
+    with following(follower):
         assert follower.caught_up.wait(30)
         assert sorted(seen, key=repr) == sorted(
             [(b"k0", b"0"), (b"k1", b"1"), (b"k2", b"2"), (b"k0", b"3"), (b"k1", b"4"), (b"k2", None)],
@@ -114,9 +114,6 @@ def test_a_follower_applies_the_whole_topic_then_says_it_caught_up() -> None:
         )
         bus.append(T, b"late", b"x")  # what arrives later is applied too
         assert late.wait(30) and seen[-1] == (b"late", b"x")
-    finally:
-        follower.stop()
-        follower.join(30)
     assert not follower.is_alive()
 
 
@@ -126,16 +123,11 @@ def test_a_follower_of_an_empty_topic_is_caught_up_at_once_and_of_an_unseen_one_
     it. It is asked again until it shows, and not caught up meanwhile."""
     bus = _bus()
     follower = TopicFollower(T, lambda _k, _v: None, bus)
-    follower.start()
-    try:
+    with following(follower):
         assert follower.caught_up.wait(30)
-    finally:
-        follower.stop()
-        follower.join(30)
     seen: list[bytes | None] = []
     follower = TopicFollower("absent", lambda _k, v: seen.append(v), bus)
-    follower.start()
-    try:
+    with following(follower):
         assert not follower.caught_up.wait(1.5)
         bus.ensure_topics(["absent"], partitions=2)
         bus.append("absent", b"k", b"v")
@@ -144,9 +136,6 @@ def test_a_follower_of_an_empty_topic_is_caught_up_at_once_and_of_an_unseen_one_
         while not seen and time.monotonic() < deadline:
             time.sleep(0.05)
         assert seen == [b"v"]
-    finally:
-        follower.stop()
-        follower.join(30)
     assert not follower.is_alive()
 
 

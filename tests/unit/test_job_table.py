@@ -18,6 +18,7 @@ from fleetwatch.pipeline import job_table
 from fleetwatch.pipeline.job_stage import JobTask
 from fleetwatch.pipeline.job_table import JobTable, JobTableFollower
 from fleetwatch.pipeline.node_stage import NodeTask, NodeTaskConfig
+from tests.helpers.followers import following
 from tests.helpers.messages import telemetry
 
 T0 = 1_800_000_000.0
@@ -110,12 +111,8 @@ def test_the_follower_applies_records_and_tombstones_in_order() -> None:
     ]
     for key, msg in rec:
         bus.append(topics.JOBS, key, None if msg is None else orjson.dumps(msg))
-    follower.start()
-    try:
+    with following(follower):
         assert follower.caught_up.wait(30)
-    finally:
-        follower.stop()
-        follower.join(30)
     assert t.failed_jobs == {} and t.jobs_of(["n1", "n2", "n3"]) == [("run",), ("again", "run"), ()]
 
 
