@@ -11,9 +11,9 @@ all its residuals at once and read as drift.)
 
 Each GPU's residuals (temperature, power, clock) are one group of the multivariate scorer
 (detectors/multivariate.py), the code the real-data benchmarks judge (benchmarks/asd_eval.py,
-smd_eval.py): per signal a baseline remembering about a day of samples, point, 3-sample, drift
-and relation statistics (a GPU hotter than its siblings without drawing more power than they
-do breaks the relation its residuals usually keep), calibrated fleet-wide per signal (one
+smd_eval.py): per signal a baseline remembering about a day of samples, point, 3-sample, drift,
+relation and step statistics (a GPU hotter than its siblings without drawing more power than
+they do breaks the relation its residuals usually keep), calibrated fleet-wide per signal (one
 pool) into one p per GPU sample, and one p per signal (its own statistics'). A GPU sample is
 unusual when either is at or below 1 - `threshold` (each at most ~0.1% of healthy samples). One
 unusual sample is not a finding: a GPU must stay unusual, with at least one signal `min_peer_z`

@@ -9,10 +9,11 @@ absent. Each sample gets a p-value: "a healthy group gives a p this small at mos
 statistical score here (detectors/calibration.py). What goes into it is described with the
 compiled pass (detectors/multivariate_kernels.py): per metric a robust baseline and five
 statistics (point, short window, drift, relation to the other metrics, step since the last
-sample), each calibrated against its own history with an exponential tail beyond the seen range,
-and their smallest p calibrated again as the metric's; three families of evidence (the
-strongest metric, several metrics at once, the levels' joint distance) combined by Cauchy's
-combination, and that calibrated again.
+sample), each calibrated against its own history with an exponential tail beyond the seen range
+(a metric that never moved: the unit exponential, so its first far move is not capped at its
+history's 1 / (history + 1)), and their smallest p calibrated again as the metric's; three
+families of evidence (the strongest metric, several metrics at once, the levels' joint
+distance) combined by Cauchy's combination, and that calibrated again.
 
 Calibration pools: the histograms are shared by the groups of one pool (``pools``): one pool per
 group is "each machine against its own past" (the benchmarks, one machine each); a fleet puts its

@@ -80,7 +80,18 @@ def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_
     median holds while less than half the tail is one series'. Exponential (a generalised
     Pareto tail of shape 0): the tail of every statistic here, a |z| of noise, a CUSUM, a -ln p,
     is that or lighter, so beyond the history it errs towards larger p; a Pareto tail was tried
-    first and was ten times too conservative at 0.999."""
+    first and was ten times too conservative at 0.999.
+
+    A row with a full history (q_tail of it at least min_tail) but less than min_tail of it above
+    the underflow is a series that (nearly) never moved: there is no tail to fit, and the
+    conformal p of its first move, however large, stopped at 1 / (history + 1) (3.6e-4 at the
+    pipeline's halflife; times the five statistics, a never-moving GPU signal could not flag on
+    its own at 0.999 whatever it did). Its model is the unit exponential from zero, p = e^-d: the
+    tail of |z| for Laplace noise at the metric's scale, here its floor (the resolution, since it
+    did not move), the heaviest of the usual noise models and heavier than Gaussian; tail_p takes
+    it only where it is below the conformal p, so only a move beyond ln(history + 1), ~8 scales,
+    is judged by it, and a -ln p (the metric's and the combination's rows) is Exp(1) under the
+    null, exactly this tail."""
     rows, cols = hist.shape
     bins = cols - 2
     for r in range(rows):
@@ -101,6 +112,11 @@ def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_
                 cu = c
                 break
         if cu == 0 or suffix[r, cu] < min_tail:
+            if suffix[r, 1] < min_tail <= q_tail * total:
+                # a series that (nearly) never moved: the unit exponential from zero, e^-d
+                model[r, 0] = math.exp(lo)
+                model[r, 1] = total
+                model[r, 2] = 1.0
             continue
         ln_u = lo + (cu - 1) * width
         half = 0.5 * suffix[r, cu]

@@ -2,8 +2,8 @@
 
 Streams a univariate series, in file order, through the online detector the pipeline's
 statistical detector runs (``detectors.multivariate.MultivariateScorer`` with one metric: a robust
-baseline with point, 3-sample, drift and level statistics, each calibrated online with a tail
-that is not capped at 1 / history, combined and calibrated again) and writes
+baseline with point, 3-sample, drift and step statistics, each calibrated online with a tail
+that is not capped at 1 / history, their smallest p calibrated, combined and calibrated again) and writes
 ``timestamp,value,anomaly_score`` to stdout. Nothing looks ahead: the score of a row depends only
 on the rows before it and on itself.
 

@@ -420,3 +420,41 @@ def test_a_metric_p_is_never_rarer_than_its_smallest_statistic_p() -> None:
     smallest = np.fmin.reduce(out.stat_p, axis=2)
     known = ~np.isnan(out.metric_p)
     assert known.sum() > 300 and (out.metric_p[known] >= smallest[known]).all()
+
+
+def test_a_metric_that_never_moved_is_not_capped_at_its_history_when_it_moves_far() -> None:
+    """ASD omi-6's event at test sample 750: a metric constant over all its history jumped 50
+    resolution steps and each of its statistics said 1 / (history + 1), no more, so one metric
+    among 19 could not reach 0.999 (found 16 samples later through others). Beyond ~8 scales it
+    is now as rare as Laplace noise at its floor would make it; one step is not."""
+    x = healthy(6003, np.random.default_rng(0))
+    x[:, 5] = 0.5  # a metric that never moves: its rows hold nothing but zeros
+    jump, step = x.copy(), x.copy()
+    jump[6001, 5] = 0.55  # 50 resolution steps
+    step[6001, 5] = 0.501  # one
+    out = {}
+    for name, series in (("jump", jump), ("step", step)):
+        sc = MultivariateScorer(M, floor=0.001)
+        out[name] = stream(sc, sc.add_groups(np.zeros(1, dtype=np.int64)), series)
+    history = 1.0 / (1.0 + 1.0 / (1.0 - 0.5 ** (1.0 / sc.params.halflife)))  # 1 / (W + 1)
+    (p_jump, sp_jump), (_, sp_step) = out["jump"], out["step"]
+    point = STAT_NAMES.index("point")
+    assert sp_jump[6001, 5, point] < 1e-15 and p_jump[6001] <= 1e-3, (sp_jump[6001, 5], p_jump[6001])
+    assert np.nanmin(sp_step[6001, 5]) >= 0.9 * history, (sp_step[6001, 5], history)
+
+
+def test_the_tail_of_a_row_of_zeros_is_the_unit_exponential_only_with_a_full_history() -> None:
+    bins, lo, width = 56, -5.0, 14.0 / 56
+    hist = np.zeros((4, bins + 2))
+    hist[:, 0] = [2885.0, 100.0, 2865.0, 2885.0]  # zeros: full; short; full with 20 moves; full
+    hist[2, 20] = 20.0  # min_tail of it above the underflow: the usual rule (no tail fitted here)
+    hist[3, 1] = 5.0  # a few tiny moves, under min_tail: still a series that (nearly) never moved
+    suffix, model = np.zeros((4, bins + 3)), np.zeros((4, 3))
+    tail_model(hist, suffix, lo, width, 0.02, 10.0, model)
+    assert model[0].tolist() == [math.exp(lo), 2885.0, 1.0] and model[3, 2] == 1.0
+    assert model[1, 2] == 0.0 and model[2, 2] == 0.0
+    conformal = 1.0 / 2886.0
+    far = tail_p(hist[0], suffix[0], model[0], 30.0, lo, width, 30.0)
+    assert far == pytest.approx(math.exp(-(30.0 - math.exp(lo))))
+    assert tail_p(hist[0], suffix[0], model[0], 2.0, lo, width, 30.0) == pytest.approx(conformal)
+    assert tail_p(hist[1], suffix[1], model[1], 30.0, lo, width, 30.0) == pytest.approx(1.0 / 101.0)
