@@ -16,9 +16,10 @@ if [[ $# -eq 0 ]]; then
   warm_pid=$!
 fi
 bash services/kafka/kafka.sh start
-if [[ $# -eq 0 ]]; then  # the brokers of the Slurm integration process and of the third (below)
-  KAFKA_PORT=19992 KAFKA_CONTROLLER_PORT=19993 bash services/kafka/kafka.sh start
-  KAFKA_PORT=18892 KAFKA_CONTROLLER_PORT=18893 bash services/kafka/kafka.sh start
+if [[ $# -eq 0 ]]; then  # the brokers of the Slurm integration process and of the third (below),
+  # the suite's own: started empty, as on CI's clean clone (the first broker is the demo's too)
+  KAFKA_PORT=19992 KAFKA_CONTROLLER_PORT=19993 bash services/kafka/kafka.sh fresh
+  KAFKA_PORT=18892 KAFKA_CONTROLLER_PORT=18893 bash services/kafka/kafka.sh fresh
 fi
 python3 -m ruff check .
 python3 -m ruff format --check .
