@@ -64,13 +64,14 @@ def sign(msg: Mapping[str, Any], key: bytes) -> str:
     return signing.mac(msg, key, "signature")
 
 
-def one_line(reason: str, limit: int = MAX_REASON) -> str:
-    """`reason` as validate_drain accepts it: one line, not empty, at most `limit` characters.
+def one_line(reason: str, limit: int = MAX_REASON, blank: str = "fleetwatch") -> str:
+    """`reason` as validate_drain accepts it: one line, at most `limit` characters, `blank` where
+    nothing is left (a request's reason is never empty; a node view's Reason of only spaces is none).
 
     Reasons are built from finding evidence (an XID code, a rule name), which a detector or a
     producer may have filled with anything: a request must never fail to build because of it."""
     text = " ".join(reason.replace("\0", " ").split())
-    return text[:limit] or "fleetwatch"
+    return text[:limit] or blank
 
 
 def bounded_reason(reason: str, total: int) -> str:

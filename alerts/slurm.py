@@ -93,7 +93,7 @@ DOWN_STATES = ("down", "fail")  # DOWN or FAIL: people or Slurm hold the node
 class NodeInfo:
     name: str
     state: str  # sinfo %T, e.g. idle, drained, draining, mixed, idle*, idle+drain
-    reason: str  # sinfo %E ("none" when unset)
+    reason: str  # sinfo's Reason, whole ("" when unset)
 
     @property
     def drained(self) -> bool:
@@ -233,8 +233,12 @@ class SlurmClient:
         return r.stdout.splitlines()[0]
 
     def node(self, node: str) -> NodeInfo:
-        state, _, reason = self._node_line(node, "-o", "%T|%E").partition("|")
-        return NodeInfo(node, state.strip(), reason.strip())
+        """The node's state and Reason ("" when it has none), read as node_states reads every node's:
+        an operator's Reason with a line break is whole (its first line was kept)."""
+        rows = self._node_rows("-n", node)
+        if node not in rows:
+            raise SlurmError(f"sinfo -n {node}: no such node in its answer")
+        return rows[node][0]
 
     def comment(self, node: str) -> str:
         """The node's Comment ("" when unset), all of it: an operator's may span lines, and sinfo
@@ -259,12 +263,17 @@ class SlurmClient:
             raise SlurmError(f"scontrol update {node} State={state} failed: {r.stderr.strip()[:300]}")
 
     def node_states(self) -> list[tuple[NodeInfo, tuple[str, ...]]]:
-        """Every node with its state, reason and features (one sinfo call, one line per node:
-        `-N` repeats a node once per partition, the first is kept)."""
+        """Every node with its state, reason and features (one sinfo call)."""
+        return list(self._node_rows().values())
+
+    def _node_rows(self, *select: str) -> dict[str, tuple[NodeInfo, tuple[str, ...]]]:
+        """sinfo -N's nodes (`select`: e.g. -n NODE) with their state, reason ("" for sinfo's
+        "none") and features, by name: `-N` repeats a node once per partition, the first is kept."""
         fields = ",".join(f"{field}:0{_FIELD_END}" for field in _NODE_FIELDS)
-        r = self._run(["sinfo", "-h", "-N", "-O", fields])
+        r = self._run(["sinfo", "-h", "-N", *select, "-O", fields])
         if r.returncode != 0:
-            raise SlurmError(f"sinfo failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
+            where = f" {' '.join(select)}" if select else ""
+            raise SlurmError(f"sinfo{where} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
         out: dict[str, tuple[NodeInfo, tuple[str, ...]]] = {}
         for row in _NODE_ROW.finditer(r.stdout):
             name, state, features, reason = (p[:-1].strip() for p in row.groups())
@@ -272,7 +281,7 @@ class SlurmClient:
                 continue
             feats = () if features in ("", "(null)") else tuple(f for f in features.split(",") if f)
             out[name] = (NodeInfo(name, state, "" if reason == "none" else reason), feats)
-        return list(out.values())
+        return out
 
     def maintenance_nodes(self, except_prefix: str = "") -> set[str]:
         """Nodes of the ACTIVE reservations flagged MAINT (scontrol show reservation, one per line),

@@ -74,7 +74,7 @@ def make_record(
         "schema": SLURM_NODE,
         "node": info.name,
         "state": state if schemas.SLURM_STATE_TEXT_RE.match(state) else "unknown",
-        "reason": one_line(info.reason)[: schemas.MAX_REASON] if info.reason else "",
+        "reason": one_line(info.reason, schemas.MAX_REASON, blank=""),  # spaces: no Reason, not ours
         "features": [f[: schemas.MAX_ID_LEN] for f in kept_features(features)],
         "maintenance": bool(maintenance),
         "ours": info.drained and ours(info.reason),

@@ -59,7 +59,7 @@ class MemorySlurm:
 
     def resume(self, node: str) -> None:
         self._up()
-        self.state, self.reason = "idle", "none"
+        self.state, self.reason = "idle", ""  # as SlurmClient.node reads a node with no Reason
         self.updates += 1
 
     def reservation_exists(self, name: str) -> bool:

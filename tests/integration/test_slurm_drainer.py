@@ -322,6 +322,32 @@ def test_hostile_records_on_the_control_topic_neither_stop_the_adapter_nor_hold_
         slurm.reset(node)
 
 
+def test_an_operators_line_under_the_adapters_reason_makes_the_drain_theirs(
+    drainer: Drainer, slurm: Slurm
+) -> None:
+    """SlurmClient.node read only a Reason's first line: an operator who wrote "keep drained" on a
+    line under the adapter's own Reason had the drain taken for the adapter's still, and the next
+    resume lifted it, their note with it. The Reason is read whole: theirs now, left as it is."""
+    node = "gpu-node-04"
+    slurm.reset(node)
+    drain = req(node)
+    try:
+        assert drainer.handle(raw(drain), "t:0:1") == "executed"
+        theirs = f"{slurm.state(node)[1]}\nkeep drained: RMA 4711 (alice)"
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={theirs}"],
+            env=slurm.env,
+            check=True,
+        )
+        assert SlurmClient(slurm.conf).node(node).reason == theirs  # as Slurm keeps it
+        resume = req(node, "resume", tuple(drain["findings"]))
+        assert drainer.handle(raw(resume), "t:0:2") == "not_ours"
+        state, reason = slurm.state(node)
+        assert state.rstrip("*").startswith("drain") and reason == theirs
+    finally:
+        slurm.reset(node)
+
+
 def test_a_node_taken_down_or_into_maintenance_is_deferred_untouched_and_drained_once_it_is_back(
     drainer: Drainer, slurm: Slurm
 ) -> None:

@@ -123,7 +123,7 @@ def _request(action: str = "drain", issued_at: float = T0, finding_id: str = "f1
 def test_the_adapter_defers_during_a_pause_answers_the_same_copy_alike_and_takes_a_new_copy_afresh(
     tmp_path: Path,
 ) -> None:
-    slurm = MemorySlurm("idle", "none")
+    slurm = MemorySlurm("idle", "")
     results = Results()
     now = [T0 + 5]
     paused: list[Pause] = [Pause("switch firmware rollout", "oncall@h", T0, T0 + 3600)]
@@ -159,7 +159,7 @@ def test_the_adapter_defers_a_node_down_or_in_maintenance_and_drains_it_once_it_
     assert drainer.handle(schemas.encode(_request()), "t:0:0", key=b"gpu01") == "deferred"
     assert results.details[-1] == "held in Slurm (down): down*: Not responding"
     assert slurm.state == "down*" and slurm.reason == "Not responding"  # the admin's Reason stays
-    slurm.state, slurm.reason = "idle", "none"
+    slurm.state, slurm.reason = "idle", ""
     slurm.maintenance = {"gpu01"}
     now[0] = T0 + 61
     assert drainer.handle(schemas.encode(_request(issued_at=T0 + 60)), "t:0:1", key=b"gpu01") == "deferred"
@@ -283,7 +283,7 @@ def test_reservations_slurm_lists_unreadably_defer_the_request_and_slurm_away_is
     for good: deferred. Slurm not answering is an outage like any other: retried, nothing answered
     (deferring then freed act's budget slot while the drain might still happen: the full suite's
     forged-request test caught that)."""
-    slurm = MemorySlurm("idle", "none")
+    slurm = MemorySlurm("idle", "")
     results = Results()
     error: list[SlurmError] = [SlurmOutputNotUnderstood("a reservation's node list not understood")]
 

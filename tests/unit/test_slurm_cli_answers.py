@@ -118,6 +118,27 @@ def test_a_reason_with_a_newline_makes_no_node_line(tmp_path: Path, monkeypatch:
     assert states["gpu01"].reason == "RMA: see table\ngpu02|idle|a100|pasted"
 
 
+def test_one_nodes_reason_is_read_whole_as_every_nodes_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # node() read `-o "%T|%E"` and kept the first line: "RMA: see table" for gpu01 below
+    tools(tmp_path, monkeypatch, sinfo=SINFO)
+    client = SlurmClient()
+    assert client.node("gpu01").reason == "RMA: see table\ngpu02|idle|a100|pasted"
+    assert client.node("gpu02") == next(i for i, _f in client.node_states() if i.name == "gpu02")
+
+
+def test_a_node_without_a_reason_has_an_empty_one_and_one_not_answered_for_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    row = "".join(f + "\x1e" for f in ("gpu01", "idle", "(null)", "none")) + "\n"
+    tools(tmp_path, monkeypatch, sinfo=answers(row * 2))  # one row per partition
+    assert SlurmClient().node("gpu01") == SlurmClient().node_states()[0][0]
+    assert SlurmClient().node("gpu01").reason == "" and SlurmClient().node("gpu01").state == "idle"
+    with pytest.raises(SlurmError, match="gpu09"):
+        SlurmClient().node("gpu09")  # sinfo answered, for another node
+
+
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_a_comment_holding_the_separator_is_read_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partitions: int

@@ -208,6 +208,8 @@ def test_the_publisher_sends_what_changed_and_everything_at_a_refresh() -> None:
     last = producer.sent[-1]
     assert last["node"] == "gpu-node-03" and last["state"] == "unknown" and last["reason"] == "x y"
     assert last["features"] == ["f" * 128]
+    slurm.states.append((NodeInfo("gpu-node-04", "drained", " \n\0 "), ()))  # published as "fleetwatch"
+    assert pub.publish() == 1 and producer.sent[-1]["reason"] == "" and not producer.sent[-1]["ours"]
 
 
 def test_a_view_is_dated_before_slurm_is_read() -> None:

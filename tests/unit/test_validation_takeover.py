@@ -76,7 +76,7 @@ class ResumedWhileDraining(MemorySlurm):
         if self.state == "draining" and self.updates == 0:
             self.updates += 1  # the first look: still draining
         elif self.state == "draining":
-            self.state, self.reason = "mixed", "none"  # the operator's RESUME, jobs still running
+            self.state, self.reason = "mixed", ""  # the operator's RESUME, jobs still running
         return super().node(node)
 
 
@@ -90,7 +90,7 @@ def test_a_node_resumed_by_hand_while_its_jobs_drain_is_not_tested_nor_drained_a
     assert drainer.settle(10) == ["not_ours"]
     assert results.outcomes == ["rejected_not_ours"] and "before its test" in results.details[0]
     assert slurm.runs == 0 and slurm.reservations == set()
-    assert (slurm.state, slurm.reason) == ("mixed", "none")  # as the operator left it
+    assert (slurm.state, slurm.reason) == ("mixed", "")  # as the operator left it
 
 
 def test_a_node_set_down_with_someone_elses_reason_during_a_failing_test_keeps_their_reason(
