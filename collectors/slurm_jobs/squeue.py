@@ -83,7 +83,7 @@ def parse_job(entry: Any) -> SlurmJob:
             job=job_id(entry.get("job_id"), raw),
             state=state,
             nodes=nodes,
-            gpus=_gpus(entry, len(nodes), raw),
+            gpus=_gpus(entry, nodes, raw),
             start_ts=_time(entry.get("start_time"), raw),
             end_ts=_time(entry.get("end_time"), raw) if state in ENDED else None,
             exit_code=exit_code if state in ENDED else None,
@@ -149,31 +149,48 @@ def _exit(value: Any, raw: str) -> tuple[int | None, int | None]:
     return (status >> 8) & 0xFF, None
 
 
-def _check_allocation(entry: dict[str, Any], nodes: tuple[str, ...], raw: str) -> None:
-    """Where the answer also lists the allocated nodes one by one, they must be `nodes`."""
+def _allocated(entry: dict[str, Any]) -> list[Any] | None:
+    """The allocated nodes' names one by one where the answer lists them, in Slurm's node order
+    (slurm.conf's), the order of gres_detail too."""
     res = entry.get("job_resources")
     if not isinstance(res, dict):
-        return
+        return None
     alloc = res.get("allocated_nodes")  # 22.05: [{"nodename": ...}]
-    names = [a.get("nodename") for a in alloc] if isinstance(alloc, list) else None
+    names = [a.get("nodename") for a in alloc if isinstance(a, dict)] if isinstance(alloc, list) else None
     if names is None and isinstance(res.get("nodes"), dict):  # 23.11+: nodes.allocation[].name
         alloc = res["nodes"].get("allocation")
-        names = [a.get("name") for a in alloc] if isinstance(alloc, list) else None
-    if names and sorted(names) != sorted(nodes):
+        names = [a.get("name") for a in alloc if isinstance(a, dict)] if isinstance(alloc, list) else None
+    return names
+
+
+def _check_allocation(entry: dict[str, Any], nodes: tuple[str, ...], raw: str) -> None:
+    """Where the answer also lists the allocated nodes one by one, they must be `nodes`."""
+    names = _allocated(entry)
+    if names and sorted(names, key=str) != sorted(nodes):
         raise SlurmParseError("job", f"nodes {nodes[:4]}... differ from the allocation {names[:4]}...", raw)
 
 
-def _gpus(entry: dict[str, Any], n_nodes: int, raw: str) -> tuple[int, ...] | None:
-    """GPUs on each node: from gres_detail (one entry per node, while the job runs), else from a
-    per-node request (tres_per_node "gres:gpu:4" in 22.05, "gres/gpu:4" later)."""
-    if n_nodes == 0:
+def _gpus(entry: dict[str, Any], nodes: tuple[str, ...], raw: str) -> tuple[int, ...] | None:
+    """GPUs on each of `nodes`: from gres_detail (one entry per node, while the job runs), else from
+    a per-node request (tres_per_node "gres:gpu:4" in 22.05, "gres/gpu:4" later).
+
+    gres_detail follows Slurm's node order (slurm.conf's) and `nodes` the host list's, which Slurm
+    prints sorted: where slurm.conf does not list its nodes sorted the two differ, and a job on an
+    8-GPU and a 4-GPU node had its counts swapped. The allocated nodes, listed one by one in
+    Slurm's order, pair each entry with its node."""
+    if not nodes:
         return None
     detail = entry.get("gres_detail")
-    if isinstance(detail, list) and len(detail) == n_nodes and all(isinstance(d, str) for d in detail):
-        return tuple(_gpu_count(d.replace("gres/", ""), raw) for d in detail)
+    if isinstance(detail, list) and len(detail) == len(nodes) and all(isinstance(d, str) for d in detail):
+        counts = [_gpu_count(d.replace("gres/", ""), raw) for d in detail]
+        names = _allocated(entry)  # the same nodes as `nodes` (_check_allocation), in detail's order
+        if names and len(names) == len(nodes):
+            by_name = dict(zip(names, counts, strict=True))
+            return tuple(by_name[n] for n in nodes)
+        return tuple(counts)
     per = entry.get("tres_per_node")
     if isinstance(per, str) and _GPU_GRES.search(per.replace("gres:", "").replace("gres/", "")):
-        return (_gpu_count(per.replace("gres:", "").replace("gres/", ""), raw),) * n_nodes
+        return (_gpu_count(per.replace("gres:", "").replace("gres/", ""), raw),) * len(nodes)
     return None
 
 

@@ -108,6 +108,20 @@ def test_a_22_05_wait_status_gives_the_signal_that_killed_the_script() -> None:
     assert (job.exit_code, job.signal) == (None, 9)
 
 
+def test_gpus_follow_their_nodes_where_slurm_conf_does_not_list_them_sorted() -> None:
+    # job 5 with slurm.conf listing gpu-node-02 first: gres_detail and the allocated nodes come in
+    # that order, the host list sorted; the counts were taken in the host list's order (swapped)
+    entry = json.loads((FIXTURES / "squeue-22.05-mixed.json").read_text())["jobs"][4]
+    alloc = entry["job_resources"]["allocated_nodes"]
+    entry["job_resources"]["allocated_nodes"] = [alloc[1], alloc[0]]
+    entry["gres_detail"] = ["gpu:8(IDX:0-7)", "gpu:4(IDX:0-3)"]  # gpu-node-02's, then gpu-node-01's
+    job = squeue.parse_job(entry)
+    assert job.nodes == ("gpu-node-01", "gpu-node-02") and job.gpus == (4, 8)
+    entry["job_resources"]["allocated_nodes"] = [{"nodename": None}, alloc[0]]  # not its nodes
+    with pytest.raises(SlurmParseError, match="allocation"):
+        squeue.parse_job(entry)
+
+
 @pytest.mark.parametrize(
     ("text", "why"),
     [
