@@ -803,19 +803,26 @@ def run(args: argparse.Namespace) -> int:
                 break
             done: dict[TopicPart, int] = {}
             retry_at: dict[TopicPart, int] = {}
+            acted = False  # Slurm's view of a node changed by the adapter's hand
             for tp, block in polled.items():
                 for k, offset in enumerate(block.offsets.tolist()):
                     try:
-                        drainer.handle(
+                        outcome = drainer.handle(
                             block.value(k), f"{tp.topic}:{tp.partition}:{offset}", tp.topic, block.key(k)
                         )
+                        acted = acted or outcome == "executed"
                     except Retry as e:
                         log.warning("Slurm unavailable (%s); retrying in %.0f s", e, backoff)
                         retry_at[tp] = offset
                         break
                     done[tp] = offset + 1
-            drainer.deliver_finished()  # validations that ended on their threads: journal, results
-            if states is not None and states.due():
+            # validations that ended on their threads: journal, results
+            acted = bool(drainer.deliver_finished()) or acted
+            # the view at once after the adapter changed a node, not at the next period: a drain
+            # lifted by hand within the period would otherwise show no change at all, and the
+            # accounting stage, which ends a drain at the view showing the node back in service,
+            # would count it drained until the next one
+            if states is not None and (acted or states.due()):
                 states.publish()
             # Results and dead letters first, then the commit that forgets the input.
             unsent = producer.flush(30)

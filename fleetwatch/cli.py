@@ -693,6 +693,11 @@ def build_parser() -> _Parser:
     p.add_argument("--findings-topic", default="fleet.findings.v1", help="finding/1")
     _add_results_topic(p)
     p.add_argument("--nodes-topic", default="fleet.nodes.v1", help="node/1: the census")
+    p.add_argument(
+        "--slurm-nodes-topic",
+        default="scheduler.nodes.v1",
+        help="slurm_node/1, from slurm-drainer: a drain lifted by hand ends where it shows the node back",
+    )
     p.add_argument("--idle-exit", type=positive_float, default=None, help="exit after this many idle s")
     p.set_defaults(handler="fleetwatch.pipeline.reliability.cli:account_command")
 

@@ -98,11 +98,18 @@ def account_command(args: argparse.Namespace) -> int:
     census_key = census.load_key(args.census_key_file)
     drain_key = _drain_key(args.drain_key_file)
     if drain_key is None:
-        log.warning("no drain key: drain results are not read, and the report shows no drained time")
+        log.warning(
+            "no drain key: drain results and Slurm's node view are not read; the report shows no drained time"
+        )
     bus = KafkaBus(args.bootstrap)
     bus.wait_for_broker(30)
     names = StageTopics(
-        args.jobs_topic, args.steps_topic, args.findings_topic, args.results_topic, args.nodes_topic
+        args.jobs_topic,
+        args.steps_topic,
+        args.findings_topic,
+        args.results_topic,
+        args.nodes_topic,
+        args.slurm_nodes_topic,
     )
     bus.ensure_topics([*names.all(), topics.DEADLETTER])
     serve_metrics(args.metrics_port, args.metrics_addr)

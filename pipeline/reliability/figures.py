@@ -313,14 +313,15 @@ def drained_node_seconds(
     drains: Mapping[str, list[tuple[float, str]]], since: float, until: float
 ) -> dict[str, float]:
     """Per node, the seconds in [since, until) between an executed drain and the next executed
-    resume (a node still drained at `until` counts until then)."""
+    resume or the next time Slurm's view showed the node back in service ("returned": lifted by
+    hand); a node still drained at `until` counts until then."""
     out: dict[str, float] = {}
     for node, events in drains.items():
         total, drained_at = 0.0, None
         for ts, action in sorted(events):
             if action == "drain" and drained_at is None:
                 drained_at = ts
-            elif action == "resume" and drained_at is not None:
+            elif action in ("resume", "returned") and drained_at is not None:
                 total += max(0.0, min(ts, until) - max(drained_at, since))
                 drained_at = None
         if drained_at is not None:

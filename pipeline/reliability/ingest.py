@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetwatch.alerts.slurm import DOWN_STATES, DRAINED_STATES, state_is
 from fleetwatch.pipeline.reliability.store import MAX_RUN_S, Progress, Store
 from fleetwatch.pipeline.reliability.taxonomy import end_state_of, finding_cause
 
@@ -317,6 +318,18 @@ class Ingest:
 
     def drain_result(self, db: sqlite3.Connection, r: Mapping[str, Any]) -> None:
         self.store.upsert_drain(db, r["request_id"], r["node"], r["action"], r["outcome"], float(r["ts"]))
+
+    def slurm_view(self, db: sqlite3.Connection, v: Mapping[str, Any], broker_ts: float | None) -> None:
+        """Slurm's view of a node (the adapter's slurm_node/1): in service, or out of it (drained,
+        draining, down or failed, whoever did it). An executed drain ends at its resume or at the
+        first view after it that shows the node in service (lifted by hand: it counted as drained
+        for ever). A state the adapter could not name ("unknown") says neither."""
+        state = v["state"]
+        if state == "unknown":
+            return
+        ts = float(v["ts"]) if broker_ts is None else min(float(v["ts"]), broker_ts)
+        out = state_is(state, *DRAINED_STATES, *DOWN_STATES)
+        self.store.note_service(db, v["node"], ts, not out)
 
     def node(self, db: sqlite3.Connection, n: Mapping[str, Any]) -> None:
         self.store.upsert_node(db, n["node"], float(n["first_seen"]), float(n["last_seen"]))

@@ -80,11 +80,20 @@ def build(
 
 
 def _drains(store: Store, until: float) -> dict[str, list[tuple[float, str]]]:
+    """Per node, its executed drains and resumes ("drain", "resume"), and the times Slurm's view
+    showed it back in service ("returned": a drain lifted by hand ends there), before `until`."""
     out: dict[str, list[tuple[float, str]]] = {}
     for node, ts, action in store.rows(
         "SELECT node, ts, action FROM drains WHERE outcome = 'executed' AND ts < ? ORDER BY ts", (until,)
     ):
         out.setdefault(node, []).append((ts, action))
+    # a store written before the view was kept has no such table (store.py)
+    if store.rows("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'node_service'"):
+        for node, ts in store.rows(
+            "SELECT node, ts FROM node_service WHERE in_service = 1 AND ts < ? ORDER BY ts", (until,)
+        ):
+            if node in out:  # only a drained node's return matters
+                out[node].append((ts, "returned"))
     return out
 
 

@@ -69,9 +69,14 @@ class StageTopics:
     findings: str = topics.FINDINGS
     drain_results: str = topics.DRAIN_RESULTS
     nodes: str = topics.NODES
+    slurm_nodes: str = topics.SLURM_NODES
 
     def all(self) -> list[str]:
-        return [self.jobs, self.steps, self.findings, self.drain_results, self.nodes]
+        return [self.jobs, self.steps, self.findings, self.drain_results, self.nodes, self.slurm_nodes]
+
+    def signed_by_the_adapter(self) -> tuple[str, str]:
+        """The topics the drain key verifies: read only with it."""
+        return (self.drain_results, self.slurm_nodes)
 
 
 class Accounting:
@@ -94,9 +99,11 @@ class Accounting:
         self.t = names or StageTopics()
 
     def topics_read(self) -> list[str]:
-        """The topics the stage reads: the drain results only with the key to verify them (read
-        without it, their offsets would be kept, and the results lost once the key is given)."""
-        return [t for t in self.t.all() if t != self.t.drain_results or self.drain_key is not None]
+        """The topics the stage reads: the adapter's (drain results, Slurm's node view) only with
+        the key to verify them (read without it, their offsets would be kept, and the records lost
+        once the key is given)."""
+        adapters = self.t.signed_by_the_adapter()
+        return [t for t in self.t.all() if t not in adapters or self.drain_key is not None]
 
     def apply(self, records: Sequence[Record], now: float) -> None:
         offsets: dict[tuple[str, int], int] = {}
@@ -153,6 +160,13 @@ class Accounting:
                     "bad_signature", "drain_result/1 does not verify under the drain key"
                 )
             self.ingest.drain_result(db, m)
+        elif r.topic == self.t.slurm_nodes and self.drain_key is not None:
+            m = schemas.decode(r.value, schemas.SLURM_NODE, key=r.key)
+            if not signing.verify(m, self.drain_key, "signature"):  # as act verifies it
+                raise schemas.MessageError(
+                    "bad_signature", "slurm_node/1 does not verify under the drain key"
+                )
+            self.ingest.slurm_view(db, m, broker_ts)
         elif r.topic == self.t.nodes:
             m = schemas.decode(r.value, schemas.NODE, key=r.key)
             if not signing.verify(m, self.census_key):  # False without a `sig`

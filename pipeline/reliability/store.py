@@ -15,6 +15,10 @@ The tables hold what the figures need, not the raw messages:
 - findings: one row per finding id, with its window of being open and the cause it names;
 - drains: the Slurm adapter's results (drain and resume, executed or not);
 - nodes: the census of reporting nodes (a job naming a node never seen is a data-quality line);
+- node_service: the changes of Slurm's view of each node (the adapter's slurm_node records) between
+  in service and out of it (drained or down), so that a drain lifted by hand ends where the view
+  shows it: a row per change, not per record (the view is sent again every few minutes). Added
+  after schema 2 without changing it: a writer creates it, a store without it has no views;
 - pending_steps: progress of jobs whose run has not been seen yet (steps can overtake job/1), per
   job and reporting node, so that the run's nodes can judge it when the run comes;
 - quality: data-quality counts per kind and day, with a few examples;
@@ -94,6 +98,8 @@ CREATE TABLE IF NOT EXISTS drains (
     ts REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS drains_node ON drains (node, ts);
+CREATE TABLE IF NOT EXISTS node_service (node TEXT NOT NULL, ts REAL NOT NULL, in_service INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS node_service_node ON node_service (node, ts);
 CREATE TABLE IF NOT EXISTS nodes (node TEXT PRIMARY KEY, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS quality (
     what TEXT NOT NULL, day INTEGER NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (what, day)
@@ -461,6 +467,15 @@ class Store:
             "ELSE excluded.ts END",
             (request_id, node, action, outcome, ts),
         )
+
+    def note_service(self, db: sqlite3.Connection, node: str, ts: float, in_service: bool) -> None:
+        """Slurm's view of `node` at `ts`: a row where it differs from the node's last one (the
+        records of one node come in order: one partition, keyed by the node)."""
+        last = db.execute(
+            "SELECT in_service FROM node_service WHERE node = ? ORDER BY rowid DESC LIMIT 1", (node,)
+        ).fetchone()
+        if last is None or bool(last[0]) != in_service:
+            db.execute("INSERT INTO node_service VALUES (?, ?, ?)", (node, ts, int(in_service)))
 
     def upsert_node(self, db: sqlite3.Connection, node: str, first_seen: float, last_seen: float) -> None:
         db.execute(

@@ -245,14 +245,17 @@ def stack(kafka_bootstrap: str, slurm: Slurm, tmp_path_factory: pytest.TempPathF
         # The accounting stage, on topics of its own with a history that makes every figure (a
         # hardware failure with its finding, a completed job, one refused record), so that the
         # Reliability dashboard's series exist: every job counts for r_f and ETTR here.
-        acc = {name: f"scrape.acc.{run}.{name}" for name in ("jobs", "steps", "findings", "results", "nodes")}
+        acc = {
+            name: f"scrape.acc.{run}.{name}"
+            for name in ("jobs", "steps", "findings", "results", "nodes", "slurm_nodes")
+        }
         ensure_topics(b, list(acc.values()))
         send(b, acc["jobs"], accounting_history(prefix, env["FLEETWATCH_CENSUS_KEY"], acc["findings"], b))
         spawn("account", "account", "--bootstrap", b, "--metrics-port", str(ports["account"]),
               "--db", str(tmp / "accounting.sqlite"), "--refresh-every", "1s", "--large-gpus", "0",
               "--ettr-min", "1s", "--jobs-topic", acc["jobs"], "--steps-topic", acc["steps"],
               "--findings-topic", acc["findings"], "--results-topic", acc["results"],
-              "--nodes-topic", acc["nodes"])  # fmt: skip
+              "--nodes-topic", acc["nodes"], "--slurm-nodes-topic", acc["slurm_nodes"])  # fmt: skip
         # Both groups hold their partitions before anything is produced: a worker that is still
         # joining when the findings arrive would make this test slow, not wrong, but one that never
         # gets partitions is a bug to report, not to wait out.

@@ -174,7 +174,8 @@ def account_report(jobs: Jobs, *job_ids: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "fleetwatch.cli", "account", "--bootstrap", jobs.bootstrap, "--db", str(db),
             "--jobs-topic", topic, "--idle-exit", "2", "--steps-topic", f"test.acc.{run}.steps",
             "--findings-topic", f"test.acc.{run}.findings", "--results-topic", f"test.acc.{run}.results",
-            "--nodes-topic", f"test.acc.{run}.nodes"]  # fmt: skip
+            "--nodes-topic", f"test.acc.{run}.nodes",
+            "--slurm-nodes-topic", f"test.acc.{run}.slurm_nodes"]  # fmt: skip
     subprocess.run(argv, check=True, capture_output=True, timeout=60, cwd=REPO)
     out = subprocess.run(
         [sys.executable, "-m", "fleetwatch.cli", "report", "--db", str(db), "--since", "1d", "--json"],

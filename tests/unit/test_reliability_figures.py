@@ -184,6 +184,9 @@ def test_drained_time_runs_from_an_executed_drain_to_the_next_resume():
     events = {"a": [(100.0, "drain"), (400.0, "resume")], "b": [(900.0, "drain")], "c": [(50.0, "resume")]}
     assert figures.drained_node_seconds(events, 0.0, 1000.0) == {"a": 300.0, "b": 100.0}
     assert figures.drained_node_seconds(events, 200.0, 1000.0) == {"a": 200.0, "b": 100.0}
+    # lifted by hand: the first time Slurm's view showed the node back in service ends it
+    by_hand = {"d": [(50.0, "returned"), (200.0, "drain"), (250.0, "returned"), (260.0, "resume")]}
+    assert figures.drained_node_seconds(by_hand, 0.0, 1000.0) == {"d": 50.0}
 
 
 def _fleet(n_nodes: int, rate: float, seed: int, lemon_fails: int = 0) -> History:

@@ -272,3 +272,77 @@ def test_without_the_drain_key_drain_results_are_left_for_when_it_is_given(tmp_p
     again = stage(bus, path)  # restarted with the key: the results are read
     drain(bus, again)
     assert figures(again)["lost_gpu_hours_by_cause"]["drained"] > 0
+
+
+def view(node: str, state: str, ts: float, key: bytes = DRAIN_KEY) -> bytes:
+    """The adapter's slurm_node/1 record of a node, signed with the drain key as it signs them."""
+    from fleetwatch.alerts.slurm import NodeInfo
+    from fleetwatch.alerts.slurm_nodes import make_record
+
+    return enc(make_record(NodeInfo(node, state, ""), (), False, ts, key))
+
+
+def drained_gpu_hours(acc: Accounting) -> float:
+    return figures(acc)["lost_gpu_hours_by_cause"]["drained"]
+
+
+@pytest.mark.parametrize("view_first", [False, True])
+def test_a_drain_lifted_by_hand_ends_where_slurms_view_shows_the_node_back_in_service(tmp_path, view_first):
+    """n2, drained by the adapter at T0 + 3700 and resumed by an operator with scontrol, never
+    through act: its drain counted as drained GPU time for ever (a probe's find). Slurm's view,
+    which the adapter publishes, ends it at T0 + 5000, whichever topic the stage reads first."""
+    bus = new_bus()
+    views = [
+        view("n2", "idle", T0 + 3650),  # before the drain
+        view("n2", "drained", T0 + 3710),
+        view("n2", "unknown", T0 + 4000),  # a state the adapter could not name: says nothing
+        view("n1", "idle", T0 + 4500),  # another node's return: nothing of n2's
+        view("n2", "idle", T0 + 5000),  # the operator's RESUME
+        view("n2", "idle", T0 + 5300),  # the same view again (a refresh): no second row
+    ]
+    if view_first:  # the stage may read the view's topic before the results' (a backlog)
+        for v in views:
+            bus.append(topics.SLURM_NODES, orjson.loads(v)["node"].encode(), v)
+    history(bus)
+    if not view_first:
+        for v in views:
+            bus.append(topics.SLURM_NODES, orjson.loads(v)["node"].encode(), v)
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    r = figures(acc)
+    assert r["lost_gpu_hours_by_cause"]["drained"] == pytest.approx(1300 * 8 / 3600, abs=1e-3)
+    assert r["data_quality"] == []
+    assert acc.store.rows("SELECT count(*) FROM node_service WHERE node = 'n2'") == [(3,)]
+
+
+def test_a_view_that_does_not_verify_or_comes_without_the_key_ends_no_drain(tmp_path):
+    bus = new_bus()
+    history(bus)
+    bus.append(topics.SLURM_NODES, b"n2", view("n2", "idle", T0 + 5000, key=CENSUS_KEY))  # not the adapter's
+    bus.append(topics.SLURM_NODES, b"n2", view("n2", "down+drain", T0 + 5100))  # still out
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    open_drain = drained_gpu_hours(acc)
+    assert open_drain > 1300 * 8 / 3600  # counted until the report's end
+    assert [(q["what"], q["count"]) for q in figures(acc)["data_quality"]] == [
+        (f"refused:{topics.SLURM_NODES}:bad_signature", 1)
+    ]
+    bus2 = new_bus()
+    history(bus2)
+    bus2.append(topics.SLURM_NODES, b"n2", view("n2", "idle", T0 + 5000))
+    store = Store(tmp_path / "b.sqlite")
+    keyless = Accounting(store, Ingest(store), CENSUS_KEY, None, bus2.producer())
+    assert topics.SLURM_NODES not in keyless.topics_read()
+    apply_all(bus2, keyless)  # handed the topic anyway: neither applied nor its offset kept
+    assert store.rows("SELECT count(*) FROM node_service") == [(0,)]
+    assert topics.SLURM_NODES not in {t for t, _ in store.offsets()}
+
+
+def test_a_report_reads_a_store_written_before_slurms_view_was_kept(tmp_path):
+    bus = new_bus()
+    history(bus)
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    before = drained_gpu_hours(acc)
+    acc.store.db.execute("DROP TABLE node_service")  # as the release before wrote it
+    assert drained_gpu_hours(acc) == before > 0
