@@ -20,13 +20,14 @@ from typing import IO
 
 import hostlist
 
+from fleetwatch.slurm_state import DOWN_STATES, DRAINED_STATES, state_is, state_parts
+
 log = logging.getLogger(__name__)
 
 _FIELD_END = "\x1e"  # ASCII record separator: a suffix sinfo -O appends to each field
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # of each stream of a validation's output kept (the rest is dropped)
 _READ_CHUNK = 64 * 1024
 _READER_JOIN_S = 5.0  # how long the output of a job that has ended may take to drain
-_STATE_FLAGS = "*~#!%$@^-"  # sinfo's suffixes to a state (not responding, powered down, ...)
 # sinfo -N, one row per node and partition: name, state, features, then the reason, which is free
 # text (it may hold newlines, or "|"); each field ends with _FIELD_END, so none can pass for a row
 _NODE_FIELDS = ("NodeList", "StateLong", "Features", "Reason")
@@ -71,22 +72,6 @@ class ReservationsNotUnderstood(SlurmOutputNotUnderstood):
 
 class JobTimeout(Exception):
     """A job (the validation) ran past its time and was cancelled: the job's failure, not Slurm's."""
-
-
-def state_parts(state: str) -> list[str]:
-    """A sinfo state's parts, lower case, flags stripped: "mixed+drain*" -> ["mixed", "drain"]
-    (a compound state names its base state and its flags, each of which counts)."""
-    return [part.rstrip(_STATE_FLAGS) for part in state.lower().split("+")]
-
-
-def state_is(state: str, *prefixes: str) -> bool:
-    """Whether any part of a sinfo state (state_parts) starts with one of `prefixes`: `idle+drain`
-    is drained, `mixed+down` down."""
-    return any(part.startswith(prefixes) for part in state_parts(state))
-
-
-DRAINED_STATES = ("drain",)  # drained or draining
-DOWN_STATES = ("down", "fail")  # DOWN or FAIL: people or Slurm hold the node
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,8 @@ class DuckStore:
 
         self.db = duckdb.connect()
         t0 = time.perf_counter()
-        for table in ("runs", "run_nodes", "findings", "drains", "nodes", "quality", "quality_examples"):
+        for table in ("runs", "run_nodes", "findings", "finding_levels", "drains", "node_service", "nodes",
+                      "quality", "quality_examples"):  # fmt: skip
             cur = sqlite.db.execute(f"SELECT * FROM {table}")
             names = [d[0] for d in cur.description]
             path = work / f"{table}.csv"

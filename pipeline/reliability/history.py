@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fleetwatch.pipeline.reliability.attribution import Candidate, Window, attribute
+from fleetwatch.pipeline.reliability.attribution import SEVERITY_RANK, Candidate, Window, attribute
 from fleetwatch.pipeline.reliability.store import LASTING_FINDING_S, Store
 from fleetwatch.pipeline.reliability.taxonomy import FAILED_ENDS, NODE_ENDS
 
 _FAILURES = tuple(sorted(FAILED_ENDS | NODE_ENDS))
+_IDS_PER_QUERY = 500  # finding ids per IN list (SQLite's bound parameters: 999 in older builds)
 # A finding open in a run's window [end - before, end + after]: opened by its close, resolved (or
 # not) after it opened. Found in two disjoint parts, each an indexed range of the node's findings,
 # so that the cost is the findings near the window, not the node's whole history before or after
@@ -32,6 +33,37 @@ _CAUSES_SQL = f"""{_CAUSE_RUNS}
     {_CAUSE_RUNS}
       AND f.first_seen < r.end_ts - ? - {LASTING_FINDING_S}
       AND coalesce(f.resolved_ts, 1e300) - f.first_seen > {LASTING_FINDING_S}"""
+
+
+def _levels(store: Store, ids: set[str]) -> dict[str, list[tuple[float, str]]]:
+    """Each finding's first emission at each severity (finding_levels), where the store keeps them
+    (one written before them does not)."""
+    if not ids or not store.rows(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'finding_levels'"
+    ):
+        return {}
+    out: dict[str, list[tuple[float, str]]] = {}
+    ordered = sorted(ids)
+    for k in range(0, len(ordered), _IDS_PER_QUERY):
+        chunk = ordered[k : k + _IDS_PER_QUERY]
+        marks = ",".join("?" * len(chunk))
+        for fid, sev, ts in store.rows(
+            f"SELECT id, severity, ts FROM finding_levels WHERE id IN ({marks})", chunk
+        ):
+            out.setdefault(fid, []).append((float(ts), sev))
+    return out
+
+
+def severity_by(levels: list[tuple[float, str]] | None, when: float, worst: str) -> str:
+    """A finding's severity by `when`: the most severe it had been emitted at by then; the one it
+    was first emitted at where even that came later (its first_seen, given by detect, is earlier
+    than its first emission); its worst where the store kept no levels."""
+    if not levels:
+        return worst
+    reached = [sev for ts, sev in levels if ts <= when]
+    if not reached:
+        return min(levels)[1]
+    return max(reached, key=lambda s: SEVERITY_RANK.get(s, -1))
 
 
 def _causes_params(since: float, until: float, window: Window) -> tuple[float | str, ...]:
@@ -107,10 +139,15 @@ def load(store: Store, since: float, until: float, window: Window) -> History:
     index = {int(rid): i for i, rid in enumerate(h.run_id)}
     # the cause findings open in each failed run's window, on the run's nodes
     pairs = store.rows(_CAUSES_SQL, _causes_params(since, until, window))
+    levels = _levels(store, {row[1] for row in pairs})
     finding_node: dict[str, str] = {}
     candidates = []
-    for run, fid, sev, domain, comp, prio, first, node in pairs:
-        candidates.append(Candidate(index[run], fid, sev, domain, comp, prio, first))
+    for run, fid, worst, domain, comp, prio, first, node in pairs:
+        i = index[run]
+        # what the finding was by the window's end, not what it became after (an escalation hours
+        # later blamed every failure it had been seen beside as a warning)
+        sev = severity_by(levels.get(fid), float(h.end[i]) + window.after_s, worst)
+        candidates.append(Candidate(i, fid, sev, domain, comp, prio, first))
         finding_node[fid] = node
     attributions = attribute(list(h.end_state), candidates, window)
     h.category[:] = [a.category for a in attributions]

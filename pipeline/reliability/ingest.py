@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from fleetwatch.alerts.slurm import DOWN_STATES, DRAINED_STATES, state_is
 from fleetwatch.pipeline.reliability.store import MAX_RUN_S, Progress, Store
 from fleetwatch.pipeline.reliability.taxonomy import end_state_of, finding_cause
+from fleetwatch.slurm_state import in_service
 
 ENDED = frozenset({"finished", "failed"})
 STEP_SLACK_S = 60.0  # a step reported this long after its run's end still belongs to it
@@ -328,8 +328,7 @@ class Ingest:
         if state == "unknown":
             return
         ts = float(v["ts"]) if broker_ts is None else min(float(v["ts"]), broker_ts)
-        out = state_is(state, *DRAINED_STATES, *DOWN_STATES)
-        self.store.note_service(db, v["node"], ts, not out)
+        self.store.note_service(db, v["node"], ts, in_service(state))
 
     def node(self, db: sqlite3.Connection, n: Mapping[str, Any]) -> None:
         self.store.upsert_node(db, n["node"], float(n["first_seen"]), float(n["last_seen"]))

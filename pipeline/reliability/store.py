@@ -13,6 +13,10 @@ The tables hold what the figures need, not the raw messages:
   NULL otherwise; `end_given_ts` is the end record's own time (a copy of it is the same end);
 - run_nodes: the nodes of each run (for the attribution's join with the findings);
 - findings: one row per finding id, with its window of being open and the cause it names;
+- finding_levels: when each finding was first emitted at each severity, so that a failure is
+  blamed on what a finding was by the end of the run's window, not on what it became later (its
+  row keeps the worst it reached). Added after schema 2 without changing it, as node_service: a
+  store without it judges a finding by its worst severity;
 - drains: the Slurm adapter's results (drain and resume, executed or not);
 - nodes: the census of reporting nodes (a job naming a node never seen is a data-quality line);
 - node_service: the changes of Slurm's view of each node (the adapter's slurm_node records) between
@@ -98,6 +102,9 @@ CREATE TABLE IF NOT EXISTS drains (
     ts REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS drains_node ON drains (node, ts);
+CREATE TABLE IF NOT EXISTS finding_levels (
+    id TEXT NOT NULL, severity TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY (id, severity)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS node_service (node TEXT NOT NULL, ts REAL NOT NULL, in_service INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS node_service_node ON node_service (node, ts);
 CREATE TABLE IF NOT EXISTS nodes (node TEXT PRIMARY KEY, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
@@ -449,6 +456,11 @@ class Store:
                        AND (domain IS NULL OR excluded.priority < priority) THEN excluded.priority
                        ELSE priority END""",
             dict(f),
+        )
+        db.execute(
+            "INSERT INTO finding_levels VALUES (:id, :severity, :ts) "
+            "ON CONFLICT (id, severity) DO UPDATE SET ts = min(ts, excluded.ts)",
+            {"id": f["id"], "severity": f["severity"], "ts": f["ts"]},
         )
 
     def upsert_drain(

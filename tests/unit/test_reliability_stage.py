@@ -346,3 +346,41 @@ def test_a_report_reads_a_store_written_before_slurms_view_was_kept(tmp_path):
     before = drained_gpu_hours(acc)
     acc.store.db.execute("DROP TABLE node_service")  # as the release before wrote it
     assert drained_gpu_hours(acc) == before > 0
+
+
+@pytest.mark.parametrize(("escalated_s", "blamed"), [(3600.0, False), (120.0, True)])
+def test_a_failure_is_blamed_on_what_a_finding_was_by_its_window_not_on_what_it_became(
+    tmp_path, escalated_s, blamed
+):
+    """A warning beside job j's failure that became critical an hour later blamed the failure on it:
+    the store kept a finding's worst severity only (a probe's find). Escalated within the window's
+    300 s after the end, it was a critical finding in the window, and is the cause."""
+    bus = new_bus()
+    bus.append(topics.NODES, b"n1", enc(census("n1", T0)))
+    bus.append(topics.JOBS, b"j", enc(job("j", ["n1"], "started", T0, start_ts=T0, gpus=[8])))
+    opened, end = T0 + 3500, T0 + 3600
+    bus.append(
+        topics.FINDINGS, b"n1", enc(finding("n1", "ecc", opened, severity="warning", first_seen=opened))
+    )
+    late = finding("n1", "ecc", end + escalated_s, severity="critical", first_seen=opened)
+    bus.append(topics.FINDINGS, b"n1", enc(late))
+    bus.append(topics.JOBS, b"j", enc(job("j", ["n1"], "failed", end, end_state="FAILED", start_ts=T0)))
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    r = figures(acc)
+    assert r["taxonomy"]["by_category"] == ({"hardware": 1} if blamed else {"user": 1})
+    # a store written before the levels were kept judges by the worst, as before
+    acc.store.db.execute("DROP TABLE finding_levels")
+    assert figures(acc)["taxonomy"]["by_category"] == {"hardware": 1}
+
+
+def test_a_findings_severity_by_a_time_is_the_worst_it_had_been_emitted_at_by_then() -> None:
+    from fleetwatch.pipeline.reliability.history import severity_by
+
+    levels = [(100.0, "warning"), (200.0, "critical")]
+    assert [severity_by(levels, t, "critical") for t in (150.0, 200.0, 50.0)] == [
+        "warning",
+        "critical",
+        "warning",
+    ]
+    assert severity_by(None, 50.0, "critical") == "critical"  # kept no levels: the worst
