@@ -51,12 +51,13 @@ from fleetwatch.alerts.policy import (
     NodeState,
     Policy,
 )
-from fleetwatch.alerts.slurm_nodes import HELD_REASONS, out_of_service
+from fleetwatch.alerts.slurm_nodes import HELD_REASONS
 from fleetwatch.census import Census
 from fleetwatch.detectors import findings
 from fleetwatch.pipeline.tasks import Output, Refused
 from fleetwatch.refusal_log import RefusalLog
 from fleetwatch.schemas import MessageError
+from fleetwatch.slurm_state import out_of_service
 
 log = logging.getLogger(__name__)
 

@@ -95,12 +95,6 @@ def kept_features(features: Iterable[str]) -> list[str]:
     return sorted(feats, key=lambda f: not f.startswith(TAG))[: schemas.MAX_FEATURES]
 
 
-def out_of_service(state: str) -> bool:
-    """Whether a record's state keeps the node from jobs: drained, down, failed or in maintenance,
-    in any part of a compound state (`idle+drain` too)."""
-    return state_is(state, *DRAINED_STATES, *DOWN_STATES, "maint")
-
-
 def held_by(rec: dict[str, Any], opt_out_feature: str = "") -> str | None:
     """Why people hold this node (a reason above), or None when it is fleetwatch's to act on."""
     if rec["maintenance"]:

@@ -67,7 +67,7 @@ def _column(d: float, lo: float, width: float, bins: int) -> tuple[int, float]:
 
 @njit(cache=True)
 def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_tail: float,
-               min_tail: float, model: np.ndarray) -> None:  # fmt: skip
+               min_tail: float, model: np.ndarray, unit: np.ndarray) -> None:  # fmt: skip
     """Per row of hist (R, cols): suffix (R, cols + 1) the weight at or above each column, and
     model (R, 3): (u, weight at or above u, scale) of the row's exponential tail, the scale 0
     where the tail holds less than min_tail weight (no extrapolation).
@@ -82,16 +82,18 @@ def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_
     is that or lighter, so beyond the history it errs towards larger p; a Pareto tail was tried
     first and was ten times too conservative at 0.999.
 
-    A row with a full history (q_tail of it at least min_tail) but less than min_tail of it above
-    the underflow is a series that (nearly) never moved: there is no tail to fit, and the
-    conformal p of its first move, however large, stopped at 1 / (history + 1) (3.6e-4 at the
-    pipeline's halflife; times the five statistics, a never-moving GPU signal could not flag on
-    its own at 0.999 whatever it did). Its model is the unit exponential from zero, p = e^-d: the
-    tail of |z| for Laplace noise at the metric's scale, here its floor (the resolution, since it
-    did not move), the heaviest of the usual noise models and heavier than Gaussian; tail_p takes
-    it only where it is below the conformal p, so only a move beyond ln(history + 1), ~8 scales,
-    is judged by it, and a -ln p (the metric's and the combination's rows) is Exp(1) under the
-    null, exactly this tail."""
+    A statistic's row (`unit`: one in units of its metric's scale) with a full history (q_tail of
+    it at least min_tail), no tail to fit, and less than half a sample's weight at one scale or
+    more (no move of a whole scale within the calibration's halflife) is a series that never moved
+    beyond its noise floor, and the conformal p of its first move, however large, stopped at
+    1 / (history + 1) (3.6e-4 at the pipeline's halflife; times the five statistics, a
+    never-moving GPU signal could not flag on its own at 0.999 whatever it did). Its model is the
+    unit exponential from zero, p = e^-d: the tail of |z| for Laplace noise at the metric's scale,
+    here its floor (the resolution, since it did not move), the heaviest of the usual noise models
+    and heavier than Gaussian; tail_p takes it only where it is below the conformal p, so only a
+    move beyond ln(history + 1), ~8 scales, is judged by it. A row that has seen larger moves, too
+    few to fit a tail (9 spikes of 100 scales), keeps the conformal p: a unit tail from zero would
+    ignore them. The other rows (the metric's smallest p, the group's) are not in scales."""
     rows, cols = hist.shape
     bins = cols - 2
     for r in range(rows):
@@ -112,8 +114,9 @@ def tail_model(hist: np.ndarray, suffix: np.ndarray, lo: float, width: float, q_
                 cu = c
                 break
         if cu == 0 or suffix[r, cu] < min_tail:
-            if suffix[r, 1] < min_tail <= q_tail * total:
-                # a series that (nearly) never moved: the unit exponential from zero, e^-d
+            one = min(max(math.floor(-lo / width) + 1, 1), bins + 1)  # the column holding 1
+            if unit[r] and min_tail <= q_tail * total and suffix[r, one] < 0.5:
+                # a series that never moved a whole scale: the unit exponential from zero, e^-d
                 model[r, 0] = math.exp(lo)
                 model[r, 1] = total
                 model[r, 2] = 1.0
@@ -242,6 +245,9 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     rows_n = hist.shape[2]  # N_ROWS: the statistics' rows, then the metric's own
     s_n = rows_n - 1
 
+    unit = np.empty(m * rows_n, dtype=np.bool_)  # a pool's rows that are a statistic, in scales
+    for r in range(m * rows_n):
+        unit[r] = r % rows_n < s_n
     present = np.zeros(n_pools, dtype=np.bool_)
     for j in range(n):
         present[pools[rows[j]]] = True
@@ -256,7 +262,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
     for q in range(n_pools):
         if present[q]:
             _pool_models(
-                flat, grp, suffix, model, grp_suffix, grp_model, q, m * rows_n, lo, width, q_tail, min_tail
+                flat, grp, suffix, model, grp_suffix, grp_model, q, unit, lo, width, q_tail, min_tail
             )
     # what this batch adds, per row
     counts = np.zeros((n_pools * m * rows_n, cols))
@@ -382,6 +388,8 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
                 counts[r, col] += 1.0
                 if math.isnan(pm):  # the metric's row is short of history: Bonferroni's bound
                     pm = min(1.0, s_n * best)
+                elif model[r, 2] == 0.0:  # no tail: beyond its history the bound still resolves
+                    pm = min(pm, s_n * best)
                 # the smallest of several p-values is never rarer than the smallest itself (the
                 # row's extrapolated tail could say so, beyond its history)
                 pm = max(pm, best)
@@ -422,7 +430,7 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
         if sequential:  # the next sample sees this one in its calibration: a stream's exact order
             _pool_learn(flat, grp, counts, grp_counts, q, m * rows_n, decay)
             _pool_models(
-                flat, grp, suffix, model, grp_suffix, grp_model, q, m * rows_n, lo, width, q_tail, min_tail
+                flat, grp, suffix, model, grp_suffix, grp_model, q, unit, lo, width, q_tail, min_tail
             )
 
     if not sequential:
@@ -433,13 +441,15 @@ def multivariate_pass(  # state and histograms updated in place; outputs NaN-fil
 
 @njit(cache=True)
 def _pool_models(flat: np.ndarray, grp: np.ndarray, suffix: np.ndarray, model: np.ndarray,
-                 grp_suffix: np.ndarray, grp_model: np.ndarray, q: int, per_pool: int, lo: float,
+                 grp_suffix: np.ndarray, grp_model: np.ndarray, q: int, unit: np.ndarray, lo: float,
                  width: float, q_tail: float, min_tail: float) -> None:  # fmt: skip
-    """The tail models of pool q's rows: its metrics' statistics and its three group rows."""
+    """The tail models of pool q's rows: its metrics' statistics and its three group rows; `unit`
+    (a pool's rows) says which are a statistic in scales (tail_model)."""
+    per_pool = len(unit)
     a, b = q * per_pool, (q + 1) * per_pool
-    tail_model(flat[a:b], suffix[a:b], lo, width, q_tail, min_tail, model[a:b])
+    tail_model(flat[a:b], suffix[a:b], lo, width, q_tail, min_tail, model[a:b], unit)
     tail_model(grp[3 * q : 3 * q + 3], grp_suffix[3 * q : 3 * q + 3], lo, width, q_tail, min_tail,
-               grp_model[3 * q : 3 * q + 3])  # fmt: skip
+               grp_model[3 * q : 3 * q + 3], np.zeros(3, dtype=np.bool_))  # fmt: skip
 
 
 @njit(cache=True)

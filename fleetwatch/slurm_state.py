@@ -20,6 +20,8 @@ def state_is(state: str, *prefixes: str) -> bool:
     return any(part.startswith(prefixes) for part in state_parts(state))
 
 
-def in_service(state: str) -> bool:
-    """Neither drained (or draining) nor down nor failed, whoever did it."""
-    return not state_is(state, *DRAINED_STATES, *DOWN_STATES)
+def out_of_service(state: str) -> bool:
+    """Whether the state keeps the node from jobs: drained (or draining), down, failed or in
+    maintenance, in any part of a compound state (`idle+drain` too). Maintenance counts whoever
+    holds it: the adapter's own validation reservation lifts its drain while the node is tested."""
+    return state_is(state, *DRAINED_STATES, *DOWN_STATES, "maint")

@@ -44,7 +44,7 @@ import numpy as np
 
 from fleetwatch.pipeline.reliability.store import MAX_RUN_S, Progress, Store
 from fleetwatch.pipeline.reliability.taxonomy import end_state_of, finding_cause
-from fleetwatch.slurm_state import in_service
+from fleetwatch.slurm_state import out_of_service
 
 ENDED = frozenset({"finished", "failed"})
 STEP_SLACK_S = 60.0  # a step reported this long after its run's end still belongs to it
@@ -319,16 +319,18 @@ class Ingest:
     def drain_result(self, db: sqlite3.Connection, r: Mapping[str, Any]) -> None:
         self.store.upsert_drain(db, r["request_id"], r["node"], r["action"], r["outcome"], float(r["ts"]))
 
-    def slurm_view(self, db: sqlite3.Connection, v: Mapping[str, Any], broker_ts: float | None) -> None:
+    def slurm_view(self, db: sqlite3.Connection, v: Mapping[str, Any]) -> None:
         """Slurm's view of a node (the adapter's slurm_node/1): in service, or out of it (drained,
-        draining, down or failed, whoever did it). An executed drain ends at its resume or at the
-        first view after it that shows the node in service (lifted by hand: it counted as drained
-        for ever). A state the adapter could not name ("unknown") says neither."""
+        draining, down, failed or in maintenance, whoever did it: the adapter's own validation
+        lifts its drain inside a maintenance reservation while it tests). An executed drain ends at
+        its resume or at the first view after it that shows the node in service (lifted by hand:
+        it counted as drained for ever). A state the adapter could not name ("unknown") says
+        neither. Dated by the adapter's clock, as its drain results are: the two are compared."""
         state = v["state"]
         if state == "unknown":
             return
-        ts = float(v["ts"]) if broker_ts is None else min(float(v["ts"]), broker_ts)
-        self.store.note_service(db, v["node"], ts, in_service(state))
+        out = out_of_service(state) or bool(v["maintenance"])
+        self.store.note_service(db, v["node"], float(v["ts"]), not out)
 
     def node(self, db: sqlite3.Connection, n: Mapping[str, Any]) -> None:
         self.store.upsert_node(db, n["node"], float(n["first_seen"]), float(n["last_seen"]))

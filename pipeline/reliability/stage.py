@@ -7,7 +7,10 @@ its topics with a plain reader. Each polled batch is applied in one transaction 
 next offset of every partition it came from, so a stage killed at any moment resumes exactly
 after its last commit: nothing is counted twice, nothing skipped. A record that does not decode,
 or a finding or drain result whose signature does not verify, goes to the dead-letter topic, is
-counted, and changes nothing; it never stops the records behind it.
+counted, and changes nothing; it never stops the records behind it. A batch's dead letters are
+acknowledged by the broker before its offsets are committed: a stage killed, or a broker that
+does not take them, reads the batch again (its dead letters sent again, nothing counted twice)
+rather than losing them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ from fleetwatch.pipeline.reliability.ingest import Ingest, IngestConfig, clock_s
 from fleetwatch.pipeline.reliability.store import Progress, Store
 
 log = logging.getLogger(__name__)
+
+DEADLETTER_FLUSH_S = 30.0  # how long a batch waits for its dead letters to be acknowledged
+
+
+class DeadLettersUnsent(RuntimeError):
+    """The broker did not acknowledge a batch's dead letters: the batch is not committed."""
+
 
 RECORDS = Counter(
     "fleetwatch_accounting_records_total", "records the accounting stage read", ["topic", "outcome"]
@@ -116,6 +126,7 @@ class Accounting:
         )
         with self.store.transaction() as db:
             progress: dict[str, tuple[list[str], list[Progress]]] = {}
+            refused = False
             for r in records:
                 if r.topic not in read:
                     RECORDS.labels(r.topic, "not_read").inc()
@@ -127,10 +138,17 @@ class Accounting:
                     # dated by the broker where it took the record, else by this reader's clock
                     when = r.timestamp_ms / 1000 if r.log_append and r.timestamp_ms >= 0 else now
                     self._refuse(db, r, e.reason, str(e), when)
+                    refused = True
             for job, (nodes, steps) in progress.items():
                 self.ingest.progress(db, job, nodes, steps)
             if data_now is not None:
                 self.ingest.expire(db, data_now)
+            # the dead letters acknowledged before the offsets that forget their records are kept
+            # (raised: the transaction rolls back, the batch is read again)
+            if refused and self.dead_letters is not None:
+                unsent = self.dead_letters.flush(DEADLETTER_FLUSH_S)
+                if unsent:
+                    raise DeadLettersUnsent(f"{len(unsent)} dead letters not acknowledged by Kafka")
             self.store.save_offsets(db, offsets)
 
     def _one(self, db: Any, r: Record, progress: dict[str, tuple[list[str], list[Progress]]]) -> None:
@@ -166,7 +184,7 @@ class Accounting:
                 raise schemas.MessageError(
                     "bad_signature", "slurm_node/1 does not verify under the drain key"
                 )
-            self.ingest.slurm_view(db, m, broker_ts)
+            self.ingest.slurm_view(db, m)
         elif r.topic == self.t.nodes:
             m = schemas.decode(r.value, schemas.NODE, key=r.key)
             if not signing.verify(m, self.census_key):  # False without a `sig`
@@ -317,7 +335,14 @@ def run_loop(
             records = reader.poll(0.5, max_records=5000)
             now = time.time()
             if records:
-                accounting.apply(records, now)
+                try:
+                    accounting.apply(records, now)
+                except DeadLettersUnsent as e:
+                    log.warning("%s: reading the batch again", e)
+                    stored = accounting.store.offsets()
+                    reader.assign(tps, {tp: stored.get((tp.topic, tp.partition), 0) for tp in tps})
+                    stop.wait(1.0)
+                    continue
                 last_data = time.monotonic()
             elif idle_exit_s is not None and time.monotonic() - last_data > idle_exit_s:
                 return

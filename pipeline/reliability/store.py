@@ -482,11 +482,24 @@ class Store:
 
     def note_service(self, db: sqlite3.Connection, node: str, ts: float, in_service: bool) -> None:
         """Slurm's view of `node` at `ts`: a row where it differs from the node's last one (the
-        records of one node come in order: one partition, keyed by the node)."""
+        records of one node come in order: one partition, keyed by the node), and a view in
+        service after an executed drain of the node that came after the last row: the views may
+        never have shown that drain (its record compacted away, the topic read from its start once
+        the drain key was given, a publish that failed), and the drain ends here all the same."""
         last = db.execute(
-            "SELECT in_service FROM node_service WHERE node = ? ORDER BY rowid DESC LIMIT 1", (node,)
+            "SELECT in_service, ts FROM node_service WHERE node = ? ORDER BY rowid DESC LIMIT 1", (node,)
         ).fetchone()
-        if last is None or bool(last[0]) != in_service:
+        changed = last is None or bool(last[0]) != in_service
+        if not changed and in_service:
+            changed = (
+                db.execute(
+                    "SELECT 1 FROM drains WHERE node = ? AND action = 'drain' AND outcome = 'executed' "
+                    "AND ts > ? AND ts < ? LIMIT 1",
+                    (node, last[1], ts),
+                ).fetchone()
+                is not None
+            )
+        if changed:
             db.execute("INSERT INTO node_service VALUES (?, ?, ?)", (node, ts, int(in_service)))
 
     def upsert_node(self, db: sqlite3.Connection, node: str, first_seen: float, last_seen: float) -> None:

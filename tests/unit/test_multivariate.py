@@ -220,7 +220,7 @@ def test_tail_beyond_the_history_is_extrapolated_not_capped() -> None:
     cols = np.clip(np.floor((np.log(np.maximum(d, 1e-300)) - lo) / width), -1, bins).astype(int) + 1
     np.add.at(hist[0], cols, 1.0)
     suffix, model = np.zeros((1, bins + 3)), np.zeros((1, 3))
-    tail_model(hist, suffix, lo, width, 0.02, 10.0, model)
+    tail_model(hist, suffix, lo, width, 0.02, 10.0, model, np.ones(1, dtype=np.bool_))
     ps = [tail_p(hist[0], suffix[0], model[0], v, lo, width, 30.0) for v in (0.5, 2.0, 3.0, 5.0, 8.0)]
     assert all(a >= b for a, b in itertools.pairwise(ps))  # monotone
     assert ps[0] == pytest.approx(math.erfc(0.5 / math.sqrt(2)), abs=0.02)  # inside: the empirical tail
@@ -445,16 +445,21 @@ def test_a_metric_that_never_moved_is_not_capped_at_its_history_when_it_moves_fa
 
 def test_the_tail_of_a_row_of_zeros_is_the_unit_exponential_only_with_a_full_history() -> None:
     bins, lo, width = 56, -5.0, 14.0 / 56
-    hist = np.zeros((4, bins + 2))
-    hist[:, 0] = [2885.0, 100.0, 2865.0, 2885.0]  # zeros: full; short; full with 20 moves; full
-    hist[2, 20] = 20.0  # min_tail of it above the underflow: the usual rule (no tail fitted here)
-    hist[3, 1] = 5.0  # a few tiny moves, under min_tail: still a series that (nearly) never moved
-    suffix, model = np.zeros((4, bins + 3)), np.zeros((4, 3))
-    tail_model(hist, suffix, lo, width, 0.02, 10.0, model)
-    assert model[0].tolist() == [math.exp(lo), 2885.0, 1.0] and model[3, 2] == 1.0
-    assert model[1, 2] == 0.0 and model[2, 2] == 0.0
+    rows = 7
+    hist = np.zeros((rows, bins + 2))
+    hist[:, 0] = [2885.0, 100.0, 2865.0, 2885.0, 2865.0, 2876.0, 2885.0]
+    hist[2, 30] = 20.0  # 20 moves of ~10 scales: too few to fit a tail, too large to ignore
+    hist[3, 1] = 5.0  # a few tiny moves: a series that never moved a scale
+    hist[4, 20] = 20.0  # 20 moves just under one scale: still within its noise floor
+    hist[5, 39] = 9.0  # 9 spikes of ~100 scales (a review's case): no unit tail from zero
+    unit = np.array([True, True, True, True, True, True, False])  # the last: not in scales
+    suffix, model = np.zeros((rows, bins + 3)), np.zeros((rows, 3))
+    tail_model(hist, suffix, lo, width, 0.02, 10.0, model, unit)
+    assert model[0].tolist() == [math.exp(lo), 2885.0, 1.0] and model[3, 2] == 1.0 and model[4, 2] == 1.0
+    assert model[1, 2] == 0.0 and model[2, 2] == 0.0 and model[5, 2] == 0.0 and model[6, 2] == 0.0
     conformal = 1.0 / 2886.0
     far = tail_p(hist[0], suffix[0], model[0], 30.0, lo, width, 30.0)
     assert far == pytest.approx(math.exp(-(30.0 - math.exp(lo))))
     assert tail_p(hist[0], suffix[0], model[0], 2.0, lo, width, 30.0) == pytest.approx(conformal)
     assert tail_p(hist[1], suffix[1], model[1], 30.0, lo, width, 30.0) == pytest.approx(1.0 / 101.0)
+    assert tail_p(hist[5], suffix[5], model[5], 120.0, lo, width, 30.0) == pytest.approx(conformal)

@@ -384,3 +384,41 @@ def test_a_findings_severity_by_a_time_is_the_worst_it_had_been_emitted_at_by_th
         "warning",
     ]
     assert severity_by(None, 50.0, "critical") == "critical"  # kept no levels: the worst
+
+
+def test_a_node_under_its_validation_or_seen_back_only_after_compaction_counts_as_drained_until_then(
+    tmp_path,
+):
+    """A review's finds: the adapter's validation lifts its drain inside a maintenance reservation
+    while it tests (Slurm shows `mixed+maint`), which ended the drain at the test's start and lost
+    the time of a node that failed it and was drained again; and a view topic read from its start
+    (compacted: each node's latest view only) showed the node in service before the drain and after
+    it, no change, and the drain counted for ever."""
+    bus = new_bus()
+    history(bus)  # n2 drained at T0 + 3700
+    for state, at in (("idle", T0 + 3650), ("mixed+maint", T0 + 3800), ("drained", T0 + 4100)):
+        bus.append(topics.SLURM_NODES, b"n2", view("n2", state, at))  # tested, failed, drained again
+    bus.append(topics.SLURM_NODES, b"n1", view("n1", "idle", T0 + 3600))
+    bus.append(topics.DRAIN_RESULTS, b"n1", enc(result("n1", "drain", T0 + 3700, "b" * 32)))
+    bus.append(topics.SLURM_NODES, b"n1", view("n1", "idle", T0 + 4700))  # its drained view compacted away
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    r = report.build(acc.store, T0, T0 + 7200)
+    # n2 drained from 3700 to the report's end (7200), n1 from 3700 to 4700, on 8 GPUs each
+    assert r["lost_gpu_hours_by_cause"]["drained"] == pytest.approx((3500 + 1000) * 8 / 3600, abs=1e-3)
+
+
+def test_a_batch_whose_dead_letters_kafka_does_not_take_is_read_again_not_lost(tmp_path):
+    """The stage committed a batch's offsets while its dead letters were still queued: a stage
+    killed then, or a broker that refused them, lost them for good (the integration test's dead
+    letters came up short under load). Now they are acknowledged first, or the batch is read again."""
+    bus = new_bus()
+    history(bus)
+    bus.append(topics.JOBS, b"x", b"{not json")
+    acc = stage(bus, tmp_path / "a.sqlite")
+    bus.fail_next = 1  # the dead letter's send fails once
+    drain(bus, acc)
+    assert len(bus.records(topics.DEADLETTER)) == 1  # sent again, and taken
+    assert [(q["what"], q["count"]) for q in figures(acc)["data_quality"]] == [
+        (f"refused:{topics.JOBS}:not_json", 1)
+    ]  # counted once: the first try's count rolled back with its batch
