@@ -157,7 +157,7 @@ def _allocated(entry: dict[str, Any]) -> list[Any] | None:
         return None
     alloc = res.get("allocated_nodes")  # 22.05: [{"nodename": ...}]
     names = [a.get("nodename") for a in alloc if isinstance(a, dict)] if isinstance(alloc, list) else None
-    if names is None and isinstance(res.get("nodes"), dict):  # 23.11+: nodes.allocation[].name
+    if not names and isinstance(res.get("nodes"), dict):  # 23.11+: nodes.allocation[].name
         alloc = res["nodes"].get("allocation")
         names = [a.get("name") for a in alloc if isinstance(a, dict)] if isinstance(alloc, list) else None
     return names
