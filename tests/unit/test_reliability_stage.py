@@ -274,6 +274,17 @@ def test_without_the_drain_key_drain_results_are_left_for_when_it_is_given(tmp_p
     assert figures(again)["lost_gpu_hours_by_cause"]["drained"] > 0
 
 
+def after_history(tmp_path, *extra: tuple[str, bytes, bytes]) -> Accounting:
+    """The stage after the clean history and then `extra` (topic, key, value) records."""
+    bus = new_bus()
+    history(bus)
+    for topic, key, value in extra:
+        bus.append(topic, key, value)
+    acc = stage(bus, tmp_path / "a.sqlite")
+    drain(bus, acc)
+    return acc
+
+
 def view(node: str, state: str, ts: float, key: bytes = DRAIN_KEY) -> bytes:
     """The adapter's slurm_node/1 record of a node, signed with the drain key as it signs them."""
     from fleetwatch.alerts.slurm import NodeInfo
@@ -316,12 +327,11 @@ def test_a_drain_lifted_by_hand_ends_where_slurms_view_shows_the_node_back_in_se
 
 
 def test_a_view_that_does_not_verify_or_comes_without_the_key_ends_no_drain(tmp_path):
-    bus = new_bus()
-    history(bus)
-    bus.append(topics.SLURM_NODES, b"n2", view("n2", "idle", T0 + 5000, key=CENSUS_KEY))  # not the adapter's
-    bus.append(topics.SLURM_NODES, b"n2", view("n2", "down+drain", T0 + 5100))  # still out
-    acc = stage(bus, tmp_path / "a.sqlite")
-    drain(bus, acc)
+    acc = after_history(
+        tmp_path,
+        (topics.SLURM_NODES, b"n2", view("n2", "idle", T0 + 5000, key=CENSUS_KEY)),  # not the adapter's
+        (topics.SLURM_NODES, b"n2", view("n2", "down+drain", T0 + 5100)),  # still out
+    )
     open_drain = drained_gpu_hours(acc)
     assert open_drain > 1300 * 8 / 3600  # counted until the report's end
     assert [(q["what"], q["count"]) for q in figures(acc)["data_quality"]] == [
@@ -339,10 +349,7 @@ def test_a_view_that_does_not_verify_or_comes_without_the_key_ends_no_drain(tmp_
 
 
 def test_a_report_reads_a_store_written_before_slurms_view_was_kept(tmp_path):
-    bus = new_bus()
-    history(bus)
-    acc = stage(bus, tmp_path / "a.sqlite")
-    drain(bus, acc)
+    acc = after_history(tmp_path)
     before = drained_gpu_hours(acc)
     acc.store.db.execute("DROP TABLE node_service")  # as the release before wrote it
     assert drained_gpu_hours(acc) == before > 0
@@ -394,15 +401,14 @@ def test_a_node_under_its_validation_or_seen_back_only_after_compaction_counts_a
     the time of a node that failed it and was drained again; and a view topic read from its start
     (compacted: each node's latest view only) showed the node in service before the drain and after
     it, no change, and the drain counted for ever."""
-    bus = new_bus()
-    history(bus)  # n2 drained at T0 + 3700
-    for state, at in (("idle", T0 + 3650), ("mixed+maint", T0 + 3800), ("drained", T0 + 4100)):
-        bus.append(topics.SLURM_NODES, b"n2", view("n2", state, at))  # tested, failed, drained again
-    bus.append(topics.SLURM_NODES, b"n1", view("n1", "idle", T0 + 3600))
-    bus.append(topics.DRAIN_RESULTS, b"n1", enc(result("n1", "drain", T0 + 3700, "b" * 32)))
-    bus.append(topics.SLURM_NODES, b"n1", view("n1", "idle", T0 + 4700))  # its drained view compacted away
-    acc = stage(bus, tmp_path / "a.sqlite")
-    drain(bus, acc)
+    tested = [("idle", T0 + 3650), ("mixed+maint", T0 + 3800), ("drained", T0 + 4100)]  # failed, drained
+    acc = after_history(  # n2 drained at T0 + 3700
+        tmp_path,
+        *[(topics.SLURM_NODES, b"n2", view("n2", state, at)) for state, at in tested],
+        (topics.SLURM_NODES, b"n1", view("n1", "idle", T0 + 3600)),
+        (topics.DRAIN_RESULTS, b"n1", enc(result("n1", "drain", T0 + 3700, "b" * 32))),
+        (topics.SLURM_NODES, b"n1", view("n1", "idle", T0 + 4700)),  # its drained view compacted away
+    )
     r = report.build(acc.store, T0, T0 + 7200)
     # n2 drained from 3700 to the report's end (7200), n1 from 3700 to 4700, on 8 GPUs each
     assert r["lost_gpu_hours_by_cause"]["drained"] == pytest.approx((3500 + 1000) * 8 / 3600, abs=1e-3)
