@@ -142,8 +142,11 @@ def test_more_wrong_node_answers_than_a_request_keeps_leave_the_drain_pending_an
     rig.result(request, "executed")  # the genuine answer, sixth
     wrong_node = 'fleetwatch_act_drain_results_ignored_total{reason="wrong_node"}'
     assert wait_for_metric(port, wrong_node, 1), rig.logs()  # counted once for the request
+    # 60 s: once in a full run under load the page took longer than the default 20 s to arrive
     refused = rig.am.wait_for(
-        lambda a: any(x["labels"]["alertname"] == "FleetwatchDrainRefused" for x in a), cluster=rig.cluster
+        lambda a: any(x["labels"]["alertname"] == "FleetwatchDrainRefused" for x in a),
+        timeout_s=60.0,
+        cluster=rig.cluster,
     )
     [alert] = [a for a in refused if a["labels"]["alertname"] == "FleetwatchDrainRefused"]
     assert (alert["labels"]["node"], alert["labels"]["reason"]) == (n, "adapter:no_result"), rig.logs()
