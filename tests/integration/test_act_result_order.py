@@ -148,7 +148,9 @@ def test_more_wrong_node_answers_than_a_request_keeps_leave_the_drain_pending_an
         timeout_s=60.0,
         cluster=rig.cluster,
     )
-    [alert] = [a for a in refused if a["labels"]["alertname"] == "FleetwatchDrainRefused"]
+    paged = [a for a in refused if a["labels"]["alertname"] == "FleetwatchDrainRefused"]
+    assert len(paged) == 1, (refused, rig.logs())  # what act did, should it not page
+    [alert] = paged
     assert (alert["labels"]["node"], alert["labels"]["reason"]) == (n, "adapter:no_result"), rig.logs()
     assert request["request_id"] in alert["annotations"]["summary"]
     assert metric(port, "fleetwatch_act_drains_pending") == 1
