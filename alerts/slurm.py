@@ -70,6 +70,16 @@ class ReservationsNotUnderstood(SlurmOutputNotUnderstood):
         self.nodes = nodes
 
 
+class ReservationRefused(Exception):
+    """Slurm refused the validation's reservation for a reason that retrying does not change (the
+    configured user does not exist, the adapter's account may not create reservations, the node
+    is unknown): not an outage to wait out."""
+
+
+# scontrol's answers that stay the same however often it is asked (Slurm's own error strings)
+_LASTING_REFUSALS = ("Invalid user id", "Access/permission denied", "Invalid node name")
+
+
 class JobTimeout(Exception):
     """A job (the validation) ran past its time and was cancelled: the job's failure, not Slurm's."""
 
@@ -349,7 +359,10 @@ class SlurmClient:
         ]
         r = self._run(argv)
         if r.returncode != 0:
-            raise SlurmError(f"scontrol create reservation {name} failed: {r.stderr.strip()[:300]}")
+            said = (r.stderr.strip() or r.stdout.strip())[:300]
+            if any(refusal in said for refusal in _LASTING_REFUSALS):
+                raise ReservationRefused(said)
+            raise SlurmError(f"scontrol create reservation {name} failed: {said}")
 
     def delete_reservation(self, name: str) -> None:
         r = self._run(["scontrol", "delete", f"ReservationName={name}"])

@@ -64,6 +64,7 @@ from fleetwatch.alerts.journal import Entry, Journal
 from fleetwatch.alerts.slurm import (
     TAG,
     NodeInfo,
+    ReservationRefused,
     SlurmClient,
     SlurmError,
     SlurmOutputNotUnderstood,
@@ -523,7 +524,11 @@ class Drainer:
         taken = self._taken_over(node, info)
         if taken is not None:
             raise TakenOver(taken)
-        self.validator.prepare(node, drained=info.drained)
+        try:
+            self.validator.prepare(node, drained=info.drained)
+        except ReservationRefused as e:  # retried every minute for ever before: a failed verdict now
+            log.error("cannot reserve %s for its test: %s", node, e)
+            return False, f"cannot reserve {node} for its test: {e}"
         outcome, label = self.validator.run(node)
         if self._stopping.is_set():
             return None  # cut short by the stop's scancel: no verdict

@@ -142,6 +142,19 @@ def test_a_node_that_fails_stays_drained_naming_the_test_and_gpu_and_its_job_fai
     assert end["state"] == "failed" and end["nodes"] == [NODE] and end["end_state"] == "FAILED"
 
 
+def test_a_reservation_slurm_refuses_for_good_fails_the_validation_at_once(rig: Rig) -> None:
+    """A validation user Slurm does not know ("Invalid user id") was taken for Slurm being away:
+    retried every minute for ever, the resume unanswered until act paged an hour later. Now the
+    answer comes at once, the node stays drained, and the Reason says why; nothing ran on it."""
+    d = rig.drainer(user="fleetwatch-no-such-user")
+    findings = rig.drained_by_us(d)
+    assert d.handle(req(NODE, "resume", findings), "t:0:1") == "validating"
+    assert d.settle() == ["validation_failed"]
+    state, reason = rig.slurm.state(NODE)
+    assert state.startswith("drain") and "cannot reserve" in reason and "Invalid user id" in reason
+    assert not rig.client.reservation_exists(reservation_name(NODE)) and rig.calls() == []
+
+
 def test_a_test_that_runs_too_long_is_cancelled_and_fails(rig: Rig) -> None:
     d = rig.drainer(timeout_s=5.0)
     findings = rig.drained_by_us(d)

@@ -14,6 +14,7 @@ from fleetwatch.alerts import slurm_drainer
 from fleetwatch.alerts.slurm import (
     MAX_OUTPUT_BYTES,
     JobTimeout,
+    ReservationRefused,
     ReservationsNotUnderstood,
     SlurmClient,
     SlurmError,
@@ -59,6 +60,23 @@ def test_slurm_not_answering_about_a_reservation_raises_and_a_delete_is_not_take
         SlurmClient().reservation_exists(NAME)
     with pytest.raises(SlurmError):
         SlurmClient().delete_reservation(NAME)
+
+
+@pytest.mark.parametrize(
+    ("said", "lasting"),
+    [
+        ("Error creating the reservation: Invalid user id", True),
+        ("Error creating the reservation: Access/permission denied", True),
+        ("Error creating the reservation: Invalid node name specified", True),
+        ("Error creating the reservation: Socket timed out on send/recv operation", False),
+    ],
+)
+def test_a_reservation_refused_for_good_is_told_from_slurm_being_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: str, lasting: bool
+) -> None:
+    tools(tmp_path, monkeypatch, scontrol=answers(stderr=said + "\n", rc=1))
+    with pytest.raises(ReservationRefused if lasting else SlurmError, match=said.split(": ")[1]):
+        SlurmClient().create_reservation(NAME, "gpu01", "root")
 
 
 # ---- reservations: the Comment is free text ------------------------------------------------------
