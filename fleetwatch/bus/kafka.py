@@ -672,6 +672,11 @@ class KafkaReader:
             # (500 ms by default) holds back the watermark query behind it: a reader's end_offsets()
             # of 4 partitions took 1.5 s after assign(), and every follower's catch-up with it.
             "fetch.wait.max.ms": 50,
+            # An offset the log no longer holds (retention moved its start past it: the accounting
+            # stage's first start, offset 0, beside a week-old topic; one down longer than the
+            # retention) reads from the oldest record kept. librdkafka's default, the end, skipped
+            # every record the topic still had.
+            "auto.offset.reset": "earliest",
         }
         consumer = Consumer(cfg)
         _check_reachable(consumer, bus.bootstrap, cfg, bus.connect_timeout_s)

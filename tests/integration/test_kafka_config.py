@@ -171,3 +171,31 @@ def test_clients_connect_through_a_real_mutual_tls_listener(
     _refused(private_broker.ssl_bootstrap)
     _tls_env(monkeypatch, tls / "client.pem", tls / "client.pem", tls / "client.key")
     _refused(private_broker.ssl_bootstrap)
+
+
+def test_a_reader_given_an_offset_retention_removed_reads_from_the_oldest_record_kept(
+    kafka_bootstrap: str,
+) -> None:
+    """The accounting stage starts each partition at offset 0, or at the offset its store kept: where
+    retention has moved the log's start past it, librdkafka's default jumped to the end, and every
+    record the topic still held was skipped (a review's find)."""
+    from confluent_kafka import TopicPartition as NativePart
+    from confluent_kafka.admin import AdminClient
+
+    topic = f"test.reader.reset.{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [topic], partitions=1)
+    send(kafka_bootstrap, topic, [(b"k", f"record {i}".encode()) for i in range(10)])
+    # retention's doing, at once: the log now starts at offset 6
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    (future,) = admin.delete_records([NativePart(topic, 0, 6)]).values()
+    future.result(timeout=30)
+    reader = KafkaBus(kafka_bootstrap).reader()
+    try:
+        reader.assign([TopicPart(topic, 0)], {TopicPart(topic, 0): 0})
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 4 and time.monotonic() < deadline:
+            got += [r.value for r in reader.poll(0.5) if r.value is not None]
+        assert got == [f"record {i}".encode() for i in range(6, 10)]
+    finally:
+        reader.close()
