@@ -15,7 +15,13 @@ from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.pipeline.reliability import render, report
 from fleetwatch.pipeline.reliability.args import window_config
 from fleetwatch.pipeline.reliability.ingest import Ingest, IngestConfig
-from fleetwatch.pipeline.reliability.stage import Accounting, LiveFigures, StageTopics, run_loop
+from fleetwatch.pipeline.reliability.stage import (
+    DEADLETTER_FLUSH_S,
+    Accounting,
+    LiveFigures,
+    StageTopics,
+    run_loop,
+)
 from fleetwatch.pipeline.reliability.store import Store, StoreError
 from fleetwatch.runtime import StopFlag, serve_metrics
 
@@ -113,7 +119,9 @@ def account_command(args: argparse.Namespace) -> int:
     )
     bus.ensure_topics([*names.all(), topics.DEADLETTER])
     serve_metrics(args.metrics_port, args.metrics_addr)
-    producer = bus.producer()
+    # dead letters given up on within a batch's wait for them (stage.DEADLETTER_FLUSH_S): one not
+    # acknowledged then is not delivered later beside the copy the batch's next reading sends
+    producer = bus.producer(delivery_timeout_s=DEADLETTER_FLUSH_S)
     window, cfg = window_config(args)
     accounting = Accounting(
         store,

@@ -318,6 +318,8 @@ class Ingest:
 
     def drain_result(self, db: sqlite3.Connection, r: Mapping[str, Any]) -> None:
         self.store.upsert_drain(db, r["request_id"], r["node"], r["action"], r["outcome"], float(r["ts"]))
+        if r["action"] == "drain" and r["outcome"] == "executed":
+            self.store.note_drain(db, r["node"], float(r["ts"]))
 
     def slurm_view(self, db: sqlite3.Connection, v: Mapping[str, Any]) -> None:
         """Slurm's view of a node (the adapter's slurm_node/1): in service, or out of it (drained,

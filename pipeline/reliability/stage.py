@@ -107,6 +107,7 @@ class Accounting:
         self.drain_key = drain_key
         self.dead_letters = dead_letters
         self.t = names or StageTopics()
+        self._counted: list[tuple[str, str]] = []
 
     def topics_read(self) -> list[str]:
         """The topics the stage reads: the adapter's (drain results, Slurm's node view) only with
@@ -124,12 +125,13 @@ class Accounting:
         data_now = max(
             (r.timestamp_ms / 1000 for r in records if r.log_append and r.timestamp_ms >= 0), default=None
         )
+        self._counted: list[tuple[str, str]] = []  # (topic, what) of each record, counted once committed
         with self.store.transaction() as db:
             progress: dict[str, tuple[list[str], list[Progress]]] = {}
             refused = False
             for r in records:
                 if r.topic not in read:
-                    RECORDS.labels(r.topic, "not_read").inc()
+                    self._counted.append((r.topic, "not_read"))
                     continue  # its offset is not kept: read once the stage can
                 offsets[(r.topic, r.partition)] = r.offset + 1
                 try:
@@ -150,11 +152,13 @@ class Accounting:
                 if unsent:
                     raise DeadLettersUnsent(f"{len(unsent)} dead letters not acknowledged by Kafka")
             self.store.save_offsets(db, offsets)
+        for topic, what in self._counted:
+            RECORDS.labels(topic, what).inc()
 
     def _one(self, db: Any, r: Record, progress: dict[str, tuple[list[str], list[Progress]]]) -> None:
         broker_ts = r.timestamp_ms / 1000 if r.log_append and r.timestamp_ms >= 0 else None
         if r.value is None:
-            RECORDS.labels(r.topic, "tombstone").inc()
+            self._counted.append((r.topic, "tombstone"))
             return  # a compacted topic forgetting a key: the history keeps what it had
         if r.topic == self.t.jobs:
             m = schemas.decode(r.value, schemas.JOB, key=r.key)
@@ -193,10 +197,10 @@ class Accounting:
                 self.ingest.node(db, m)
         else:
             return
-        RECORDS.labels(r.topic, "applied").inc()
+        self._counted.append((r.topic, "applied"))
 
     def _refuse(self, db: Any, r: Record, reason: str, detail: str, now: float) -> None:
-        RECORDS.labels(r.topic, "refused").inc()
+        self._counted.append((r.topic, "refused"))
         self.store.count_quality(db, f"refused:{r.topic}:{reason}", now, detail[:200])
         if self.dead_letters is not None:
             send_deadletter(
@@ -331,18 +335,22 @@ def run_loop(
         reader.assign(tps, {tp: stored.get((tp.topic, tp.partition), 0) for tp in tps})
         last_data = time.monotonic()
         last_scan = -rescan_s  # the first pass measures the lag at once
+        backoff = 1.0
         while not stop.wait(0):
             records = reader.poll(0.5, max_records=5000)
             now = time.time()
             if records:
                 try:
                     accounting.apply(records, now)
+                    backoff = 1.0
                 except DeadLettersUnsent as e:
-                    log.warning("%s: reading the batch again", e)
+                    # buffered in Kafka, not dropped: the stage holds here until the dead-letter
+                    # topic takes them (the lag below says how far behind it falls meanwhile)
+                    log.warning("%s: reading the batch again in %.0f s", e, backoff)
                     stored = accounting.store.offsets()
                     reader.assign(tps, {tp: stored.get((tp.topic, tp.partition), 0) for tp in tps})
-                    stop.wait(1.0)
-                    continue
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, 60.0)
                 last_data = time.monotonic()
             elif idle_exit_s is not None and time.monotonic() - last_data > idle_exit_s:
                 return

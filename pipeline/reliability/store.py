@@ -21,8 +21,9 @@ The tables hold what the figures need, not the raw messages:
 - nodes: the census of reporting nodes (a job naming a node never seen is a data-quality line);
 - node_service: the changes of Slurm's view of each node (the adapter's slurm_node records) between
   in service and out of it (drained or down), so that a drain lifted by hand ends where the view
-  shows it: a row per change, not per record (the view is sent again every few minutes). Added
-  after schema 2 without changing it: a writer creates it, a store without it has no views;
+  shows it: a row per change, not per record (the view is sent again every few minutes), and
+  node_view_last, each node's latest view (a drain read after later views ends at it). Added
+  after schema 2 without changing it: a writer creates them, a store without them has no views;
 - pending_steps: progress of jobs whose run has not been seen yet (steps can overtake job/1), per
   job and reporting node, so that the run's nodes can judge it when the run comes;
 - quality: data-quality counts per kind and day, with a few examples;
@@ -107,6 +108,9 @@ CREATE TABLE IF NOT EXISTS finding_levels (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS node_service (node TEXT NOT NULL, ts REAL NOT NULL, in_service INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS node_service_node ON node_service (node, ts);
+CREATE TABLE IF NOT EXISTS node_view_last (
+    node TEXT PRIMARY KEY, in_service INTEGER NOT NULL, ts REAL NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nodes (node TEXT PRIMARY KEY, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS quality (
     what TEXT NOT NULL, day INTEGER NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (what, day)
@@ -501,6 +505,21 @@ class Store:
             )
         if changed:
             db.execute("INSERT INTO node_service VALUES (?, ?, ?)", (node, ts, int(in_service)))
+        db.execute("INSERT OR REPLACE INTO node_view_last VALUES (?, ?, ?)", (node, int(in_service), ts))
+
+    def note_drain(self, db: sqlite3.Connection, node: str, ts: float) -> None:
+        """An executed drain at `ts`, read after views of the node that came later (the stage may
+        read the view topic ahead of the results'): where its latest view is in service and later
+        than the drain, with no row after the drain, that view ends it (the first in-service view
+        after the drain was not kept: a drain read late may count up to the views' lead)."""
+        view = db.execute("SELECT in_service, ts FROM node_view_last WHERE node = ?", (node,)).fetchone()
+        if view is None or not view[0] or view[1] <= ts:
+            return
+        last = db.execute(
+            "SELECT ts FROM node_service WHERE node = ? ORDER BY rowid DESC LIMIT 1", (node,)
+        ).fetchone()
+        if last is None or last[0] <= ts:
+            db.execute("INSERT INTO node_service VALUES (?, ?, 1)", (node, view[1]))
 
     def upsert_node(self, db: sqlite3.Connection, node: str, first_seen: float, last_seen: float) -> None:
         db.execute(

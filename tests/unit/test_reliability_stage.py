@@ -11,6 +11,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from fleetwatch import topics
 from fleetwatch.bus import Record
@@ -423,8 +424,30 @@ def test_a_batch_whose_dead_letters_kafka_does_not_take_is_read_again_not_lost(t
     bus.append(topics.JOBS, b"x", b"{not json")
     acc = stage(bus, tmp_path / "a.sqlite")
     bus.fail_next = 1  # the dead letter's send fails once
+    refused = {"topic": topics.JOBS, "outcome": "refused"}
+    before = REGISTRY.get_sample_value("fleetwatch_accounting_records_total", refused) or 0.0
     drain(bus, acc)
     assert len(bus.records(topics.DEADLETTER)) == 1  # sent again, and taken
+    assert REGISTRY.get_sample_value("fleetwatch_accounting_records_total", refused) == before + 1
     assert [(q["what"], q["count"]) for q in figures(acc)["data_quality"]] == [
         (f"refused:{topics.JOBS}:not_json", 1)
     ]  # counted once: the first try's count rolled back with its batch
+
+
+def test_a_drain_read_after_the_views_that_came_later_still_ends_at_one_of_them(tmp_path):
+    """The stage may read the view topic ahead of the results' (a backlog; the memory bus always
+    reads results first, so this test hands the batches over in the other order itself): the view
+    in service after the drain was kept as no change, and the drain counted for ever (a review's
+    find). The latest view in service after it ends it."""
+    views = new_bus()
+    for state, at in (("idle", T0 + 3650), ("idle", T0 + 5000)):  # its drained view compacted away
+        views.append(topics.SLURM_NODES, b"n2", view("n2", state, at))
+    results = new_bus()
+    history(results)  # n2 drained at T0 + 3700
+    acc = stage(results, tmp_path / "a.sqlite")
+    for bus in (views, results):
+        reader = bus.reader()
+        reader.assign(partitions(reader, acc.t.all()), "beginning")
+        acc.apply(reader.poll(0.0, max_records=10_000), T0 + 7200)
+    r = report.build(acc.store, T0, T0 + 7200)
+    assert r["lost_gpu_hours_by_cause"]["drained"] == pytest.approx(1300 * 8 / 3600, abs=1e-3)
