@@ -195,6 +195,14 @@ class Admin:
         for fut in self.client.create_acls(bindings, request_timeout=self.timeout_s).values():
             fut.result()
 
+    def delete_records(self, part: TopicPart, before: int) -> None:
+        """Delete the partition's records before offset `before`: its log then starts there, as
+        retention would have made it (what the tests of readers behind a log's start need)."""
+        (fut,) = self.client.delete_records(
+            [TopicPartition(part.topic, part.partition, before)], request_timeout=self.timeout_s
+        ).values()
+        fut.result()
+
     def alter_configs(self, topic: str, configs: Mapping[str, str | None]) -> None:
         """Set these settings of the topic (None: remove the topic's own, back to the broker's
         default); its others stay as they are (an incremental change)."""

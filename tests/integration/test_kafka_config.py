@@ -179,16 +179,11 @@ def test_a_reader_given_an_offset_retention_removed_reads_from_the_oldest_record
     """The accounting stage starts each partition at offset 0, or at the offset its store kept: where
     retention has moved the log's start past it, librdkafka's default jumped to the end, and every
     record the topic still held was skipped (a review's find)."""
-    from confluent_kafka import TopicPartition as NativePart
-    from confluent_kafka.admin import AdminClient
-
     topic = f"test.reader.reset.{uuid.uuid4().hex[:8]}"
     ensure_topics(kafka_bootstrap, [topic], partitions=1)
     send(kafka_bootstrap, topic, [(b"k", f"record {i}".encode()) for i in range(10)])
-    # retention's doing, at once: the log now starts at offset 6
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    (future,) = admin.delete_records([NativePart(topic, 0, 6)]).values()
-    future.result(timeout=30)
+    with Admin(kafka_bootstrap) as admin:  # retention's doing, at once: the log now starts at offset 6
+        admin.delete_records(TopicPart(topic, 0), 6)
     reader = KafkaBus(kafka_bootstrap).reader()
     try:
         reader.assign([TopicPart(topic, 0)], {TopicPart(topic, 0): 0})
