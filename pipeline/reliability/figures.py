@@ -437,12 +437,12 @@ def lemon_rate(events: np.ndarray, population: int, cfg: FigureConfig) -> tuple[
     """(the fleet's episodes per node, which of `events` are lemons at it): the rate of the nodes
     that are not lemons (those without episodes included), the lemons found again at each new rate
     until they stop changing. It starts from the mean without the top 2% of nodes, so that many
-    lemons cannot hide one another by raising the rate (a tenth of the fleet at ten times the rate,
-    RSC-1's 15 lemons in 500 nodes), and rises to where no node left out is a lemon: a healthy
-    fleet's rate is then its plain mean. The top 2% alone was the rate before, which in a sparse
-    fleet (most nodes without an episode) leaves out every node with one: too low, and 2.5-3% of
-    healthy 2,000-node fleets at 0.05 episodes a node showed a false lemon against the 1% promised
-    (0-0.7% now, with the same power)."""
+    lemons cannot hide one another by raising the rate (RSC-1's 15 lemons in 500 nodes, 3% of them,
+    were found 8 from the plain mean), and moves to where no node left out is a lemon and every
+    lemon is one at that rate: a healthy fleet's rate is then its plain mean. The top 2% alone was
+    the rate before, which in a sparse fleet (most nodes without an episode) leaves out every node
+    with one: too low, and 2.5-3% of healthy 2,000-node fleets at 0.05 episodes a node showed a
+    false lemon against the 1% promised (0-0.7% now, with the same power)."""
     floor = 1.0 / population / 10  # a fleet with no episode at all: not a rate of zero
     everyone = np.concatenate([events, np.zeros(population - len(events))])
     rate = max(float(np.sort(everyone)[: max(1, math.floor(population * 0.98))].mean()), floor)
