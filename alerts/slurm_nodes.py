@@ -34,18 +34,16 @@ import hostlist
 
 from fleetwatch import schemas, signing
 from fleetwatch.alerts.slurm import (
-    DOWN_STATES,
-    DRAINED_STATES,
     TAG,
     NodeInfo,
     ReservationsNotUnderstood,
     SlurmClient,
     SlurmError,
     ours,
-    state_is,
 )
 from fleetwatch.alerts.validation import RESERVATION_PREFIX
 from fleetwatch.refusal_log import RefusalLog
+from fleetwatch.slurm_state import DOWN_STATES, DRAINED_STATES, state_is
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fleetwatch.pipeline.reliability.attribution import SEVERITY_RANK, Candidate, Window, attribute
-from fleetwatch.pipeline.reliability.store import LASTING_FINDING_S, Store
+from fleetwatch.pipeline.reliability.store import LASTING_FINDING_S, Store, has_table
 from fleetwatch.pipeline.reliability.taxonomy import FAILED_ENDS, NODE_ENDS
 
 _FAILURES = tuple(sorted(FAILED_ENDS | NODE_ENDS))
@@ -38,9 +38,7 @@ _CAUSES_SQL = f"""{_CAUSE_RUNS}
 def _levels(store: Store, ids: set[str]) -> dict[str, list[tuple[float, str]]]:
     """Each finding's first emission at each severity (finding_levels), where the store keeps them
     (one written before them does not)."""
-    if not ids or not store.rows(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'finding_levels'"
-    ):
+    if not ids or not has_table(store, "finding_levels"):
         return {}
     out: dict[str, list[tuple[float, str]]] = {}
     ordered = sorted(ids)

@@ -18,7 +18,7 @@ from fleetwatch.pipeline.reliability import figures
 from fleetwatch.pipeline.reliability.attribution import Window
 from fleetwatch.pipeline.reliability.figures import FigureConfig
 from fleetwatch.pipeline.reliability.history import History, load
-from fleetwatch.pipeline.reliability.store import MAX_RUN_S, Store
+from fleetwatch.pipeline.reliability.store import MAX_RUN_S, Store, has_table
 
 StepNamed = Callable[[str], None]  # told what the report computes next (the progress bar)
 
@@ -88,7 +88,7 @@ def _drains(store: Store, until: float) -> dict[str, list[tuple[float, str]]]:
     ):
         out.setdefault(node, []).append((ts, action))
     # a store written before the view was kept has no such table (store.py)
-    if store.rows("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'node_service'"):
+    if has_table(store, "node_service"):
         for node, ts in store.rows(
             "SELECT node, ts FROM node_service WHERE in_service = 1 AND ts < ? ORDER BY ts", (until,)
         ):

@@ -125,7 +125,7 @@ class Accounting:
         data_now = max(
             (r.timestamp_ms / 1000 for r in records if r.log_append and r.timestamp_ms >= 0), default=None
         )
-        self._counted: list[tuple[str, str]] = []  # (topic, what) of each record, counted once committed
+        self._counted = []  # (topic, what) of each record, counted once the batch commits
         with self.store.transaction() as db:
             progress: dict[str, tuple[list[str], list[Progress]]] = {}
             refused = False

@@ -138,6 +138,12 @@ CREATE TABLE IF NOT EXISTS pending_steps (
 DDL = DDL.format(lasting=LASTING_FINDING_S) + PENDING_DDL
 
 
+def has_table(store: Any, name: str) -> bool:
+    """Whether the store holds table `name` (one written before it was added does not), asked
+    through `rows` alone, the report's one way in (DuckDB answers sqlite_master too)."""
+    return bool(store.rows("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)))
+
+
 class StoreError(RuntimeError):
     """The database cannot be used (another schema version, a file that is not SQLite)."""
 
@@ -490,9 +496,7 @@ class Store:
         service after an executed drain of the node that came after the last row: the views may
         never have shown that drain (its record compacted away, the topic read from its start once
         the drain key was given, a publish that failed), and the drain ends here all the same."""
-        last = db.execute(
-            "SELECT in_service, ts FROM node_service WHERE node = ? ORDER BY rowid DESC LIMIT 1", (node,)
-        ).fetchone()
+        last = self._last_service(db, node)
         changed = last is None or bool(last[0]) != in_service
         if not changed and in_service:
             changed = (
@@ -515,11 +519,16 @@ class Store:
         view = db.execute("SELECT in_service, ts FROM node_view_last WHERE node = ?", (node,)).fetchone()
         if view is None or not view[0] or view[1] <= ts:
             return
-        last = db.execute(
-            "SELECT ts FROM node_service WHERE node = ? ORDER BY rowid DESC LIMIT 1", (node,)
-        ).fetchone()
-        if last is None or last[0] <= ts:
+        last = self._last_service(db, node)
+        if last is None or last[1] <= ts:
             db.execute("INSERT INTO node_service VALUES (?, ?, 1)", (node, view[1]))
+
+    @staticmethod
+    def _last_service(db: sqlite3.Connection, node: str) -> tuple[int, float] | None:
+        """(in service, ts) of the node's latest node_service row, in the order they were kept."""
+        return db.execute(
+            "SELECT in_service, ts FROM node_service WHERE node = ? ORDER BY rowid DESC LIMIT 1", (node,)
+        ).fetchone()
 
     def upsert_node(self, db: sqlite3.Connection, node: str, first_seen: float, last_seen: float) -> None:
         db.execute(

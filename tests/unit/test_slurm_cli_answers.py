@@ -155,6 +155,10 @@ def test_a_node_without_a_reason_has_an_empty_one_and_one_not_answered_for_raise
     assert SlurmClient().node("gpu01").reason == "" and SlurmClient().node("gpu01").state == "idle"
     with pytest.raises(SlurmError, match="gpu09"):
         SlurmClient().node("gpu09")  # sinfo answered, for another node
+    for garbage in ("gpu01\x1eidle", "\xff" * 100_000, ""):  # cut short, not rows, nothing
+        tools(tmp_path, monkeypatch, sinfo=answers(garbage))
+        with pytest.raises(SlurmError, match="gpu01"):
+            SlurmClient().node("gpu01")  # an answer read as no node: retried, never a NodeInfo
 
 
 @pytest.mark.parametrize("partitions", [1, 2])
