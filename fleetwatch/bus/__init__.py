@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 CONSUMERS_REPLACED = Counter(
     "fleetwatch_bus_consumers_replaced_total",
     "group consumers that hit a fatal client error (a static member fenced, e.g. after a broker "
-    "restart or by a second member with the same instance id) and were replaced by a new one",
+    "restart or by a second member with the same instance id) or stalled in a rebalance, and were "
+    "replaced by a new one",
     ["group"],
 )
 REBALANCE_ERRORS = Counter(

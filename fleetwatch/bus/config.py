@@ -6,6 +6,7 @@ Security settings come from the environment so that no secret sits on a command 
 FLEETWATCH_KAFKA_SECURITY_PROTOCOL (PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL),
 FLEETWATCH_KAFKA_SASL_MECHANISM, FLEETWATCH_KAFKA_SASL_USERNAME, FLEETWATCH_KAFKA_SASL_PASSWORD,
 FLEETWATCH_KAFKA_SSL_CAFILE, FLEETWATCH_KAFKA_SSL_CERTFILE, FLEETWATCH_KAFKA_SSL_KEYFILE.
+FLEETWATCH_KAFKA_DEBUG sets librdkafka's debug contexts, for diagnosing a client.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def rdkafka_config(bootstrap: str, env: Mapping[str, str] | None = None) -> dict
     for var, key in SECURITY_SETTINGS.items():
         if env.get(var):
             cfg[key] = env[var]
+    if env.get("FLEETWATCH_KAFKA_DEBUG"):  # librdkafka's debug contexts, e.g. "cgrp" (loud)
+        cfg["debug"] = env["FLEETWATCH_KAFKA_DEBUG"]
+        # its lines come at DEBUG, under the INFO the commands log at
+        logging.getLogger("fleetwatch.bus.rdkafka").setLevel(logging.DEBUG)
     return cfg
 
 

@@ -56,6 +56,7 @@ from fleetwatch.bus.config import (
     rdkafka_config,
     unavailable,
 )
+from fleetwatch.bus.rebalance_watch import GroupState, RebalanceWatch
 from fleetwatch.record_block import RecordBlock
 
 __all__ = ["KafkaBus", "KafkaGroupConsumer", "KafkaProducer", "KafkaReader", "rdkafka_config"]
@@ -68,6 +69,11 @@ PRUNE_AT = 10_000  # sent records a producer keeps before it drops the acknowled
 # sooner than this after the last replacement, doubling to the most: two members given one
 # instance id fence each other in turn, and must not do so in a tight loop.
 REPLACE_FIRST_S, REPLACE_MAX_S = 1.0, 60.0
+# A group consumer reports where it stands in its group this often (fleetwatch/bus/rebalance_watch.py)
+STATS_INTERVAL_S = 5.0
+# librdkafka's default, set so that the rebalance watch's limit follows it: how long a member may go
+# without polling before it leaves its group, and how long the broker waits for members to rejoin
+MAX_POLL_INTERVAL_S = 300.0
 
 # Answers a partition gives for a while after a topic is created or its broker restarts, before a
 # leader is elected and known: asked again, it answers.
@@ -310,6 +316,9 @@ class KafkaGroupConsumer:
             # emptied the queue and idled 0.4-0.6 s every ~14,000 records.
             "fetch.queue.backoff.ms": 20,
             "on_commit": self._committed,
+            "max.poll.interval.ms": int(MAX_POLL_INTERVAL_S * 1000),
+            "statistics.interval.ms": int(STATS_INTERVAL_S * 1000),
+            "stats_cb": self._stats,
         }
         if instance_id:
             cfg["group.instance.id"] = instance_id
@@ -319,7 +328,11 @@ class KafkaGroupConsumer:
         self._cfg, self._group = cfg, group
         CONSUMERS_REPLACED.labels(group)  # exported at 0: increase() sees the first
         self._topics: list[str] = []
-        self._fatal: KafkaError | None = None  # the error that ended the current client, if one did
+        self._fatal: str | None = None  # why the current client was given up, if it was
+        # when a stalled rebalance gets a new client (its limits may be set lower, as tests do)
+        self.rebalance_watch = RebalanceWatch(
+            session_timeout_ms / 1000, MAX_POLL_INTERVAL_S, STATS_INTERVAL_S
+        )
         self._on_lost: OnRevoke | None = None
         self._replaced_at = -float("inf")  # when the last new client joined
         self._replace_wait_s = 0.0  # how long after that the next may
@@ -350,19 +363,19 @@ class KafkaGroupConsumer:
             self._topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._lose
         )
 
-    def _give_up(self, err: KafkaError) -> None:
-        """The first half of replacing a client a fatal error ended, at once: a fatal error is final
-        for a librdkafka consumer (it fetches, heartbeats and commits nothing more, while poll()
-        goes on returning: seen, a static member fenced after a broker restart, sitting in the
-        group's place reading nothing), and librdkafka unassigns without calling back. Its
-        partitions are the owner's no longer, and may be another member's already: they go to
-        the owner's on_lost (no snapshot, no commit; whoever has them replays from the last
-        snapshot)."""
-        self._fatal = err
+    def _give_up(self, why: str) -> None:
+        """The first half of replacing a client, at once, where a fatal error ended it or its
+        rebalance stalled (fleetwatch/bus/rebalance_watch.py). A fatal error is final for a
+        librdkafka consumer (it fetches, heartbeats and commits nothing more, while poll() goes on
+        returning: seen, a static member fenced after a broker restart, sitting in the group's place
+        reading nothing), and librdkafka unassigns without calling back. Its partitions are the
+        owner's no longer, and may be another member's already: they go to the owner's on_lost (no
+        snapshot, no commit; whoever has them replays from the last snapshot)."""
+        self._fatal = why
         owned = sorted(self._assigned | set(self._starts or ()))
         log.error(
-            "the consumer of group %s hit a fatal error (%s): %d partitions given up; a new consumer "
-            "joins in %.0f s", self._group, err, len(owned), self._replace_wait_s,
+            "the consumer of group %s %s: %d partitions given up; a new consumer joins in %.0f s",
+            self._group, why, len(owned), self._replace_wait_s,
         )  # fmt: skip
         self._pending.clear()  # a held (pending) assignment was never the owner's
         if owned:
@@ -380,10 +393,14 @@ class KafkaGroupConsumer:
         """The second half: a new client under the same settings (the same instance id) in place of
         the failed one, subscribed as the owner subscribed."""
         try:
-            self._native.handle.close()  # returns at once on a fatal client, calling nothing back
+            # at once on a fatal client, calling nothing back; a stalled one may first wait for a
+            # request in flight (seen: 5 s for a JoinGroup the broker held), and calls back on_revoke
+            # with partitions _give_up already handed to on_lost (the owner is given none again)
+            self._native.handle.close()
         except Exception as e:
             log.warning("closing the failed consumer of group %s: %s", self._group, e)
         self._native = _Native(Consumer(self._cfg))
+        self.rebalance_watch.restart()
         self._replaced_at = time.monotonic()
         if self._topics:
             assert self._on_assign is not None and self._on_revoke is not None
@@ -463,6 +480,14 @@ class KafkaGroupConsumer:
         member's already, and its newer snapshot must stand)."""
         self._revoke(consumer, parts, self._on_lost)
 
+    def _stats(self, report: str) -> None:
+        """librdkafka's statistics report, served inside poll(): where the member stands in its
+        group, for the rebalance watch (nothing may escape a client callback; from_stats never
+        raises)."""
+        state = GroupState.from_stats(report)
+        if state is not None:
+            self.rebalance_watch.note(state)
+
     def _committed(self, err: KafkaError | None, _parts: list[TopicPartition]) -> None:
         if err is not None:
             self._on_commit_failure(KafkaException(err))
@@ -495,6 +520,10 @@ class KafkaGroupConsumer:
                 time.sleep(min(timeout_s, left))  # as an empty poll: the caller's loop does not spin
                 return {}
             self._rejoin()
+        if (stalled := self.rebalance_watch.stalled()) is not None:  # as a fatal error: a new client
+            self._replace_wait_s = self._next_wait_s()
+            self._give_up(f"stalled {stalled}")
+            return {}
         if self._pending.due():
             self._retry_assign()
         msgs = self._consumer.consume(max_records, 0)
@@ -506,7 +535,7 @@ class KafkaGroupConsumer:
         fatal = next((e for m in msgs if (e := m.error()) is not None and _is_fatal(e)), None)
         if fatal is not None:  # the batch's partitions are given up with it: their owners replay it
             self._replace_wait_s = self._next_wait_s()
-            self._give_up(fatal)
+            self._give_up(f"hit a fatal error ({fatal})")
             return {}
         columns: dict[TopicPart, tuple[list[Any], list[Any], list[int], list[int]]] = {}
         for m in msgs:

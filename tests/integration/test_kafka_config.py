@@ -194,3 +194,29 @@ def test_a_reader_given_an_offset_retention_removed_reads_from_the_oldest_record
         assert got == [f"record {i}".encode() for i in range(6, 10)]
     finally:
         reader.close()
+
+
+def test_librdkafkas_group_protocol_lines_are_logged_when_asked_for(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """FLEETWATCH_KAFKA_DEBUG=cgrp (the runbook's way to see a stalled rebalance): the real client
+    takes the setting, and its account of joining the group reaches the log."""
+    import logging
+
+    monkeypatch.setenv("FLEETWATCH_KAFKA_DEBUG", "cgrp")
+    rdkafka_log = logging.getLogger("fleetwatch.bus.rdkafka")
+    monkeypatch.setattr(rdkafka_log, "level", logging.NOTSET)  # restored after the test
+    caplog.set_level(logging.DEBUG, logger="fleetwatch.bus.rdkafka")
+    topic, group = f"cfg.debug.{uuid.uuid4().hex[:8]}", f"debug-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [topic], partitions=1)
+    consumer = KafkaBus(kafka_bootstrap).group_consumer(group, client_id="debugged")
+    try:
+        consumer.subscribe([topic], lambda parts: dict.fromkeys(parts, 0), lambda _p: None)
+        deadline = time.monotonic() + 60
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(10, 0.2)
+        assert consumer.assignment() == {TopicPart(topic, 0)}
+    finally:
+        consumer.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "fleetwatch.bus.rdkafka"]
+    assert any("CGRPJOINSTATE" in m and f'"{group}"' in m and "-> steady" in m for m in said), said[-20:]

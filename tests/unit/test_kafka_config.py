@@ -4,6 +4,10 @@ real SASL and mutual-TLS listeners: tests/integration/test_kafka_config.py."""
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from fleetwatch.bus.config import rdkafka_config, unavailable
 
 
@@ -33,6 +37,19 @@ def test_plaintext_by_default() -> None:
     cfg = rdkafka_config("127.0.0.1:19092", {})
     assert "security.protocol" not in cfg and "sasl.mechanism" not in cfg
     assert not any(k.startswith(("ssl.", "sasl.")) for k in cfg)
+
+
+def test_librdkafkas_debug_contexts_from_the_environment_and_its_lines_logged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FLEETWATCH_KAFKA_DEBUG, for diagnosing a client (a stalled rebalance: `cgrp`): librdkafka
+    takes the contexts (on the real broker: tests/integration/test_kafka_config.py), and its lines
+    (level 7, DEBUG) pass the INFO the commands log at."""
+    rdkafka_log = logging.getLogger("fleetwatch.bus.rdkafka")
+    monkeypatch.setattr(rdkafka_log, "level", logging.NOTSET)  # restored after the test
+    assert "debug" not in rdkafka_config("127.0.0.1:1", {})
+    cfg = rdkafka_config("127.0.0.1:1", {"FLEETWATCH_KAFKA_DEBUG": "cgrp,fetch"})
+    assert cfg["debug"] == "cgrp,fetch" and rdkafka_log.level == logging.DEBUG
 
 
 def test_the_unavailable_line_names_the_settings_to_check_never_their_values() -> None:
