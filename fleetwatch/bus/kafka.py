@@ -485,8 +485,8 @@ class KafkaGroupConsumer:
         group, for the rebalance watch (nothing may escape a client callback; from_stats never
         raises)."""
         state = GroupState.from_stats(report)
-        if state is not None:
-            self.rebalance_watch.note(state)
+        if state is not None and (lasting := self.rebalance_watch.note(state)) is not None:
+            log.warning("the consumer of group %s has been %s, the cluster answering", self._group, lasting)
 
     def _committed(self, err: KafkaError | None, _parts: list[TopicPartition]) -> None:
         if err is not None:

@@ -72,27 +72,42 @@ class RebalanceWatch:
         self.local_limit_s = max(MIN_LOCAL_LIMIT_S, 3 * session_timeout_s)
         self.broker_limit_s = max_poll_interval_s + session_timeout_s
         self._max_gap_s = 2 * report_interval_s
+        # a state not in place this long is said once in the log, before any limit: what a stall
+        # that ends in a replacement (or a test's timeout) was doing
+        self.tell_after_s = 3 * report_interval_s
         self._clock = clock
         self._state: GroupState | None = None
         self._last = 0.0  # when the last report arrived
         self._waited = 0.0  # how long the reports have shown the current state, by the rule above
+        self._told = False
 
-    def note(self, state: GroupState) -> None:
+    def note(self, state: GroupState) -> str | None:
+        """Take a report; returns a line for the log the first time a state not in place has lasted
+        tell_after_s."""
         now = self._clock()
         if state != self._state:
-            self._state, self._waited = state, 0.0
+            self._state, self._waited, self._told = state, 0.0, False
         elif now - self._last <= self._max_gap_s:
             self._waited += now - self._last
         self._last = now
+        if self._told or not self._counts(state) or self._waited < self.tell_after_s:
+            return None
+        self._told = True
+        return f"in group state {state.state}, join state {state.join_state} for {self._waited:.0f} s"
+
+    @staticmethod
+    def _counts(s: GroupState) -> bool:
+        """Not in place while the cluster answers: the time the limits bound."""
+        return s.cluster_up and not (s.state == "up" and s.join_state == STEADY)
 
     def restart(self) -> None:
         """A new client: nothing it has not reported yet is known."""
-        self._state, self._waited = None, 0.0
+        self._state, self._waited, self._told = None, 0.0, False
 
     def stalled(self) -> str | None:
         """Why the member is taken to have stalled (for the log), or None."""
         s = self._state
-        if s is None or not s.cluster_up or (s.state == "up" and s.join_state == STEADY):
+        if s is None or not self._counts(s):
             return None
         broker_wait = s.state == "up" and s.join_state in BROKER_WAITS
         limit = self.broker_limit_s if broker_wait else self.local_limit_s

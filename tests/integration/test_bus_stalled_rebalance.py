@@ -45,6 +45,7 @@ def test_a_member_held_in_a_rebalance_past_its_limit_gets_a_new_client_and_joins
     # the holder stops polling: its client heartbeats on, but cannot give its partitions up
     joiner = member(bus, group, "joiner", topic)
     joiner.rebalance_watch.broker_limit_s = 8.0
+    joiner.rebalance_watch.tell_after_s = 5.0  # said in the log first
     before = replacements(group)
     try:
         deadline = time.monotonic() + 60

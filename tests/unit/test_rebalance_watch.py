@@ -131,6 +131,34 @@ def test_time_away_from_poll_is_the_applications_not_the_clients() -> None:
     assert w.stalled() is not None
 
 
+def test_a_state_not_in_place_is_told_once_before_any_limit() -> None:
+    """One log line per state that lasts 15 s (three reports): what a stall was doing, said before
+    the watch's limit (or a test's timeout) ends it; a member in place, or in an outage, says
+    nothing."""
+    clock = Clock()
+    w = watch(clock)
+    said: list[str] = []
+
+    def feed_said(text: str, seconds: float) -> None:
+        state = GroupState.from_stats(text)
+        assert state is not None
+        end = clock.now + seconds
+        while clock.now < end:
+            clock.now += 5
+            if (line := w.note(state)) is not None:
+                said.append(line)
+
+    feed_said(report(), 60)
+    feed_said(report(state="query-coord", join_state="init", broker="DOWN"), 60)
+    assert said == []
+    feed_said(report(join_state="wait-join"), 100)
+    assert said == ["in group state up, join state wait-join for 15 s"]
+    feed_said(report(join_state="wait-sync"), 10)
+    feed_said(report(), 5)
+    feed_said(report(join_state="wait-join"), 20)
+    assert len(said) == 2
+
+
 def test_a_new_client_starts_unknown() -> None:
     clock = Clock()
     w = watch(clock)
