@@ -23,7 +23,7 @@ from fleetwatch.alerts.drain_pause import make_control
 from fleetwatch.alerts.journal import Journal
 from fleetwatch.alerts.slurm import SlurmClient
 from fleetwatch.alerts.slurm_drainer import Drainer
-from fleetwatch.bus import TopicPart
+from fleetwatch.bus import Record, TopicPart
 from fleetwatch.bus.admin import Admin, ensure_topics
 from fleetwatch.bus.kafka import KafkaBus
 from fleetwatch.bus.partitioner import partition_for
@@ -241,6 +241,49 @@ def test_cli_consumes_the_topic_and_commits(
         j.close()
     finally:
         slurm.reset("gpu-node-02")
+
+
+def test_the_cli_publishes_a_nodes_view_at_once_after_draining_it_not_at_the_next_period(
+    kafka_bootstrap: str, slurm: Slurm, tmp_path: Path
+) -> None:
+    """The accounting stage ends a drain at the first view showing its node back in service, so the
+    adapter's view must show a drain as soon as the adapter made it: the real process, its views
+    due only every hour, publishes the node in service at its start, then drained within seconds
+    of the request (the drain lifted by hand soon after would otherwise show no change at all)."""
+    node = "gpu-node-02"
+    slurm.reset(node)
+    topic = queued(kafka_bootstrap)
+    views = f"test.slurmnodes.{uuid.uuid4().hex[:8]}"
+    control = f"test.control.{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [views, control])
+    tail = TopicTail(kafka_bootstrap, views)
+    env = {**os.environ, "FLEETWATCH_DRAIN_KEY": KEY.decode(), "SLURM_CONF": slurm.conf}
+    argv = [sys.executable, "-m", "fleetwatch.cli", "slurm-drainer", "--bootstrap", kafka_bootstrap]
+    argv += ["--drain-topic", topic, "--group", f"g-{topic}", "--control-topic", control]
+    argv += ["--state-dir", str(tmp_path), "--slurm-nodes-topic", views, "--node-states-every", "3600"]
+    log = open(tmp_path / "drainer.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+    def of_node(records: list[Record]) -> list[dict[str, Any]]:
+        return [m for m in tail.messages(records) if m["node"] == node]
+
+    try:
+        first = of_node(tail.collect(lambda rs: bool(of_node(rs)), timeout_s=60))
+        assert first and not first[-1]["state"].startswith("drain"), (tmp_path / "drainer.log").read_text()
+        producer = KafkaBus(kafka_bootstrap).producer()
+        producer.send(topic, key=node.encode(), value=schemas.encode(req(node)))
+        assert not producer.flush(10), "the request was not acknowledged"
+        producer.close(5)
+        after = of_node(tail.collect(lambda rs: any(m["ours"] for m in of_node(rs)), timeout_s=30))
+        assert after, (tmp_path / "drainer.log").read_text()
+        assert after[-1]["state"].startswith("drain") and after[-1]["ours"]
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+        tail.close()
+        slurm.reset(node)
 
 
 def test_an_operators_pause_defers_the_adapters_requests_and_a_copy_signed_anew_after_it_is_executed(
