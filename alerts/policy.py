@@ -175,7 +175,9 @@ class PolicyConfig:
         (), "nodes act never drains nor pages for silence: names or Slurm host lists (gpu-node-[01-04])"
     )
     opt_out_feature: str = knob(
-        "fleetwatch_opt_out", 'a Slurm node feature that opts a node out likewise ("": none)'
+        "fleetwatch_opt_out",
+        'a Slurm node feature that opts a node out likewise ("": none); one named fleetwatch* is kept '
+        "in the adapter's view of a node with more than 32 features, another may be left out",
     )
 
 

@@ -137,6 +137,14 @@ class SlurmNodeBook:
         self._refusals = RefusalLog(log)  # a flood of them must not flood the log
         self.opt_out = OptOut(opt_out)
         self.opt_out_feature = opt_out_feature
+        if opt_out_feature and not opt_out_feature.startswith(TAG):
+            # the adapter keeps fleetwatch's own features first when a node has more than a record
+            # holds (kept_features); it does not know this name
+            log.warning(
+                "[act.policy] opt_out_feature %r does not start with %r: on a node with more than %d "
+                "Slurm features the adapter's view may leave it out, and the node is not held",
+                opt_out_feature, TAG, schemas.MAX_FEATURES,
+            )  # fmt: skip
         self.max_age_s = max_age_s
         self._on_refused = on_refused
         self._lock = threading.Lock()

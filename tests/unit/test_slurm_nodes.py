@@ -471,6 +471,23 @@ def test_the_opt_out_feature_is_kept_among_many_features() -> None:
     assert few["features"] == ["b", "fleetwatch_opt_out", "a"]  # Slurm's order, where all fit
 
 
+def test_an_opt_out_feature_the_adapter_does_not_keep_first_is_warned_of_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The adapter keeps fleetwatch's own features first (it does not know act's setting): a name
+    outside them may be cut from the view of a node with many features, and the node then drained."""
+    features = (*(f"f{i}" for i in range(40)), "site_opt_out")
+    rec = make_record(NodeInfo("gpu-node-02", "idle", ""), features, False, T0, KEY)
+    assert held_by(rec, "site_opt_out") is None  # the limit the warning names
+    with caplog.at_level("WARNING", logger="fleetwatch.alerts.slurm_nodes"):
+        SlurmNodeBook(KEY, opt_out_feature="fleetwatch_opt_out")
+        SlurmNodeBook(KEY, opt_out_feature="")
+        assert caplog.records == []
+        SlurmNodeBook(KEY, opt_out_feature="site_opt_out")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "'site_opt_out' does not start with 'fleetwatch'" in line and "32 Slurm features" in line
+
+
 def test_one_unreadable_reservation_does_not_withhold_every_nodes_record() -> None:
     class Unreadable(FakeSlurm):
         def maintenance_nodes(self, except_prefix: str = "") -> set[str]:
