@@ -80,7 +80,7 @@ from fleetwatch.alerts.validation import (
 )
 from fleetwatch.alerts.validation import TOOLS as VALIDATION_TOOLS  # srun, scancel
 from fleetwatch.bus import TopicPart
-from fleetwatch.bus.kafka import KafkaBus
+from fleetwatch.bus.kafka import KafkaBus, KafkaGroupConsumer
 from fleetwatch.deadletter import send_deadletter
 from fleetwatch.follow import BrokerTimedFollower
 from fleetwatch.pipeline.worker import JOIN_WAIT_S  # the same allowance the workers give a join
@@ -730,7 +730,6 @@ def run(args: argparse.Namespace) -> int:
     control.start()
     serve_metrics(args.metrics_port, args.metrics_addr)
     producer = bus.producer(linger_ms=5)
-    consumer = bus.group_consumer(args.group, client_id=f"slurm-drainer-{socket.gethostname()}")
     # --idle-exit counts from the last record or the last assignment, whichever is later: a group
     # join can take longer than the idle time (librdkafka's first rebalance waits), and a drainer
     # that gave up before it was assigned would leave the topic unread.
@@ -739,11 +738,15 @@ def run(args: argparse.Namespace) -> int:
     def on_assign(parts: list[TopicPart]) -> dict[TopicPart, int]:
         last_assigned[:] = [time.monotonic()]
         # Each batch's offsets are committed once handled, so a new owner starts where the group stands.
+        assert consumer is not None  # (subscribed once made)
         return consumer.group_offsets(parts)
+
+    consumer: KafkaGroupConsumer | None = None
 
     def close() -> None:
         control.stop()
-        consumer.close()
+        if consumer is not None:
+            consumer.close()
         producer.close(10)
         journal.close()
 
@@ -764,6 +767,8 @@ def run(args: argparse.Namespace) -> int:
     if stop:  # stopped before a request was read: nothing begun, nothing to finish
         close()
         return 0
+    # made once it is polled: a client not polled piles up its statistics reports (every 5 s)
+    consumer = bus.group_consumer(args.group, client_id=f"slurm-drainer-{socket.gethostname()}")
     consumer.subscribe([args.drain_topic], on_assign, lambda _parts: None)
     drainer = Drainer(
         slurm,

@@ -394,13 +394,14 @@ class KafkaGroupConsumer:
         the failed one, subscribed as the owner subscribed."""
         try:
             # at once on a fatal client, calling nothing back; a stalled one may first wait for a
-            # request in flight (seen: 5 s for a JoinGroup the broker held), and calls back on_revoke
-            # with partitions _give_up already handed to on_lost (the owner is given none again)
+            # request in flight (seen: 5 s for a JoinGroup the broker held), and serves the
+            # rebalance callbacks still queued: they reach no owner while _fatal is set (_assign,
+            # _revoke), its partitions having gone to on_lost in _give_up
             self._native.handle.close()
         except Exception as e:
             log.warning("closing the failed consumer of group %s: %s", self._group, e)
         self._native = _Native(Consumer(self._cfg))
-        self.rebalance_watch.restart()
+        self.rebalance_watch.progress()
         self._replaced_at = time.monotonic()
         if self._topics:
             assert self._on_assign is not None and self._on_revoke is not None
@@ -413,6 +414,9 @@ class KafkaGroupConsumer:
     # there comes out of consume() as a SystemError (see PendingAssignment).
 
     def _assign(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        if self._fatal is not None:  # a client being given up (closed in _rejoin): not the owner's
+            return
+        self.rebalance_watch.progress()
         tps = [TopicPart(p.topic, p.partition) for p in parts]
         self._pending.clear()
         self._starts = None
@@ -453,7 +457,9 @@ class KafkaGroupConsumer:
         owner = owner or self._on_revoke
         assert owner is not None
         try:
-            self._hand_back([TopicPart(p.topic, p.partition) for p in parts], owner)
+            if self._fatal is None:  # a client being given up has nothing of the owner's left
+                self.rebalance_watch.progress()
+                self._hand_back([TopicPart(p.topic, p.partition) for p in parts], owner)
         finally:
             try:
                 consumer.unassign()
@@ -480,13 +486,30 @@ class KafkaGroupConsumer:
         member's already, and its newer snapshot must stand)."""
         self._revoke(consumer, parts, self._on_lost)
 
+    def _waiting_for_topics(self) -> bool:
+        """librdkafka joins no group while none of the subscribed topics has partitions (all missing,
+        or not visible to this principal): a member waiting so, its group state `up` and its join
+        state `init` or `wait-metadata`, has not stalled; said in the log at each limit, and counted
+        anew."""
+        state = self.rebalance_watch.state
+        if state is None or state.join_state not in ("init", "wait-metadata"):
+            return False
+        if any(self.partition_count(t) for t in self._topics):
+            return False
+        log.warning(
+            "the consumer of group %s waits for its topics (%s): none has partitions it can see",
+            self._group, ", ".join(self._topics),
+        )  # fmt: skip
+        self.rebalance_watch.progress()
+        return True
+
     def _stats(self, report: str) -> None:
         """librdkafka's statistics report, served inside poll(): where the member stands in its
         group, for the rebalance watch (nothing may escape a client callback; from_stats never
         raises)."""
         state = GroupState.from_stats(report)
         if state is not None and (lasting := self.rebalance_watch.note(state)) is not None:
-            log.warning("the consumer of group %s has been %s, the cluster answering", self._group, lasting)
+            log.warning("the consumer of group %s has been %s", self._group, lasting)
 
     def _committed(self, err: KafkaError | None, _parts: list[TopicPartition]) -> None:
         if err is not None:
@@ -520,8 +543,8 @@ class KafkaGroupConsumer:
                 time.sleep(min(timeout_s, left))  # as an empty poll: the caller's loop does not spin
                 return {}
             self._rejoin()
-        if (stalled := self.rebalance_watch.stalled()) is not None:  # as a fatal error: a new client
-            self._replace_wait_s = self._next_wait_s()
+        if (stalled := self.rebalance_watch.stalled()) is not None and not self._waiting_for_topics():
+            self._replace_wait_s = self._next_wait_s()  # as after a fatal error: a new client
             self._give_up(f"stalled {stalled}")
             return {}
         if self._pending.due():

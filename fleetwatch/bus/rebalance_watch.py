@@ -15,14 +15,18 @@ report that comes later than that was held while the application was away from p
 assign callback, a resend during an outage), and that time is the application's, not the client's
 (the reports queued meanwhile arrive together, adding nothing). Only time while some broker of the
 cluster is connected counts: with none, librdkafka waits for one and joins when it is back, which is
-an outage, not a stall. A state that changes is progress and restarts the count. The limits:
-- waiting on the broker (`wait-join`, `wait-sync`, the coordinator up): the broker holds a JoinGroup
-  until every member has joined or the rebalance timeout (the members' max.poll.interval.ms) has
-  passed, and answers within a session timeout after that; longer than both will not end;
-- anything else that is not `up` and `steady` (looking the coordinator up while a broker answers, the
-  client's own steps): three session timeouts, at least 30 s. A coordinator the cluster cannot name
-  for that long (its offsets partition without a leader) is not helped by a new client, but not
-  harmed either: replacements back off to one a minute, and each is logged.
+an outage, not a stall (the count pauses, it does not restart). The limits:
+- out of place in its group (not `up` and `steady`) through whatever states, for longer than the
+  rebalance timeout (the members' max.poll.interval.ms: the broker holds a JoinGroup until every
+  member has joined or it has passed) and a session timeout: no rebalance lasts that long;
+- in one state that is not the broker's to end (`wait-join` and `wait-sync` with the coordinator up
+  are), for three session timeouts, at least 30 s: looking the coordinator up while a broker
+  answers, or the client's own steps, each of which takes milliseconds while the application polls.
+  A coordinator the cluster cannot name for that long (its offsets partition without a leader) is
+  not helped by a new client, but not harmed either: replacements back off to one a minute, and
+  each is logged. (The consumer does not count a member whose subscribed topics all have no
+  partitions, which librdkafka leaves waiting before any join: fleetwatch/bus/kafka.py.)
+A rebalance callback served (assign, revoke, lost) is progress: the counts start again.
 """
 
 from __future__ import annotations
@@ -72,48 +76,74 @@ class RebalanceWatch:
         self.local_limit_s = max(MIN_LOCAL_LIMIT_S, 3 * session_timeout_s)
         self.broker_limit_s = max_poll_interval_s + session_timeout_s
         self._max_gap_s = 2 * report_interval_s
-        # a state not in place this long is said once in the log, before any limit: what a stall
-        # that ends in a replacement (or a test's timeout) was doing
+        # out of place this long is said once in the log, before any limit: what a stall that
+        # ends in a replacement (or a test's timeout) was doing
         self.tell_after_s = 3 * report_interval_s
         self._clock = clock
         self._state: GroupState | None = None
         self._last = 0.0  # when the last report arrived
-        self._waited = 0.0  # how long the reports have shown the current state, by the rule above
+        # counted time (see the module doc): in the current group and join state, and since the
+        # member was last in place whatever states it went through (a client that cycles between
+        # two states, or whose broker connection flaps, is bounded by the second)
+        self._in_state = 0.0
+        self._out_of_place = 0.0
         self._told = False
 
     def note(self, state: GroupState) -> str | None:
-        """Take a report; returns a line for the log the first time a state not in place has lasted
-        tell_after_s."""
+        """Take a report; returns a line for the log the first time the member has been out of place
+        for tell_after_s."""
         now = self._clock()
-        if state != self._state:
-            self._state, self._waited, self._told = state, 0.0, False
-        elif now - self._last <= self._max_gap_s:
-            self._waited += now - self._last
-        self._last = now
-        if self._told or not self._counts(state) or self._waited < self.tell_after_s:
+        prev, gap = self._state, now - self._last
+        self._state, self._last = state, now
+        if prev is not None and _counts(prev) and gap <= self._max_gap_s:  # the gap was prev's
+            self._in_state += gap
+            self._out_of_place += gap
+        if prev is None or (prev.state, prev.join_state) != (state.state, state.join_state):
+            self._in_state = 0.0
+        if _in_place(state):
+            self._out_of_place, self._told = 0.0, False
+        if self._told or not _counts(state) or self._out_of_place < self.tell_after_s:
             return None
         self._told = True
-        return f"in group state {state.state}, join state {state.join_state} for {self._waited:.0f} s"
+        return (
+            f"out of place in its group for {self._out_of_place:.0f} s (now group state {state.state}, "
+            f"join state {state.join_state})"
+        )
 
-    @staticmethod
-    def _counts(s: GroupState) -> bool:
-        """Not in place while the cluster answers: the time the limits bound."""
-        return s.cluster_up and not (s.state == "up" and s.join_state == STEADY)
+    @property
+    def state(self) -> GroupState | None:
+        """The latest report's (None before the first, and after progress())."""
+        return self._state
 
-    def restart(self) -> None:
-        """A new client: nothing it has not reported yet is known."""
-        self._state, self._waited, self._told = None, 0.0, False
+    def progress(self) -> None:
+        """The client moved on (a rebalance callback was served, a new client took over): what was
+        counted no longer says anything; reports from before it may still be served."""
+        self._state, self._in_state, self._out_of_place, self._told = None, 0.0, 0.0, False
 
     def stalled(self) -> str | None:
         """Why the member is taken to have stalled (for the log), or None."""
         s = self._state
-        if s is None or not self._counts(s):
+        if s is None or not _counts(s):
             return None
-        broker_wait = s.state == "up" and s.join_state in BROKER_WAITS
-        limit = self.broker_limit_s if broker_wait else self.local_limit_s
-        if self._waited <= limit:
+        if self._out_of_place > self.broker_limit_s:
+            return (
+                f"out of place in its group for {self._out_of_place:.0f} s while the cluster answers "
+                f"(now group state {s.state}, join state {s.join_state}; limit {self.broker_limit_s:.0f} s)"
+            )
+        if s.state == "up" and s.join_state in BROKER_WAITS:  # the broker's to end, within the above
+            return None
+        if self._in_state <= self.local_limit_s:
             return None
         return (
-            f"in group state {s.state}, join state {s.join_state} for {self._waited:.0f} s while the "
-            f"cluster answers (limit {limit:.0f} s)"
+            f"in group state {s.state}, join state {s.join_state} for {self._in_state:.0f} s while the "
+            f"cluster answers (limit {self.local_limit_s:.0f} s)"
         )
+
+
+def _in_place(s: GroupState) -> bool:
+    return s.state == "up" and s.join_state == STEADY
+
+
+def _counts(s: GroupState) -> bool:
+    """Out of place while the cluster answers: the time the limits bound (an outage pauses it)."""
+    return s.cluster_up and not _in_place(s)
