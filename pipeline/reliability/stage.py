@@ -318,6 +318,12 @@ def partitions(reader: Reader, names: Sequence[str]) -> list[TopicPart]:
     return [TopicPart(t, p) for t in names for p in reader.partitions(t)]
 
 
+def _from_stored(reader: Reader, accounting: Accounting, tps: list[TopicPart]) -> None:
+    """Read `tps` from the offsets the store committed (a partition it has none of: from 0)."""
+    stored = accounting.store.offsets()
+    reader.assign(tps, {tp: stored.get((tp.topic, tp.partition), 0) for tp in tps})
+
+
 def run_loop(
     bus: Bus,
     accounting: Accounting,
@@ -331,8 +337,7 @@ def run_loop(
     names = accounting.topics_read()
     try:
         tps = partitions(reader, names)
-        stored = accounting.store.offsets()
-        reader.assign(tps, {tp: stored.get((tp.topic, tp.partition), 0) for tp in tps})
+        _from_stored(reader, accounting, tps)
         last_data = time.monotonic()
         last_scan = -rescan_s  # the first pass measures the lag at once
         backoff = 1.0
@@ -347,8 +352,7 @@ def run_loop(
                     # buffered in Kafka, not dropped: the stage holds here until the dead-letter
                     # topic takes them (the lag below says how far behind it falls meanwhile)
                     log.warning("%s: reading the batch again in %.0f s", e, backoff)
-                    stored = accounting.store.offsets()
-                    reader.assign(tps, {tp: stored.get((tp.topic, tp.partition), 0) for tp in tps})
+                    _from_stored(reader, accounting, tps)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
                 last_data = time.monotonic()
@@ -364,7 +368,6 @@ def run_loop(
                 fresh = partitions(reader, names)
                 if set(fresh) != set(tps):
                     tps = fresh
-                    stored = accounting.store.offsets()
-                    reader.assign(tps, {tp: stored.get((tp.topic, tp.partition), 0) for tp in tps})
+                    _from_stored(reader, accounting, tps)
     finally:
         reader.close()
