@@ -328,7 +328,7 @@ class KafkaGroupConsumer:
         self._cfg, self._group = cfg, group
         CONSUMERS_REPLACED.labels(group)  # exported at 0: increase() sees the first
         self._topics: list[str] = []
-        self._fatal: str | None = None  # why the current client was given up, if it was
+        self._given_up: str | None = None  # why the current client was given up, if it was
         # when a stalled rebalance gets a new client (its limits may be set lower, as tests do)
         self.rebalance_watch = RebalanceWatch(
             session_timeout_ms / 1000, MAX_POLL_INTERVAL_S, STATS_INTERVAL_S
@@ -371,7 +371,7 @@ class KafkaGroupConsumer:
         reading nothing), and librdkafka unassigns without calling back. Its partitions are the
         owner's no longer, and may be another member's already: they go to the owner's on_lost (no
         snapshot, no commit; whoever has them replays from the last snapshot)."""
-        self._fatal = why
+        self._given_up = why
         owned = sorted(self._assigned | set(self._starts or ()))
         log.error(
             "the consumer of group %s %s: %d partitions given up; a new consumer joins in %.0f s",
@@ -395,7 +395,7 @@ class KafkaGroupConsumer:
         try:
             # at once on a fatal client, calling nothing back; a stalled one may first wait for a
             # request in flight (seen: 5 s for a JoinGroup the broker held), and serves the
-            # rebalance callbacks still queued: they reach no owner while _fatal is set (_assign,
+            # rebalance callbacks still queued: they reach no owner while _given_up is set (_assign,
             # _revoke), its partitions having gone to on_lost in _give_up
             self._native.handle.close()
         except Exception as e:
@@ -406,7 +406,7 @@ class KafkaGroupConsumer:
         if self._topics:
             assert self._on_assign is not None and self._on_revoke is not None
             self.subscribe(self._topics, self._on_assign, self._on_revoke, self._on_lost)
-        self._fatal = None  # only once the new client stands
+        self._given_up = None  # only once the new client stands
         CONSUMERS_REPLACED.labels(self._group).inc()
         log.info("the consumer of group %s replaced", self._group)
 
@@ -414,7 +414,7 @@ class KafkaGroupConsumer:
     # there comes out of consume() as a SystemError (see PendingAssignment).
 
     def _assign(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
-        if self._fatal is not None:  # a client being given up (closed in _rejoin): not the owner's
+        if self._given_up is not None:  # a client being given up (closed in _rejoin): not the owner's
             return
         self.rebalance_watch.progress()
         tps = [TopicPart(p.topic, p.partition) for p in parts]
@@ -457,7 +457,7 @@ class KafkaGroupConsumer:
         owner = owner or self._on_revoke
         assert owner is not None
         try:
-            if self._fatal is None:  # a client being given up has nothing of the owner's left
+            if self._given_up is None:  # a client being given up has nothing of the owner's left
                 self.rebalance_watch.progress()
                 self._hand_back([TopicPart(p.topic, p.partition) for p in parts], owner)
         finally:
@@ -537,7 +537,7 @@ class KafkaGroupConsumer:
         # consume(n, timeout) waits until n records are there or the timeout passes: asked for a
         # full batch while fewer were fetched, it idled the worker (70% of a plain topic's time).
         # So: what is there now; if nothing, wait for one record, and take what came with it.
-        if self._fatal is not None:
+        if self._given_up is not None:
             left = self._replace_wait_s - (time.monotonic() - self._replaced_at)
             if left > 0:
                 time.sleep(min(timeout_s, left))  # as an empty poll: the caller's loop does not spin
