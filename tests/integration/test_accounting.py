@@ -149,6 +149,20 @@ HOSTILE = [
 ]
 
 
+def hostile_views(start: float) -> list[tuple[str, str, bytes]]:
+    """Slurm's node view of b1 in service between its drain (start + 7300) and its resume by hand
+    (start + 7500), as nothing but the adapter may send it: garbage, a genuine record cut short, one
+    under another node's key, one as large as the broker takes. Each is dead-lettered, and none
+    ends the drain early."""
+    genuine = schemas.encode(make_record(NodeInfo("b1", "idle", ""), (), False, start + 7320, DRAIN.encode()))
+    return [
+        ("slurm_nodes", "b1", b"{not json"),
+        ("slurm_nodes", "b1", genuine[: len(genuine) // 2]),
+        ("slurm_nodes", "a1", genuine),  # keyed by a node the record does not name
+        ("slurm_nodes", "b1", b"[" * 64 + b"1" * 900_000),
+    ]
+
+
 def test_the_stage_survives_a_kill_counts_nothing_twice_and_reports(rig: Rig, kafka_bootstrap: str) -> None:
     now = time.time()
     start = now - 4 * 3600
@@ -160,7 +174,7 @@ def test_the_stage_survives_a_kill_counts_nothing_twice_and_reports(rig: Rig, ka
     rig.job("a", ["a1", "a2"], "started", start, start)
     rig.job("b", ["b1"], "started", start, start)
     rig.job("c", ["c1", "c2"], "started", start, start)
-    for topic, key, value in HOSTILE:
+    for topic, key, value in [*HOSTILE, *hostile_views(start)]:
         rig.send(topic, key, value)
     rig.job("a", ["a1", "a2"], "failed", start + 3600, start, "NODE_FAIL")
     ecc = rig.finding("b1", "ecc", start + 7000)
@@ -188,7 +202,7 @@ def test_the_stage_survives_a_kill_counts_nothing_twice_and_reports(rig: Rig, ka
     for state, at in (("drained", start + 7301), ("idle", start + 7500)):
         view = make_record(NodeInfo("b1", state, ""), (), False, at, DRAIN.encode())
         rig.send("slurm_nodes", "b1", schemas.encode(view))
-    for topic, key, value in HOSTILE:
+    for topic, key, value in [*HOSTILE, *hostile_views(start)]:
         rig.send(topic, key, value)
     rig.start()
     r = rig.wait_report(lambda r: r["taxonomy"]["runs"] == 3 and r["lost_gpu_hours_by_cause"]["drained"] > 0)
@@ -205,7 +219,8 @@ def test_the_stage_survives_a_kill_counts_nothing_twice_and_reports(rig: Rig, ka
     assert 0 < lost["hardware:ib_link"] < 16 * 5 / 3600
     assert r["lost_gpu_hours_by_cause"]["assumed_lost_progress_runs"] == 2  # a and b reported no steps
     refused = {q["what"]: q["count"] for q in r["data_quality"] if q["what"].startswith("refused:")}
-    assert sum(refused.values()) == 2 * len(HOSTILE) + 1, refused  # the forged view too
+    hostile = len(HOSTILE) + len(hostile_views(start))
+    assert sum(refused.values()) == 2 * hostile + 1, refused  # the forged view too
 
     def ours(recs: list[Any]) -> list[Any]:  # the topic is shared: other writers' dead letters too
         return [
@@ -216,8 +231,8 @@ def test_the_stage_survives_a_kill_counts_nothing_twice_and_reports(rig: Rig, ka
         ]
 
     # (waiting for ours: it stopped at as many dead letters of any writer, and found half its own)
-    dead = ours(tail.collect(lambda recs: len(ours(recs)) >= 2 * len(HOSTILE) + 1, timeout_s=20))
-    assert len(dead) == 2 * len(HOSTILE) + 1
+    dead = ours(tail.collect(lambda recs: len(ours(recs)) >= 2 * hostile + 1, timeout_s=20))
+    assert len(dead) == 2 * hostile + 1
 
     # the live figures: the same history, on /metrics
     deadline = time.monotonic() + 20
