@@ -117,8 +117,9 @@ def test_more_wrong_node_answers_than_a_request_keeps_leave_the_drain_pending_an
     rig: ActRig, topic_tail: Callable[[str], TopicTail]
 ) -> None:
     """A defective adapter (it holds the drain key) answers n's request for five other nodes before
-    it answers for n. act keeps at most four answers per request copy (alerts/drain_log.py: memory
-    bounded against the adapter's own floods), the first four, so n's genuine answer is not kept:
+    it answers for n, all in n's partition. act keeps at most four answers per request copy
+    (alerts/drain_log.py: memory bounded against the adapter's own floods), the first four, so n's
+    genuine answer is not kept:
     the drain stays pending, holds its budget slot, and once --pending-timeout passes act says so
     (FleetwatchDrainRefused, adapter:no_result). Nothing is hidden and nothing counts as drained."""
     n = f"flooded-{rig.group}"
@@ -137,7 +138,10 @@ def test_more_wrong_node_answers_than_a_request_keeps_leave_the_drain_pending_an
             request_id=request["request_id"], node=m, action="drain", outcome="executed", detail="",
             ts=time.time(), request_signature=request["signature"], key=KEY.encode(),
         )  # fmt: skip
-        rig.producer.send(rig.results, key=m.encode(), value=schemas.encode(wrong))
+        # keyed by n, as the genuine answer is: one partition, so act reads them in the order sent.
+        # Keyed by the node they name, they sat in other partitions, which act may read after n's
+        # (once on CI the genuine answer came first, was kept, and nothing paged)
+        rig.producer.send(rig.results, key=n.encode(), value=schemas.encode(wrong))
     rig.flush()
     rig.result(request, "executed")  # the genuine answer, sixth
     wrong_node = 'fleetwatch_act_drain_results_ignored_total{reason="wrong_node"}'
