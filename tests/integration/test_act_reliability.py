@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetwatch import schemas, topics
 from fleetwatch.alerts.journal import Journal
+from fleetwatch.bus.partitioner import partition_for
 from fleetwatch.signing import signed as sign
 from tests.helpers.findings import finding, resolve, signed
 from tests.integration.act_rig import CENSUS_KEY, ActRig, free_port, metric, wait_for_metric
@@ -43,7 +44,15 @@ def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
     now = time.time()
     xid = finding("gpu-node-01", ts=now - 30)
     warns_a = [warn(f"rel-a{i}", now - 30 + i) for i in range(10)]
-    rig.census("gpu-node-01", "gpu-node-02", "gpu-node-03")
+    # The critical that the budget refuses is sent after gpu-node-02's, in its partition: act reads a
+    # partition in order but two in either order, and decides per polled batch, so a node keyed to
+    # another partition could come first on replay and take the last slot (gpu-node-03 is in another)
+    parts = rig.bus.partition_count(rig.findings)
+    late = next(
+        n for n in (f"rel-ib{i}" for i in range(1000))
+        if partition_for(n.encode(), parts) == partition_for(b"gpu-node-02", parts)
+    )  # fmt: skip
+    rig.census("gpu-node-01", "gpu-node-02", late)
     rig.send(xid, *warns_a, *(resolve(w, now - 10) for w in warns_a[:3]))
     # Snapshots only at the start: the restart has to replay everything, duplicates included.
     act = rig.act("--fleet-size", "100", "--snapshot-every", "600", "--resume-after", "3600")
@@ -55,7 +64,7 @@ def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
     act.wait(10)
 
     dbe = finding("gpu-node-02", "ecc", "critical", "ecc_dbe", ts=now - 5)
-    ib = finding("gpu-node-03", "ib_link", "critical", "ib_port_state:mlx5_0/1", ts=now - 1, gpu=None)
+    ib = finding(late, "ib_link", "critical", "ib_port_state:mlx5_0/1", ts=now - 1, gpu=None)
     warns_b = [warn(f"rel-b{i}", now - 5 + i * 0.1) for i in range(10)]
     rig.send(dbe, ib, *warns_b, *(resolve(w, now - 2) for w in warns_a[3:6]))  # arrives while act is dead
     act = rig.act("--fleet-size", "100", "--snapshot-every", "1", "--resume-after", "3600")
@@ -64,10 +73,10 @@ def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
     expected = {("FleetwatchThermal", w["node"], "1") for w in open_warns} | {
         ("FleetwatchXid", "gpu-node-01", "0"),
         ("FleetwatchEcc", "gpu-node-02", "0"),
-        ("FleetwatchIbLink", "gpu-node-03", ""),
+        ("FleetwatchIbLink", late, ""),
         ("FleetwatchNodeDrained", "gpu-node-01", ""),
         ("FleetwatchNodeDrained", "gpu-node-02", ""),
-        ("FleetwatchDrainRefused", "gpu-node-03", ""),  # 2% of 100 nodes: two drains at most
+        ("FleetwatchDrainRefused", late, ""),  # 2% of 100 nodes: two drains at most
     }
     # Generous: the restarted process imports, rejoins, restores and replays before it re-sends,
     # and on a cold, slow 2-core machine that once took longer than 30 s (returns on success).
@@ -90,7 +99,6 @@ def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
     try:
         assert slurm.state("gpu-node-01")[0].startswith("drain")
         assert slurm.state("gpu-node-02")[0].startswith("drain")
-        assert slurm.state("gpu-node-03")[0].rstrip("*") == "idle"
         j = Journal(rig.tmp / "journal.sqlite")
         entries = j.entries()
         j.close()
