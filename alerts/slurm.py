@@ -9,6 +9,7 @@ CLI is the interface Slurm keeps stable.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shutil
@@ -31,10 +32,6 @@ _READER_JOIN_S = 5.0  # how long the output of a job that has ended may take to 
 # sinfo -N, one row per node and partition: name, state, features, then the reason, which is free
 # text (it may hold newlines, or "|"); each field ends with _FIELD_END, so none can pass for a row
 _NODE_FIELDS = ("NodeList", "StateLong", "Features", "Reason")
-_PLAIN = r"[^\x1e\n]*\x1e"  # a field that holds neither the separator nor a newline, its end
-_NODE_ROW = re.compile(
-    rf"({_PLAIN})({_PLAIN})({_PLAIN})(.*?\x1e)\n?(?={_PLAIN}{_PLAIN}{_PLAIN}|\Z)", re.DOTALL
-)
 TAG = "fleetwatch"  # every reason fleetwatch writes starts with it; resume only lifts those drains
 # ... and ends with its request's token: a human's "fleetwatch false positive? keep drained" starts
 # with the word too, and must not be taken for fleetwatch's drain (lifted by a resume, overwritten)
@@ -151,13 +148,60 @@ def _one_row(text: str) -> str:
     times): the shortest row that, repeated, makes the whole. The field may hold the separator
     itself (cut at its first one, an operator's Comment was written back cut); where no row
     repeats, all of it up to its last separator."""
-    row_end = text.find(_FIELD_END)
-    while row_end != -1:
-        row = text[: row_end + 1] + "\n"
-        if len(text) % len(row) == 0 and row * (len(text) // len(row)) == text:
-            return row[:-2]
-        row_end = text.find(_FIELD_END, row_end + 1)
+    # A row's length divides the text's: only those lengths are tried, shortest first (trying each
+    # separator built a copy of the text up to it: 30 s for an answer of 1 MB of separators).
+    size = len(text)
+    for length in _divisors(size):
+        if text[length - 2 : length] == _FIELD_END + "\n" and text[length:] == text[:-length]:
+            return text[: length - 2]  # text[length:] == text[:-length]: `length` is a period
     return text[: text.rfind(_FIELD_END)]
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of n above 1, ascending (a row is at least its separator and newline)."""
+    low = [d for d in range(2, math.isqrt(n) + 1) if n % d == 0]
+    high = [n // d for d in reversed(low) if n // d != d]
+    return [*low, *high, *([n] if n >= 2 else [])]
+
+
+def _sinfo_rows(text: str) -> list[tuple[str, str, str, str]]:
+    """The rows of `sinfo -N -O` with _NODE_FIELDS, each field ended by the separator: name, state
+    and features hold no newline and no separator; the reason is free text (newlines, even the
+    separator) that ends at the separator after which a row starts (three plain fields) or the
+    answer ends (and the row's newline). Text that is no row is skipped: a row starts after the
+    last newline of a field (or at the answer's start).
+
+    Linear in the answer's size, whatever it holds: a regex search restarted at each character took
+    30 s on 100 KB that held no separator."""
+    parts = text.split(_FIELD_END)  # parts[:-1] each end at a separator; parts[-1] follows the last
+    fields = len(parts) - 1
+    plain = ["\n" not in p for p in parts]
+
+    def row_follows(k: int) -> bool:
+        """Three plain fields start at part k: part k less one leading newline (the row before
+        ends with it), and the two after."""
+        if k + 2 >= fields:
+            return False
+        return "\n" not in parts[k].removeprefix("\n") and plain[k + 1] and plain[k + 2]
+
+    # ends[j]: a reason may end at part j's separator (a row or the answer's end follows it);
+    # next_end[j]: the first such j' >= j (or -1), found from the back in one pass
+    next_end = [-1] * (fields + 1)
+    for j in range(fields - 1, -1, -1):
+        at_end = j + 1 == fields and parts[fields] in ("", "\n")
+        next_end[j] = j if at_end or row_follows(j + 1) else next_end[j + 1]
+    rows: list[tuple[str, str, str, str]] = []
+    i = 0
+    while i + 3 < fields:
+        name = parts[i].rpartition("\n")[2]
+        end = next_end[i + 3]
+        if not (plain[i + 1] and plain[i + 2]) or end == -1:
+            i += 1  # no row starts here: the next may start in the next part
+            continue
+        reason = _FIELD_END.join(parts[i + 3 : end + 1])
+        rows.append((name, parts[i + 1], parts[i + 2], reason))
+        i = end + 1
+    return rows
 
 
 def _reservation_fields(line: str) -> dict[str, str]:
@@ -270,8 +314,8 @@ class SlurmClient:
             where = f" {' '.join(select)}" if select else ""
             raise SlurmError(f"sinfo{where} failed (rc {r.returncode}): {r.stderr.strip()[:300]}")
         out: dict[str, tuple[NodeInfo, tuple[str, ...]]] = {}
-        for row in _NODE_ROW.finditer(r.stdout):
-            name, state, features, reason = (p[:-1].strip() for p in row.groups())
+        for row in _sinfo_rows(r.stdout):
+            name, state, features, reason = (p.strip() for p in row)
             if not name or name in out:
                 continue
             feats = () if features in ("", "(null)") else tuple(f for f in features.split(",") if f)
