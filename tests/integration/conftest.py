@@ -87,7 +87,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     that uses the Slurm cluster without the mark would run beside the others: refused here."""
     if "slurm" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
         raise pytest.UsageError(
-            f"{item.nodeid} uses the slurm fixture: its file needs pytestmark = USES_SLURM"
+            f"{item.nodeid} uses the slurm fixture: it (or its file) needs the USES_SLURM mark"
         )
 
 

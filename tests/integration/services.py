@@ -37,9 +37,9 @@ KAFKA_SH = REPO / "services" / "kafka" / "kafka.sh"
 AM_SH = REPO / "services" / "alertmanager" / "alertmanager.sh"
 SLURM_SH = REPO / "services" / "slurm" / "slurm.sh"
 AM_PORT = int(os.environ.get("FLEETWATCH_TEST_AM_PORT", "19094"))
-# `pytestmark = USES_SLURM` in every file whose tests use the one Slurm cluster: scripts/test.sh runs
-# them in a pytest of their own, one after the other, beside the rest of the tier
-# (tests/integration/conftest.py)
+# `pytestmark = USES_SLURM` in every file whose tests use the one Slurm cluster (or `@USES_SLURM` on
+# each such test, where others of the file do not use it): scripts/test.sh runs them in a pytest of
+# their own, one after the other, beside the rest of the tier (tests/integration/conftest.py)
 USES_SLURM = pytest.mark.slurm
 # A long file that uses no shared service runs in that pytest too (`pytestmark = BESIDE_SLURM`): it
 # balances the two processes' times, which the slower one decides

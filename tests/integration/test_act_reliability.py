@@ -21,7 +21,7 @@ from tests.helpers.findings import finding, resolve, signed
 from tests.integration.act_rig import CENSUS_KEY, ActRig, free_port, metric, wait_for_metric
 from tests.integration.services import SLURM_NODES, USES_SLURM, Slurm, TopicTail
 
-pytestmark = USES_SLURM
+# USES_SLURM on each test that uses Slurm: the others run in the rest of the tier (scripts/test.sh)
 
 
 def labels_of(alerts: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -34,6 +34,7 @@ def warn(node: str, ts: float) -> dict[str, Any]:
     return finding(node, "thermal", "warning", "thermal_throttle", ts=ts, gpu=1)
 
 
+@USES_SLURM
 def test_kill_mid_stream_and_restart_loses_no_alert_and_drains_once(
     rig: ActRig,
     slurm: Slurm,
@@ -189,6 +190,7 @@ def test_flood_stays_within_budget_and_a_storm_drains_nothing(
     assert act.wait(30) == 0
 
 
+@USES_SLURM
 def test_only_census_nodes_drain_and_only_what_slurm_confirms_counts(
     rig: ActRig,
     slurm: Slurm,

@@ -24,13 +24,14 @@ from tests.helpers.findings import finding, resolve
 from tests.integration.act_rig import ActRig, free_port, metric, wait_for_metric
 from tests.integration.services import SLURM_NODES, USES_SLURM, Slurm, TopicTail
 
-pytestmark = USES_SLURM
+# USES_SLURM on each test that uses Slurm: the others run in the rest of the tier (scripts/test.sh)
 
 
 def names(alerts: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return {(a["labels"]["alertname"], a["labels"].get("node", "")) for a in alerts}
 
 
+@USES_SLURM
 def test_a_drained_node_returns_only_after_it_passes_its_validation(
     rig: ActRig, slurm: Slurm, topic_tail: Callable[[str], TopicTail]
 ) -> None:
@@ -74,6 +75,7 @@ def test_a_drained_node_returns_only_after_it_passes_its_validation(
         slurm.reset(*SLURM_NODES)
 
 
+@USES_SLURM
 def test_a_pause_during_a_fault_storm_drains_nothing_says_so_and_drains_go_on_after_it(
     rig: ActRig, slurm: Slurm, topic_tail: Callable[[str], TopicTail]
 ) -> None:
@@ -126,6 +128,7 @@ def test_a_pause_during_a_fault_storm_drains_nothing_says_so_and_drains_go_on_af
         slurm.reset(*SLURM_NODES)
 
 
+@USES_SLURM
 def test_a_drain_asked_just_before_a_pause_is_deferred_by_the_adapter_and_asked_again_after_it(
     rig: ActRig, slurm: Slurm, topic_tail: Callable[[str], TopicTail]
 ) -> None:
@@ -207,6 +210,7 @@ def test_resume_drains_lifts_a_pause_and_a_forged_pause_holds_nothing(
         act.wait(30)
 
 
+@USES_SLURM
 def test_dry_run_publishes_would_be_requests_that_nothing_executes(
     rig: ActRig, slurm: Slurm, topic_tail: Callable[[str], TopicTail]
 ) -> None:
@@ -240,6 +244,7 @@ def test_dry_run_publishes_would_be_requests_that_nothing_executes(
         slurm.reset(*SLURM_NODES)
 
 
+@USES_SLURM
 def test_a_node_in_maintenance_is_neither_paged_for_silence_nor_drained_and_an_operators_drain_stays(
     rig: ActRig, slurm: Slurm, topic_tail: Callable[[str], TopicTail]
 ) -> None:
