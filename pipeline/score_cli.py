@@ -19,8 +19,8 @@ on the rows before it and on itself.
 - blank lines are skipped, except in a one-column CSV, where a blank line is a missing value.
 - ``timestamp``: echoed as written; the 0-based data row number if the column is absent.
 - errors (one line on stderr, exit 2 via ``fleetwatch.cli``): missing file, empty input (no
-  header), missing ``--column``, a non-numeric or infinite value (with its row number), a read
-  error part way through. The output is a stream: the rows before the error stand, the exit
+  header), missing ``--column``, a non-numeric or infinite value or one beyond ±1e150 (with its
+  row number), a read error part way through. The output is a stream: the rows before the error stand, the exit
   status says they are not all. Output cut off by its reader (``| head``) ends the command
   quietly, status 141 as a shell reports a pipe's SIGPIPE.
 
@@ -50,6 +50,10 @@ log = logging.getLogger("fleetwatch.score")
 
 CHUNK_ROWS = 8192
 MISSING = frozenset(("", "nan", "na", "n/a", "null", "none"))
+# The scorer squares deviations (its covariance): past this a square overflows float64 and the
+# detector's state turns infinite (numba's matrix inverse then raised out of the pass). No reading
+# of anything measured comes near it.
+MAX_ABS = 1e150
 
 
 def _parse(text: str, row: int, column: str) -> float:
@@ -65,6 +69,8 @@ def _parse(text: str, row: int, column: str) -> float:
         raise ValueError(f"row {row}: column {column!r} is not numeric: {text[:40]!r}") from None
     if math.isinf(v):
         raise ValueError(f"row {row}: column {column!r} is not finite: {text[:40]!r}")
+    if abs(v) > MAX_ABS:
+        raise ValueError(f"row {row}: column {column!r} is beyond ±{MAX_ABS:g}: {text[:40]!r}")
     return v
 
 

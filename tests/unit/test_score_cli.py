@@ -86,6 +86,12 @@ def test_stdin_and_row_number_timestamps(series_csv: Path) -> None:
         ("timestamp,value\n1,2.0\n2,abc\n", "value", "row 1: column 'value' is not numeric"),
         ("", "value", "empty input"),
         ("timestamp,value\n1,inf\n", "value", "not finite"),
+        # finite, but its square is not: the covariance's inverse raised out of the compiled pass
+        (
+            "value\n" + "".join(f"{(-1) ** i * 1e300}\n" for i in range(100)),
+            "value",
+            "row 0: column 'value' is beyond ±1e+150",
+        ),
     ],
 )
 def test_errors_are_one_line_exit_2(tmp_path: Path, content: str, column: str, needle: str) -> None:
