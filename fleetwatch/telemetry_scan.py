@@ -77,6 +77,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -956,11 +957,35 @@ def _scan(  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------- compiled: after the scan
 
 
+# _intern's hash: a polynomial in a base drawn per process, modulo a prime. With a base anyone knows
+# (31, as first written) equal-length collisions are made offline ("Aa" and "BB", and every mix of
+# such pairs: 2**k names of one hash), and each name interned probed all those before it: 65,536
+# crafted Ethernet interfaces in a 3.8 MB batch took 9.7 s. Two given names of length L collide
+# under a random base with probability at most L / _HASH_PRIME. The base is an argument, not a
+# global: numba compiles a global in as a constant, and caches it.
+_HASH_PRIME = (1 << 31) - 1  # a product of two residues stays within int64
+HASH_BASE = 1024 + secrets.randbelow(_HASH_PRIME - 1024)  # above every byte and the separator 256
+
+
+@njit(cache=True, _nrt=False)
+def _span_hash(buf, spans, k, base):  # type: ignore[no-untyped-def]
+    """The hash of spans[k] (as in _intern) under `base`: the text buf[a0:b0], a separator (256, no
+    byte's value: "ab"+"c" and "a"+"bc" differ), then buf[a1:b1]; 7 for an absent value."""
+    h = 7
+    if spans[k, 0] >= 0:
+        for j in range(spans[k, 0], spans[k, 1]):
+            h = (h * base + buf[j] + 1) % _HASH_PRIME
+        h = (h * base + 257) % _HASH_PRIME
+        for j in range(spans[k, 2], spans[k, 3]):
+            h = (h * base + buf[j] + 1) % _HASH_PRIME
+    return h
+
+
 @njit(cache=True, nogil=True)
-def _intern(buf, spans):  # type: ignore[no-untyped-def]
+def _intern(buf, spans, base):  # type: ignore[no-untyped-def]
     """Distinct values of byte-span pairs spans[k] = (a0, b0, a1, b1), the text buf[a0:b0] then
     buf[a1:b1] (a0 = -1: absent, a value of its own): (code of each, in order of first appearance;
-    the first k of each code)."""
+    the first k of each code). `base`: HASH_BASE (the codes do not depend on it)."""
     n = spans.shape[0]
     size = 16
     while size < 2 * n:  # an open-addressing table at most half full
@@ -970,14 +995,7 @@ def _intern(buf, spans):  # type: ignore[no-untyped-def]
     reps = np.empty(n, dtype=np.int64)
     nrep = 0
     for k in range(n):
-        h = 7  # every absent value hashes to this seed alone
-        if spans[k, 0] >= 0:
-            for j in range(spans[k, 0], spans[k, 1]):
-                h = (h * 31 + buf[j]) & 0xFFFFFFFF
-            h = (h * 31 + 256) & 0xFFFFFFFF  # a separator no byte equals: "ab"+"c" and "a"+"bc" differ
-            for j in range(spans[k, 2], spans[k, 3]):
-                h = (h * 31 + buf[j]) & 0xFFFFFFFF
-        h &= size - 1
+        h = _span_hash(buf, spans, k, base) & (size - 1)
         while True:
             r = slots[h]
             if r == -1:
@@ -1108,16 +1126,22 @@ def scan_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Scan:
         room_xids *= 4 if status == _FULL_XIDS else 1
         room_eth *= 4 if status == _FULL_ETH else 1
     # node names: spans with an empty second part, for _intern's pairs
-    node_codes, node_reps = _intern(buf, np.concatenate([node_span[:m], np.zeros((m, 2), np.int64)], axis=1))
+    node_codes, node_reps = _intern(
+        buf, np.concatenate([node_span[:m], np.zeros((m, 2), np.int64)], axis=1), HASH_BASE
+    )
     spans = ib_spans[:n_ib]
     key_spans = np.where(spans[:, :4] < 0, 0, spans[:, :4])  # device, port; an absent one is ""
-    key_codes, key_reps = _intern(buf, key_spans)
+    key_codes, key_reps = _intern(buf, key_spans, HASH_BASE)
     state_spans = np.concatenate([spans[:, 4:6], np.zeros((n_ib, 2), np.int64)], axis=1)  # absent: None
-    state_codes, state_reps = _intern(buf, state_spans)
+    state_codes, state_reps = _intern(buf, state_spans, HASH_BASE)
     espans = eth_spans[:n_eth]
     none = np.zeros((n_eth, 2), np.int64)
-    iface_codes, iface_reps = _intern(buf, np.concatenate([np.maximum(espans[:, :2], 0), none], axis=1))
-    estate_codes, estate_reps = _intern(buf, np.concatenate([espans[:, 4:6], none], axis=1))  # absent: None
+    iface_codes, iface_reps = _intern(
+        buf, np.concatenate([np.maximum(espans[:, :2], 0), none], axis=1), HASH_BASE
+    )
+    estate_codes, estate_reps = _intern(
+        buf, np.concatenate([espans[:, 4:6], none], axis=1), HASH_BASE
+    )  # absent: None
 
     def text(a: int, b: int) -> str:
         return buf[a:b].tobytes().decode("ascii")

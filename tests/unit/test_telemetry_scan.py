@@ -5,6 +5,7 @@ same columns; what it leaves, the worker hands to the decoders (pipeline/telemet
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import random
 import re
@@ -553,3 +554,41 @@ def test_node_check_counts_are_host_columns_and_a_checks_section_is_left_to_the_
     decoded, bad = decode_telemetry([failing], now=NOW, clock=None)
     assert bad == [] and isinstance(decoded, TelemetryBatch)
     assert_same_columns(decoded, TelemetryBatch.from_messages([json.loads(failing)]))
+
+
+# ---------------------------------------------------------------- interning crafted names
+
+
+def _name_spans(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The names one after another in a buffer, and _intern's spans of them (second part empty)."""
+    lens = np.array([len(n) for n in names], dtype=np.int64)
+    ends = np.cumsum(lens)
+    zeros = np.zeros_like(ends)
+    buf = np.frombuffer("".join(names).encode(), dtype=np.uint8)
+    return buf, np.stack([ends - lens, ends, zeros, zeros], axis=1)
+
+
+def test_names_crafted_to_collide_under_a_known_multiplier_spread_under_the_process_key() -> None:
+    """Every mix of 12 "Aa"/"BB" pairs (4,096 valid interface, device and node names) has one hash
+    under a multiplier of 31, as the scanner's first hash had: each name interned then probed all
+    those before it (65,536 of them in one 3.8 MB batch took 9.7 s). Under the base drawn for this
+    process they spread; and the codes are the same whatever the base."""
+    names = ["".join(p) for p in itertools.product(("Aa", "BB"), repeat=12)]
+    buf, spans = _name_spans(names)
+    hashes = {base: {telemetry_scan._span_hash(buf, spans, k, base) for k in range(len(names))}
+              for base in (31, telemetry_scan.HASH_BASE)}  # fmt: skip
+    assert len(hashes[31]) == 1  # the attack, as it worked
+    assert len(hashes[telemetry_scan.HASH_BASE]) >= len(names) - 4
+    rng = random.Random(5)
+    repeated = [rng.choice([*names[:50], "a", "b", "a.b", "ab"]) for _ in range(2000)]
+    buf, spans = _name_spans(repeated)
+    spans[::7, 0] = -1  # some absent
+    known, drawn = (
+        telemetry_scan._intern(buf, spans, 31),
+        telemetry_scan._intern(buf, spans, telemetry_scan.HASH_BASE),
+    )
+    assert np.array_equal(known[0], drawn[0]) and np.array_equal(known[1], drawn[1])
+    first: dict[str | None, int] = {}
+    for k, n in enumerate(repeated):
+        first.setdefault(None if k % 7 == 0 else n, len(first))
+    assert known[0].tolist() == [first[None if k % 7 == 0 else n] for k, n in enumerate(repeated)]
