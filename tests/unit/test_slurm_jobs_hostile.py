@@ -341,3 +341,36 @@ def test_a_refused_start_holds_back_its_jobs_end_in_the_same_round() -> None:
     assert publisher.once(b"", now) == 0  # its start refused: its end not sent alone
     assert publisher.once(b"", now + 2) == 2
     assert [m["state"] for m in _on_topic(bus, "9")] == ["started", "finished"]
+
+
+def test_many_lines_for_one_job_id_are_read_in_linear_time_and_each_run_found(tmp_path: Path) -> None:
+    """20,000 whole lines for one job id, each a run of its own (starts 2 s apart): a user's text can
+    write such lines, and each one read was compared with every run kept for the id (24 s for these;
+    a hung test here is that regression). Each run's end is found by its start, within Slurm's
+    second; a second, different line for one run still makes it ambiguous; forgetting keeps the rest
+    findable."""
+    stamp = "%Y-%m-%dT%H:%M:%S"
+    first = time.mktime(time.strptime("2026-12-04T13:28:51", stamp))
+
+    def line(k: int, state: str = "FAILED") -> str:
+        start, end = (time.strftime(stamp, time.localtime(first + 2 * k + d)) for d in (0, 5))
+        return (
+            REAL_LINE.replace("StartTime=2026-12-04T13:28:51", "StartTime=" + start)
+            .replace("EndTime=2026-12-04T13:28:56", "EndTime=" + end)
+            .replace("JobState=FAILED", "JobState=" + state)
+        )  # fmt: skip
+
+    n = 20_000
+    log = _log_of(tmp_path, *(line(k) for k in range(n)), line(100, "NODE_FAIL"))
+    assert len(log.ends["4"]) == n and log.bad_lines == 0
+    for k in (0, 1, 99, 101, n - 1):
+        found = log.end_of("4", first + 2 * k + 0.5, ("gpu-node-03",))  # squeue's start, within the second
+        assert found is not None and found.start_ts == first + 2 * k
+    assert log.end_of("4", first + 200, ("gpu-node-03",)) is None  # run 100: two different lines
+    assert (
+        log.end_of("4", first + 1, ("gpu-node-03",)) is None
+    )  # between runs 0 and 1: within a second of both
+    log.forget_before(first + 2 * (n - 10) + 5)  # the last ten ends stay
+    assert len(log.ends["4"]) == 10
+    assert log.end_of("4", first + 2 * (n - 1), ("gpu-node-03",)) is not None
+    assert log.end_of("4", first + 2 * (n - 11), ("gpu-node-03",)) is None
