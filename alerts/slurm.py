@@ -9,7 +9,6 @@ CLI is the interface Slurm keeps stable.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import shutil
@@ -148,20 +147,14 @@ def _one_row(text: str) -> str:
     times): the shortest row that, repeated, makes the whole. The field may hold the separator
     itself (cut at its first one, an operator's Comment was written back cut); where no row
     repeats, all of it up to its last separator."""
-    # A row's length divides the text's: only those lengths are tried, shortest first (trying each
-    # separator built a copy of the text up to it: 30 s for an answer of 1 MB of separators).
-    size = len(text)
-    for length in _divisors(size):
-        if text[length - 2 : length] == _FIELD_END + "\n" and text[length:] == text[:-length]:
-            return text[: length - 2]  # text[length:] == text[:-length]: `length` is a period
+    # Its rows, repeated, make the whole: all are powers of the text's shortest root, whose length
+    # is the first place the text recurs in itself doubled (linear: str.find's two-way search), and
+    # they all end as that root does. (Trying each separator as a row's end copied the text up to
+    # it: 30 s for 1 MB of separators; then each divisor of the length: 0.8 s at 2.9 MB.)
+    root = (text + text).find(text, 1) if text else -1
+    if root >= 2 and text[root - 2 : root] == _FIELD_END + "\n":
+        return text[: root - 2]
     return text[: text.rfind(_FIELD_END)]
-
-
-def _divisors(n: int) -> list[int]:
-    """The divisors of n above 1, ascending (a row is at least its separator and newline)."""
-    low = [d for d in range(2, math.isqrt(n) + 1) if n % d == 0]
-    high = [n // d for d in reversed(low) if n // d != d]
-    return [*low, *high, *([n] if n >= 2 else [])]
 
 
 def _sinfo_rows(text: str) -> list[tuple[str, str, str, str]]:

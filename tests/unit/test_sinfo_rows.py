@@ -82,8 +82,11 @@ def test_a_plain_answer_is_its_rows() -> None:
         # rows whose reason never ends (no row follows, the answer does not end after a separator):
         # the regex searched from every line's start to the end of the answer
         ((SEP.join("abc") + SEP + "R\n") * 300_000 + "z", 0, None),
+        # a length with 336 divisors, each a row's length that ends as a row does, none repeating:
+        # each was tried in turn (0.8 s at this size)
+        ((SEP + "\n") * (2_882_880 // 2 - 1) + SEP + "X", 0, None),
     ],
-    ids=["text", "separators", "broken rows", "endless reasons"],
+    ids=["text", "separators", "broken rows", "endless reasons", "many divisors"],
 )
 def test_megabytes_of_garbage_read_at_once(garbage: str, rows: int, one_row: str | None) -> None:
     got = _sinfo_rows(garbage)
