@@ -20,9 +20,9 @@ on the rows before it and on itself.
 - ``timestamp``: echoed as written; the 0-based data row number if the column is absent.
 - errors (one line on stderr, exit 2 via ``fleetwatch.cli``): missing file, empty input (no
   header), missing ``--column``, a non-numeric or infinite value or one beyond ±1e150 (with its
-  row number), a read error part way through. The output is a stream: the rows before the error stand, the exit
-  status says they are not all. Output cut off by its reader (``| head``) ends the command
-  quietly, status 141 as a shell reports a pipe's SIGPIPE.
+  row number), a read error part way through. The output is a stream: the rows before the error
+  stand, the exit status says they are not all. Output cut off by its reader (``| head``) ends
+  the command quietly, status 141 as a shell reports a pipe's SIGPIPE.
 
 The input is read and written in chunks of rows, each chunk one compiled sequential pass (every
 value scored against the calibration as it was just before it, exactly as one value at a time).

@@ -11,16 +11,21 @@ cd "$repo"
 # installed already (a clean clone on a machine that ran the suite before, as CI's) it starts before
 # the install, beside its downloads and its own compile of the project's kernels; otherwise after
 # it, beside the services' start and the lint, which mostly wait.
-warm_pid=""
+warm_pid="" early=""
 start_warm() {
   python3 -c "from tests.helpers.bounds_checked import warm; warm()" &
   warm_pid=$!
 }
+stop_warm() {  # on any exit: a failed install or lint leaves no compile running
+  if [[ -n "$warm_pid" ]]; then pkill -P "$warm_pid" 2>/dev/null || true; kill "$warm_pid" 2>/dev/null || true; fi
+}
+trap stop_warm EXIT
 if [[ $# -eq 0 ]] && python3 -c "import numba, numpy" 2>/dev/null; then
   start_warm
+  early=1
 fi
 bash scripts/install.sh
-if [[ $# -eq 0 && -z "$warm_pid" ]]; then
+if [[ $# -eq 0 && -z "$early" ]]; then
   start_warm
 fi
 bash services/kafka/kafka.sh start
@@ -34,8 +39,15 @@ python3 -m ruff format --check .
 if [[ $# -gt 0 ]]; then
   exec python3 -m pytest -q "$@"
 fi
-# an early start may fail where the install brings what it lacked (a dependency added since): again
-wait "$warm_pid" || { start_warm; wait "$warm_pid"; }
+# An early build ran on what was installed before the install, which may have added what it lacked
+# or upgraded numba (whose cache then serves no build of another version): once more after it, a
+# few seconds where its cache stands
+if [[ -n "$early" ]]; then
+  wait "$warm_pid" || true
+  start_warm
+fi
+wait "$warm_pid"
+warm_pid=""
 python3 -m pytest -q -n 2 tests/unit
 # The integration tier mostly waits on its services (paced producers, session timeouts), so it runs
 # as three pytest processes side by side: the files that use the one Slurm cluster (marker `slurm`),

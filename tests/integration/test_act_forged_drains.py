@@ -19,7 +19,7 @@ from fleetwatch import schemas, topics
 from fleetwatch.alerts import drain_request, drain_result
 from tests.helpers.findings import finding
 from tests.helpers.paths import REPO
-from tests.integration.act_rig import KEY, ActRig, free_port, wait_for_metric
+from tests.integration.act_rig import KEY, ActRig, free_port, metric, wait_for_metric
 from tests.integration.services import SLURM_NODES, USES_SLURM, Slurm, TopicTail
 
 pytestmark = USES_SLURM
@@ -132,7 +132,9 @@ def test_a_forged_request_with_a_real_requests_id_frees_no_budget_slot(
             # Slurm is retrying the real request; a forgery with its id reaches the adapter meanwhile.
             raw = send_forged(rig, forge(real), got[0].partition)
             assert dead.collect(lambda rs: any(r.value == raw for r in rs), timeout_s=30), "never handled"
-        # Time for act to apply any result and decide again (it decides every second).
+        # act read gpu-node-02's finding and refused it for the budget while gpu-node-01's drain is
+        # pending (Slurm held); then time for act to apply any result and decide again (every second)
+        assert wait_for_metric(port, 'fleetwatch_act_drains_refused_total{reason="budget"}', 1), rig.logs()
         got += drains.collect(lambda rs: bool(issued(rs)), timeout_s=4)
         assert [r.key for r in issued(got)] == [b"gpu-node-01"], (
             "a second node was asked to drain while the first is pending: " + rig.logs()
@@ -148,7 +150,7 @@ def test_a_forged_request_with_a_real_requests_id_frees_no_budget_slot(
         answered = drains_results(results.collect(lambda rs: False, timeout_s=1))
         assert [(m["request_id"], m["outcome"]) for m in answered] == [(real["request_id"], "executed")]
         assert answered[0]["request_signature"] == real["signature"]
-        assert wait_for_metric(port, 'fleetwatch_act_drains_refused_total{reason="budget"}', 1), rig.logs()
+        assert metric(port, 'fleetwatch_act_drains_refused_total{reason="budget"}') == 1, rig.logs()
     finally:
         slurm.reset(*SLURM_NODES)
 
