@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.slurm import _one_row, _sinfo_rows
+from fleetwatch.alerts.slurm import _one_row, _sinfo_rows
 
 SEP = "\x1e"
 _PLAIN = r"[^\x1e\n]*\x1e"
