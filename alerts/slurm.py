@@ -340,8 +340,10 @@ class SlurmClient:
             ):
                 try:
                     nodes.update(hostlist.expand_hostlist(fields["Nodes"]))
-                except (hostlist.BadHostlist, RecursionError) as e:
-                    unread.append(f"{fields.get('ReservationName', '?')[:80]}: {str(e) or type(e).__name__}")
+                except (hostlist.BadHostlist, RecursionError, ValueError, OverflowError) as e:
+                    # (a range bound of thousands of digits is past int(): ValueError)
+                    why = str(e)[:200] or type(e).__name__
+                    unread.append(f"{fields.get('ReservationName', '?')[:80]}: {why}")
         if unread:
             raise ReservationsNotUnderstood(
                 f"a reservation's node list not understood ({'; '.join(unread[:3])})", nodes

@@ -105,10 +105,18 @@ def test_a_reservations_comment_never_passes_for_its_fields(
     assert nodes == {"gpu01", "gpu02", "gpu03", "gpu04"}
 
 
+@pytest.mark.parametrize(
+    "unreadable",
+    [
+        "gpu[07-",  # cut short
+        "gpu[1-" + "9" * 5000 + "]",  # a bound past int(): ValueError, raised out of the adapter's loop
+        "gpu[1-99999999999999999999999]",  # a range past the library's bound
+    ],
+)
 def test_one_unreadable_reservation_still_gives_the_nodes_of_the_others(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unreadable: str
 ) -> None:
-    broken = RESERVATION.replace("rack3-fw", "broken").replace("Nodes=gpu[01-04]", "Nodes=gpu[07-")
+    broken = RESERVATION.replace("rack3-fw", "broken").replace("Nodes=gpu[01-04]", "Nodes=" + unreadable)
     tools(tmp_path, monkeypatch, scontrol=answers(broken + "x\n" + RESERVATION + "\n"))
     with pytest.raises(ReservationsNotUnderstood, match="broken") as e:
         SlurmClient().maintenance_nodes()
