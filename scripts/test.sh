@@ -48,7 +48,9 @@ if [[ -n "$early" ]]; then
 fi
 wait "$warm_pid"
 warm_pid=""
-python3 -m pytest -q -n 2 tests/unit
+echo "--- set up in ${SECONDS} s (install, services, lint, the bounds-checked build)"
+# each process's slowest tests in its output (--durations): where the suite's time goes, on CI too
+python3 -m pytest -q -n 2 --durations=8 tests/unit
 # The integration tier mostly waits on its services (paced producers, session timeouts), so it runs
 # as three pytest processes side by side: the files that use the one Slurm cluster (marker `slurm`),
 # one after the other, with a few files that need no shared service (marker `beside_slurm`); long
@@ -62,15 +64,15 @@ slurm_log="$(mktemp)" apart_log="$(mktemp)"
 rest_failures="$(mktemp)" slurm_failures="$(mktemp)" apart_failures="$(mktemp)"
 trap 'rm -f "$slurm_log" "$apart_log" "$rest_failures" "$slurm_failures" "$apart_failures"' EXIT
 FLEETWATCH_TEST_FAILURE_LOG="$slurm_failures" FLEETWATCH_TEST_KAFKA_PORT=19992 \
-  FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider -m "slurm or beside_slurm" tests/integration \
+  FLEETWATCH_TEST_PRIVATE_PORT=19592 python3 -m pytest -q -p no:cacheprovider --durations=8 -m "slurm or beside_slurm" tests/integration \
   >"$slurm_log" 2>&1 &
 slurm_pid=$!
 FLEETWATCH_TEST_FAILURE_LOG="$apart_failures" FLEETWATCH_TEST_KAFKA_PORT=18892 \
-  FLEETWATCH_TEST_PRIVATE_PORT=18992 python3 -m pytest -q -p no:cacheprovider -m "apart" tests/integration \
+  FLEETWATCH_TEST_PRIVATE_PORT=18992 python3 -m pytest -q -p no:cacheprovider --durations=8 -m "apart" tests/integration \
   >"$apart_log" 2>&1 &
 apart_pid=$!
 rest=0
-FLEETWATCH_TEST_FAILURE_LOG="$rest_failures" python3 -m pytest -q -m "not slurm and not beside_slurm and not apart" \
+FLEETWATCH_TEST_FAILURE_LOG="$rest_failures" python3 -m pytest -q --durations=8 -m "not slurm and not beside_slurm and not apart" \
   tests/integration || rest=$?
 if ((rest > 5)); then  # not one of pytest's own exit codes: the process died
   echo "--- the integration process died (exit $rest); its failures until then:"
@@ -91,4 +93,5 @@ if ((apart > 5)); then
   echo "--- the third integration process died (exit $apart); its failures until then:"
   cat "$apart_failures"
 fi
+echo "--- the suite took ${SECONDS} s"
 ((rest == 0 && slurm == 0 && apart == 0))
