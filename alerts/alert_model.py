@@ -42,6 +42,10 @@ from fleetwatch import schemas
 from fleetwatch.plain_text import no_markup, plain_line
 
 EVIDENCE_MAX = 1500
+# The text of others inside act's own summaries (an adapter's detail, which holds a Slurm Reason
+# anyone with scontrol wrote; a validation's output; an operator's pause note): one line with no
+# chat markup, as a finding's summary is (fleetwatch/plain_text.py), up to a drain result's detail
+DETAIL_MAX = schemas.MAX_DETAIL
 # where the pages are when act serves nothing (no --metrics-port): a path in its own package, which
 # exists wherever fleetwatch is installed; `fleetwatch act` prefers its own URL (runbooks.default_base)
 DEFAULT_RUNBOOK_BASE = "/runbooks/"
@@ -217,13 +221,13 @@ class AlertBuilder:
         note = (
             " Flapping: it was resumed recently, so the next resume waits the cooldown." if flapping else ""
         )
-        summary = f"fleetwatch requested a drain of {node}: {reason}.{note}"
+        summary = f"fleetwatch requested a drain of {node}: {plain_line(reason, DETAIL_MAX)}.{note}"
         return self._node_alert(NODE_DRAINED, node, "warning", "drain", summary, findings)
 
     def drain_refused(self, node: str, why: str, detail: str, findings: list[str]) -> dict[str, Any]:
         # critical: a node that should be out of service is still taking jobs; a human decides.
         summary = (
-            f"{node} needs draining but fleetwatch refused ({why}: {detail}); "
+            f"{node} needs draining but fleetwatch refused ({why}: {plain_line(detail, DETAIL_MAX)}); "
             f"drain by hand if it is broken: scontrol update NodeName={node} State=DRAIN Reason=..."
         )
         a = self._node_alert(DRAIN_REFUSED, node, "critical", "drain", summary, findings)
@@ -251,7 +255,10 @@ class AlertBuilder:
     def validation_failed(self, node: str, detail: str, findings: list[str]) -> dict[str, Any]:
         """A drained node whose findings had cleared failed its test before the resume (critical: it
         stays drained until a human decides; the test and GPU are in the summary)."""
-        summary = f"{node} failed its validation before returning to service and stays drained: {detail}"
+        summary = (
+            f"{node} failed its validation before returning to service and stays drained: "
+            f"{plain_line(detail, DETAIL_MAX)}"
+        )
         return self._node_alert(VALIDATION_FAILED, node, "critical", "validation", summary, findings)
 
     def drains_paused(self, note: str, held: int) -> dict[str, Any]:
@@ -259,7 +266,8 @@ class AlertBuilder:
         broken nodes may be taking jobs meanwhile)."""
         labels = self._base(DRAINS_PAUSED, None, "warning", "pause")
         annotations = {
-            "summary": f"fleetwatch is not draining or resuming any node: {note} ({held} drains held); "
+            "summary": f"fleetwatch is not draining or resuming any node: {plain_line(note, DETAIL_MAX)} "
+            f"({held} drains held); "
             "lift it with `fleetwatch resume-drains`",
             "drains_held": str(held),
             "runbook_url": self.runbook_base + ACT_PAGES[DRAINS_PAUSED],

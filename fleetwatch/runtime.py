@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -22,12 +23,41 @@ if TYPE_CHECKING:
 METRICS_ADDR = "127.0.0.1"
 
 
+# What a log record's message may not hold, shown escaped instead: control characters (a newline
+# that starts a forged line, a terminal's escape sequences; not the tab), line and paragraph
+# separators, bidi overrides and zero-widths. The values logged come from anyone: a Slurm Reason, a
+# dcgm-exporter label, a message's text.
+_LOG_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
+class OneLineRecords(logging.Filter):
+    """Each record one line: its message, values formatted in, with _LOG_UNSAFE escaped (a value
+    holding "\\n2025-06-01 ... INFO ...: done" wrote a line that looked like the process's own).
+    A traceback (exc_info) is the formatter's, after the message, and stays as Python writes it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # arguments that do not format: logging reports that itself
+            return True
+        if _LOG_UNSAFE.search(message):
+            record.msg, record.args = _LOG_UNSAFE.sub(_escaped, message), None
+        return True
+
+
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, OneLineRecords) for f in handler.filters):
+            handler.addFilter(OneLineRecords())
     # librdkafka's own lines arrive on the fleetwatch.bus.rdkafka logger (fleetwatch/bus/config.py)
     # and are kept: during an outage it logs each failed connection attempt (backing off up to
     # reconnect.backoff.max.ms), which is louder than kafka-python was but names the cause.

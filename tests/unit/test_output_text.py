@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
+import sys
 import unicodedata
 
 import orjson
@@ -27,6 +29,7 @@ from fleetwatch.pipeline.telemetry_decode import decode_telemetry
 from fleetwatch.plain_text import clean_text, no_markup
 from tests.helpers.admission import observe
 from tests.helpers.batches import telemetry
+from tests.helpers.paths import REPO
 
 T0 = 1_760_000_000.0
 HOSTILE = {
@@ -194,3 +197,57 @@ def test_a_summary_full_of_markup_stays_within_its_limit() -> None:
     hung = {"mounts_hung": 2, "mounts_missing": 0}
     found = detect([node_sample(T1 + k, host=hung, checks=checks) for k in range(3)])
     assert found and all(len(f["summary"]) <= schemas.MAX_SUMMARY and plain(f["summary"]) for f in found)
+
+
+# A Slurm Reason anyone with scontrol (or a node health check) wrote, as sinfo gives it: a line
+# break kept whole, a forged log line after it, a terminal's escapes, chat markup
+REASON = (
+    "disk swap <!channel> see [runbook](http://evil.example/x)\n2025-06-01 12:00:00,000 INFO "
+    "alerts.slurm_drainer: resume gpu-node-07 done\x1b[2K \x1b]8;;http://evil\x07click\x1b]8;;\x07"
+)
+
+
+def test_others_text_in_acts_own_alerts_is_one_plain_line() -> None:
+    """act's alerts about a node carry others' text: the adapter's detail (a Slurm Reason), a
+    validation's output, an operator's pause note. Each made plain as a finding's summary is (the
+    critical FleetwatchDrainRefused paged a channel with a link, an adversarial probe's find)."""
+    builder = AlertBuilder("prod")
+    alerts = [
+        builder.drain_refused("gpu-node-07", "adapter:not_ours", f"already drained: {REASON}", ["f1"]),
+        builder.validation_failed("gpu-node-07", f"dcgmi diag -r 2 failed on GPU 3: {REASON}", ["f1"]),
+        builder.node_drained("gpu-node-07", f"fleetwatch: {REASON}", ["f1"], flapping=True),
+        builder.drains_paused(f"paused by alice: {REASON}", held=2),
+    ]
+    for a in alerts:
+        summary = a["annotations"]["summary"]
+        assert plain(summary) and "\u2039!channel\u203a" in summary, repr(summary)
+    refused = alerts[0]["annotations"]["summary"]
+    assert refused.endswith("scontrol update NodeName=gpu-node-07 State=DRAIN Reason=...")
+
+
+def test_a_logged_value_cannot_forge_a_line_in_a_services_log() -> None:
+    """The services' logging (fleetwatch.runtime.setup_logging), in a process of its own: a value
+    holding a line break and a forged line after it is one line, its unsafe characters escaped and
+    readable; a traceback stays as Python writes it."""
+    script = (
+        "import logging\n"
+        "from fleetwatch.runtime import setup_logging\n"
+        "setup_logging()\n"
+        "log = logging.getLogger('alerts.slurm_drainer')\n"
+        f"log.warning('not resume gpu-node-07 (request ab): drained by someone else: %s', {REASON!r})\n"
+        f"reason = {REASON!r}\n"
+        "log.warning(f'an f-string: {reason}')\n"
+        "log.info('tab\\tkept, %d ok', 3)\n"
+        "try:\n    raise ValueError('x')\nexcept ValueError:\n    log.exception('with its traceback')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line.split(" ", 3)[2] for line in lines[:4]] == ["WARNING", "WARNING", "INFO", "ERROR"], lines
+    for line in lines[:2]:
+        assert "\\n2025-06-01 12:00:00,000 INFO" in line and "\\x1b[2K" in line
+        assert not any(unicodedata.category(c)[0] == "C" for c in line)
+    assert lines[2].endswith("tab\tkept, 3 ok")
+    assert lines[4] == "Traceback (most recent call last):" and lines[-1] == "ValueError: x"
