@@ -17,7 +17,10 @@ from prometheus_client import REGISTRY
 from fleetwatch.bus import TopicPart
 from fleetwatch.bus.admin import ensure_topics
 from fleetwatch.bus.kafka import KafkaBus, KafkaGroupConsumer
-from tests.integration.services import send
+from tests.integration.services import APART, send
+
+# a long file: in the third pytest process, whose share of the tier's time it evens out
+pytestmark = APART
 
 
 def replacements(group: str) -> float:
