@@ -45,6 +45,7 @@ EVIDENCE_MAX = 1500
 # The text of others inside act's own summaries (an adapter's detail, which holds a Slurm Reason
 # anyone with scontrol wrote; a validation's output; an operator's pause note): one line with no
 # chat markup, as a finding's summary is (fleetwatch/plain_text.py), up to a drain result's detail
+# (a drain's reasons, which join every finding's, and a pause's note: up to EVIDENCE_MAX)
 DETAIL_MAX = schemas.MAX_DETAIL
 # where the pages are when act serves nothing (no --metrics-port): a path in its own package, which
 # exists wherever fleetwatch is installed; `fleetwatch act` prefers its own URL (runbooks.default_base)
@@ -221,7 +222,7 @@ class AlertBuilder:
         note = (
             " Flapping: it was resumed recently, so the next resume waits the cooldown." if flapping else ""
         )
-        summary = f"fleetwatch requested a drain of {node}: {plain_line(reason, DETAIL_MAX)}.{note}"
+        summary = f"fleetwatch requested a drain of {node}: {plain_line(reason, EVIDENCE_MAX)}.{note}"
         return self._node_alert(NODE_DRAINED, node, "warning", "drain", summary, findings)
 
     def drain_refused(self, node: str, why: str, detail: str, findings: list[str]) -> dict[str, Any]:
@@ -266,7 +267,7 @@ class AlertBuilder:
         broken nodes may be taking jobs meanwhile)."""
         labels = self._base(DRAINS_PAUSED, None, "warning", "pause")
         annotations = {
-            "summary": f"fleetwatch is not draining or resuming any node: {plain_line(note, DETAIL_MAX)} "
+            "summary": f"fleetwatch is not draining or resuming any node: {plain_line(note, EVIDENCE_MAX)} "
             f"({held} drains held); "
             "lift it with `fleetwatch resume-drains`",
             "drains_held": str(held),

@@ -50,14 +50,17 @@ class OneLineRecords(logging.Filter):
 
 
 def setup_logging(verbose: bool = False) -> None:
+    root = logging.getLogger()
+    before = set(root.handlers)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, OneLineRecords) for f in handler.filters):
-            handler.addFilter(OneLineRecords())
+    # on the handler made here: a process with handlers already (pytest's, which a session's tests
+    # share) keeps them as they are
+    for handler in set(root.handlers) - before:
+        handler.addFilter(OneLineRecords())
     # librdkafka's own lines arrive on the fleetwatch.bus.rdkafka logger (fleetwatch/bus/config.py)
     # and are kept: during an outage it logs each failed connection attempt (backing off up to
     # reconnect.backoff.max.ms), which is louder than kafka-python was but names the cause.

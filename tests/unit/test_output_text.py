@@ -251,3 +251,18 @@ def test_a_logged_value_cannot_forge_a_line_in_a_services_log() -> None:
         assert not any(unicodedata.category(c)[0] == "C" for c in line)
     assert lines[2].endswith("tab\tkept, 3 ok")
     assert lines[4] == "Traceback (most recent call last):" and lines[-1] == "ValueError: x"
+
+
+def test_services_logging_leaves_a_processs_own_handlers_as_they_are() -> None:
+    """setup_logging called where the process has handlers already (a CLI run inside pytest, whose
+    handlers its later tests share) filters none of them."""
+    from fleetwatch.runtime import OneLineRecords, setup_logging
+
+    root = logging.getLogger()
+    mine = logging.StreamHandler(io.StringIO())
+    root.addHandler(mine)
+    try:
+        setup_logging()
+        assert not any(isinstance(f, OneLineRecords) for h in root.handlers for f in h.filters)
+    finally:
+        root.removeHandler(mine)
