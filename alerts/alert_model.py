@@ -42,10 +42,10 @@ from fleetwatch import schemas
 from fleetwatch.plain_text import no_markup, plain_line
 
 EVIDENCE_MAX = 1500
-# The text of others inside act's own summaries (an adapter's detail, which holds a Slurm Reason
-# anyone with scontrol wrote; a validation's output; an operator's pause note): one line with no
-# chat markup, as a finding's summary is (fleetwatch/plain_text.py), up to a drain result's detail
-# (a drain's reasons, which join every finding's, and a pause's note: up to EVIDENCE_MAX)
+# Others' text inside act's own summaries (an adapter's detail, which holds a Slurm Reason anyone
+# with scontrol wrote; a validation's output) is made one line with no chat markup, as a finding's
+# summary is (fleetwatch/plain_text.py), up to a drain result's detail; a drain's reasons, which
+# join every finding's, up to EVIDENCE_MAX; a pause's note is plain at its source (Pause.note)
 DETAIL_MAX = schemas.MAX_DETAIL
 # where the pages are when act serves nothing (no --metrics-port): a path in its own package, which
 # exists wherever fleetwatch is installed; `fleetwatch act` prefers its own URL (runbooks.default_base)
@@ -267,8 +267,7 @@ class AlertBuilder:
         broken nodes may be taking jobs meanwhile)."""
         labels = self._base(DRAINS_PAUSED, None, "warning", "pause")
         annotations = {
-            "summary": f"fleetwatch is not draining or resuming any node: {plain_line(note, EVIDENCE_MAX)} "
-            f"({held} drains held); "
+            "summary": f"fleetwatch is not draining or resuming any node: {note} ({held} drains held); "
             "lift it with `fleetwatch resume-drains`",
             "drains_held": str(held),
             "runbook_url": self.runbook_base + ACT_PAGES[DRAINS_PAUSED],

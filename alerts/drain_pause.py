@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetwatch import schemas, signing
+from fleetwatch.plain_text import plain_line
 from fleetwatch.refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
@@ -128,10 +129,14 @@ class Pause:
     until: float
 
     def note(self) -> str:
-        """One line for alerts and logs."""
-        from fleetwatch.alerts.alert_model import event_time
+        """One line for alerts and logs, plain: the operator's reason and name are text the control
+        record's schema holds to one line only (an escape sequence or chat markup in them reached
+        the pause alert's summary and every alert's drains_paused annotation)."""
+        from fleetwatch.alerts.alert_model import EVIDENCE_MAX, event_time
 
-        return f"drains paused until {event_time(self.until)} by {self.by}: {self.reason}"
+        return plain_line(
+            f"drains paused until {event_time(self.until)} by {self.by}: {self.reason}", EVIDENCE_MAX
+        )
 
 
 class PauseBook:

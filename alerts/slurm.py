@@ -177,8 +177,8 @@ def _sinfo_rows(text: str) -> list[tuple[str, str, str, str]]:
             return False
         return "\n" not in parts[k].removeprefix("\n") and plain[k + 1] and plain[k + 2]
 
-    # ends[j]: a reason may end at part j's separator (a row or the answer's end follows it);
-    # next_end[j]: the first such j' >= j (or -1), found from the back in one pass
+    # next_end[j]: the first j' >= j at whose separator a reason may end (a row or the answer's end
+    # follows it), or -1; found from the back in one pass
     next_end = [-1] * (fields + 1)
     for j in range(fields - 1, -1, -1):
         at_end = j + 1 == fields and parts[fields] in ("", "\n")

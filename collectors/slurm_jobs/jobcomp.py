@@ -200,12 +200,12 @@ class JobcompLog:
     def _same_runs(self, job: str, start_ts: float | None) -> list[SlurmJob]:
         """The kept runs of `job` that started within a second of `start_ts` (_same_start), in
         the order they were kept."""
-        if start_ts is None:
-            return [r for _, r in self._by_start.get((job, None), ())]
-        second = math.floor(start_ts)
+        second = _start_second(start_ts)
+        # |a - b| <= 1 puts their floors one apart at most
+        seconds = (None,) if second is None else (second - 1, second, second + 1)
         near = [
             (place, r)
-            for s in (second - 1, second, second + 1)  # |a - b| <= 1 puts their floors 1 apart at most
+            for s in seconds
             for place, r in self._by_start.get((job, s), ())
             if _same_start(r.start_ts, start_ts)
         ]

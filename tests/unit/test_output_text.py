@@ -19,6 +19,7 @@ from rich.console import Console
 
 from fleetwatch import schemas, topics
 from fleetwatch.alerts.alert_model import AlertBuilder
+from fleetwatch.alerts.drain_pause import Pause
 from fleetwatch.alerts.policy import drain_reason
 from fleetwatch.bus import Record
 from fleetwatch.demo import LiveView
@@ -212,15 +213,22 @@ def test_others_text_in_acts_own_alerts_is_one_plain_line() -> None:
     validation's output, an operator's pause note. Each made plain as a finding's summary is (the
     critical FleetwatchDrainRefused paged a channel with a link, an adversarial probe's find)."""
     builder = AlertBuilder("prod")
+    # an operator's pause, its reason and name as the control record's schema lets them be
+    pause = Pause(reason=REASON.replace("\n", " "), by="alice\x1b[8m <@here>", since=T0, until=T0 + 3600)
+    builder.paused = pause.note()  # as act sets it: on every alert while the pause lasts
     alerts = [
         builder.drain_refused("gpu-node-07", "adapter:not_ours", f"already drained: {REASON}", ["f1"]),
         builder.validation_failed("gpu-node-07", f"dcgmi diag -r 2 failed on GPU 3: {REASON}", ["f1"]),
         builder.node_drained("gpu-node-07", f"fleetwatch: {REASON}", ["f1"], flapping=True),
-        builder.drains_paused(f"paused by alice: {REASON}", held=2),
+        builder.drains_paused(pause.note(), held=2),
     ]
     for a in alerts:
         summary = a["annotations"]["summary"]
         assert plain(summary) and "\u2039!channel\u203a" in summary, repr(summary)
+        assert (
+            plain(a["annotations"]["drains_paused"])
+            and "\u2039@here\u203a" in a["annotations"]["drains_paused"]
+        )
     refused = alerts[0]["annotations"]["summary"]
     assert refused.endswith("scontrol update NodeName=gpu-node-07 State=DRAIN Reason=...")
 
