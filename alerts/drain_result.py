@@ -27,6 +27,7 @@ from typing import Any
 
 from fleetwatch import schemas
 from fleetwatch.alerts import drain_request
+from fleetwatch.plain_text import clean_text
 
 # The schema, its outcomes and its limits live in the core (fleetwatch/schemas.py), which decodes
 # drain_result/1 without importing this layer.
@@ -58,7 +59,9 @@ def make_result(
         "node": node,
         "action": action,
         "outcome": outcome,
-        "detail": drain_request.one_line(detail or outcome, MAX_DETAIL),
+        # one plain line: a detail repeats Slurm's Reason or a test's output, anyone's text (a
+        # terminal escape in it reached act's log and alerts); clean_text's cut is marked "..."
+        "detail": clean_text(detail or outcome, MAX_DETAIL) or outcome,
         "ts": float(ts),
         BINDING: request_signature,
     }

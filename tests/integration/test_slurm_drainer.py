@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -361,6 +362,41 @@ def test_hostile_records_on_the_control_topic_neither_stop_the_adapter_nor_hold_
         assert slurm.state(node)[0].startswith("drain")
         (answer,) = results_of(results, drain)[drain["request_id"]]
         assert answer["outcome"] == "executed", answer
+    finally:
+        slurm.reset(node)
+
+
+def test_an_operators_reason_holding_a_forged_log_line_and_markup_is_refused_as_theirs_in_one_line(
+    kafka_bootstrap: str, slurm: Slurm, tmp_path: Path, topic_tail: Callable[[str], TopicTail]
+) -> None:
+    """Anyone who can set a node's Reason (an admin's scontrol, a health check) writes what the adapter
+    reads and repeats: here a line break, a line forged in the adapter's own log format, a terminal
+    escape and chat markup, kept as they are by the real Slurm. The real adapter refuses the drain
+    (the node is drained by someone else), leaves the node and its Reason as they were, and says so
+    in one log line, the Reason escaped in it; its answer is one line with nothing of a terminal's."""
+    node = "gpu-node-02"
+    slurm.reset(node)
+    forged = "2025-06-01 12:00:00,000 INFO alerts.slurm_drainer: drain gpu-node-02 done"
+    reason = f"disk swap <!channel> [ticket](http://evil.example)\n{forged}\x1b[2K"
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
+        env=slurm.env, capture_output=True, check=True, timeout=30,
+    )  # fmt: skip
+    results = topic_tail(topics.DRAIN_RESULTS)
+    drain = req(node)
+    r = run_cli(kafka_bootstrap, slurm, queued(kafka_bootstrap, drain), tmp_path)
+    try:
+        assert r.returncode == 0, r.stderr[-2000:]
+        stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+        lines = r.stderr.splitlines()
+        assert all(stamp.match(line) for line in lines), r.stderr[-3000:]  # no line of the Reason's own
+        assert "\x1b" not in r.stderr and f"\\n{forged}\\x1b[2K" in r.stderr, r.stderr[-3000:]
+        assert not any(line.startswith(forged) for line in lines)
+        state, shown = slurm.state(node)
+        assert state.startswith("drain") and shown.startswith("disk swap <!channel>")  # theirs, as it was
+        (answer,) = results_of(results, drain)[drain["request_id"]]
+        assert answer["outcome"] == "rejected_not_ours", answer
+        assert "\n" not in answer["detail"] and "\x1b" not in answer["detail"], answer
     finally:
         slurm.reset(node)
 
